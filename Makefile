@@ -1,0 +1,24 @@
+# Set-up-and-go targets. Each installs what it needs on a fresh machine (Java, the venv, the
+# pinned packages) before it runs; re-running skips what is already installed.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+
+.PHONY: setup demo test bench clean
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml infra/setup.sh
+	bash infra/setup.sh $(VENV)
+	touch $@
+
+demo: setup          ## run the demo pipeline on embedded defaults (local Spark, Delta on disk)
+	$(PY) -m dbsp_pipeline demo --root var/demo
+
+test: setup          ## run the whole test suite
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: setup         ## the engine benchmark: incremental steps vs Spark recomputation
+	$(PY) benchmarks/engine_bench.py $(BENCH_ARGS)
+
+clean:
+	rm -rf var .pytest_cache .hypothesis

@@ -1,0 +1,26 @@
+"""dbsp-pipeline: incremental view maintenance (DBSP) on Spark, with state in Delta Lake.
+
+Declare a ``Circuit``; run it with a ``Pipeline``; push changes; each ``step`` turns them into
+the changes of every output view at a cost that follows the size of the change.
+"""
+
+from dbsp_pipeline.circuit import Circuit, Collection, GroupedCollection
+from dbsp_pipeline.errors import (
+    CircuitChangedError,
+    CircuitError,
+    DbspError,
+    InputError,
+    PipelineClosedError,
+    StorageError,
+    UnknownNameError,
+    UsageError,
+)
+from dbsp_pipeline.runtime.pipeline import Pipeline, StepResult
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Circuit", "Collection", "GroupedCollection", "Pipeline", "StepResult",
+    "DbspError", "UsageError", "CircuitError", "InputError", "UnknownNameError",
+    "PipelineClosedError", "CircuitChangedError", "StorageError",
+]

@@ -1,0 +1,311 @@
+"""Declaring a circuit: inputs, relational operators, output views.
+
+A ``Circuit`` is a pure declaration (no Spark needed): a DAG of ``Node``s, each a primitive
+operator over the collections named by its inputs. ``Collection`` is the user's handle on a node
+and offers the relational operators. Composite operators (``minus``, ``left_join``, ``semijoin``,
+``antijoin``) are expanded here into primitives, so every incremental rule lives in exactly one
+place (``dbsp_pipeline.operators``).
+
+Semantics: every collection is a relation that changes from step to step. An operator's output at
+step *t* is the operator applied to its inputs' values at step *t* (``integrate``, ``differentiate``
+and ``delay`` are the exceptions: they relate a collection's values across steps, as in DBSP).
+
+Schemas and SQL expressions are checked when a ``Pipeline`` opens the circuit against Spark
+(``dbsp_pipeline.runtime.plan``); names are checked here, as they are declared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from dbsp_pipeline.errors import CircuitError
+
+#: Primitive operators. Linear ones work on the change alone; the others keep traces.
+LINEAR_OPS = frozenset({"select", "filter", "union", "negate", "conform"})
+STATEFUL_OPS = frozenset({"distinct", "join", "aggregate", "integrate", "differentiate", "delay"})
+
+AGGREGATE_FUNCTIONS = ("count", "sum", "avg", "min", "max")
+_AGG_RE = re.compile(
+    r"^\s*(?P<fn>[A-Za-z]+)\s*\(\s*(?P<arg>\*|[A-Za-z][A-Za-z0-9_]*|`[^`]+`)\s*\)\s*$")
+_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Node:
+    """One primitive operator. ``params`` is JSON-serializable; ``inputs`` are node ids."""
+
+    id: int
+    op: str
+    inputs: tuple[int, ...]
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> dict[str, Any]:
+        return {"id": self.id, "op": self.op, "inputs": list(self.inputs), "params": self.params}
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """One aggregate of a ``group_by(...).agg(...)``: ``name = fn(arg)``; arg is a column or ``*``."""
+
+    name: str
+    fn: str
+    arg: str | None  # None for count(*)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "fn": self.fn, "arg": self.arg}
+
+
+class Circuit:
+    """A named DAG of inputs, operators and outputs. See the module docstring."""
+
+    def __init__(self, name: str) -> None:
+        _check_name(name, "circuit")
+        self.name = name
+        self.nodes: list[Node] = []
+        self.inputs: dict[str, int] = {}
+        self.input_schemas: dict[str, str] = {}
+        self.outputs: dict[str, int] = {}
+
+    # -- declaration -----------------------------------------------------------------------
+    def input(self, name: str, schema: str) -> Collection:
+        """Declare an input collection with a Spark DDL schema (``"id BIGINT, name STRING"``)."""
+        _check_name(name, "input")
+        if name in self.inputs:
+            raise CircuitError(f"input '{name}' is declared twice in circuit '{self.name}'")
+        if not isinstance(schema, str) or not schema.strip():
+            raise CircuitError(f"input '{name}': schema must be a non-empty Spark DDL string")
+        node = self._add("input", (), {"name": name, "schema": schema})
+        self.inputs[name] = node.id
+        self.input_schemas[name] = schema
+        return node_collection(self, node.id)
+
+    def output(self, name: str, collection: Collection) -> None:
+        """Declare ``collection`` as the output view ``name``."""
+        _check_name(name, "output")
+        if name in self.outputs:
+            raise CircuitError(f"output '{name}' is declared twice in circuit '{self.name}'")
+        self._own(collection)
+        self.outputs[name] = collection.node_id
+
+    # -- inspection ------------------------------------------------------------------------
+    def node(self, node_id: int) -> Node:
+        return self.nodes[node_id]
+
+    def consumers(self) -> dict[int, list[int]]:
+        """For each node id, the ids of the nodes that read it."""
+        result: dict[int, list[int]] = {n.id: [] for n in self.nodes}
+        for n in self.nodes:
+            for i in n.inputs:
+                result[i].append(n.id)
+        return result
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "nodes": [n.describe() for n in self.nodes],
+            "inputs": self.inputs,
+            "outputs": self.outputs,
+        }
+
+    def fingerprint(self) -> str:
+        """A stable digest of the computation: equal iff the circuits compute the same thing."""
+        text = json.dumps(self.describe(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    # -- internals -------------------------------------------------------------------------
+    def _add(self, op: str, inputs: tuple[int, ...], params: dict[str, Any] | None = None) -> Node:
+        node = Node(len(self.nodes), op, inputs, params or {})
+        self.nodes.append(node)
+        return node
+
+    def _own(self, collection: Collection) -> None:
+        if not isinstance(collection, Collection):
+            raise CircuitError(f"expected a Collection, got {type(collection).__name__}")
+        if collection.circuit is not self:
+            raise CircuitError(
+                f"collection belongs to circuit '{collection.circuit.name}', not '{self.name}'")
+
+
+class Collection:
+    """A relation in a circuit. Every method returns a new ``Collection``."""
+
+    def __init__(self, circuit: Circuit, node_id: int) -> None:
+        self.circuit = circuit
+        self.node_id = node_id
+
+    def __repr__(self) -> str:
+        node = self.circuit.node(self.node_id)
+        return f"Collection({self.circuit.name}#{node.id} {node.op})"
+
+    def _derive(self, op: str, others: tuple[Collection, ...] = (), **params: Any) -> Collection:
+        for o in others:
+            self.circuit._own(o)
+        node = self.circuit._add(op, (self.node_id, *(o.node_id for o in others)), params)
+        return node_collection(self.circuit, node.id)
+
+    # -- linear operators ------------------------------------------------------------------
+    def select(self, *exprs: str) -> Collection:
+        """Project with Spark SQL expressions, e.g. ``select("id", "amount * 2 AS double")``."""
+        if not exprs or not all(isinstance(e, str) and e.strip() for e in exprs):
+            raise CircuitError("select needs one or more Spark SQL expression strings")
+        return self._derive("select", exprs=list(exprs))
+
+    def map(self, *exprs: str) -> Collection:
+        """Alias of ``select``."""
+        return self.select(*exprs)
+
+    def filter(self, predicate: str) -> Collection:
+        """Keep the rows for which the Spark SQL ``predicate`` is true (NULL counts as false)."""
+        if not isinstance(predicate, str) or not predicate.strip():
+            raise CircuitError("filter needs a Spark SQL predicate string")
+        return self._derive("filter", predicate=predicate)
+
+    def where(self, predicate: str) -> Collection:
+        """Alias of ``filter``."""
+        return self.filter(predicate)
+
+    def union(self, *others: Collection) -> Collection:
+        """Z-set sum (``UNION ALL``): multiplicities add. Schemas must match by name and type."""
+        if not others:
+            raise CircuitError("union needs at least one other collection")
+        return self._derive("union", others)
+
+    def negate(self) -> Collection:
+        """The collection with every multiplicity negated."""
+        return self._derive("negate")
+
+    def minus(self, other: Collection) -> Collection:
+        """Z-set subtraction: multiplicities subtract (``self + (-other)``)."""
+        self.circuit._own(other)
+        return self.union(other.negate())
+
+    # -- stateful operators ----------------------------------------------------------------
+    def distinct(self) -> Collection:
+        """Each row with positive multiplicity, once."""
+        return self._derive("distinct")
+
+    def join(self, other: Collection, on: str | list[str]) -> Collection:
+        """Inner equi-join on the named columns (``USING`` semantics: the key columns appear once,
+        first, then this side's other columns, then the other side's). NULL keys never match."""
+        keys = _keys(on, "join")
+        return self._derive("join", (other,), on=keys)
+
+    def left_join(self, other: Collection, on: str | list[str]) -> Collection:
+        """Left outer equi-join: the inner join plus this side's unmatched rows padded with NULLs."""
+        keys = _keys(on, "left_join")
+        inner = self.join(other, keys)
+        unmatched = self.antijoin(other, keys)
+        return inner.union(unmatched._derive("conform", (), like=inner.node_id))
+
+    def semijoin(self, other: Collection, on: str | list[str]) -> Collection:
+        """The rows of this collection whose key has a match in ``other`` (multiplicity kept)."""
+        keys = _keys(on, "semijoin")
+        other_keys = other.select(*[_quote(k) for k in keys]).distinct()
+        joined = self.join(other_keys, keys)
+        return joined._derive("conform", (), like=self.node_id)
+
+    def antijoin(self, other: Collection, on: str | list[str]) -> Collection:
+        """The rows of this collection whose key has no match in ``other`` (NULL keys never match,
+        so rows with a NULL key are kept)."""
+        keys = _keys(on, "antijoin")
+        return self.minus(self.semijoin(other, keys))
+
+    def group_by(self, *keys: str) -> GroupedCollection:
+        """Group by the named columns; finish with ``.agg(name="fn(col)", ...)``."""
+        flat: list[str] = []
+        for k in keys:
+            flat.extend([k] if isinstance(k, str) else list(k))
+        if not flat:
+            raise CircuitError("group_by needs at least one key column")
+        for k in flat:
+            if not isinstance(k, str) or not k:
+                raise CircuitError(f"group_by key must be a column name, got {k!r}")
+        if len(set(flat)) != len(flat):
+            raise CircuitError(f"group_by keys repeat a column: {flat}")
+        return GroupedCollection(self, flat)
+
+    def integrate(self) -> Collection:
+        """DBSP integration: at step t, the sum of this collection's values at steps 0..t."""
+        return self._derive("integrate")
+
+    def differentiate(self) -> Collection:
+        """DBSP differentiation: at step t, this collection's value at t minus its value at t-1."""
+        return self._derive("differentiate")
+
+    def delay(self) -> Collection:
+        """DBSP delay (z^-1): at step t, this collection's value at step t-1 (empty at step 0)."""
+        return self._derive("delay")
+
+
+class GroupedCollection:
+    """The result of ``group_by``; ``agg`` turns it back into a ``Collection``."""
+
+    def __init__(self, source: Collection, keys: list[str]) -> None:
+        self.source = source
+        self.keys = keys
+
+    def agg(self, **aggregates: str) -> Collection:
+        """Aggregates per group, e.g. ``agg(total="sum(amount)", n="count(*)")``.
+
+        Supported: ``count(*)``, ``count(col)``, ``sum(col)``, ``avg(col)``, ``min(col)``,
+        ``max(col)``, with SQL semantics (NULLs ignored; ``sum``/``avg``/``min``/``max`` of no
+        non-NULL value is NULL). A group exists while it has at least one row.
+        """
+        if not aggregates:
+            raise CircuitError("agg needs at least one aggregate, e.g. agg(n='count(*)')")
+        parsed = []
+        for name, text in aggregates.items():
+            _check_name(name, "aggregate column")
+            if name in self.keys:
+                raise CircuitError(f"aggregate '{name}' has the name of a group_by key")
+            parsed.append(_parse_aggregate(name, text).describe())
+        return self.source._derive("aggregate", keys=self.keys, aggregates=parsed)
+
+
+def node_collection(circuit: Circuit, node_id: int) -> Collection:
+    return Collection(circuit, node_id)
+
+
+def _parse_aggregate(name: str, text: str) -> Aggregate:
+    if not isinstance(text, str):
+        raise CircuitError(f"aggregate '{name}': expected a string like 'sum(amount)', got {text!r}")
+    m = _AGG_RE.match(text)
+    if not m or m.group("fn").lower() not in AGGREGATE_FUNCTIONS:
+        raise CircuitError(
+            f"aggregate '{name}': '{text}' is not one of "
+            "count(*), count(col), sum(col), avg(col), min(col), max(col)")
+    fn = m.group("fn").lower()
+    arg = m.group("arg")
+    if arg == "*":
+        if fn != "count":
+            raise CircuitError(f"aggregate '{name}': only count takes '*', got '{text}'")
+        return Aggregate(name, fn, None)
+    return Aggregate(name, fn, arg.strip("`"))
+
+
+def _keys(on: str | list[str], op: str) -> list[str]:
+    keys = [on] if isinstance(on, str) else list(on or [])
+    if not keys or not all(isinstance(k, str) and k for k in keys):
+        raise CircuitError(f"{op}: 'on' must name one or more key columns, got {on!r}")
+    if len(set(keys)) != len(keys):
+        raise CircuitError(f"{op}: 'on' repeats a column: {keys}")
+    return keys
+
+
+def _check_name(name: object, what: str) -> None:
+    if not isinstance(name, str) or not name:
+        raise CircuitError(f"{what} name must be a non-empty string, got {name!r}")
+    if name.startswith("_"):
+        raise CircuitError(
+            f"{what} name '{name}' is reserved: names starting with '_' belong to the engine")
+    if not _NAME_RE.match(name):
+        raise CircuitError(
+            f"{what} name '{name}' must start with a letter and use only letters, digits and '_'")
+
+
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"

@@ -1,0 +1,80 @@
+"""Exception types of dbsp-pipeline.
+
+Two families, as in persist's error tiers:
+
+* ``UsageError`` and its subclasses: the caller asked for something that cannot be done (a bad
+  circuit, bad input, a closed pipeline). Retrying the same call fails the same way. Nothing
+  already accepted is affected.
+* ``StorageError``: the storage location failed. ``definitely_failed`` says whether the write
+  certainly did not happen (safe to retry as-is) or may have happened (the caller must find out,
+  e.g. by reopening the pipeline, before retrying).
+"""
+
+from __future__ import annotations
+
+
+class DbspError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class UsageError(DbspError):
+    """The call itself is wrong; retrying it unchanged fails the same way."""
+
+
+class CircuitError(UsageError):
+    """The circuit declaration is invalid (bad name, bad expression, schema mismatch)."""
+
+
+class InputError(UsageError):
+    """Pushed input was rejected. Names the input, the record and the problem.
+
+    Attributes:
+        input_name: the circuit input the records were pushed to.
+        record_index: index of the offending record in the pushed batch, if one record is at fault.
+        column: the offending column, if one column is at fault.
+    """
+
+    def __init__(self, input_name: str, problem: str, *, record_index: int | None = None,
+                 column: str | None = None, record: object = None) -> None:
+        self.input_name = input_name
+        self.record_index = record_index
+        self.column = column
+        self.problem = problem
+        where = f"input '{input_name}'"
+        if record_index is not None:
+            where += f", record {record_index}"
+            if record is not None:
+                where += f" {_short(record)}"
+        if column is not None:
+            where += f", column '{column}'"
+        super().__init__(f"{where}: {problem}")
+
+
+class UnknownNameError(UsageError):
+    """An input or output name that the circuit does not declare."""
+
+
+class PipelineClosedError(UsageError):
+    """The pipeline was closed; open it again to continue."""
+
+
+class CircuitChangedError(UsageError):
+    """The pipeline root holds state of a different circuit (changing the computation is out of scope)."""
+
+
+class StorageError(DbspError):
+    """The storage location failed.
+
+    Attributes:
+        definitely_failed: True when the write certainly did not take effect; False when it may have.
+    """
+
+    def __init__(self, message: str, *, definitely_failed: bool) -> None:
+        self.definitely_failed = definitely_failed
+        suffix = "the write did not happen" if definitely_failed else "the write may have happened"
+        super().__init__(f"{message} ({suffix})")
+
+
+def _short(record: object, limit: int = 120) -> str:
+    text = repr(record)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

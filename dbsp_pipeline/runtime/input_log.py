@@ -1,0 +1,60 @@
+"""The durable log of one circuit input.
+
+Every ``push`` is one committed Delta version of the log table ``inputs/<name>`` (payload +
+``_weight``); once ``append`` returns, the records are durable and will be part of the next step
+whose division covers that version. A step's input is "the log versions ``(lower, upper]``", where
+the division log (``division_log.py``) fixes ``upper`` for each step before the step's output.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import LongType, StructField, StructType
+
+from dbsp_pipeline.storage.delta_table import DataFile, SparkDeltaTable
+from dbsp_pipeline.zset import WEIGHT, consolidate
+
+
+class InputLog:
+    def __init__(self, spark: SparkSession, root: str, name: str, schema: StructType) -> None:
+        self.name = name
+        self.schema = schema
+        full = StructType([*schema.fields, StructField(WEIGHT, LongType(), False)])
+        self.table = SparkDeltaTable(spark, os.path.join(root, "inputs", name), full)
+
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        return self.table.arrow_schema
+
+    def append_arrow(self, table: pa.Table) -> int:
+        """Durably append (payload + ``_weight``) rows; returns the log version that holds them."""
+        adds = self.table.write_arrow(table)
+        return self.table.commit(adds) if adds else self.table.version()
+
+    def append_spark(self, df: DataFrame) -> int:
+        """Durably append a Spark DataFrame of (payload + ``_weight``); returns the rows appended."""
+        adds = self.table.write_files(df)
+        if adds:
+            self.table.commit(adds)
+        return sum(DataFile.from_stats(a.path, a.stats).rows for a in adds)
+
+    def version(self) -> int:
+        return self.table.version()
+
+    def files_between(self, lower: int, upper: int) -> list[DataFile]:
+        """The files appended by log versions ``lower+1 .. upper``."""
+        if upper <= lower:
+            return []
+        before = {f.path for f in self.table.files(lower)}
+        return [f for f in self.table.files(upper) if f.path not in before]
+
+    def change(self, lower: int, upper: int) -> tuple[DataFrame | None, int]:
+        """The consolidated change of log versions ``(lower, upper]`` and its raw row count."""
+        files = self.files_between(lower, upper)
+        rows = sum(f.rows for f in files)
+        if not files:
+            return None, 0
+        return consolidate(self.table.read(files), self.schema.fieldNames()), rows

@@ -1,0 +1,218 @@
+"""``Pipeline``: a circuit running over state kept under one root folder.
+
+Layout of a pipeline root::
+
+    _manifest/        the state database's manifest (one entry per state version)
+    _divisions/       the division of input into steps
+    inputs/<name>/    the durable log of each input (one Delta version per push)
+    state/<trace>/    the traces of the stateful operators
+    outputs/<name>/   the change log of each output view (``_step`` and ``_weight`` columns)
+
+The step protocol (``step``), top to bottom:
+
+1. ``s = get_step()``: the next step to execute.
+2. Fix the division of input for step ``s``: the newest version of every input log, recorded
+   durably in the division log *before* any output of ``s`` exists. If ``s`` was already divided
+   (a crash after the division, before the state commit), the recorded division is re-used.
+3. Read each input's change: the log files appended in versions ``(lower, upper]``.
+4. Evaluate every operator once; stateful operators append to their traces.
+5. Write every output's change under the output write rules (a step already written is
+   discarded, so replay after a crash duplicates nothing).
+6. ``set_step(s + 1)``; every ``checkpoint_every`` steps, commit the state database: the manifest
+   commit is the atomic point that makes the traces of steps ``..s`` the recovery base.
+
+Reopening a root after a crash opens the newest committed state version; the steps executed
+after it are executed again from their recorded divisions, and their outputs are discarded by
+the write rules.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+
+from dbsp_pipeline.circuit import Circuit
+from dbsp_pipeline.errors import InputError, PipelineClosedError, UnknownNameError, UsageError
+from dbsp_pipeline.operators.base import StepContext
+from dbsp_pipeline.runtime import records
+from dbsp_pipeline.runtime.division_log import DivisionLog
+from dbsp_pipeline.runtime.input_log import InputLog
+from dbsp_pipeline.runtime.output_log import OutputLog
+from dbsp_pipeline.runtime.plan import Plan
+from dbsp_pipeline.spark_session import configure, local_session
+from dbsp_pipeline.storage.state_db import StateDatabase
+
+
+@dataclass
+class StepResult:
+    """What one step did."""
+
+    step: int
+    #: raw rows read from each input's log for this step
+    inputs: dict[str, int] = field(default_factory=dict)
+    #: rows of each output's change (after consolidation); None when a replayed step was discarded
+    outputs: dict[str, int | None] = field(default_factory=dict)
+    seconds: float = 0.0
+    #: the state version committed after this step, if the step ended with a commit
+    committed_version: int | None = None
+
+
+class Pipeline:
+    """Creates, or reopens and recovers, the pipeline of ``circuit`` at ``root``.
+
+    Args:
+        circuit: the declared circuit. Reopening a root built by a different circuit fails with
+            ``CircuitChangedError``.
+        root: a local folder (created if missing).
+        spark: the session to use; ``None`` means the process's local session.
+        checkpoint_every: commit the state database after this many steps (1: every step).
+    """
+
+    def __init__(self, circuit: Circuit, root: str, spark: SparkSession | None = None, *,
+                 checkpoint_every: int = 1) -> None:
+        if not circuit.outputs:
+            raise UsageError(f"circuit '{circuit.name}' declares no output")
+        if checkpoint_every < 1:
+            raise UsageError("checkpoint_every must be at least 1")
+        self.circuit = circuit
+        self.root = root
+        self.spark = configure(spark) if spark is not None else local_session()
+        self.checkpoint_every = checkpoint_every
+        self._db = StateDatabase(self.spark, root, circuit.fingerprint())
+        self._db.open()
+        self._plan = Plan(circuit, self.spark, self._db)
+        self._inputs = {name: InputLog(self.spark, root, name, self._plan.input_schema(name))
+                        for name in circuit.inputs}
+        self._outputs = {name: OutputLog(self.spark, root, name, self._plan.output_schema(name))
+                         for name in circuit.outputs}
+        self._divisions = DivisionLog(self.spark, root)
+        self._uncommitted_steps = 0
+        self._closed = False
+
+    # -- context manager -------------------------------------------------------------------
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Commit any executed steps and close. Pushed but unprocessed input stays in the logs."""
+        if self._closed:
+            return
+        if self._uncommitted_steps:
+            self.commit()
+        self._closed = True
+
+    # -- input -----------------------------------------------------------------------------
+    def push(self, name: str, rows: Any, weight: int = 1) -> int:
+        """Durably append rows to input ``name`` (``weight=-1`` deletes); returns how many.
+
+        ``rows``: a list of dicts or tuples, a pandas or Spark DataFrame, or a pyarrow Table.
+        The batch is checked first and recorded whole or not at all; once ``push`` returns it is
+        durable and belongs to the next step.
+        """
+        self._require_open()
+        log = self._input(name)
+        weight = records.check_weight(name, weight)
+        if isinstance(rows, DataFrame):
+            df = records.check_spark(name, rows, log.schema, weight)
+            return log.append_spark(df)
+        table = records.to_arrow(name, rows, log.schema, log.arrow_schema, weight)
+        if table.num_rows:
+            log.append_arrow(table)
+        return table.num_rows
+
+    # -- steps -----------------------------------------------------------------------------
+    def step(self) -> StepResult:
+        """Execute one step over the input pushed since the previous one. See the module doc."""
+        self._require_open()
+        started = time.monotonic()
+        s = self._db.get_step()
+        names = list(self._inputs)
+
+        # 1-2. The division of input for step s: recorded before any output of s exists.
+        uppers = self._divisions.get(s)
+        if uppers is None:
+            uppers = self._divisions.record(s, {n: self._inputs[n].version() for n in names})
+        lowers = self._divisions.lower(s, names)
+
+        # 3. Each input's change for step s.
+        result = StepResult(step=s)
+        changes = {}
+        for n in names:
+            changes[n], result.inputs[n] = self._inputs[n].change(lowers[n], uppers.get(n, 0))
+
+        # 4. Evaluate the circuit.
+        ctx = StepContext(self.spark, s)
+        try:
+            node_changes = self._plan.evaluate(ctx, changes)
+            # 5. Write each output's change (write rules discard a replayed step).
+            for name, node_id in self.circuit.outputs.items():
+                result.outputs[name] = self._outputs[name].write(s, node_changes[node_id])
+        finally:
+            ctx.release()
+
+        # 6. Advance, and commit every checkpoint_every steps.
+        self._db.set_step(s + 1)
+        self._uncommitted_steps += 1
+        if self._uncommitted_steps >= self.checkpoint_every:
+            result.committed_version = self.commit()
+        result.seconds = time.monotonic() - started
+        return result
+
+    def commit(self) -> int:
+        """Commit the state database (a checkpoint); returns the new state version."""
+        self._require_open()
+        version = self._db.commit()
+        self._uncommitted_steps = 0
+        return version
+
+    def compact(self) -> int:
+        """Compact every trace with too many files; returns how many traces were compacted.
+
+        Off the step path: call between steps (the Dagster checkpoint job does).
+        """
+        self._require_open()
+        return self._plan.compact()
+
+    # -- reading ---------------------------------------------------------------------------
+    def view(self, name: str, as_of: int | None = None) -> DataFrame:
+        """The current value of output ``name`` (or after step ``as_of``): payload + ``_weight``."""
+        return self._output(name).view(as_of)
+
+    def changes(self, name: str, since: int = 0) -> DataFrame:
+        """Every change of output ``name`` from step ``since`` on: payload + ``_step`` + ``_weight``."""
+        return self._output(name).changes(since)
+
+    @property
+    def next_step(self) -> int:
+        return self._db.get_step()
+
+    @property
+    def state_version(self) -> int:
+        return self._db.version
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _require_open(self) -> None:
+        if self._closed:
+            raise PipelineClosedError(f"pipeline '{self.circuit.name}' at {self.root} is closed")
+
+    def _input(self, name: str) -> InputLog:
+        if name not in self._inputs:
+            raise UnknownNameError(f"unknown input '{name}'; circuit '{self.circuit.name}' has "
+                                   f"inputs {sorted(self._inputs)}")
+        return self._inputs[name]
+
+    def _output(self, name: str) -> OutputLog:
+        self._require_open()
+        if name not in self._outputs:
+            raise UnknownNameError(f"unknown output '{name}'; circuit '{self.circuit.name}' has "
+                                   f"outputs {sorted(self._outputs)}")
+        return self._outputs[name]
+
+
+__all__ = ["Pipeline", "StepResult", "InputError"]

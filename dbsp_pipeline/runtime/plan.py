@@ -1,0 +1,219 @@
+"""Compiling a circuit: schemas resolved and checked with Spark, one operator per node.
+
+Every expression is analysed by Spark against an empty DataFrame of the input schema (no job
+runs), so a bad column, a bad type or a reserved name is a ``CircuitError`` naming the operator,
+before any state exists. The compiled plan evaluates nodes in declaration order, which is a
+topological order (a node can only read nodes declared before it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import BooleanType, NumericType, StructType
+
+from dbsp_pipeline.circuit import Circuit, Node
+from dbsp_pipeline.errors import CircuitError
+from dbsp_pipeline.operators.aggregate import Aggregate
+from dbsp_pipeline.operators.base import Delta, Operator, StepContext
+from dbsp_pipeline.operators.distinct import Distinct
+from dbsp_pipeline.operators.integration import Delay, Differentiate, Integrate
+from dbsp_pipeline.operators.join import Join
+from dbsp_pipeline.operators.linear import Conform, Filter, Negate, Select, Union
+from dbsp_pipeline.storage.state_db import StateDatabase
+
+
+class Plan:
+    """A circuit compiled against Spark, with its operators bound to the state database."""
+
+    def __init__(self, circuit: Circuit, spark: SparkSession, db: StateDatabase) -> None:
+        self.circuit = circuit
+        self.spark = spark
+        self.schemas: dict[int, StructType] = {}
+        self.operators: dict[int, Operator] = {}
+        for node in circuit.nodes:
+            self.schemas[node.id] = self._schema(node)
+        for node in circuit.nodes:
+            if node.op != "input":
+                self.operators[node.id] = self._operator(node, db)
+
+    def input_schema(self, name: str) -> StructType:
+        return self.schemas[self.circuit.inputs[name]]
+
+    def output_schema(self, name: str) -> StructType:
+        return self.schemas[self.circuit.outputs[name]]
+
+    def evaluate(self, ctx: StepContext, input_changes: dict[str, Delta]) -> dict[int, Delta]:
+        """Run every operator once for this step; returns each node's change."""
+        changes: dict[int, Delta] = {}
+        for node in self.circuit.nodes:
+            if node.op == "input":
+                changes[node.id] = input_changes.get(node.params["name"])
+            else:
+                changes[node.id] = self.operators[node.id].step(
+                    ctx, [changes[i] for i in node.inputs])
+        return changes
+
+    def compact(self) -> int:
+        return sum(op.compact() for op in self.operators.values())
+
+    # -- schemas ---------------------------------------------------------------------------
+    def _schema(self, node: Node) -> StructType:
+        what = _describe(node)
+        if node.op == "input":
+            try:
+                schema = StructType.fromDDL(node.params["schema"])
+            except Exception as e:
+                raise CircuitError(f"{what}: schema '{node.params['schema']}' is not valid "
+                                   f"Spark DDL: {_first_line(e)}") from None
+            return _check_columns(schema, what)
+        inputs = [self.schemas[i] for i in node.inputs]
+        src = inputs[0]
+        if node.op == "select":
+            schema = self._analyse(what, lambda: self._empty(src).select(
+                *[F.expr(e) for e in node.params["exprs"]]))
+            return _check_columns(schema, what)
+        if node.op == "filter":
+            pred = self._analyse(what, lambda: self._empty(src).select(
+                F.expr(node.params["predicate"])))
+            if not isinstance(pred.fields[0].dataType, BooleanType):
+                raise CircuitError(f"{what}: predicate '{node.params['predicate']}' is "
+                                   f"{pred.fields[0].dataType.simpleString()}, not boolean")
+            return src
+        if node.op == "union":
+            for other in inputs[1:]:
+                if _by_name(other) != _by_name(src):
+                    raise CircuitError(f"{what}: schemas differ: {src.simpleString()} vs "
+                                       f"{other.simpleString()}")
+            return src
+        if node.op == "conform":
+            return self.schemas[node.params["like"]]
+        if node.op == "join":
+            return self._join_schema(what, node.params["on"], inputs[0], inputs[1])
+        if node.op == "aggregate":
+            return self._aggregate_schema(what, node, src)
+        # negate, distinct, integrate, differentiate, delay keep the schema
+        return src
+
+    def _join_schema(self, what: str, on: Sequence[str], left: StructType,
+                     right: StructType) -> StructType:
+        for side, schema in (("left", left), ("right", right)):
+            missing = [k for k in on if k not in schema.fieldNames()]
+            if missing:
+                raise CircuitError(f"{what}: key column(s) {missing} not in the {side} side "
+                                   f"({', '.join(schema.fieldNames())})")
+        for k in on:
+            if left[k].dataType != right[k].dataType:
+                raise CircuitError(
+                    f"{what}: key '{k}' is {left[k].dataType.simpleString()} on the left and "
+                    f"{right[k].dataType.simpleString()} on the right; cast one side with select")
+        clash = (set(left.fieldNames()) & set(right.fieldNames())) - set(on)
+        if clash:
+            raise CircuitError(f"{what}: both sides have column(s) {sorted(clash)}; rename one "
+                               "side with select before joining")
+        return self._analyse(what, lambda: self._empty(left).join(
+            self._empty(right), on=list(on), how="inner"))
+
+    def _aggregate_schema(self, what: str, node: Node, src: StructType) -> StructType:
+        keys = node.params["keys"]
+        missing = [k for k in keys if k not in src.fieldNames()]
+        if missing:
+            raise CircuitError(f"{what}: group_by column(s) {missing} not in "
+                               f"({', '.join(src.fieldNames())})")
+        exprs = []
+        for a in node.params["aggregates"]:
+            if a["arg"] is None:
+                exprs.append(F.count(F.lit(1)).alias(a["name"]))
+                continue
+            if a["arg"] not in src.fieldNames():
+                raise CircuitError(f"{what}: aggregate '{a['name']}' reads column '{a['arg']}', "
+                                   f"which is not in ({', '.join(src.fieldNames())})")
+            dtype = src[a["arg"]].dataType
+            if a["fn"] in ("sum", "avg") and not isinstance(dtype, NumericType):
+                raise CircuitError(f"{what}: aggregate '{a['name']}' = {a['fn']}({a['arg']}) "
+                                   f"needs a numeric column, '{a['arg']}' is {dtype.simpleString()}")
+            fn = {"count": F.count, "sum": F.sum, "avg": F.avg, "min": F.min, "max": F.max}
+            exprs.append(fn[a["fn"]](F.col("`" + a["arg"] + "`")).alias(a["name"]))
+        return self._analyse(what, lambda: self._empty(src).groupBy(
+            *["`" + k + "`" for k in keys]).agg(*exprs))
+
+    # -- operators -------------------------------------------------------------------------
+    def _operator(self, node: Node, db: StateDatabase) -> Operator:
+        schema = self.schemas[node.id]
+        src = self.schemas[node.inputs[0]]
+        name = f"n{node.id}_{node.op}"
+        p = node.params
+        if node.op == "select":
+            return Select(p["exprs"], schema)
+        if node.op == "filter":
+            return Filter(p["predicate"], schema)
+        if node.op == "union":
+            return Union(schema)
+        if node.op == "negate":
+            return Negate(schema)
+        if node.op == "conform":
+            return Conform(src, schema)
+        if node.op == "distinct":
+            return Distinct(db, name, schema)
+        if node.op == "join":
+            return Join(db, name, p["on"], src, self.schemas[node.inputs[1]], schema)
+        if node.op == "aggregate":
+            return Aggregate(db, name, p["keys"], p["aggregates"], src, schema)
+        if node.op == "integrate":
+            return Integrate(db, name, schema)
+        if node.op == "delay":
+            return Delay(db, name, schema)
+        if node.op == "differentiate":
+            return Differentiate(db, name, schema)
+        raise CircuitError(f"{_describe(node)}: unknown operator")  # pragma: no cover
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _empty(self, schema: StructType) -> DataFrame:
+        return self.spark.createDataFrame([], schema)
+
+    def _analyse(self, what: str, build) -> StructType:
+        try:
+            return build().schema
+        except PySparkException as e:
+            raise CircuitError(f"{what}: {_first_line(e)}") from None
+
+
+def _describe(node: Node) -> str:
+    if node.op == "input":
+        return f"input '{node.params['name']}'"
+    detail = ""
+    if node.op == "select":
+        detail = f" {node.params['exprs']}"
+    elif node.op == "filter":
+        detail = f" '{node.params['predicate']}'"
+    elif node.op == "join":
+        detail = f" on {node.params['on']}"
+    elif node.op == "aggregate":
+        detail = f" by {node.params['keys']}"
+    return f"operator #{node.id} {node.op}{detail}"
+
+
+def _check_columns(schema: StructType, what: str) -> StructType:
+    names = schema.fieldNames()
+    for n in names:
+        if n.startswith("_"):
+            raise CircuitError(f"{what}: column '{n}' is reserved: names starting with '_' "
+                               "belong to the engine")
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise CircuitError(f"{what}: duplicate column name(s) {dup}")
+    if not names:
+        raise CircuitError(f"{what}: no columns")
+    return schema
+
+
+def _by_name(schema: StructType) -> dict[str, str]:
+    return {f.name: f.dataType.simpleString() for f in schema.fields}
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

@@ -1,0 +1,195 @@
+"""Turning what a user pushes into a checked Arrow table (or Spark DataFrame) of an input's schema.
+
+Accepted: a list of dicts (keys = the input's columns, exactly), a list of tuples/lists (in column
+order), a pandas DataFrame, a pyarrow Table, or a Spark DataFrame. Every problem is an
+``InputError`` that names the input, the record (its index in the batch, and the record itself)
+and the column; a rejected batch is not recorded at all, so nothing is half-accepted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import numbers
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame as SparkDataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import NumericType, StructType
+
+from dbsp_pipeline.errors import InputError
+from dbsp_pipeline.zset import WEIGHT
+
+
+def check_weight(input_name: str, weight: object) -> int:
+    if isinstance(weight, bool) or not isinstance(weight, numbers.Integral) or int(weight) == 0:
+        raise InputError(input_name, f"weight must be a non-zero integer, got {weight!r}")
+    return int(weight)
+
+
+def to_arrow(input_name: str, rows: Any, schema: StructType, arrow_schema: pa.Schema,
+             weight: int) -> pa.Table:
+    """Python rows, pandas or Arrow → an Arrow table of ``arrow_schema`` (payload + ``_weight``)."""
+    payload_schema = pa.schema([arrow_schema.field(f.name) for f in schema.fields])
+    if isinstance(rows, pa.Table):
+        table = _from_arrow(input_name, rows, payload_schema)
+    elif _is_pandas(rows):
+        table = _from_pandas(input_name, rows, payload_schema)
+    elif isinstance(rows, (list, tuple)):
+        table = _from_python(input_name, list(rows), schema, payload_schema)
+    else:
+        raise InputError(input_name, "rows must be a list of dicts or tuples, a pandas or Spark "
+                         f"DataFrame, or a pyarrow Table; got {type(rows).__name__}")
+    weights = pa.array([weight] * table.num_rows, pa.int64())
+    return table.append_column(pa.field(WEIGHT, pa.int64(), nullable=False), weights)
+
+
+def check_spark(input_name: str, df: SparkDataFrame, schema: StructType, weight: int) -> SparkDataFrame:
+    """A pushed Spark DataFrame → columns and types of the input (numeric widening allowed)."""
+    given = {f.name: f.dataType for f in df.schema.fields}
+    _check_names(input_name, list(given), schema)
+    cols = []
+    for f in schema.fields:
+        t = given[f.name]
+        if t != f.dataType and not (isinstance(t, NumericType) and isinstance(f.dataType, NumericType)):
+            raise InputError(input_name, f"column is {t.simpleString()}, expected "
+                             f"{f.dataType.simpleString()}", column=f.name)
+        cols.append(F.col("`" + f.name + "`").cast(f.dataType).alias(f.name))
+    return df.select(*cols, F.lit(weight).cast("long").alias(WEIGHT))
+
+
+# -- python rows ---------------------------------------------------------------------------
+def _from_python(input_name: str, rows: list, schema: StructType, arrow: pa.Schema) -> pa.Table:
+    names = schema.fieldNames()
+    columns: list[list] = [[] for _ in names]
+    for i, row in enumerate(rows):
+        if isinstance(row, Mapping):
+            keys = list(row.keys())
+            unknown = [k for k in keys if k not in names]
+            if unknown:
+                raise InputError(input_name, f"unknown column(s) {unknown}; the input has "
+                                 f"({', '.join(names)})", record_index=i, record=row)
+            missing = [n for n in names if n not in row]
+            if missing:
+                raise InputError(input_name, f"missing column(s) {missing}", record_index=i,
+                                 record=row)
+            values = [row[n] for n in names]
+        elif isinstance(row, Sequence) and not isinstance(row, (str, bytes)):
+            if len(row) != len(names):
+                raise InputError(input_name, f"has {len(row)} values, the input has "
+                                 f"{len(names)} columns ({', '.join(names)})", record_index=i,
+                                 record=row)
+            values = list(row)
+        else:
+            raise InputError(input_name, f"a record must be a dict or a tuple, got "
+                             f"{type(row).__name__}", record_index=i, record=row)
+        for j, v in enumerate(values):
+            field = arrow.field(j)
+            problem = _value_problem(v, field)
+            if problem:
+                raise InputError(input_name, problem, record_index=i, column=names[j], record=row)
+            columns[j].append(v)
+    arrays = []
+    for j, values in enumerate(columns):
+        try:
+            arrays.append(pa.array(values, arrow.field(j).type))
+        except (pa.ArrowException, OverflowError, TypeError, ValueError) as e:
+            bad = _first_bad(values, arrow.field(j).type)
+            raise InputError(input_name, f"{e}", record_index=bad, column=names[j],
+                             record=rows[bad] if bad is not None else None) from None
+    return pa.Table.from_arrays(arrays, schema=arrow)
+
+
+def _value_problem(v: object, field: pa.Field) -> str | None:
+    t = field.type
+    if v is None:
+        return None if field.nullable else "is NULL but the column is NOT NULL"
+    if pa.types.is_integer(t):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            return f"value {v!r} is {type(v).__name__}, expected a whole number ({t})"
+    elif pa.types.is_floating(t):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            return f"value {v!r} is {type(v).__name__}, expected a number ({t})"
+    elif pa.types.is_decimal(t):
+        if isinstance(v, bool) or not isinstance(v, (numbers.Integral, decimal.Decimal)):
+            return f"value {v!r} is {type(v).__name__}, expected a decimal ({t})"
+    elif pa.types.is_string(t) or pa.types.is_large_string(t):
+        if not isinstance(v, str):
+            return f"value {v!r} is {type(v).__name__}, expected a string"
+    elif pa.types.is_boolean(t):
+        if not isinstance(v, bool):
+            return f"value {v!r} is {type(v).__name__}, expected a boolean"
+    elif pa.types.is_timestamp(t):
+        if not isinstance(v, dt.datetime):
+            return f"value {v!r} is {type(v).__name__}, expected a datetime"
+    elif pa.types.is_date(t):
+        if not isinstance(v, dt.date) or isinstance(v, dt.datetime):
+            return f"value {v!r} is {type(v).__name__}, expected a date"
+    return None
+
+
+def _first_bad(values: list, t: pa.DataType) -> int | None:
+    for i, v in enumerate(values):
+        try:
+            pa.array([v], t)
+        except (pa.ArrowException, OverflowError, TypeError, ValueError):
+            return i
+    return None
+
+
+# -- pandas / arrow ------------------------------------------------------------------------
+def _is_pandas(obj: object) -> bool:
+    return type(obj).__module__.startswith("pandas") and type(obj).__name__ == "DataFrame"
+
+
+def _from_pandas(input_name: str, df: Any, arrow: pa.Schema) -> pa.Table:
+    _check_names(input_name, [str(c) for c in df.columns], _names_schema(arrow))
+    arrays = []
+    for field in arrow:
+        try:
+            arrays.append(pa.Array.from_pandas(df[field.name], type=field.type, safe=True))
+        except (pa.ArrowException, TypeError, ValueError) as e:
+            values = df[field.name].tolist()
+            bad = _first_bad(values, field.type)
+            raise InputError(input_name, f"{e}", column=field.name, record_index=bad,
+                             record=df.iloc[bad].to_dict() if bad is not None else None) from None
+    return _with_nullability(input_name, pa.Table.from_arrays(arrays, schema=arrow))
+
+
+def _from_arrow(input_name: str, table: pa.Table, arrow: pa.Schema) -> pa.Table:
+    _check_names(input_name, table.column_names, _names_schema(arrow))
+    try:
+        table = table.select(arrow.names).cast(arrow, safe=True)
+    except (pa.ArrowException, TypeError, ValueError) as e:
+        raise InputError(input_name, f"cannot convert to the input's schema: {e}") from None
+    return _with_nullability(input_name, table)
+
+
+def _with_nullability(input_name: str, table: pa.Table) -> pa.Table:
+    for field, col in zip(table.schema, table.columns):
+        if not field.nullable and col.null_count:
+            bad = next(i for i, v in enumerate(col.to_pylist()) if v is None)
+            raise InputError(input_name, "is NULL but the column is NOT NULL", column=field.name,
+                             record_index=bad)
+    return table
+
+
+def _names_schema(arrow: pa.Schema) -> StructType:
+    from pyspark.sql.types import StringType, StructField
+
+    return StructType([StructField(n, StringType()) for n in arrow.names])
+
+
+def _check_names(input_name: str, given: list[str], schema: StructType) -> None:
+    names = schema.fieldNames()
+    unknown = [c for c in given if c not in names]
+    missing = [c for c in names if c not in given]
+    if unknown or missing:
+        parts = []
+        if unknown:
+            parts.append(f"unknown column(s) {unknown}")
+        if missing:
+            parts.append(f"missing column(s) {missing}")
+        raise InputError(input_name, "; ".join(parts) + f"; the input has ({', '.join(names)})")

@@ -1,0 +1,55 @@
+"""The SparkSession the engine uses when the caller does not bring one.
+
+A JVM session takes 6-20 s to start, so there is one per process: ``local_session()`` returns the
+active session if there is one. The settings the engine relies on are applied to any session it is
+given (``configure``): Parquet timestamps as TIMESTAMP_MICROS (what Delta readers expect), no
+``_SUCCESS`` markers or ``.crc`` side files in table folders, UTC session time zone.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pyspark.sql import SparkSession
+
+#: Settings every session used by the engine must have (safe to set on a running session).
+RUNTIME_CONF = {
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.adaptive.enabled": "true",
+}
+
+
+def local_session(app_name: str = "dbsp-pipeline", cores: int | str = "*",
+                  shuffle_partitions: int = 4, ui: bool = False) -> SparkSession:
+    """The process's local-mode session, created with the engine's defaults if none is active."""
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return configure(active)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = (
+        SparkSession.builder.master(f"local[{cores}]")
+        .appName(app_name)
+        .config("spark.ui.enabled", "true" if ui else "false")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.default.parallelism", str(shuffle_partitions))
+        .config("spark.driver.memory", os.environ.get("DBSP_DRIVER_MEMORY", "4g"))
+        .config("spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
+        .config("spark.hadoop.fs.file.impl", "org.apache.hadoop.fs.RawLocalFileSystem")
+        .config("spark.hadoop.fs.file.impl.disable.cache", "true")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+    )
+    for k, v in RUNTIME_CONF.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR") if hasattr(spark, "sparkContext") else None
+    return spark
+
+
+def configure(spark: SparkSession) -> SparkSession:
+    """Apply the engine's runtime settings to ``spark`` and return it."""
+    for k, v in RUNTIME_CONF.items():
+        spark.conf.set(k, v)
+    return spark

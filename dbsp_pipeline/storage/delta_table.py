@@ -1,0 +1,235 @@
+"""A Delta Lake table written by Spark and committed by delta-rs.
+
+Spark cannot load the Delta Spark jars here (they come from Maven at run time), so the engine
+splits the work: Spark writes plain Parquet files into a fresh folder inside the table
+(``data/<uuid>/``), and the driver commits them with delta-rs as add actions (with ``numRecords``
+and per-column min/max stats, so any Delta reader can skip files). Reads go the other way: the
+driver asks delta-rs for the files of a version and hands them to ``spark.read.parquet``.
+
+Durability: a version exists once ``commit`` returns; files written but not committed are
+invisible to every Delta reader (and are removed by garbage collection). Commits are atomic
+(delta-rs writes ``_delta_log/N.json`` with put-if-absent), so two writers racing for the same
+version cannot both win.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.transaction import AddAction
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import StructType
+
+from dbsp_pipeline.errors import StorageError
+
+DATA_DIR = "data"
+_STATS_STRING_LIMIT = 32
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One committed Parquet file: its absolute path, row count and (for traces) shard range."""
+
+    path: str
+    rows: int
+    shard_min: int | None = None
+    shard_max: int | None = None
+
+    @classmethod
+    def from_stats(cls, path: str, stats: str) -> DataFile:
+        s = json.loads(stats)
+        return cls(path, int(s.get("numRecords", 0)), s.get("minValues", {}).get("_shard"),
+                   s.get("maxValues", {}).get("_shard"))
+
+
+class SparkDeltaTable:
+    """A Delta table at ``uri`` with a fixed Spark schema. See the module docstring."""
+
+    def __init__(self, spark: SparkSession, uri: str, schema: StructType,
+                 configuration: dict[str, str] | None = None) -> None:
+        self.spark = spark
+        self.uri = os.path.abspath(uri)
+        self.schema = schema
+        self.arrow_schema = spark_to_arrow_schema(schema)
+        if DeltaTable.is_deltatable(self.uri):
+            self._table = DeltaTable(self.uri)
+        else:
+            os.makedirs(self.uri, exist_ok=True)
+            try:
+                self._table = DeltaTable.create(
+                    self.uri, self.arrow_schema, mode="ignore",
+                    configuration={"delta.checkpointInterval": "50", **(configuration or {})})
+            except DeltaError as e:  # pragma: no cover - storage failure
+                raise StorageError(f"cannot create Delta table {self.uri}: {e}",
+                                   definitely_failed=False) from e
+
+    # -- versions --------------------------------------------------------------------------
+    def version(self) -> int:
+        """The newest committed version (0 for a freshly created table)."""
+        self._table.update_incremental()
+        return self._table.version()
+
+    def files(self, version: int | None = None) -> list[DataFile]:
+        """The data files of ``version`` (default: the newest)."""
+        table = self._table if version is None else DeltaTable(self.uri, version=version)
+        if version is None:
+            table.update_incremental()
+        actions = pa.table(table.get_add_actions(flatten=True)).to_pydict()
+        paths = actions.get("path", [])
+        none = [None] * len(paths)
+        rows = actions.get("num_records", none)
+        lo, hi = actions.get("min._shard", none), actions.get("max._shard", none)
+        return [DataFile(os.path.join(self.uri, p), int(n or 0), a, b)
+                for p, n, a, b in zip(paths, rows, lo, hi)]
+
+    def transaction_version(self, app_id: str) -> int | None:
+        """The newest app-transaction version committed under ``app_id`` (None if none)."""
+        self._table.update_incremental()
+        return self._table.transaction_version(app_id)
+
+    # -- writing ---------------------------------------------------------------------------
+    def write_files(self, df: DataFrame, *, sort_by: Sequence[str] = ()) -> list[AddAction]:
+        """Write ``df`` (columns in table order) as new, uncommitted Parquet files.
+
+        Returns the add actions to ``commit``. Empty files are not returned.
+        """
+        folder_rel = f"{DATA_DIR}/{uuid.uuid4().hex}"
+        folder = os.path.join(self.uri, folder_rel)
+        ordered = df.select(*[_q(f.name) for f in self.schema.fields])
+        if sort_by:
+            ordered = ordered.sortWithinPartitions(*[_q(c) for c in sort_by])
+        try:
+            ordered.write.mode("errorifexists").parquet(folder)
+        except Exception as e:
+            raise StorageError(f"writing data files to {folder} failed: {e}",
+                               definitely_failed=True) from e
+        return self._adds_for_folder(folder, folder_rel)
+
+    def write_arrow(self, table: pa.Table) -> list[AddAction]:
+        """Write a small Arrow table (already in table schema) as one new, uncommitted file."""
+        if table.num_rows == 0:
+            return []
+        folder_rel = f"{DATA_DIR}/{uuid.uuid4().hex}"
+        folder = os.path.join(self.uri, folder_rel)
+        os.makedirs(folder, exist_ok=True)
+        pq.write_table(table.cast(self.arrow_schema), os.path.join(folder, "part-00000.parquet"))
+        return self._adds_for_folder(folder, folder_rel)
+
+    def commit(self, adds: Sequence[AddAction] = (), removes: Sequence[str] = (), *,
+               app_id: str | None = None, app_version: int | None = None,
+               metadata: dict | None = None, data_change: bool = True) -> int:
+        """Commit add actions (and removal of the files at the absolute paths ``removes``).
+
+        With ``app_id``/``app_version`` the commit records an app transaction (idempotent writes:
+        a reader can ask ``transaction_version(app_id)``). Returns the new version.
+        """
+        from deltalake._internal import RemoveAction  # re-exported privately in deltalake 1.x
+
+        now = int(time.time() * 1000)
+        actions: list = list(adds)
+        for p in removes:
+            rel = os.path.relpath(p, self.uri)
+            actions.append(RemoveAction(rel, data_change, now))
+        props = CommitProperties(
+            custom_metadata=metadata,
+            app_transactions=[Transaction(app_id, app_version, now)] if app_id else None)
+        try:
+            self._table.create_write_transaction(
+                actions, mode="append", schema=self.arrow_schema, commit_properties=props)
+        except CommitFailedError as e:
+            raise StorageError(f"commit to {self.uri} failed: {e}", definitely_failed=True) from e
+        except DeltaError as e:
+            raise StorageError(f"commit to {self.uri} failed: {e}", definitely_failed=False) from e
+        self._table.update_incremental()
+        return self._table.version()
+
+    # -- reading ---------------------------------------------------------------------------
+    def read(self, files: Sequence[DataFile] | Sequence[str]) -> DataFrame:
+        """A DataFrame over the given data files (an empty one for no files)."""
+        paths = [f.path if isinstance(f, DataFile) else f for f in files]
+        if not paths:
+            return self.spark.createDataFrame([], self.schema)
+        return self.spark.read.schema(self.schema).parquet(*paths)
+
+    def read_version(self, version: int | None = None) -> DataFrame:
+        return self.read(self.files(version))
+
+    # -- internals -------------------------------------------------------------------------
+    def _adds_for_folder(self, folder: str, folder_rel: str) -> list[AddAction]:
+        adds = []
+        for name in sorted(os.listdir(folder)):
+            if not name.endswith(".parquet"):
+                continue
+            path = os.path.join(folder, name)
+            meta = pq.read_metadata(path)
+            if meta.num_rows == 0:
+                os.remove(path)
+                continue
+            adds.append(AddAction(
+                path=f"{folder_rel}/{name}", size=os.path.getsize(path), partition_values={},
+                modification_time=int(os.path.getmtime(path) * 1000), data_change=True,
+                stats=json.dumps(_file_stats(meta))))
+        return adds
+
+
+def spark_to_arrow_schema(schema: StructType) -> pa.Schema:
+    """The Arrow schema Delta records for a Spark schema (timestamps in UTC microseconds)."""
+    return to_arrow_schema(schema, timezone="UTC", prefers_large_types=False)
+
+
+def _file_stats(meta: pq.FileMetaData) -> dict:
+    """Delta per-file statistics (numRecords, minValues, maxValues, nullCount) from a footer."""
+    mins: dict = {}
+    maxs: dict = {}
+    nulls: dict = {}
+    schema = meta.schema.to_arrow_schema()
+    for ci, field in enumerate(schema):
+        lo = hi = None
+        null_count = 0
+        ok = True
+        for rg in range(meta.num_row_groups):
+            st = meta.row_group(rg).column(ci).statistics
+            if st is None:
+                ok = False
+                break
+            null_count += st.null_count or 0
+            if st.has_min_max:
+                lo = st.min if lo is None else min(lo, st.min)
+                hi = st.max if hi is None else max(hi, st.max)
+        if not ok:
+            continue
+        nulls[field.name] = null_count
+        lo, hi = _json_stat(lo), _json_stat(hi)
+        if lo is not None and hi is not None:
+            mins[field.name] = lo
+            maxs[field.name] = hi
+    return {"numRecords": meta.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+
+
+def _json_stat(v: object) -> object:
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, (int, float)):
+        return v if v == v and v not in (float("inf"), float("-inf")) else None
+    if isinstance(v, str):
+        return v if len(v) <= _STATS_STRING_LIMIT else None
+    if isinstance(v, _dt.datetime):
+        return v.isoformat()
+    if isinstance(v, _dt.date):
+        return v.isoformat()
+    return None
+
+
+def _q(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"

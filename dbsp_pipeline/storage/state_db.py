@@ -1,0 +1,190 @@
+"""The two-version state database of the seed (``distributed-dbsp-design.md``, "Database").
+
+State is the set of operator traces (Delta tables, see ``trace.py``) plus small metadata. A
+**manifest** (a tiny Delta table holding one entry per database version) ties them together:
+entry ``v`` records, for every trace table, the Delta version that belongs to database version
+``v``, plus the step, the metadata written with ``put``, and the circuit fingerprint.
+
+Contract (the seed's interface):
+
+* A new database has one version, 0, which is empty.
+* ``open(v)`` makes ``v`` the base: every trace is rolled back to the Delta version entry ``v``
+  records (newer trace versions, written after the last commit, are discarded by a Delta
+  ``restore``), and later database versions are discarded. Reads and writes then go to ``v + 1``.
+* ``commit()`` appends manifest entry ``v + 1``; after it returns, ``v`` and ``v + 1`` can be
+  opened. The manifest commit is the single atomic commit point: a crash before it leaves ``v``
+  intact, a crash after it leaves ``v + 1``.
+* ``get``/``put`` store small JSON values; ``get_step``/``set_step`` the next step to execute.
+
+Durability: trace tables are committed to Delta as a step writes them, but they belong to a
+database version only once the manifest entry naming their Delta version is committed. Delta time
+travel keeps the recorded version readable, which is what makes rollback possible.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import SparkSession
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from dbsp_pipeline.errors import CircuitChangedError, UsageError
+from dbsp_pipeline.storage.delta_table import SparkDeltaTable
+
+MANIFEST_DIR = "_manifest"
+STATE_FORMAT = 1
+ENGINE_VERSION = "0.1.0"
+_MANIFEST_SCHEMA = StructType([
+    StructField("version", LongType(), False),
+    StructField("entry", StringType(), False),
+])
+
+
+class StateDatabase:
+    """Versioned operator state under ``root``. See the module docstring for the contract."""
+
+    def __init__(self, spark: SparkSession, root: str, fingerprint: str) -> None:
+        self.spark = spark
+        self.root = os.path.abspath(root)
+        self.fingerprint = fingerprint
+        self._manifest = SparkDeltaTable(spark, os.path.join(self.root, MANIFEST_DIR),
+                                         _MANIFEST_SCHEMA)
+        self._tables: dict[str, SparkDeltaTable] = {}
+        self._base: dict[str, Any] | None = None  # the opened entry
+        self._meta: dict[str, Any] = {}
+        self._step = 0
+
+    # -- the seed's interface --------------------------------------------------------------
+    def versions(self) -> range:
+        """The versions ``open`` accepts: the newest, and the one before it while retained."""
+        latest = self._latest_entry()
+        v = latest["version"]
+        previous = self._entry_at_manifest(latest.get("manifest_base"))
+        if previous is not None and previous["version"] == v - 1:
+            return range(v - 1, v + 1)
+        return range(v, v + 1)
+
+    def open(self, version: int | None = None) -> int:
+        """Open ``version`` (default: the newest) as the base; returns it."""
+        latest = self._latest_entry()
+        if version is None:
+            version = latest["version"]
+        if version not in self.versions():
+            raise UsageError(f"state version {version} cannot be opened; "
+                             f"available: {list(self.versions())}")
+        entry = latest if version == latest["version"] else self._entry_at_manifest(
+            latest["manifest_base"])
+        assert entry is not None
+        recorded_fp = entry.get("fingerprint")
+        if recorded_fp and recorded_fp != self.fingerprint:
+            raise CircuitChangedError(
+                f"the pipeline at {self.root} was built by a different circuit "
+                f"(fingerprint {recorded_fp[:12]}, this circuit {self.fingerprint[:12]}); "
+                "changing the computation of an existing pipeline is not supported: "
+                "use a new root")
+        if version != latest["version"]:
+            # Discard the newer version: a new manifest commit whose entry is a copy of ``version``.
+            self._write_entry(dict(entry))
+        self._base = entry
+        self._meta = dict(entry.get("meta", {}))
+        self._step = int(entry.get("step", 0))
+        for table in self._tables.values():
+            self._roll_back(table)
+        return version
+
+    def commit(self) -> int:
+        """Record the current state as version ``base + 1``; returns the new version."""
+        base = self._require_open()
+        entry = {
+            "version": base["version"] + 1,
+            "step": self._step,
+            "meta": self._meta,
+            "traces": {name: t.version() for name, t in sorted(self._tables.items())},
+            "fingerprint": self.fingerprint,
+            "engine_version": ENGINE_VERSION,
+            "state_format": STATE_FORMAT,
+            "manifest_base": self._manifest.version(),
+        }
+        self._write_entry(entry)
+        self._base = entry
+        return entry["version"]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self._require_open()
+        return self._meta.get(key, default)
+
+    def put(self, key: str, value: Any) -> None:
+        self._require_open()
+        json.dumps(value)  # must be JSON-serializable: fail here, not at commit
+        self._meta[key] = value
+
+    def get_step(self) -> int:
+        self._require_open()
+        return self._step
+
+    def set_step(self, step: int) -> None:
+        self._require_open()
+        self._step = int(step)
+
+    # -- tables ----------------------------------------------------------------------------
+    def table(self, name: str, schema: StructType) -> SparkDeltaTable:
+        """The state table ``name`` (created empty if new), rolled back to the open version."""
+        if name not in self._tables:
+            table = SparkDeltaTable(self.spark, os.path.join(self.root, "state", name), schema)
+            self._tables[name] = table
+            if self._base is not None:
+                self._roll_back(table)
+        return self._tables[name]
+
+    @property
+    def version(self) -> int:
+        return self._require_open()["version"]
+
+    def recorded_version(self, name: str) -> int | None:
+        """The Delta version of table ``name`` recorded by the open state version."""
+        return self._require_open().get("traces", {}).get(name)
+
+    # -- internals -------------------------------------------------------------------------
+    def _roll_back(self, table: SparkDeltaTable) -> None:
+        name = os.path.basename(table.uri)
+        recorded = self.recorded_version(name)
+        target = 0 if recorded is None else recorded
+        if table.version() != target:
+            table._table.restore(target)
+            table._table.update_incremental()
+
+    def _require_open(self) -> dict[str, Any]:
+        if self._base is None:
+            raise UsageError("the state database is not open")
+        return self._base
+
+    def _latest_entry(self) -> dict[str, Any]:
+        entry = self._entry_at_manifest(self._manifest.version())
+        return entry if entry is not None else _empty_entry()
+
+    def _entry_at_manifest(self, manifest_version: int | None) -> dict[str, Any] | None:
+        if manifest_version is None:
+            return None
+        if manifest_version == 0:
+            return _empty_entry()
+        files = self._manifest.files(manifest_version)
+        if not files:
+            return None
+        row = pq.read_table(files[0].path).to_pylist()[0]
+        return json.loads(row["entry"])
+
+    def _write_entry(self, entry: dict[str, Any]) -> None:
+        previous = self._manifest.files()
+        data = pa.table({"version": [entry["version"]], "entry": [json.dumps(entry)]},
+                        schema=self._manifest.arrow_schema)
+        adds = self._manifest.write_arrow(data)
+        self._manifest.commit(adds, [f.path for f in previous])
+
+
+def _empty_entry() -> dict[str, Any]:
+    """Database version 0: no state, step 0."""
+    return {"version": 0, "step": 0, "meta": {}, "traces": {}, "manifest_base": None}

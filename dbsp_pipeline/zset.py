@@ -1,0 +1,71 @@
+"""Z-sets as Spark DataFrames.
+
+A Z-set is a DataFrame of payload columns plus ``_weight`` (BIGINT): the multiplicity of the row,
+negative for deletions. A *consolidated* Z-set holds each distinct payload at most once and never a
+zero weight. Names starting with ``_`` are reserved for the engine.
+
+The *shard* of a key is ``xxhash64(key columns)`` (Spark's built-in, seed 42, the same in every
+Spark version and on every worker; never Python's ``hash``) reduced to its 10 most significant
+bits: a number in ``0..SHARD_COUNT``. Fixed sharding uses it directly; dynamic sharding with
+``S = 2**b`` shards uses its ``b`` most significant bits (``_shard >> (10 - b)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+WEIGHT = "_weight"
+SHARD = "_shard"
+STEP = "_step"
+SHARD_BITS = 10
+SHARD_COUNT = 1 << SHARD_BITS
+RESERVED_PREFIX = "_"
+
+
+def payload_columns(df: DataFrame) -> list[str]:
+    """The user-visible columns of a Z-set (everything not reserved)."""
+    return [c for c in df.columns if not c.startswith(RESERVED_PREFIX)]
+
+
+def shard_of(columns: Sequence[str]) -> Column:
+    """The stable shard (0..SHARD_COUNT) of the key made of ``columns``."""
+    if not columns:
+        return F.lit(0).cast("int")
+    hashed = F.xxhash64(*[F.col(_quote(c)) for c in columns])
+    return F.shiftrightunsigned(hashed, 64 - SHARD_BITS).cast("int")
+
+
+def consolidate(df: DataFrame, columns: Sequence[str] | None = None) -> DataFrame:
+    """Sum the weights of equal payloads and drop zero weights.
+
+    ``columns`` defaults to the payload columns; reserved columns other than ``_weight`` are
+    dropped unless named.
+    """
+    cols = list(columns) if columns is not None else payload_columns(df)
+    grouped = df.groupBy(*[F.col(_quote(c)) for c in cols]).agg(F.sum(WEIGHT).alias(WEIGHT))
+    return grouped.where(F.col(WEIGHT) != 0)
+
+
+def negate(df: DataFrame) -> DataFrame:
+    """The Z-set with every weight negated."""
+    return df.withColumn(WEIGHT, -F.col(WEIGHT))
+
+
+def null_safe_equal(left: DataFrame, right: DataFrame, columns: Sequence[str]) -> Column:
+    """Join condition: ``left.c <=> right.c`` for every column (NULL equals NULL)."""
+    cond = None
+    for c in columns:
+        term = left[_quote(c)].eqNullSafe(right[_quote(c)])
+        cond = term if cond is None else cond & term
+    return cond if cond is not None else F.lit(True)
+
+
+def _quote(name: str) -> str:
+    """Backtick-quote a column name for use in ``F.col`` (names may contain dots or spaces)."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+quote = _quote

@@ -1,0 +1,33 @@
+"""One SparkSession for the whole test session (a JVM start costs 6-20 s here)."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pytest
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from dbsp_pipeline.spark_session import local_session
+
+    session = local_session("dbsp-tests", cores=2, shuffle_partitions=2)
+    yield session
+    session.stop()
+
+
+def view_counter(df) -> Counter:
+    """A Z-set DataFrame (payload + ``_weight``) as ``Counter{payload tuple: weight}``."""
+    cols = [c for c in df.columns if not c.startswith("_")]
+    out: Counter = Counter()
+    for row in df.collect():
+        out[tuple(row[c] for c in cols)] += row["_weight"]
+    return Counter({k: v for k, v in out.items() if v != 0})
+
+
+def rows_counter(df) -> Counter:
+    """A plain DataFrame (a bag of rows) as ``Counter{row tuple: multiplicity}``."""
+    return Counter(tuple(r) for r in df.collect())

@@ -1,0 +1,189 @@
+"""Every operator, and chains of them, against an oracle: after every step each output view must
+equal the same query computed from scratch by Spark over the integrated inputs.
+
+One circuit holds all the query shapes (so one pipeline per example exercises all of them);
+hypothesis drives it with random inserts and deletes over small key domains (so keys collide,
+groups empty out, extremes get deleted and NULL keys occur).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+
+from hypothesis import HealthCheck, Phase, given, note, settings
+from hypothesis import strategies as st
+from pyspark.sql import functions as F
+
+from dbsp_pipeline import Circuit, Pipeline
+from tests.conftest import rows_counter, view_counter
+
+ORDERS = "order_id BIGINT, customer_id BIGINT, amount DOUBLE"
+CUSTOMERS = "customer_id BIGINT, region STRING"
+RETURNS = "order_id BIGINT, customer_id BIGINT, reason STRING"
+AGGS = dict(n="count(*)", na="count(amount)", s="sum(amount)", a="avg(amount)",
+            lo="min(amount)", hi="max(amount)")
+
+
+def build_circuit() -> Circuit:
+    c = Circuit("oracle")
+    o = c.input("orders", ORDERS)
+    cu = c.input("customers", CUSTOMERS)
+    r = c.input("returns", RETURNS)
+    c.output("q_select", o.select("order_id", "amount * 2 AS amount2", "customer_id IS NULL AS anon"))
+    c.output("q_filter", o.filter("amount > 10"))
+    c.output("q_union", o.select("customer_id").union(cu.select("customer_id")))
+    c.output("q_minus", o.select("customer_id").minus(cu.select("customer_id")))
+    c.output("q_distinct", cu.select("region").distinct())
+    c.output("q_join", o.join(cu, on="customer_id"))
+    c.output("q_join2", o.join(r.select("order_id", "customer_id", "reason"),
+                               on=["order_id", "customer_id"]))
+    c.output("q_left_join", o.left_join(cu, on="customer_id"))
+    c.output("q_semijoin", cu.semijoin(o, on="customer_id"))
+    c.output("q_antijoin", cu.antijoin(o, on="customer_id"))
+    c.output("q_agg", o.group_by("customer_id").agg(**AGGS))
+    c.output("q_join_agg", o.filter("amount > 10").join(cu, on="customer_id")
+             .group_by("region").agg(total="sum(amount)", n="count(*)", top="max(amount)"))
+    per_customer = o.group_by("customer_id").agg(n="count(*)", lo="min(amount)")
+    c.output("q_agg_join", per_customer.join(cu, on="customer_id"))
+    c.output("q_distinct_join", o.join(cu, on="customer_id").select("region", "amount").distinct())
+    c.output("q_anti_agg", cu.antijoin(per_customer.filter("n >= 2"), on="customer_id"))
+    c.output("q_agg_multi", o.join(cu, on="customer_id").group_by("region", "customer_id")
+             .agg(s="sum(amount)", hi="max(amount)", lo="min(amount)"))
+    c.output("q_integrate", cu.select("region").integrate())
+    c.output("q_delay", cu.select("region").delay())
+    c.output("q_differentiate", o.select("customer_id").differentiate())
+    return c
+
+
+def oracle(spark, orders: Counter, customers: Counter, returns: Counter) -> dict[str, object]:
+    """The views computed from scratch by Spark over the integrated inputs (DataFrames)."""
+    def frame(bag: Counter, schema: str):
+        rows = [row for row, m in bag.items() for _ in range(m)]
+        return spark.createDataFrame(rows, schema)
+
+    o, cu, r = frame(orders, ORDERS), frame(customers, CUSTOMERS), frame(returns, RETURNS)
+    aggs = [F.count(F.lit(1)).alias("n"), F.count("amount").alias("na"),
+            F.sum("amount").alias("s"), F.avg("amount").alias("a"),
+            F.min("amount").alias("lo"), F.max("amount").alias("hi")]
+    per_customer = o.groupBy("customer_id").agg(F.count(F.lit(1)).alias("n"),
+                                                F.min("amount").alias("lo"))
+    return {
+        "q_select": o.selectExpr("order_id", "amount * 2 AS amount2", "customer_id IS NULL AS anon"),
+        "q_filter": o.where("amount > 10"),
+        "q_union": o.select("customer_id").unionAll(cu.select("customer_id")),
+        "q_distinct": cu.select("region").distinct(),
+        "q_join": o.join(cu, on="customer_id"),
+        "q_join2": o.join(r, on=["order_id", "customer_id"]),
+        "q_left_join": o.join(cu, on="customer_id", how="left"),
+        "q_semijoin": cu.join(o, on="customer_id", how="left_semi"),
+        "q_antijoin": cu.join(o, on="customer_id", how="left_anti"),
+        "q_agg": o.groupBy("customer_id").agg(*aggs),
+        "q_join_agg": o.where("amount > 10").join(cu, on="customer_id").groupBy("region").agg(
+            F.sum("amount").alias("total"), F.count(F.lit(1)).alias("n"),
+            F.max("amount").alias("top")),
+        "q_agg_join": per_customer.join(cu, on="customer_id"),
+        "q_distinct_join": o.join(cu, on="customer_id").select("region", "amount").distinct(),
+        "q_anti_agg": cu.join(per_customer.where("n >= 2"), on="customer_id", how="left_anti"),
+        "q_agg_multi": o.join(cu, on="customer_id").groupBy("region", "customer_id").agg(
+            F.sum("amount").alias("s"), F.max("amount").alias("hi"),
+            F.min("amount").alias("lo")),
+    }
+
+
+class Workload:
+    """Integrated inputs and their history, updated by the generated operations."""
+
+    def __init__(self) -> None:
+        self.orders: Counter = Counter()
+        self.customers: Counter = Counter()
+        self.returns: Counter = Counter()
+        self.region_history: list[Counter] = []   # value of customers.select(region) per step
+        self.customer_ids_history: list[Counter] = []  # value of orders.select(customer_id)
+
+    def apply(self, p: Pipeline, ops: list[tuple]) -> None:
+        pushes: dict[tuple[str, int], list] = {}
+        for op in ops:
+            kind = op[0]
+            if kind in ("o+", "c+", "r+"):
+                name = {"o+": "orders", "c+": "customers", "r+": "returns"}[kind]
+                getattr(self, name)[op[1]] += 1
+                pushes.setdefault((name, 1), []).append(op[1])
+            else:
+                name = {"o-": "orders", "c-": "customers", "r-": "returns"}[kind]
+                bag: Counter = getattr(self, name)
+                live = sorted(bag.elements(), key=repr)
+                if not live:
+                    continue
+                row = live[op[1] % len(live)]
+                bag[row] -= 1
+                bag += Counter()
+                setattr(self, name, +bag)
+                pushes.setdefault((name, -1), []).append(row)
+        for (name, weight), rows in pushes.items():
+            p.push(name, rows, weight=weight)
+        self.region_history.append(Counter(r for (_, r), m in self.customers.items()
+                                           for _ in range(m)))
+        self.customer_ids_history.append(Counter(c for (_, c, _), m in self.orders.items()
+                                                 for _ in range(m)))
+
+
+ids = st.integers(1, 6)
+cust = st.one_of(st.none(), st.integers(1, 4))
+amount = st.one_of(st.none(), st.sampled_from([3.5, 5.0, 10.5, 12.0, 20.0, 40.25]))
+region = st.one_of(st.none(), st.sampled_from(["north", "south", "east"]))
+op = st.one_of(
+    st.tuples(st.just("o+"), st.tuples(ids, cust, amount)),
+    st.tuples(st.just("o-"), st.integers(0, 50)),
+    st.tuples(st.just("c+"), st.tuples(cust, region)),
+    st.tuples(st.just("c-"), st.integers(0, 50)),
+    st.tuples(st.just("r+"), st.tuples(ids, cust, st.sampled_from(["late", "broken"]))),
+    st.tuples(st.just("r-"), st.integers(0, 50)),
+)
+workloads = st.lists(st.lists(op, min_size=0, max_size=12), min_size=2, max_size=4)
+
+
+def check_step(spark, p: Pipeline, w: Workload, step: int) -> None:
+    expected = {k: rows_counter(v) for k, v in oracle(spark, w.orders, w.customers, w.returns).items()}
+    cust_ids = w.customer_ids_history[-1]
+    expected["q_minus"] = Counter({(c,): m for (c,), m in _sub(
+        Counter((c,) for c in cust_ids.elements()),
+        Counter((c,) for (c, _), m in w.customers.items() for _ in range(m))).items()})
+    regions = w.region_history
+    expected["q_integrate"] = _drop_zero(sum(
+        (Counter({(r,): m for r, m in h.items()}) for h in regions), Counter()))
+    expected["q_delay"] = (Counter({(r,): m for r, m in regions[-2].items()})
+                           if len(regions) > 1 else Counter())
+    prev = w.customer_ids_history[-2] if len(w.customer_ids_history) > 1 else Counter()
+    expected["q_differentiate"] = _sub(Counter({(c,): m for c, m in cust_ids.items()}),
+                                       Counter({(c,): m for c, m in prev.items()}))
+    for name in p.circuit.outputs:
+        got = view_counter(p.view(name))
+        assert got == _drop_zero(expected[name]), (
+            f"step {step}, view {name}:\n got      {sorted(got.items(), key=repr)}\n"
+            f" expected {sorted(_drop_zero(expected[name]).items(), key=repr)}")
+
+
+def _sub(a: Counter, b: Counter) -> Counter:
+    out = Counter(a)
+    for k, v in b.items():
+        out[k] -= v
+    return _drop_zero(out)
+
+
+def _drop_zero(c: Counter) -> Counter:
+    return Counter({k: v for k, v in c.items() if v != 0})
+
+
+@settings(max_examples=5, deadline=None, phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=list(HealthCheck))
+@given(workloads)
+def test_every_view_equals_recomputation_after_every_step(spark, steps):
+    circuit = build_circuit()
+    w = Workload()
+    with tempfile.TemporaryDirectory() as root, Pipeline(circuit, root, spark) as p:
+        for i, ops in enumerate(steps):
+            note(f"step {i}: {ops}")
+            w.apply(p, ops)
+            p.step()
+            check_step(spark, p, w, i)
