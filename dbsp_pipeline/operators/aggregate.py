@@ -195,8 +195,9 @@ class Aggregate(Operator):
         return g.withColumn(f"_mm{i}", F.when(F.col(f"_redo{i}"), F.col(f"_rec{i}"))
                             .otherwise(quick))
 
-    def compact(self) -> int:
-        return int(self.groups.compact()) + sum(int(t.compact()) for t in self.values.values())
+    def compact(self, threshold: int) -> int:
+        return int(self.groups.compact(threshold)) + sum(
+            int(t.compact(threshold)) for t in self.values.values())
 
 
 def _sum_type(input_type, output_type):

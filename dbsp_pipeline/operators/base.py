@@ -55,8 +55,9 @@ class Operator:
     def step(self, ctx: StepContext, changes: Sequence[Delta]) -> Delta:
         raise NotImplementedError
 
-    def compact(self) -> int:
-        """Compact this operator's traces; returns how many were compacted."""
+    def compact(self, threshold: int) -> int:
+        """Compact those of this operator's traces that have more than ``threshold`` files;
+        returns how many were compacted."""
         return 0
 
 

@@ -47,5 +47,5 @@ class Distinct(Operator):
         out = old.select(*[quote(c) for c in self.columns], sign.cast("long").alias(WEIGHT))
         return out.where(F.col(WEIGHT) != 0)
 
-    def compact(self) -> int:
-        return int(self.trace.compact())
+    def compact(self, threshold: int) -> int:
+        return int(self.trace.compact(threshold))

@@ -38,8 +38,8 @@ class Integrate(Operator):
             return None
         return consolidate(self.trace.read(), self.schema.fieldNames())
 
-    def compact(self) -> int:
-        return int(self.trace.compact())
+    def compact(self, threshold: int) -> int:
+        return int(self.trace.compact(threshold))
 
 
 class Delay(Operator):

@@ -71,5 +71,5 @@ class Join(Operator):
         return joined.select(*[quote(c) for c in self.schema.fieldNames()],
                              (F.col(_LW) * F.col(_RW)).alias(WEIGHT))
 
-    def compact(self) -> int:
-        return int(self.left.compact()) + int(self.right.compact())
+    def compact(self, threshold: int) -> int:
+        return int(self.left.compact(threshold)) + int(self.right.compact(threshold))

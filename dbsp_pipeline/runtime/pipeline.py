@@ -44,6 +44,7 @@ from dbsp_pipeline.runtime.output_log import OutputLog
 from dbsp_pipeline.runtime.plan import Plan
 from dbsp_pipeline.spark_session import configure, local_session
 from dbsp_pipeline.storage.state_db import StateDatabase
+from dbsp_pipeline.storage.trace import COMPACT_FILE_THRESHOLD
 
 
 @dataclass
@@ -171,13 +172,13 @@ class Pipeline:
         self._uncommitted_steps = 0
         return version
 
-    def compact(self) -> int:
-        """Compact every trace with too many files; returns how many traces were compacted.
+    def compact(self, threshold: int = COMPACT_FILE_THRESHOLD) -> int:
+        """Compact every trace with more than ``threshold`` files; returns how many were compacted.
 
         Off the step path: call between steps (the Dagster checkpoint job does).
         """
         self._require_open()
-        return self._plan.compact()
+        return self._plan.compact(threshold)
 
     # -- reading ---------------------------------------------------------------------------
     def view(self, name: str, as_of: int | None = None) -> DataFrame:

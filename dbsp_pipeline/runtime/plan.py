@@ -57,8 +57,8 @@ class Plan:
                     ctx, [changes[i] for i in node.inputs])
         return changes
 
-    def compact(self) -> int:
-        return sum(op.compact() for op in self.operators.values())
+    def compact(self, threshold: int) -> int:
+        return sum(op.compact(threshold) for op in self.operators.values())
 
     # -- schemas ---------------------------------------------------------------------------
     def _schema(self, node: Node) -> StructType:

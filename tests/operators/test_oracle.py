@@ -8,6 +8,7 @@ groups empty out, extremes get deleted and NULL keys occur).
 
 from __future__ import annotations
 
+import random
 import tempfile
 from collections import Counter
 
@@ -132,15 +133,16 @@ ids = st.integers(1, 6)
 cust = st.one_of(st.none(), st.integers(1, 4))
 amount = st.one_of(st.none(), st.sampled_from([3.5, 5.0, 10.5, 12.0, 20.0, 40.25]))
 region = st.one_of(st.none(), st.sampled_from(["north", "south", "east"]))
+insert_order = st.tuples(st.just("o+"), st.tuples(ids, cust, amount))
+insert_customer = st.tuples(st.just("c+"), st.tuples(cust, region))
 op = st.one_of(
-    st.tuples(st.just("o+"), st.tuples(ids, cust, amount)),
+    insert_order, insert_order, insert_customer,  # inserts twice as likely as deletes
     st.tuples(st.just("o-"), st.integers(0, 50)),
-    st.tuples(st.just("c+"), st.tuples(cust, region)),
     st.tuples(st.just("c-"), st.integers(0, 50)),
     st.tuples(st.just("r+"), st.tuples(ids, cust, st.sampled_from(["late", "broken"]))),
     st.tuples(st.just("r-"), st.integers(0, 50)),
 )
-workloads = st.lists(st.lists(op, min_size=0, max_size=12), min_size=2, max_size=4)
+workloads = st.lists(st.lists(op, min_size=0, max_size=14), min_size=2, max_size=4)
 
 
 def check_step(spark, p: Pipeline, w: Workload, step: int) -> None:
@@ -187,3 +189,38 @@ def test_every_view_equals_recomputation_after_every_step(spark, steps):
             w.apply(p, ops)
             p.step()
             check_step(spark, p, w, i)
+
+
+def seeded_workload(seed: int, steps: int, ops_per_step: int) -> list[list[tuple]]:
+    """A longer random workload: many inserts first, then a mix with about 40% deletes."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(steps):
+        ops = []
+        for _ in range(ops_per_step):
+            roll = rng.random()
+            delete = i > 0 and roll < 0.4
+            kind = rng.choice("ocr")
+            if delete:
+                ops.append((kind + "-", rng.randrange(100)))
+            elif kind == "o":
+                ops.append(("o+", (rng.randint(1, 8), rng.choice([None, 1, 2, 3, 4, 5]),
+                                   rng.choice([None, 3.5, 5.0, 10.5, 12.0, 20.0, 40.25]))))
+            elif kind == "c":
+                ops.append(("c+", (rng.choice([None, 1, 2, 3, 4, 5]),
+                                   rng.choice([None, "north", "south", "east"]))))
+            else:
+                ops.append(("r+", (rng.randint(1, 8), rng.choice([None, 1, 2, 3]),
+                                   rng.choice(["late", "broken"]))))
+        out.append(ops)
+    return out
+
+
+def test_seeded_workload_with_many_deletes(spark, tmp_path):
+    w = Workload()
+    with Pipeline(build_circuit(), str(tmp_path), spark) as p:
+        for i, ops in enumerate(seeded_workload(seed=11, steps=5, ops_per_step=30)):
+            w.apply(p, ops)
+            p.step()
+            check_step(spark, p, w, i)
+        assert sum(w.orders.values()) > 5 and sum(w.customers.values()) > 3

@@ -1,0 +1,108 @@
+"""Bad input gets a clear error naming the input, the record and the problem; nothing already
+pushed is lost."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from dbsp_pipeline import (
+    Circuit,
+    CircuitError,
+    InputError,
+    Pipeline,
+    PipelineClosedError,
+    UnknownNameError,
+)
+from dbsp_pipeline.examples.shop import shop_circuit
+from tests.conftest import view_counter
+
+
+@pytest.fixture(scope="module")
+def pipeline(spark, tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("bad_input"))
+    p = Pipeline(shop_circuit(), root=root, spark=spark)
+    p.push("customers", [(1, "north")])
+    p.push("orders", [(1, 1, 50.0)])  # accepted before every bad push below
+    yield p
+    p.close()
+
+
+@pytest.mark.parametrize("rows, weight, match", [
+    ([{"order_id": 2, "customer": 1, "amount": 5.0}], 1,
+     r"input 'orders', record 0 .*unknown column\(s\) \['customer'\]"),
+    ([{"order_id": 2, "amount": 5.0}], 1, r"record 0 .*missing column\(s\) \['customer_id'\]"),
+    ([(2, 1, 5.0), (3, "one", 5.0)], 1,
+     r"input 'orders', record 1 .*column 'customer_id': value 'one' is str, expected a whole"),
+    ([(2, 1, 5.0), (3, 1.5, 5.0)], 1, r"record 1 .*column 'customer_id': value 1.5 is float"),
+    ([(2, 1, "5.0")], 1, r"record 0 .*column 'amount': value '5.0' is str, expected a number"),
+    ([(2, 1)], 1, r"record 0 .*has 2 values, the input has 3 columns"),
+    ([(2, True, 1.0)], 1, r"column 'customer_id': value True is bool"),
+    (["not a record"], 1, r"record 0 .*must be a dict or a tuple"),
+    ([(2, 1, 5.0)], 0, r"weight must be a non-zero integer"),
+    ([(2, 1, 5.0)], 1.5, r"weight must be a non-zero integer"),
+    ("orders.csv", 1, r"rows must be a list of dicts or tuples"),
+    (pd.DataFrame({"order_id": [1], "customer_id": [1]}), 1, r"missing column\(s\) \['amount'\]"),
+    (pd.DataFrame({"order_id": [1], "customer_id": ["x"], "amount": [1.0]}), 1,
+     r"input 'orders', record 0 .*column 'customer_id'"),
+])
+def test_bad_records_are_rejected_and_nothing_is_lost(pipeline, rows, weight, match):
+    with pytest.raises(InputError, match=match) as e:
+        pipeline.push("orders", rows, weight=weight)
+    assert e.value.input_name == "orders"
+
+
+def test_spark_frames_with_wrong_types_are_rejected(pipeline, spark):
+    df = spark.createDataFrame([(1, "x", 1.0)], "order_id BIGINT, customer_id STRING, amount DOUBLE")
+    with pytest.raises(InputError, match=r"column 'customer_id': column is string, expected bigint"):
+        pipeline.push("orders", df)
+
+
+def test_unknown_input_names_the_inputs(pipeline):
+    with pytest.raises(UnknownNameError, match=r"unknown input 'order'.*\['customers', 'orders'\]"):
+        pipeline.push("order", [(1, 1, 1.0)])
+    with pytest.raises(UnknownNameError, match=r"unknown output 'revenue'"):
+        pipeline.view("revenue")
+
+
+def test_after_all_rejections_the_accepted_input_is_intact(pipeline):
+    # Runs after the rejections above (same module-scoped pipeline): only the good rows count.
+    pipeline.step()
+    assert view_counter(pipeline.view("revenue_by_region")) == {("north", 50.0, 1, 50.0): 1}
+
+
+def test_push_to_a_closed_pipeline_is_refused_and_reopening_keeps_the_input(spark, tmp_path):
+    root = str(tmp_path)
+    p = Pipeline(shop_circuit(), root=root, spark=spark)
+    p.push("customers", [(1, "north")])
+    p.close()
+    with pytest.raises(PipelineClosedError, match="is closed"):
+        p.push("orders", [(1, 1, 50.0)])
+    with pytest.raises(PipelineClosedError):
+        p.step()
+    with Pipeline(shop_circuit(), root=root, spark=spark) as again:
+        again.step()
+        assert view_counter(again.view("regions")) == {("north",): 1}
+
+
+@pytest.mark.parametrize("build, match", [
+    (lambda c: c.input("x", "a INT, _b INT"), r"column '_b' is reserved"),
+    (lambda c: c.input("x", "a INT").select("a AS _a"), r"column '_a' is reserved"),
+    (lambda c: c.input("x", "a INT").select("nope + 1 AS b"), r"operator #1 select.*nope"),
+    (lambda c: c.input("x", "a INT").filter("a + 1"), r"is int, not boolean"),
+    (lambda c: c.input("x", "a INT").join(c.input("y", "b INT"), on="a"),
+     r"key column\(s\) \['a'\] not in the right side"),
+    (lambda c: c.input("x", "a INT, v INT").join(c.input("y", "a INT, v INT"), on="a"),
+     r"both sides have column\(s\) \['v'\]"),
+    (lambda c: c.input("x", "a INT").join(c.input("y", "a STRING"), on="a"),
+     r"key 'a' is int on the left and string on the right"),
+    (lambda c: c.input("x", "a INT, s STRING").group_by("a").agg(t="sum(s)"), r"needs a numeric"),
+    (lambda c: c.input("x", "a INT").group_by("b").agg(n="count(*)"), r"group_by column"),
+    (lambda c: c.input("x", "a INT").union(c.input("y", "a STRING")), r"schemas differ"),
+    (lambda c: c.input("x", "a INTT"), r"not valid Spark DDL"),
+])
+def test_bad_circuits_fail_when_the_pipeline_opens(spark, tmp_path, build, match):
+    c = Circuit("bad")
+    c.output("o", build(c))
+    with pytest.raises(CircuitError, match=match):
+        Pipeline(c, root=str(tmp_path), spark=spark)

@@ -1,0 +1,95 @@
+"""The public API on the issue's example: push, step, view, changes, reopen."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from dbsp_pipeline import Circuit, CircuitChangedError, Pipeline
+from dbsp_pipeline.examples.shop import shop_circuit
+from tests.conftest import view_counter
+
+
+def test_the_readme_example(spark, tmp_path):
+    with Pipeline(shop_circuit(), root=str(tmp_path), spark=spark) as p:
+        p.push("customers", [{"customer_id": 7, "region": "eu"}, (8, "us")])
+        p.push("orders", [{"order_id": 1, "customer_id": 7, "amount": 12.5}, (2, 8, 30.0),
+                          (3, 8, 40.0), (4, 8, 5.0)])
+        r = p.step()
+        assert r.step == 0 and r.inputs == {"orders": 4, "customers": 2}
+        assert view_counter(p.view("revenue_by_region")) == {
+            ("eu", 12.5, 1, 12.5): 1, ("us", 70.0, 2, 40.0): 1}
+        assert view_counter(p.view("regions")) == {("eu",): 1, ("us",): 1}
+
+        # Deleting the current maximum: max falls back to the next value.
+        p.push("orders", [{"order_id": 3, "customer_id": 8, "amount": 40.0}], weight=-1)
+        r = p.step()
+        assert r.step == 1 and r.outputs["revenue_by_region"] == 2 and r.outputs["regions"] == 0
+        assert view_counter(p.view("revenue_by_region")) == {
+            ("eu", 12.5, 1, 12.5): 1, ("us", 30.0, 1, 30.0): 1}
+        changes = view_counter(p.changes("revenue_by_region", since=1).drop("_step"))
+        assert changes == {("us", 70.0, 2, 40.0): -1, ("us", 30.0, 1, 30.0): 1}
+        assert set(p.changes("revenue_by_region").columns) == {
+            "region", "total", "n", "top", "_step", "_weight"}
+        # A group whose rows are all deleted disappears.
+        p.push("orders", [(1, 7, 12.5)], weight=-1)
+        p.step()
+        assert view_counter(p.view("revenue_by_region")) == {("us", 30.0, 1, 30.0): 1}
+        assert view_counter(p.view("revenue_by_region", as_of=0)) == {
+            ("eu", 12.5, 1, 12.5): 1, ("us", 70.0, 2, 40.0): 1}
+
+
+def test_pandas_and_spark_inputs(spark, tmp_path):
+    with Pipeline(shop_circuit(), root=str(tmp_path), spark=spark) as p:
+        p.push("customers", pd.DataFrame({"customer_id": [1, 2], "region": ["a", "b"]}))
+        n = p.push("orders", spark.createDataFrame([(10, 1, 11.0), (11, 2, 20.0)],
+                                                   "order_id INT, customer_id INT, amount DOUBLE"))
+        assert n == 2
+        p.step()
+        assert view_counter(p.view("revenue_by_region")) == {
+            ("a", 11.0, 1, 11.0): 1, ("b", 20.0, 1, 20.0): 1}
+
+
+def test_reopen_continues_from_the_committed_state(spark, tmp_path):
+    root = str(tmp_path)
+    with Pipeline(shop_circuit(), root=root, spark=spark) as p:
+        p.push("customers", [(1, "a")])
+        p.push("orders", [(1, 1, 50.0)])
+        p.step()
+        p.push("orders", [(2, 1, 60.0)])  # pushed, not yet stepped: must survive the reopen
+    with Pipeline(shop_circuit(), root=root, spark=spark) as p:
+        assert p.next_step == 1
+        r = p.step()
+        assert r.step == 1 and r.inputs["orders"] == 1
+        assert view_counter(p.view("revenue_by_region")) == {("a", 110.0, 2, 60.0): 1}
+
+
+def test_reopening_with_a_different_circuit_is_refused(spark, tmp_path):
+    root = str(tmp_path)
+    with Pipeline(shop_circuit(), root=root, spark=spark) as p:
+        p.step()
+    other = Circuit("shop")
+    other.output("x", other.input("orders", "order_id BIGINT").distinct())
+    with pytest.raises(CircuitChangedError, match="different circuit"):
+        Pipeline(other, root=root, spark=spark)
+
+
+def test_compaction_keeps_the_views(spark, tmp_path):
+    c = Circuit("k")
+    x = c.input("x", "k BIGINT, v BIGINT")
+    c.output("d", x.select("k").distinct())
+    c.output("g", x.group_by("k").agg(lo="min(v)", s="sum(v)"))
+    with Pipeline(c, root=str(tmp_path), spark=spark) as p:
+        for i in range(5):
+            p.push("x", [(i % 2, i), (2, i)])
+            if i:
+                p.push("x", [(2, i - 1)], weight=-1)
+            p.step()
+        before = {n: view_counter(p.view(n)) for n in ("d", "g")}
+        assert p.compact(threshold=1) >= 3
+        p.push("x", [(0, 100)])
+        p.step()
+        after = {n: view_counter(p.view(n)) for n in ("d", "g")}
+        assert before["d"] == after["d"]
+        assert after["g"] == {**{k: v for k, v in before["g"].items() if k[0] != 0},
+                              (0, 0, 106): 1}
