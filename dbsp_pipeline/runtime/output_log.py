@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
 from dbsp_pipeline.errors import UsageError
-from dbsp_pipeline.storage.delta_table import SparkDeltaTable
+from dbsp_pipeline.storage.delta_table import DataFile, SparkDeltaTable
 from dbsp_pipeline.zset import STEP, WEIGHT, consolidate, quote
 
 APP_ID = "dbsp-output"
@@ -53,7 +53,7 @@ class OutputLog:
             rows = consolidate(change, cols).withColumn(STEP, F.lit(step).cast("long"))
             adds = self.table.write_files(rows)
         self.table.commit(adds, app_id=APP_ID, app_version=step)
-        return sum(_records(a.stats) for a in adds)
+        return sum(DataFile.from_stats(a.path, a.stats).rows for a in adds)
 
     def changes(self, since: int = 0, until: int | None = None) -> DataFrame:
         """Every change of steps ``since..until`` (inclusive): payload, ``_step``, ``_weight``."""
@@ -71,8 +71,3 @@ class OutputLog:
         return consolidate(df, self.schema.fieldNames()).select(
             *[quote(c) for c in self.schema.fieldNames()], WEIGHT)
 
-
-def _records(stats: str) -> int:
-    import json
-
-    return int(json.loads(stats).get("numRecords", 0))
