@@ -44,7 +44,7 @@ def local_session(app_name: str = "dbsp-pipeline", cores: int | str = "*",
     for k, v in RUNTIME_CONF.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR") if hasattr(spark, "sparkContext") else None
+    spark.sparkContext.setLogLevel("ERROR")
     return spark
 
 

@@ -35,7 +35,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from dbsp_pipeline.circuit import Circuit
-from dbsp_pipeline.errors import InputError, PipelineClosedError, UnknownNameError, UsageError
+from dbsp_pipeline.errors import PipelineClosedError, UnknownNameError, UsageError
 from dbsp_pipeline.operators.base import StepContext
 from dbsp_pipeline.runtime import records
 from dbsp_pipeline.runtime.division_log import DivisionLog
@@ -215,5 +215,3 @@ class Pipeline:
                                    f"outputs {sorted(self._outputs)}")
         return self._outputs[name]
 
-
-__all__ = ["Pipeline", "StepResult", "InputError"]

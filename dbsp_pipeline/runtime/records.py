@@ -49,7 +49,7 @@ def to_arrow(input_name: str, rows: Any, schema: StructType, arrow_schema: pa.Sc
 def check_spark(input_name: str, df: SparkDataFrame, schema: StructType, weight: int) -> SparkDataFrame:
     """A pushed Spark DataFrame → columns and types of the input (numeric widening allowed)."""
     given = {f.name: f.dataType for f in df.schema.fields}
-    _check_names(input_name, list(given), schema)
+    _check_names(input_name, list(given), schema.fieldNames())
     cols = []
     for f in schema.fields:
         t = given[f.name]
@@ -145,7 +145,7 @@ def _is_pandas(obj: object) -> bool:
 
 
 def _from_pandas(input_name: str, df: Any, arrow: pa.Schema) -> pa.Table:
-    _check_names(input_name, [str(c) for c in df.columns], _names_schema(arrow))
+    _check_names(input_name, [str(c) for c in df.columns], arrow.names)
     arrays = []
     for field in arrow:
         try:
@@ -159,7 +159,7 @@ def _from_pandas(input_name: str, df: Any, arrow: pa.Schema) -> pa.Table:
 
 
 def _from_arrow(input_name: str, table: pa.Table, arrow: pa.Schema) -> pa.Table:
-    _check_names(input_name, table.column_names, _names_schema(arrow))
+    _check_names(input_name, table.column_names, arrow.names)
     try:
         table = table.select(arrow.names).cast(arrow, safe=True)
     except (pa.ArrowException, TypeError, ValueError) as e:
@@ -176,14 +176,7 @@ def _with_nullability(input_name: str, table: pa.Table) -> pa.Table:
     return table
 
 
-def _names_schema(arrow: pa.Schema) -> StructType:
-    from pyspark.sql.types import StringType, StructField
-
-    return StructType([StructField(n, StringType()) for n in arrow.names])
-
-
-def _check_names(input_name: str, given: list[str], schema: StructType) -> None:
-    names = schema.fieldNames()
+def _check_names(input_name: str, given: list[str], names: list[str]) -> None:
     unknown = [c for c in given if c not in names]
     missing = [c for c in names if c not in given]
     if unknown or missing:

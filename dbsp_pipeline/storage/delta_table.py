@@ -32,6 +32,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from dbsp_pipeline.errors import StorageError
+from dbsp_pipeline.zset import quote
 
 DATA_DIR = "data"
 _STATS_STRING_LIMIT = 32
@@ -106,9 +107,9 @@ class SparkDeltaTable:
         """
         folder_rel = f"{DATA_DIR}/{uuid.uuid4().hex}"
         folder = os.path.join(self.uri, folder_rel)
-        ordered = df.select(*[_q(f.name) for f in self.schema.fields])
+        ordered = df.select(*[quote(f.name) for f in self.schema.fields])
         if sort_by:
-            ordered = ordered.sortWithinPartitions(*[_q(c) for c in sort_by])
+            ordered = ordered.sortWithinPartitions(*[quote(c) for c in sort_by])
         try:
             ordered.write.mode("errorifexists").parquet(folder)
         except Exception as e:
@@ -230,6 +231,3 @@ def _json_stat(v: object) -> object:
         return v.isoformat()
     return None
 
-
-def _q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"

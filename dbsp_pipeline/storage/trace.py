@@ -24,7 +24,7 @@ from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
 from dbsp_pipeline.storage.delta_table import DataFile
 from dbsp_pipeline.storage.state_db import StateDatabase
-from dbsp_pipeline.zset import SHARD, WEIGHT, consolidate, quote, shard_of
+from dbsp_pipeline.zset import SHARD, WEIGHT, consolidate, shard_of
 
 #: Compact a trace once it has more files than this (size-tiered merge of the smallest).
 COMPACT_FILE_THRESHOLD = 16
@@ -120,5 +120,3 @@ class Trace:
         """Forget the cached file list (after the state database rolled the table back)."""
         self._files = None
 
-
-__all__ = ["Trace", "quote"]
