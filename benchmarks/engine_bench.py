@@ -6,7 +6,11 @@ of each size (default 1M and 4M rows) and 100k customers. After loading, each st
 run, the same query is recomputed from scratch by Spark over the same integrated orders (a Parquet
 copy, as a batch job would read it). Prints one JSON line per figure and a table.
 
-    python benchmarks/engine_bench.py [--sizes 1000000 4000000] [--steps 5] [--change 10000]
+    python benchmarks/engine_bench.py [--sizes 1000000 4000000] [--steps 5] [--spark-steps 3]
+                                      [--change 10000]
+
+Small steps run on the driver (the default); ``--spark-steps`` further steps are then forced onto
+Spark jobs (``driver_step_rows=0``) to show what the driver path saves.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ def recompute(spark, orders_path: str, customers_path: str):
                  F.max("amount").alias("top")).collect())
 
 
-def run_size(spark, size: int, steps: int, change: int, emit) -> dict:
+def run_size(spark, size: int, steps: int, spark_steps: int, change: int, emit) -> dict:
     root = tempfile.mkdtemp(prefix=f"dbsp-bench-{size}-")
     try:
         circuit = shop_circuit(extra_views=False)
@@ -67,20 +71,29 @@ def run_size(spark, size: int, steps: int, change: int, emit) -> dict:
                   "value": round(time.monotonic() - t, 3), "rows_in": load.inputs})
             next_id = size
             deleted = 0
-            durations = []
-            for _ in range(steps):
+
+            def one_step(figure: str) -> float:
+                nonlocal next_id, deleted
                 n_del = change // 10
-                inserts = [(i, customer_of(i), amount_of(i)) for i in range(next_id, next_id + change - n_del)]
-                deletes = [(i, customer_of(i), amount_of(i)) for i in range(deleted, deleted + n_del)]
+                inserts = [(i, customer_of(i), amount_of(i))
+                           for i in range(next_id, next_id + change - n_del)]
+                deletes = [(i, customer_of(i), amount_of(i))
+                           for i in range(deleted, deleted + n_del)]
                 next_id += change - n_del
                 deleted += n_del
                 p.push("orders", inserts)
                 p.push("orders", deletes, weight=-1)
                 t = time.monotonic()
                 r = p.step()
-                durations.append(time.monotonic() - t)
-                emit({"size": size, "figure": "step_seconds", "step": r.step,
-                      "value": round(durations[-1], 3), "outputs": r.outputs})
+                seconds = time.monotonic() - t
+                emit({"size": size, "figure": figure, "step": r.step, "value": round(seconds, 3),
+                      "on_driver": r.on_driver, "outputs": r.outputs})
+                return seconds
+
+            durations = [one_step("step_seconds") for _ in range(steps)]
+            # The same steps with every operator as Spark jobs (driver_step_rows=0).
+            p.driver_step_rows = 0
+            spark_durations = [one_step("spark_step_seconds") for _ in range(spark_steps)]
             step_median = statistics.median(durations)
             view = sorted(tuple(r) for r in p.view("revenue_by_region").collect())
 
@@ -100,6 +113,8 @@ def run_size(spark, size: int, steps: int, change: int, emit) -> dict:
         same = view == expected or _close(view, expected)
         recompute_median = statistics.median(times)
         summary = {"size": size, "figure": "summary", "step_median_seconds": round(step_median, 3),
+                   "spark_step_median_seconds": (round(statistics.median(spark_durations), 3)
+                                                 if spark_durations else None),
                    "recompute_median_seconds": round(recompute_median, 3),
                    "step_over_recompute": round(step_median / recompute_median, 3),
                    "view_equals_recompute": same, "change_rows": change, "steps": steps}
@@ -122,6 +137,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000])
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--spark-steps", type=int, default=3,
+                        help="further steps forced onto Spark jobs, for comparison")
     parser.add_argument("--change", type=int, default=10_000)
     args = parser.parse_args()
     spark = local_session("dbsp-bench", shuffle_partitions=4)
@@ -129,12 +146,16 @@ def main() -> None:
     def emit(record: dict) -> None:
         print(json.dumps(record), flush=True)
 
-    summaries = [run_size(spark, s, args.steps, args.change, emit) for s in args.sizes]
+    summaries = [run_size(spark, s, args.steps, args.spark_steps, args.change, emit)
+                 for s in args.sizes]
     print()
-    print(f"{'orders':>10} | {'step median s':>13} | {'recompute s':>11} | {'step/recompute':>14} | equal")
-    print("-" * 70)
+    print(f"{'orders':>10} | {'step median s':>13} | {'spark step s':>12} | {'recompute s':>11} "
+          f"| {'step/recompute':>14} | equal")
+    print("-" * 86)
     for s in summaries:
+        spark_step = s["spark_step_median_seconds"]
         print(f"{s['size']:>10} | {s['step_median_seconds']:>13.3f} | "
+              f"{'-' if spark_step is None else f'{spark_step:.3f}':>12} | "
               f"{s['recompute_median_seconds']:>11.3f} | {s['step_over_recompute']:>14.3f} | "
               f"{s['view_equals_recompute']}")
     if len(summaries) >= 2:

@@ -18,11 +18,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import reduce
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import DecimalType, DoubleType, LongType, StructField, StructType
 
-from dbsp_pipeline.operators.base import Delta, Operator, StepContext
+from dbsp_pipeline.driver.sql import conform, ident, idents, null_safe_on
+from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContext
 from dbsp_pipeline.operators.lookup import touched_shards
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.trace import Trace
@@ -167,6 +170,130 @@ class Aggregate(Operator):
         out = out_old.unionByName(out_new)
         return out.groupBy(*visible).agg(F.sum(WEIGHT).alias(WEIGHT)).where(F.col(WEIGHT) != 0)
 
+    # ------------------------------------------------------------------------------------
+    @property
+    def runs_on_driver(self) -> bool:
+        """Whether ``step_local`` computes exactly what ``step`` does (no decimal sums: Spark's
+        decimal arithmetic rules are not DuckDB's)."""
+        return not any("sum_type" in a and isinstance(a["sum_type"], DecimalType)
+                       for a in self.aggs)
+
+    def step_local(self, ctx: StepContext, changes: Sequence[LocalDelta]) -> LocalDelta:
+        """``step`` on the driver, in the same five phases, as few DuckDB queries as it takes."""
+        (d,) = changes
+        if d is None or d.num_rows == 0:
+            return None
+        sql, w = ctx.sql, ident(WEIGHT)
+        keys = idents(self.keys)
+        keys_sel = keys + ", " if self.keys else ""
+        group_by = f"GROUP BY {keys}" if self.keys else ""
+
+        # 1. The change's partials per group.
+        parts = [f"CAST(sum({w}) AS BIGINT) AS _dn"]
+        for a in self.aggs:
+            i, arg = a["i"], a["arg"]
+            if arg is None:
+                continue
+            parts.append(f"CAST(sum(CASE WHEN {ident(arg)} IS NOT NULL THEN {w} ELSE 0 END) "
+                         f"AS BIGINT) AS _dc{i}")
+            if a["fn"] in ("sum", "avg"):
+                t = "DOUBLE" if isinstance(a["sum_type"], DoubleType) else "BIGINT"
+                parts.append(f"CAST(sum(CAST({ident(arg)} AS {t}) * CAST({w} AS {t})) AS {t}) "
+                             f"AS _ds{i}")
+        tables = {"g": sql.query(f"SELECT {keys_sel}{', '.join(parts)} FROM d {group_by}", d=d)}
+
+        # 2. min/max: record the change's values; candidate and deleted extremes per group.
+        ctes, joins, picks = [], [], []
+        for i, trace in self.values.items():
+            a = self.aggs[i]
+            best = "min" if a["fn"] == "min" else "max"
+            vals = sql.query(f"SELECT {keys_sel}{ident(a['arg'])} AS _v, {w} FROM d "
+                             f"WHERE {ident(a['arg'])} IS NOT NULL", d=d)
+            new = trace.append_arrow(sql, vals) if vals.num_rows else None
+            if new is None:
+                picks.append(f"NULL AS _cand{i}, NULL AS _del{i}")
+                continue
+            tables[f"v{i}"] = new
+            ctes.append(f"e{i} AS (SELECT {keys_sel}{best}(CASE WHEN {w} > 0 THEN _v END) AS "
+                        f"_cand{i}, {best}(CASE WHEN {w} < 0 THEN _v END) AS _del{i} "
+                        f"FROM v{i} {group_by})")
+            joins.append(f"LEFT JOIN e{i} ON {null_safe_on('g', f'e{i}', self.keys)}")
+            picks.append(f"e{i}._cand{i}, e{i}._del{i}")
+
+        # 3. The old state of the touched groups.
+        state_cols = self.state_schema.fieldNames()
+        tables["old"] = self.groups.lookup_arrow(sql, tables["g"])
+        ctes.append(f"o AS (SELECT {idents(state_cols)} FROM old GROUP BY ALL "
+                    f"HAVING sum({w}) <> 0)")
+        joins.append(f"LEFT JOIN o ON {null_safe_on('g', 'o', self.keys)}")
+        picks.append(", ".join(f"o.{ident(c)} AS {ident(_O + c)}" for c in state_cols))
+
+        # 4. New state: partials, then each min/max either from the old extreme and the
+        #    candidates, or (``_redo``) re-read from the values of a group whose extreme went.
+        new_cols = [f"coalesce({ident(_O + _N)}, 0) + _dn AS {_N}"]
+        for a in self.aggs:
+            i = a["i"]
+            if a["arg"] is not None:
+                new_cols.append(f"coalesce({ident(f'{_O}_c{i}')}, 0) + _dc{i} AS _c{i}")
+            if a["fn"] in ("sum", "avg"):
+                new_cols.append(f"coalesce({ident(f'{_O}_s{i}')}, 0) + coalesce(_ds{i}, 0) "
+                                f"AS _s{i}")
+        extremes = []
+        for i in self.values:
+            is_min = self.aggs[i]["fn"] == "min"
+            old = ident(_O + self.aggs[i]["name"])
+            cmp, pick = ("<=", "least") if is_min else (">=", "greatest")
+            extremes.append(f"(_del{i} IS NOT NULL AND {old} IS NOT NULL AND _del{i} {cmp} {old} "
+                            f"AND _c{i} > 0) AS _redo{i}, CASE WHEN _c{i} > 0 THEN "
+                            f"{pick}({old}, _cand{i}) END AS _mm{i}")
+        g = sql.query(
+            f"WITH {', '.join(ctes)}, j AS (SELECT g.*, {', '.join(picks)} FROM g "
+            f"{' '.join(joins)}), n AS (SELECT *, {', '.join(new_cols)} FROM j) "
+            f"SELECT *{''.join(', ' + e for e in extremes)} FROM n", **tables)
+        for i in self.values:
+            g = self._redo_extreme_local(ctx, g, self.aggs[i])
+        values = []
+        for a in self.aggs:
+            i, fn, name = a["i"], a["fn"], a["name"]
+            if fn == "count":
+                value = _N if a["arg"] is None else f"_c{i}"
+            elif fn == "sum":
+                value = f"CASE WHEN _c{i} > 0 THEN _s{i} END"
+            elif fn == "avg":
+                value = f"CASE WHEN _c{i} > 0 THEN CAST(_s{i} AS DOUBLE) / _c{i} END"
+            else:
+                value = f"_mm{i}"
+            values.append(f"{value} AS {ident(name)}")
+
+        # 5. Emit -old/+new for changed groups and record the new state.
+        old_state = ", ".join(f"{ident(_O + c)} AS {ident(c)}" for c in state_cols)
+        state_change = sql.query(
+            f"WITH s AS (SELECT *, {', '.join(values)} FROM g) "
+            f"SELECT {old_state}, -1 AS {w} FROM s WHERE {ident(_O + _N)} IS NOT NULL "
+            f"UNION ALL SELECT {idents(state_cols)}, 1 AS {w} FROM s WHERE {_N} <> 0", g=g)
+        self.groups.append_arrow(sql, conform(state_change, self.state_schema))
+        visible = idents(self.schema.fieldNames())
+        out = sql.query(
+            f"SELECT {visible}, CAST(sum({w}) AS BIGINT) AS {w} FROM c GROUP BY ALL "
+            f"HAVING sum({w}) <> 0", c=state_change.filter(pc.field(_N) > 0))
+        return conform(out, self.schema) if out.num_rows else None
+
+    def _redo_extreme_local(self, ctx: StepContext, g: pa.Table, a: dict) -> pa.Table:
+        """Set ``_mm<i>`` of the groups flagged ``_redo<i>`` from their live values."""
+        i = a["i"]
+        redo = g.filter(pc.field(f"_redo{i}"))
+        if redo.num_rows == 0:
+            return g
+        values = self.values[i].lookup_arrow(ctx.sql, redo)
+        best = "min" if a["fn"] == "min" else "max"
+        keys = idents(self.keys)
+        return ctx.sql.query(
+            f"WITH live AS (SELECT {keys}, _v FROM v GROUP BY {keys}, _v "
+            f"HAVING sum({ident(WEIGHT)}) > 0), "
+            f"rec AS (SELECT {keys}, {best}(_v) AS _rec FROM live GROUP BY {keys}) "
+            f"SELECT g.* REPLACE (CASE WHEN g._redo{i} THEN rec._rec ELSE g._mm{i} END AS _mm{i}) "
+            f"FROM g LEFT JOIN rec ON {null_safe_on('g', 'rec', self.keys)}", g=g, v=values)
+
     def _extreme(self, ctx: StepContext, g: DataFrame, a: dict) -> DataFrame:
         """Add ``_mm<i>``: the new min/max of aggregate ``a`` for every touched group."""
         i, name = a["i"], a["name"]
@@ -195,9 +322,8 @@ class Aggregate(Operator):
         return g.withColumn(f"_mm{i}", F.when(F.col(f"_redo{i}"), F.col(f"_rec{i}"))
                             .otherwise(quick))
 
-    def compact(self, threshold: int) -> int:
-        return int(self.groups.compact(threshold)) + sum(
-            int(t.compact(threshold)) for t in self.values.values())
+    def traces(self) -> list[Trace]:
+        return [self.groups, *self.values.values()]
 
 
 def _sum_type(input_type, output_type):

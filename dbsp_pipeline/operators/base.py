@@ -1,8 +1,15 @@
 """The contract every operator implementation fulfils.
 
 An operator is evaluated once per step. It receives the *change* of each of its inputs for that
-step (a Z-set DataFrame, or ``None`` when that input did not change) and returns the change of its
-output (or ``None`` for no change). Linear operators compute their output change from the input
+step (a Z-set, or ``None`` when that input did not change) and returns the change of its output
+(or ``None`` for no change). Every operator has two implementations of the same algorithm:
+
+* ``step``: the change is a Spark DataFrame and the work runs as Spark jobs (large changes);
+* ``step_local``: the change is an Arrow table and the work runs on the driver with DuckDB
+  (small changes, where a Spark job's fixed cost would dominate).
+
+A step runs wholly one way or the other (``StepContext.on_driver``); both read and write the same
+trace tables, so consecutive steps may alternate freely. Linear operators compute their output change from the input
 change alone. Stateful operators keep traces (``dbsp_pipeline.storage.trace``) and must read only
 what the change touches.
 
@@ -15,10 +22,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
+from dbsp_pipeline.driver.sql import LocalSQL
+from dbsp_pipeline.storage.trace import Trace
+
 Delta = DataFrame | None
+LocalDelta = pa.Table | None
 
 
 @dataclass
@@ -27,6 +39,8 @@ class StepContext:
 
     spark: SparkSession
     step: int
+    #: the driver-side engine; set when the step runs on the driver (``step_local``)
+    sql: LocalSQL | None = None
     #: a change smaller than this many rows is broadcast to the trace it is joined with
     broadcast_rows: int = 2_000_000
     _cached: list[DataFrame] = field(default_factory=list)
@@ -39,6 +53,10 @@ class StepContext:
         cached = df.cache()
         self._cached.append(cached)
         return cached, cached.count()
+
+    @property
+    def on_driver(self) -> bool:
+        return self.sql is not None
 
     def release(self) -> None:
         for df in self._cached:
@@ -55,10 +73,15 @@ class Operator:
     def step(self, ctx: StepContext, changes: Sequence[Delta]) -> Delta:
         raise NotImplementedError
 
-    def compact(self, threshold: int) -> int:
-        """Compact those of this operator's traces that have more than ``threshold`` files;
-        returns how many were compacted."""
-        return 0
+    def step_local(self, ctx: StepContext, changes: Sequence[LocalDelta]) -> LocalDelta:
+        """``step`` on the driver: the same result, as an Arrow table in the Spark schema's types
+        (payload + ``_weight``)."""
+        raise NotImplementedError
+
+    def traces(self) -> list[Trace]:
+        """The traces that integrate over time and so grow (and are compacted); a one-step
+        memory (``delay``) is not among them."""
+        return []
 
 
 SchemaOf = Callable[[int], StructType]

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from dbsp_pipeline.operators.base import Delta, Operator, StepContext
+from dbsp_pipeline.driver.sql import conform, ident, idents, null_safe_on
+from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContext
 from dbsp_pipeline.operators.lookup import touched_shards, weights_of_keys
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.trace import Trace
@@ -47,5 +48,25 @@ class Distinct(Operator):
         out = old.select(*[quote(c) for c in self.columns], sign.cast("long").alias(WEIGHT))
         return out.where(F.col(WEIGHT) != 0)
 
-    def compact(self, threshold: int) -> int:
-        return int(self.trace.compact(threshold))
+    def step_local(self, ctx: StepContext, changes: Sequence[LocalDelta]) -> LocalDelta:
+        (d,) = changes
+        if d is None:
+            return None
+        old_files = self.trace.files()
+        new = self.trace.append_arrow(ctx.sql, d)
+        if new is None:
+            return None
+        old = self.trace.lookup_arrow(ctx.sql, new, old_files)
+        cols, w = idents(self.columns), ident(WEIGHT)
+        out = ctx.sql.query(f"""
+            WITH o AS (SELECT {cols}, sum({w}) AS _old FROM old GROUP BY ALL),
+                 b AS (SELECT {idents(self.columns, 'n.')}, coalesce(o._old, 0) AS _before,
+                              coalesce(o._old, 0) + n.{w} AS _after
+                       FROM n LEFT JOIN o ON {null_safe_on('n', 'o', self.columns)})
+            SELECT {cols}, CASE WHEN _before <= 0 AND _after > 0 THEN 1
+                                WHEN _before > 0 AND _after <= 0 THEN -1 ELSE 0 END AS {w}
+            FROM b WHERE (_before > 0) <> (_after > 0)""", n=new, old=old)
+        return conform(out, self.schema)
+
+    def traces(self) -> list[Trace]:
+        return [self.trace]

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pyarrow as pa
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from dbsp_pipeline.operators.base import Delta, Operator, StepContext
+from dbsp_pipeline.driver.sql import conform, negate
+from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContext
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.trace import Trace
 from dbsp_pipeline.zset import WEIGHT, consolidate, quote
@@ -38,8 +40,17 @@ class Integrate(Operator):
             return None
         return consolidate(self.trace.read(), self.schema.fieldNames())
 
-    def compact(self, threshold: int) -> int:
-        return int(self.trace.compact(threshold))
+    def step_local(self, ctx: StepContext, changes: Sequence[LocalDelta]) -> LocalDelta:
+        (d,) = changes
+        if d is not None:
+            self.trace.append_arrow(ctx.sql, d)
+        if not self.trace.files():
+            return None
+        value = ctx.sql.consolidate(self.trace.read_arrow(), self.schema.fieldNames())
+        return conform(value, self.schema) if value.num_rows else None
+
+    def traces(self) -> list[Trace]:
+        return [self.trace]
 
 
 class Delay(Operator):
@@ -57,6 +68,16 @@ class Delay(Operator):
         cols = [quote(c) for c in self.schema.fieldNames()]
         return self.previous.read(before).select(*cols, WEIGHT)
 
+    def step_local(self, ctx: StepContext, changes: Sequence[LocalDelta]) -> LocalDelta:
+        (d,) = changes
+        before = self.previous.files()
+        if d is not None or before:
+            current = ctx.sql.consolidate(d, self.schema.fieldNames()) if d is not None else None
+            self.previous.replace_arrow(current)
+        if not before:
+            return None
+        return conform(self.previous.read_arrow(before), self.schema)
+
 
 class Differentiate(Delay):
     def step(self, ctx: StepContext, changes: Sequence[Delta]) -> Delta:
@@ -69,3 +90,13 @@ class Differentiate(Delay):
             return negated
         cols = [quote(c) for c in self.schema.fieldNames()]
         return d.select(*cols, WEIGHT).unionByName(negated)
+
+    def step_local(self, ctx: StepContext, changes: Sequence[LocalDelta]) -> LocalDelta:
+        (d,) = changes
+        delayed = super().step_local(ctx, changes)
+        if delayed is None:
+            return d
+        negated = negate(delayed)
+        if d is None:
+            return negated
+        return pa.concat_tables([conform(d, self.schema), negated])

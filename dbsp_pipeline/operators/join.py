@@ -16,11 +16,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import reduce
 
+import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from dbsp_pipeline.operators.base import Delta, Operator, StepContext
+from dbsp_pipeline.driver.sql import conform, empty_zset, ident, idents
+from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContext
 from dbsp_pipeline.storage.delta_table import DataFile
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.trace import Trace
@@ -71,5 +73,36 @@ class Join(Operator):
         return joined.select(*[quote(c) for c in self.schema.fieldNames()],
                              (F.col(_LW) * F.col(_RW)).alias(WEIGHT))
 
-    def compact(self, threshold: int) -> int:
-        return int(self.left.compact(threshold)) + int(self.right.compact(threshold))
+    def step_local(self, ctx: StepContext, changes: Sequence[LocalDelta]) -> LocalDelta:
+        d_left, d_right = changes
+        if d_left is None and d_right is None:
+            return None
+        old_left = self.left.files()
+        new_left = self.left.append_arrow(ctx.sql, d_left) if d_left is not None else None
+        new_right = self.right.append_arrow(ctx.sql, d_right) if d_right is not None else None
+        terms = []
+        if new_left is not None:
+            # dA ⋈ (B + dB): the right trace now includes dB.
+            right = self.right.lookup_arrow(ctx.sql, new_left)
+            terms.append(self._join_local(ctx, new_left, right))
+        if new_right is not None and old_left:
+            # A ⋈ dB, with A as before the step.
+            left = self.left.lookup_arrow(ctx.sql, new_right, old_left)
+            terms.append(self._join_local(ctx, left, new_right))
+        terms = [t for t in terms if t.num_rows]
+        return pa.concat_tables(terms) if terms else None
+
+    def _join_local(self, ctx: StepContext, left: pa.Table, right: pa.Table) -> pa.Table:
+        if left.num_rows == 0 or right.num_rows == 0:
+            return empty_zset(self.schema)
+        on = " AND ".join(f"l.{ident(k)} = r.{ident(k)}" for k in self.on)
+        out = ctx.sql.query(
+            f"SELECT {idents(self.on, 'l.')}"
+            f"{', ' + idents(self.left_rest, 'l.') if self.left_rest else ''}"
+            f"{', ' + idents(self.right_rest, 'r.') if self.right_rest else ''}, "
+            f"l.{ident(WEIGHT)} * r.{ident(WEIGHT)} AS {ident(WEIGHT)} "
+            f"FROM l JOIN r ON {on}", l=left, r=right)
+        return conform(out, self.schema)
+
+    def traces(self) -> list[Trace]:
+        return [self.left, self.right]

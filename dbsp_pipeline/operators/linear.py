@@ -3,6 +3,11 @@
 ``select`` and ``filter`` apply Spark SQL to the change's rows (the weight rides along);
 ``union`` adds Z-sets; ``negate`` flips weights; ``conform`` reshapes a collection to another's
 columns (missing ones become typed NULLs), used by the composite joins.
+
+On the driver, ``select`` and ``filter`` run the user's Spark SQL in DuckDB when
+``driver.expressions`` can translate it exactly; otherwise (or when DuckDB raises where Spark
+might not, e.g. an overflow in a branch Spark short-circuits) that one operator runs its Spark
+expression over the (small) change as a Spark job, so the result is always Spark's.
 """
 
 from __future__ import annotations
@@ -10,34 +15,69 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import reduce
 
+import duckdb
+import pyarrow as pa
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from dbsp_pipeline.operators.base import Delta, Operator, StepContext
+from dbsp_pipeline.driver.expressions import translate_predicate, translate_projection
+from dbsp_pipeline.driver.sql import conform, ident, negate, zset_arrow_schema
+from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContext
 from dbsp_pipeline.zset import WEIGHT, quote
 
 
-class Select(Operator):
-    def __init__(self, exprs: Sequence[str], schema: StructType) -> None:
-        self.exprs = list(exprs)
-        self.schema = schema
+class _UserSQL(Operator):
+    """An operator that applies the user's Spark SQL to the change's rows (the weight rides
+    along): subclasses set ``local_sql``, the same as one DuckDB query over the change ``d``
+    (None when only Spark evaluates it exactly), and implement ``_spark``."""
+
+    input_schema: StructType
+    local_sql: str | None
 
     def step(self, ctx: StepContext, changes: Sequence[Delta]) -> Delta:
         (d,) = changes
+        return None if d is None else self._spark(d)
+
+    def step_local(self, ctx: StepContext, changes: Sequence[LocalDelta]) -> LocalDelta:
+        (d,) = changes
         if d is None:
             return None
+        if self.local_sql is not None:
+            try:
+                return conform(ctx.sql.query(self.local_sql, d=d), self.schema)
+            except duckdb.Error:
+                pass  # e.g. an overflow in a branch Spark would not evaluate: Spark decides
+        # One Spark job over the small change.
+        frame = ctx.spark.createDataFrame(d.cast(zset_arrow_schema(self.input_schema)))
+        return conform(self._spark(frame).toArrow(), self.schema)
+
+    def _spark(self, d: DataFrame) -> DataFrame:
+        raise NotImplementedError
+
+
+class Select(_UserSQL):
+    def __init__(self, exprs: Sequence[str], input_schema: StructType, schema: StructType) -> None:
+        self.exprs = list(exprs)
+        self.input_schema = input_schema
+        self.schema = schema
+        projection = translate_projection(self.exprs, input_schema, schema.fieldNames())
+        self.local_sql = (None if projection is None
+                          else f"SELECT {projection}, {ident(WEIGHT)} FROM d")
+
+    def _spark(self, d: DataFrame) -> DataFrame:
         return d.select(*[F.expr(e) for e in self.exprs], F.col(WEIGHT))
 
 
-class Filter(Operator):
+class Filter(_UserSQL):
     def __init__(self, predicate: str, schema: StructType) -> None:
         self.predicate = predicate
-        self.schema = schema
+        self.input_schema = self.schema = schema
+        condition = translate_predicate(predicate, schema)
+        self.local_sql = (None if condition is None
+                          else f"SELECT * FROM d WHERE coalesce(({condition}), FALSE)")
 
-    def step(self, ctx: StepContext, changes: Sequence[Delta]) -> Delta:
-        (d,) = changes
-        if d is None:
-            return None
+    def _spark(self, d: DataFrame) -> DataFrame:
         # NULL is not true: coalesce so a NULL predicate drops the row, as SQL WHERE does.
         return d.where(F.coalesce(F.expr(self.predicate), F.lit(False)))
 
@@ -53,6 +93,10 @@ class Union(Operator):
         cols = [quote(f.name) for f in self.schema.fields] + [WEIGHT]
         return reduce(lambda a, b: a.unionByName(b), [d.select(*cols) for d in present])
 
+    def step_local(self, ctx: StepContext, changes: Sequence[LocalDelta]) -> LocalDelta:
+        present = [conform(d, self.schema) for d in changes if d is not None]
+        return pa.concat_tables(present) if present else None
+
 
 class Negate(Operator):
     def __init__(self, schema: StructType) -> None:
@@ -61,6 +105,12 @@ class Negate(Operator):
     def step(self, ctx: StepContext, changes: Sequence[Delta]) -> Delta:
         (d,) = changes
         return None if d is None else d.withColumn(WEIGHT, -F.col(WEIGHT))
+
+    def step_local(self, ctx: StepContext, changes: Sequence[LocalDelta]) -> LocalDelta:
+        (d,) = changes
+        if d is None:
+            return None
+        return negate(d)
 
 
 class Conform(Operator):
@@ -77,3 +127,12 @@ class Conform(Operator):
         cols = [F.col(quote(f.name)) if f.name in self.present
                 else F.lit(None).cast(f.dataType).alias(f.name) for f in self.schema.fields]
         return d.select(*cols, F.col(WEIGHT))
+
+    def step_local(self, ctx: StepContext, changes: Sequence[LocalDelta]) -> LocalDelta:
+        (d,) = changes
+        if d is None:
+            return None
+        target = zset_arrow_schema(self.schema)
+        columns = [d.column(f.name).cast(f.type) if f.name in d.column_names
+                   else pa.nulls(d.num_rows, f.type) for f in target]
+        return pa.Table.from_arrays(columns, schema=target)

@@ -14,6 +14,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import LongType, StructField, StructType
 
+from dbsp_pipeline.driver.sql import LocalSQL
 from dbsp_pipeline.storage.delta_table import DataFile, SparkDeltaTable
 from dbsp_pipeline.zset import WEIGHT, consolidate
 
@@ -46,15 +47,17 @@ class InputLog:
 
     def files_between(self, lower: int, upper: int) -> list[DataFile]:
         """The files appended by log versions ``lower+1 .. upper``."""
-        if upper <= lower:
-            return []
-        before = {f.path for f in self.table.files(lower)}
-        return [f for f in self.table.files(upper) if f.path not in before]
+        return self.table.added_files(lower, upper)
 
-    def change(self, lower: int, upper: int) -> tuple[DataFrame | None, int]:
-        """The consolidated change of log versions ``(lower, upper]`` and its raw row count."""
-        files = self.files_between(lower, upper)
-        rows = sum(f.rows for f in files)
+    def change(self, files: list[DataFile]) -> DataFrame | None:
+        """The consolidated change held by ``files`` (from ``files_between``), for Spark."""
         if not files:
-            return None, 0
-        return consolidate(self.table.read(files), self.schema.fieldNames()), rows
+            return None
+        return consolidate(self.table.read(files), self.schema.fieldNames())
+
+    def change_arrow(self, sql: LocalSQL, files: list[DataFile]) -> pa.Table | None:
+        """The consolidated change held by ``files``, read on the driver."""
+        if not files:
+            return None
+        change = sql.consolidate(self.table.read_arrow(files), self.schema.fieldNames())
+        return change if change.num_rows else None

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import os
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
+from dbsp_pipeline.driver.sql import LocalSQL
 from dbsp_pipeline.errors import UsageError
 from dbsp_pipeline.storage.delta_table import DataFile, SparkDeltaTable
 from dbsp_pipeline.zset import STEP, WEIGHT, consolidate, quote
@@ -40,20 +42,32 @@ class OutputLog:
         written = self.table.transaction_version(APP_ID)
         return 0 if written is None else written + 1
 
-    def write(self, step: int, change: DataFrame | None) -> int | None:
-        """Apply the write rules; returns the rows appended, or None when the step was discarded."""
-        last = self.last()
-        if step < last:
+    def write(self, step: int, change: DataFrame | pa.Table | None,
+              sql: LocalSQL | None = None) -> int | None:
+        """Apply the write rules; returns the rows appended, or None when the step was discarded.
+
+        ``change`` is a Spark DataFrame, or an Arrow table consolidated with ``sql`` on the driver.
+        """
+        if not self._may_write(step):
             return None
-        if step > last:
-            raise UsageError(f"output '{self.name}': step {step} written before step {last}")
         adds = []
-        if change is not None:
+        if isinstance(change, pa.Table):
+            rows = sql.consolidate(change, self.schema.fieldNames())
+            if rows.num_rows:
+                rows = rows.append_column(STEP, pa.array([step] * rows.num_rows, pa.int64()))
+                adds = self.table.write_arrow(rows.select(self.table.arrow_schema.names))
+        elif change is not None:
             cols = self.schema.fieldNames()
             rows = consolidate(change, cols).withColumn(STEP, F.lit(step).cast("long"))
             adds = self.table.write_files(rows)
         self.table.commit(adds, app_id=APP_ID, app_version=step)
         return sum(DataFile.from_stats(a.path, a.stats).rows for a in adds)
+
+    def _may_write(self, step: int) -> bool:
+        last = self.last()
+        if step > last:
+            raise UsageError(f"output '{self.name}': step {step} written before step {last}")
+        return step == last
 
     def changes(self, since: int = 0, until: int | None = None) -> DataFrame:
         """Every change of steps ``since..until`` (inclusive): payload, ``_step``, ``_weight``."""

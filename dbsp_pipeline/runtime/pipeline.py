@@ -15,11 +15,15 @@ The step protocol (``step``), top to bottom:
    durably in the division log *before* any output of ``s`` exists. If ``s`` was already divided
    (a crash after the division, before the state commit), the recorded division is re-used.
 3. Read each input's change: the log files appended in versions ``(lower, upper]``.
-4. Evaluate every operator once; stateful operators append to their traces.
+4. Evaluate every operator once; stateful operators append to their traces. A step whose input
+   change is small (``driver_step_rows``) runs on the driver (Arrow + DuckDB), a larger one as
+   Spark jobs; both compute the same change and read and write the same traces.
 5. Write every output's change under the output write rules (a step already written is
    discarded, so replay after a crash duplicates nothing).
 6. ``set_step(s + 1)``; every ``checkpoint_every`` steps, commit the state database: the manifest
-   commit is the atomic point that makes the traces of steps ``..s`` the recovery base.
+   commit is the atomic point that makes the traces of steps ``..s`` the recovery base. After a
+   commit, traces with many files are merged in the background (``compactor.py``); a finished
+   merge is applied before the next step starts.
 
 Reopening a root after a crash opens the newest committed state version; the steps executed
 after it are executed again from their recorded divisions, and their outputs are discarded by
@@ -35,9 +39,11 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from dbsp_pipeline.circuit import Circuit
+from dbsp_pipeline.driver.sql import LocalSQL
 from dbsp_pipeline.errors import PipelineClosedError, UnknownNameError, UsageError
 from dbsp_pipeline.operators.base import StepContext
 from dbsp_pipeline.runtime import records
+from dbsp_pipeline.runtime.compactor import BackgroundCompactor
 from dbsp_pipeline.runtime.division_log import DivisionLog
 from dbsp_pipeline.runtime.input_log import InputLog
 from dbsp_pipeline.runtime.output_log import OutputLog
@@ -45,6 +51,10 @@ from dbsp_pipeline.runtime.plan import Plan
 from dbsp_pipeline.spark_session import configure, local_session
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.trace import COMPACT_FILE_THRESHOLD
+
+
+#: Default of ``Pipeline(driver_step_rows=...)``.
+DRIVER_STEP_ROWS = 200_000
 
 
 @dataclass
@@ -59,6 +69,8 @@ class StepResult:
     seconds: float = 0.0
     #: the state version committed after this step, if the step ended with a commit
     committed_version: int | None = None
+    #: whether the step ran on the driver (small change) rather than as Spark jobs
+    on_driver: bool = False
 
 
 class Pipeline:
@@ -70,10 +82,16 @@ class Pipeline:
         root: a local folder (created if missing).
         spark: the session to use; ``None`` means the process's local session.
         checkpoint_every: commit the state database after this many steps (1: every step).
+        driver_step_rows: a step whose inputs changed by at most this many rows runs on the
+            driver (Arrow + DuckDB) instead of as Spark jobs, which saves Spark's fixed cost of
+            about 0.1 s per job; 0 runs every step on Spark.
+        compact_threshold: a trace with more files than this is merged in the background.
     """
 
     def __init__(self, circuit: Circuit, root: str, spark: SparkSession | None = None, *,
-                 checkpoint_every: int = 1) -> None:
+                 checkpoint_every: int = 1,
+                 driver_step_rows: int = DRIVER_STEP_ROWS,
+                 compact_threshold: int = COMPACT_FILE_THRESHOLD) -> None:
         if not circuit.outputs:
             raise UsageError(f"circuit '{circuit.name}' declares no output")
         if checkpoint_every < 1:
@@ -82,6 +100,8 @@ class Pipeline:
         self.root = root
         self.spark = configure(spark) if spark is not None else local_session()
         self.checkpoint_every = checkpoint_every
+        self.driver_step_rows = driver_step_rows
+        self._sql = LocalSQL()
         self._db = StateDatabase(self.spark, root, circuit.fingerprint())
         self._db.open()
         self._plan = Plan(circuit, self.spark, self._db)
@@ -90,6 +110,7 @@ class Pipeline:
         self._outputs = {name: OutputLog(self.spark, root, name, self._plan.output_schema(name))
                          for name in circuit.outputs}
         self._divisions = DivisionLog(self.spark, root)
+        self._compactor = BackgroundCompactor(compact_threshold)
         self._uncommitted_steps = 0
         self._closed = False
 
@@ -104,8 +125,10 @@ class Pipeline:
         """Commit any executed steps and close. Pushed but unprocessed input stays in the logs."""
         if self._closed:
             return
-        if self._uncommitted_steps:
-            self.commit()
+        if self._compactor.apply_finished(wait=True) or self._uncommitted_steps:
+            self.commit(compact=False)
+        self._compactor.close()
+        self._sql.close()
         self._closed = True
 
     # -- input -----------------------------------------------------------------------------
@@ -132,6 +155,7 @@ class Pipeline:
         """Execute one step over the input pushed since the previous one. See the module doc."""
         self._require_open()
         started = time.monotonic()
+        self._compactor.apply_finished()
         s = self._db.get_step()
         names = list(self._inputs)
 
@@ -141,19 +165,26 @@ class Pipeline:
             uppers = self._divisions.record(s, {n: self._inputs[n].version() for n in names})
         lowers = self._divisions.lower(s, names)
 
-        # 3. Each input's change for step s.
+        # 3. Each input's change for step s; a small one is read on the driver.
         result = StepResult(step=s)
-        changes = {}
-        for n in names:
-            changes[n], result.inputs[n] = self._inputs[n].change(lowers[n], uppers.get(n, 0))
+        files = {n: self._inputs[n].files_between(lowers[n], uppers.get(n, 0)) for n in names}
+        result.inputs = {n: sum(f.rows for f in fs) for n, fs in files.items()}
+        result.on_driver = (0 < self.driver_step_rows
+                            and sum(result.inputs.values()) <= self.driver_step_rows
+                            and self._plan.runs_on_driver)
+        sql = self._sql if result.on_driver else None
+        if sql is not None:
+            changes = {n: self._inputs[n].change_arrow(sql, files[n]) for n in names}
+        else:
+            changes = {n: self._inputs[n].change(files[n]) for n in names}
 
         # 4. Evaluate the circuit.
-        ctx = StepContext(self.spark, s)
+        ctx = StepContext(self.spark, s, sql=sql)
         try:
             node_changes = self._plan.evaluate(ctx, changes)
             # 5. Write each output's change (write rules discard a replayed step).
             for name, node_id in self.circuit.outputs.items():
-                result.outputs[name] = self._outputs[name].write(s, node_changes[node_id])
+                result.outputs[name] = self._outputs[name].write(s, node_changes[node_id], sql)
         finally:
             ctx.release()
 
@@ -165,20 +196,22 @@ class Pipeline:
         result.seconds = time.monotonic() - started
         return result
 
-    def commit(self) -> int:
-        """Commit the state database (a checkpoint); returns the new state version."""
+    def commit(self, compact: bool = True) -> int:
+        """Commit the state database (a checkpoint); returns the new state version. Then, with
+        ``compact``, start merging the traces that are due in the background."""
         self._require_open()
         version = self._db.commit()
         self._uncommitted_steps = 0
+        if compact:
+            self._compactor.start(self._plan.traces())
         return version
 
     def compact(self, threshold: int = COMPACT_FILE_THRESHOLD) -> int:
-        """Compact every trace with more than ``threshold`` files; returns how many were compacted.
-
-        Off the step path: call between steps (the Dagster checkpoint job does).
-        """
+        """Compact now, in the foreground, every trace with more than ``threshold`` files (after
+        the background merge, if one runs); returns how many traces were compacted."""
         self._require_open()
-        return self._plan.compact(threshold)
+        done = self._compactor.apply_finished(wait=True)
+        return done + sum(t.compact(threshold, self._sql) for t in self._plan.traces())
 
     # -- reading ---------------------------------------------------------------------------
     def view(self, name: str, as_of: int | None = None) -> DataFrame:

@@ -18,12 +18,14 @@ from pyspark.sql.types import BooleanType, NumericType, StructType
 from dbsp_pipeline.circuit import Circuit, Node
 from dbsp_pipeline.errors import CircuitError
 from dbsp_pipeline.operators.aggregate import Aggregate
-from dbsp_pipeline.operators.base import Delta, Operator, StepContext
+from dbsp_pipeline.driver import hashing
+from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContext
 from dbsp_pipeline.operators.distinct import Distinct
 from dbsp_pipeline.operators.integration import Delay, Differentiate, Integrate
 from dbsp_pipeline.operators.join import Join
 from dbsp_pipeline.operators.linear import Conform, Filter, Negate, Select, Union
 from dbsp_pipeline.storage.state_db import StateDatabase
+from dbsp_pipeline.storage.trace import Trace
 
 
 class Plan:
@@ -46,19 +48,44 @@ class Plan:
     def output_schema(self, name: str) -> StructType:
         return self.schemas[self.circuit.outputs[name]]
 
-    def evaluate(self, ctx: StepContext, input_changes: dict[str, Delta]) -> dict[int, Delta]:
-        """Run every operator once for this step; returns each node's change."""
-        changes: dict[int, Delta] = {}
+    def evaluate(self, ctx: StepContext, input_changes: dict[str, Delta | LocalDelta]
+                 ) -> dict[int, Delta | LocalDelta]:
+        """Run every operator once for this step, as Spark jobs or on the driver
+        (``ctx.on_driver``); returns each node's change."""
+        changes: dict[int, Delta | LocalDelta] = {}
         for node in self.circuit.nodes:
             if node.op == "input":
                 changes[node.id] = input_changes.get(node.params["name"])
-            else:
-                changes[node.id] = self.operators[node.id].step(
-                    ctx, [changes[i] for i in node.inputs])
+                continue
+            operator = self.operators[node.id]
+            inputs = [changes[i] for i in node.inputs]
+            changes[node.id] = (operator.step_local(ctx, inputs) if ctx.on_driver
+                                else operator.step(ctx, inputs))
         return changes
 
-    def compact(self, threshold: int) -> int:
-        return sum(op.compact(threshold) for op in self.operators.values())
+    @property
+    def runs_on_driver(self) -> bool:
+        """Whether small steps can run on the driver: every key a trace is sharded by has a
+        type whose Spark hash the driver reproduces, and every aggregate has a driver path."""
+        for node in self.circuit.nodes:
+            schema = self.schemas[node.inputs[0]] if node.inputs else None
+            if node.op == "join":
+                keys = [schema[k].dataType for k in node.params["on"]]
+            elif node.op == "aggregate":
+                if not self.operators[node.id].runs_on_driver:
+                    return False
+                keys = [schema[k].dataType for k in node.params["keys"]]
+            elif node.op in ("distinct", "integrate", "delay", "differentiate"):
+                keys = [f.dataType for f in schema.fields]
+            else:
+                continue
+            if not all(hashing.supports(t) for t in keys):
+                return False
+        return True
+
+    def traces(self) -> list[Trace]:
+        """Every growing trace of the circuit (the ones compaction keeps small)."""
+        return [t for op in self.operators.values() for t in op.traces()]
 
     # -- schemas ---------------------------------------------------------------------------
     def _schema(self, node: Node) -> StructType:
@@ -147,7 +174,7 @@ class Plan:
         name = f"n{node.id}_{node.op}"
         p = node.params
         if node.op == "select":
-            return Select(p["exprs"], schema)
+            return Select(p["exprs"], src, schema)
         if node.op == "filter":
             return Filter(p["predicate"], schema)
         if node.op == "union":

@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError
@@ -81,6 +83,11 @@ class SparkDeltaTable:
         self._table.update_incremental()
         return self._table.version()
 
+    def loaded_version(self) -> int:
+        """The version this handle last loaded or committed, without looking for newer commits
+        (exact for tables only this handle writes, such as a pipeline's state tables)."""
+        return self._table.version()
+
     def files(self, version: int | None = None) -> list[DataFile]:
         """The data files of ``version`` (default: the newest)."""
         table = self._table if version is None else DeltaTable(self.uri, version=version)
@@ -93,6 +100,31 @@ class SparkDeltaTable:
         lo, hi = actions.get("min._shard", none), actions.get("max._shard", none)
         return [DataFile(os.path.join(self.uri, p), int(n or 0), a, b)
                 for p, n, a, b in zip(paths, rows, lo, hi)]
+
+    def added_files(self, lower: int, upper: int) -> list[DataFile]:
+        """The files added by versions ``lower+1 .. upper``, in commit order.
+
+        Reads the commits themselves (``_delta_log/<version>.json``), so the cost follows the
+        number of commits in the range, not the table's history; falls back to comparing the two
+        snapshots when a commit file was already cleaned up.
+        """
+        if upper <= lower:
+            return []
+        out = []
+        for v in range(lower + 1, upper + 1):
+            commit = os.path.join(self.uri, "_delta_log", f"{v:020d}.json")
+            try:
+                with open(commit) as fh:
+                    lines = fh.read().splitlines()
+            except FileNotFoundError:
+                before = {f.path for f in self.files(lower)}
+                return [f for f in self.files(upper) if f.path not in before]
+            for line in lines:
+                add = json.loads(line).get("add") if line.strip() else None
+                if add is not None:
+                    out.append(DataFile.from_stats(os.path.join(self.uri, add["path"]),
+                                                   add.get("stats") or "{}"))
+        return out
 
     def transaction_version(self, app_id: str) -> int | None:
         """The newest app-transaction version committed under ``app_id`` (None if none)."""
@@ -162,6 +194,18 @@ class SparkDeltaTable:
         if not paths:
             return self.spark.createDataFrame([], self.schema)
         return self.spark.read.schema(self.schema).parquet(*paths)
+
+    def read_arrow(self, files: Sequence[DataFile] | Sequence[str],
+                   where: pc.Expression | None = None) -> pa.Table:
+        """The rows of the given data files, read on the driver, that satisfy ``where``.
+
+        Row groups whose statistics exclude ``where`` are skipped.
+        """
+        paths = [f.path if isinstance(f, DataFile) else f for f in files]
+        if not paths:
+            return self.arrow_schema.empty_table()
+        dataset = ds.dataset(paths, schema=self.arrow_schema, format="parquet")
+        return dataset.to_table(filter=where)
 
     def read_version(self, version: int | None = None) -> DataFrame:
         return self.read(self.files(version))

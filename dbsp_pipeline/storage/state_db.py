@@ -54,6 +54,7 @@ class StateDatabase:
         self._manifest = SparkDeltaTable(spark, os.path.join(self.root, MANIFEST_DIR),
                                          _MANIFEST_SCHEMA)
         self._tables: dict[str, SparkDeltaTable] = {}
+        self._manifest_files: list[str] | None = None  # the files of the newest entry
         self._base: dict[str, Any] | None = None  # the opened entry
         self._meta: dict[str, Any] = {}
         self._step = 0
@@ -103,7 +104,7 @@ class StateDatabase:
             "version": base["version"] + 1,
             "step": self._step,
             "meta": self._meta,
-            "traces": {name: t.version() for name, t in sorted(self._tables.items())},
+            "traces": {name: t.loaded_version() for name, t in sorted(self._tables.items())},
             "fingerprint": self.fingerprint,
             "engine_version": ENGINE_VERSION,
             "state_format": STATE_FORMAT,
@@ -178,11 +179,13 @@ class StateDatabase:
         return json.loads(row["entry"])
 
     def _write_entry(self, entry: dict[str, Any]) -> None:
-        previous = self._manifest.files()
+        if self._manifest_files is None:
+            self._manifest_files = [f.path for f in self._manifest.files()]
         data = pa.table({"version": [entry["version"]], "entry": [json.dumps(entry)]},
                         schema=self._manifest.arrow_schema)
         adds = self._manifest.write_arrow(data)
-        self._manifest.commit(adds, [f.path for f in previous])
+        self._manifest.commit(adds, self._manifest_files)
+        self._manifest_files = [os.path.join(self._manifest.uri, a.path) for a in adds]
 
 
 def _empty_entry() -> dict[str, Any]:

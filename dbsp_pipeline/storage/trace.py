@@ -16,18 +16,26 @@ pipeline's state only when the state database commits a manifest entry naming th
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
+from dbsp_pipeline.driver import hashing
+from dbsp_pipeline.driver.sql import LocalSQL, idents, null_safe_on
 from dbsp_pipeline.storage.delta_table import DataFile
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.zset import SHARD, WEIGHT, consolidate, shard_of
 
 #: Compact a trace once it has more files than this (size-tiered merge of the smallest).
 COMPACT_FILE_THRESHOLD = 16
+#: Merges of at most this many rows run on the driver (when it offers a ``LocalSQL``).
+DRIVER_MERGE_ROWS = 2_000_000
 
 
 class Trace:
@@ -61,8 +69,6 @@ class Trace:
         wanted = sorted(set(shards))
         if not wanted:
             return []
-        import bisect
-
         out = []
         for f in self.files():
             if f.shard_min is None or f.shard_max is None:
@@ -101,20 +107,136 @@ class Trace:
         self._files = before + new
         return new
 
-    def compact(self, threshold: int = COMPACT_FILE_THRESHOLD) -> bool:
-        """Merge the trace's files into consolidated, shard-sorted files once there are more than
-        ``threshold``. Returns whether it compacted. The content (the Z-set) is unchanged."""
-        files = self.files()
+    # -- driver-side (Arrow) access, for small steps ----------------------------------------
+    def append_arrow(self, sql: LocalSQL, delta: pa.Table) -> pa.Table | None:
+        """``append`` on the driver: consolidate, shard, sort, write one file and commit.
+
+        Returns the appended rows (payload, ``_weight``, ``_shard``), or None when the change
+        consolidates to nothing.
+        """
+        change = sql.consolidate(delta, self.payload)
+        if change.num_rows == 0:
+            return None
+        change = self._with_shard(change)
+        change = change.sort_by([(SHARD, "ascending"), *[(k, "ascending") for k in self.key]])
+        before = self.files()
+        adds = self.table.write_arrow(change)
+        self.table.commit(adds)
+        self._files = before + [DataFile.from_stats(f"{self.table.uri}/{a.path}", a.stats)
+                                for a in adds]
+        return change
+
+    def replace_arrow(self, delta: pa.Table | None) -> None:
+        """``replace`` on the driver (``delta`` is already consolidated)."""
+        old = self.files()
+        adds = []
+        if delta is not None and delta.num_rows:
+            adds = self.table.write_arrow(self._with_shard(delta))
+        if adds or old:
+            self.table.commit(adds, [f.path for f in old])
+        self._files = [DataFile.from_stats(f"{self.table.uri}/{a.path}", a.stats) for a in adds]
+
+    def read_arrow(self, files: Sequence[DataFile] | None = None) -> pa.Table:
+        """The trace's rows (payload, ``_weight``, ``_shard``) in ``files`` (default: all)."""
+        return self.table.read_arrow(self.files() if files is None else files)
+
+    def lookup_arrow(self, sql: LocalSQL, keys: pa.Table,
+                     files: Sequence[DataFile] | None = None) -> pa.Table:
+        """The trace's rows whose key equals a key in ``keys`` (a table holding the key columns;
+        NULL equals NULL), read from ``files`` (default: all), and of those only the files and
+        row groups whose ``_shard`` range holds a wanted key's shard."""
+        if keys.num_rows == 0:
+            return self.table.arrow_schema.empty_table()
+        if len(self.key) == 1:
+            wanted_keys = pa.table({self.key[0]: pc.unique(keys.column(self.key[0]))})
+        elif self.key:
+            wanted_keys = sql.query(f"SELECT DISTINCT {idents(self.key)} FROM k",
+                                    k=keys.select(self.key))
+        else:
+            wanted_keys = keys.slice(0, 1).select([])
+        wanted_keys = self._cast(wanted_keys, self.key)
+        shards = pc.unique(hashing.shard_arrow(wanted_keys, self.key)).to_pylist()
+        candidates = self.files() if files is None else list(files)
+        hit = set(self.files_for_shards(shards))
+        candidates = [f for f in candidates if f in hit]
+        if not candidates:
+            return self.table.arrow_schema.empty_table()
+        field = pc.field(SHARD)
+        where = (field >= min(shards)) & (field <= max(shards)) & field.isin(shards)
+        rows = self.table.read_arrow(candidates, where)
+        if rows.num_rows == 0 or not self.key:
+            return rows
+        if len(self.key) == 1:  # is_in matches NULL with NULL, as the lookup must
+            key = self.key[0]
+            return rows.filter(pc.is_in(rows.column(key), value_set=wanted_keys.column(key),
+                                        skip_nulls=False))
+        return sql.query(f"SELECT r.* FROM r SEMI JOIN k ON {null_safe_on('r', 'k', self.key)}",
+                         r=rows, k=wanted_keys).cast(self.table.arrow_schema)
+
+    def _cast(self, table: pa.Table, columns: Sequence[str]) -> pa.Table:
+        """``columns`` of ``table``, cast to this trace's types."""
+        schema = self.table.arrow_schema
+        fields = [schema.field(c) for c in columns]
+        return pa.Table.from_arrays([table.column(c).cast(f.type) for c, f in zip(columns, fields)],
+                                    schema=pa.schema(fields))
+
+    def _with_shard(self, rows: pa.Table) -> pa.Table:
+        """Payload and ``_weight`` of ``rows`` in the table's types, plus their ``_shard``."""
+        cast = self._cast(rows, [*self.payload, WEIGHT])
+        return cast.append_column(self.table.arrow_schema.field(SHARD),
+                                  hashing.shard_arrow(cast, self.key))
+
+    # -- compaction --------------------------------------------------------------------------
+    def compaction_candidates(self, threshold: int = COMPACT_FILE_THRESHOLD) -> list[DataFile]:
+        """The files to merge next, size-tiered like a spine: once the trace has more than
+        ``threshold`` files, the smallest files, as many as hold together no more rows than the
+        next larger file (so a row is rewritten about log(n) times), at least two. Empty when
+        no compaction is due."""
+        files = sorted(self.files(), key=lambda f: f.rows)
         if len(files) <= threshold:
-            return False
-        merged = consolidate(self.read(files), [*self.payload, SHARD])
+            return []
+        chosen, rows = files[:2], files[0].rows + files[1].rows
+        for f in files[2:]:
+            if rows > f.rows and len(files) - len(chosen) <= threshold // 2:
+                break
+            chosen.append(f)
+            rows += f.rows
+        return chosen
+
+    def merge(self, files: Sequence[DataFile], sql: LocalSQL | None = None) -> list[AddAction]:
+        """Write the consolidated content of ``files`` as new, uncommitted, shard-sorted files.
+
+        Pure: reads only the given (immutable) files and commits nothing, so it may run in the
+        background while steps append to the trace. Small merges run on the driver with ``sql``
+        (when given), large ones as a Spark job.
+        """
         rows = sum(f.rows for f in files)
+        if sql is not None and rows <= DRIVER_MERGE_ROWS:
+            merged = sql.consolidate(self.read_arrow(files), [*self.payload, SHARD])
+            merged = merged.sort_by([(SHARD, "ascending"), *[(k, "ascending") for k in self.key]])
+            return self.table.write_arrow(merged.select(self.table.arrow_schema.names))
+        merged = consolidate(self.read(files), [*self.payload, SHARD])
         parts = max(1, min(64, rows // 2_000_000 + 1))
         merged = merged.repartitionByRange(parts, F.col(SHARD)) if parts > 1 else merged.coalesce(1)
-        adds = self.table.write_files(merged, sort_by=[SHARD, *self.key])
+        return self.table.write_files(merged, sort_by=[SHARD, *self.key])
+
+    def apply_merge(self, files: Sequence[DataFile], adds: Sequence[AddAction]) -> bool:
+        """Swap ``files`` for their merge ``adds`` in one commit (not a data change: the trace's
+        value is the same). Returns False, committing nothing, if any of ``files`` is no longer
+        part of the trace (it was rolled back or replaced meanwhile)."""
+        current = self.files()
+        gone = set(files)
+        if not gone <= set(current):
+            return False
         self.table.commit(adds, [f.path for f in files], data_change=False)
-        self._files = None
+        self._files = [f for f in current if f not in gone] + [
+            DataFile.from_stats(f"{self.table.uri}/{a.path}", a.stats) for a in adds]
         return True
+
+    def compact(self, threshold: int = COMPACT_FILE_THRESHOLD, sql: LocalSQL | None = None) -> bool:
+        """Merge the compaction candidates now (plan, merge, apply); returns whether it did."""
+        files = self.compaction_candidates(threshold)
+        return bool(files) and self.apply_merge(files, self.merge(files, sql))
 
     def reset_cache(self) -> None:
         """Forget the cached file list (after the state database rolled the table back)."""

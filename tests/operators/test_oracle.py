@@ -1,6 +1,9 @@
 """Every operator, and chains of them, against an oracle: after every step each output view must
 equal the same query computed from scratch by Spark over the integrated inputs.
 
+Each test runs twice: with every step as Spark jobs (``spark``) and with every step on the
+driver (``driver``: Arrow + DuckDB), the two implementations of each operator.
+
 One circuit holds all the query shapes (so one pipeline per example exercises all of them);
 hypothesis drives it with random inserts and deletes over small key domains (so keys collide,
 groups empty out, extremes get deleted and NULL keys occur).
@@ -11,6 +14,8 @@ from __future__ import annotations
 import random
 import tempfile
 from collections import Counter
+
+import pytest
 
 from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
@@ -33,6 +38,9 @@ def build_circuit() -> Circuit:
     r = c.input("returns", RETURNS)
     c.output("q_select", o.select("order_id", "amount * 2 AS amount2", "customer_id IS NULL AS anon"))
     c.output("q_filter", o.filter("amount > 10"))
+    # not translatable to DuckDB (division, cast): on the driver this operator runs in Spark
+    c.output("q_select_spark_only", o.select("order_id", "amount / 2 AS half",
+                                             "cast(customer_id AS STRING) AS cid"))
     c.output("q_union", o.select("customer_id").union(cu.select("customer_id")))
     c.output("q_minus", o.select("customer_id").minus(cu.select("customer_id")))
     c.output("q_distinct", cu.select("region").distinct())
@@ -72,6 +80,8 @@ def oracle(spark, orders: Counter, customers: Counter, returns: Counter) -> dict
     return {
         "q_select": o.selectExpr("order_id", "amount * 2 AS amount2", "customer_id IS NULL AS anon"),
         "q_filter": o.where("amount > 10"),
+        "q_select_spark_only": o.selectExpr("order_id", "amount / 2 AS half",
+                                            "cast(customer_id AS STRING) AS cid"),
         "q_union": o.select("customer_id").unionAll(cu.select("customer_id")),
         "q_distinct": cu.select("region").distinct(),
         "q_join": o.join(cu, on="customer_id"),
@@ -177,17 +187,23 @@ def _drop_zero(c: Counter) -> Counter:
     return Counter({k: v for k, v in c.items() if v != 0})
 
 
+#: ``Pipeline(driver_step_rows=...)`` forcing each way of running a step
+ENGINES = pytest.mark.parametrize("driver_step_rows", [0, 10**9], ids=["spark", "driver"])
+
+
+@ENGINES
 @settings(max_examples=5, deadline=None, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=list(HealthCheck))
 @given(workloads)
-def test_every_view_equals_recomputation_after_every_step(spark, steps):
+def test_every_view_equals_recomputation_after_every_step(spark, driver_step_rows, steps):
     circuit = build_circuit()
     w = Workload()
-    with tempfile.TemporaryDirectory() as root, Pipeline(circuit, root, spark) as p:
+    with tempfile.TemporaryDirectory() as root, Pipeline(
+            circuit, root, spark, driver_step_rows=driver_step_rows) as p:
         for i, ops in enumerate(steps):
             note(f"step {i}: {ops}")
             w.apply(p, ops)
-            p.step()
+            assert p.step().on_driver == bool(driver_step_rows)
             check_step(spark, p, w, i)
 
 
@@ -216,11 +232,23 @@ def seeded_workload(seed: int, steps: int, ops_per_step: int) -> list[list[tuple
     return out
 
 
-def test_seeded_workload_with_many_deletes(spark, tmp_path):
+@ENGINES
+def test_seeded_workload_with_many_deletes(spark, tmp_path, driver_step_rows):
     w = Workload()
-    with Pipeline(build_circuit(), str(tmp_path), spark) as p:
+    with Pipeline(build_circuit(), str(tmp_path), spark, driver_step_rows=driver_step_rows) as p:
         for i, ops in enumerate(seeded_workload(seed=11, steps=5, ops_per_step=30)):
             w.apply(p, ops)
-            p.step()
+            assert p.step().on_driver == bool(driver_step_rows)
+            check_step(spark, p, w, i)
+
+
+def test_steps_alternate_between_spark_and_driver(spark, tmp_path):
+    """Both ways read and write the same traces: switching between them keeps every view exact."""
+    w = Workload()
+    with Pipeline(build_circuit(), str(tmp_path), spark) as p:
+        for i, ops in enumerate(seeded_workload(seed=5, steps=6, ops_per_step=25)):
+            p.driver_step_rows = 0 if i % 2 else 10**9
+            w.apply(p, ops)
+            assert p.step().on_driver == (i % 2 == 0)
             check_step(spark, p, w, i)
         assert sum(w.orders.values()) > 5 and sum(w.customers.values()) > 3

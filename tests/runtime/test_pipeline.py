@@ -93,3 +93,27 @@ def test_compaction_keeps_the_views(spark, tmp_path):
         assert before["d"] == after["d"]
         assert after["g"] == {**{k: v for k, v in before["g"].items() if k[0] != 0},
                               (0, 0, 106): 1}
+
+
+def test_traces_are_compacted_in_the_background(spark, tmp_path):
+    """With a low threshold, commits start background merges that later steps apply: the
+    trace files stay few, and every view stays what the same steps give without compaction."""
+    def run(root: str, threshold: int):
+        c = Circuit("bg")
+        x = c.input("x", "k BIGINT, v BIGINT")
+        c.output("d", x.select("k").distinct())
+        c.output("g", x.group_by("k").agg(hi="max(v)", n="count(*)"))
+        with Pipeline(c, root=root, spark=spark, compact_threshold=threshold) as p:
+            for i in range(12):
+                p.push("x", [(i % 3, i), (7, i)])
+                if i > 1:
+                    p.push("x", [(7, i - 2)], weight=-1)
+                p.step()
+                p._compactor.apply_finished(wait=True)  # deterministic: the merge has finished
+            files = max(len(t.files()) for t in p._plan.traces())
+            return files, {n: view_counter(p.view(n)) for n in ("d", "g")}
+
+    files, views = run(str(tmp_path / "compacted"), threshold=4)
+    plain_files, plain_views = run(str(tmp_path / "plain"), threshold=10**6)
+    assert views == plain_views
+    assert files <= 4 < plain_files

@@ -1,0 +1,1 @@
+"""Dagster assets: the output views of the pipelines."""

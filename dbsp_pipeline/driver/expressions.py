@@ -1,0 +1,601 @@
+"""Spark SQL expressions as DuckDB SQL, translated only when the two agree exactly.
+
+Users write ``select`` expressions and ``filter`` predicates in Spark SQL. On the driver, a small
+change is evaluated by DuckDB over Arrow instead of by a Spark job, and it must give exactly what
+Spark gives (Spark 4, ANSI mode, the engine's UTC session). This module is the gate:
+
+* a translation (a ``str``) means: over any rows of the given input schema, DuckDB computes the
+  same values as Spark (NULL where Spark gives NULL, NaN where Spark gives NaN), up to result
+  *types* that cast to the Spark-analysed type without changing the value (e.g. ``BIGINT`` for
+  ``int``), which the caller casts afterwards;
+* ``None`` means: use Spark for this operator. It is always a correct answer, only a slower one,
+  so every construct not on the whitelist below, or whose operand types are not on it, refuses.
+
+How: the text is parsed with sqlglot (``read="spark"``), every node is checked against a
+whitelist of node classes (exact classes, not subclasses) and of argument slots, with a small
+type inference over the input schema, and DuckDB SQL is generated bottom-up with explicit
+parentheses around every operand (identifiers and string literals rendered by sqlglot's
+``duckdb`` dialect, numbers re-rendered from their parsed values). Nothing of the input is
+copied through unchecked. Before the walk, the token stream is checked for what sqlglot's tree
+would hide or read differently from Spark: a unary ``+`` (sqlglot drops it) and two comparisons
+or predicates in one operand without parentheses (``a = b < c`` is ``(a = b) < c`` in Spark,
+``a = (b < c)`` in sqlglot); both refuse.
+
+Whitelist (each item verified against Spark 4.3 + DuckDB 2.0 by ``tests/driver/test_expressions``):
+
+* column references (top-level columns of the input, case-insensitive like Spark's default
+  resolution, backticks allowed), rendered as double-quoted DuckDB identifiers. Columns of type
+  int, bigint, double, string (UTF8_BINARY), boolean, date, timestamp, timestamp_ntz take part in
+  expressions; tinyint, smallint, float, decimal and binary columns only pass through unchanged
+  (a bare column, possibly aliased) or under ``IS [NOT] NULL``; other types refuse;
+* literals: integers in the bigint range (typed as Spark types them: int if it fits, a leading
+  minus sign included, else bigint), decimals of at most 15 digits (of 16 to 18 digits when
+  only compared with integers), exponent doubles (``1e3``; the ``D``/``L``/``BD`` suffixes
+  refuse), strings (no backslash anywhere in the text: Spark's escape rules are not sqlglot's;
+  adjacent literals refuse), ``TRUE``, ``FALSE``, ``NULL``, and ``DATE 'yyyy-mm-dd'`` (or
+  ``date('yyyy-mm-dd')``) for a valid date;
+* ``+ - *`` and unary minus on int/bigint/double (a decimal literal only with a double; never
+  decimal arithmetic, never ``/ % div``: Spark raises on division by zero, DuckDB gives NULL).
+  Integer arithmetic is generated as ``add``/``subtract``/``multiply`` calls, which DuckDB types
+  and overflow-checks like ``+ - *`` (int op int is int, raising on overflow, as Spark ANSI does)
+  but which its optimizer does not rewrite: it turns ``x + 1 > 5`` into ``x > 4`` and ``-x > 5``
+  into ``x < -5``, which would drop the overflow error Spark raises for ``x = 2147483647``;
+* comparisons ``= == <> != < <= > >= <=>`` and ``IS [NOT] DISTINCT FROM`` within one type family:
+  numbers with numbers (Spark and DuckDB compare int with double as doubles and int with decimal
+  exactly, NaN equal to NaN and above +inf in both), string with string (bytewise in both),
+  boolean, date, timestamp, timestamp_ntz each with itself; NULL with anything. Never a string
+  with a number or a date (the two engines coerce those differently);
+* ``AND OR NOT`` (three-valued), ``IS [NOT] NULL``, ``x [NOT] IN (literals...)``,
+  ``x [NOT] BETWEEN a AND b``, ``CASE [x] WHEN ... THEN ... [ELSE ...] END`` (conditions
+  boolean: Spark rejects ``WHEN NULL``), ``COALESCE`` (and its spellings ``nvl``/``ifnull``),
+  whose branches unify as Spark's do (int+bigint is bigint, int+double is double, NULL takes the
+  other type; anything else refuses);
+* ``length(string)`` (code points in both; cast back to int as Spark types it), ``abs`` of
+  int/bigint/double (raising on the minimum integer in both);
+* ``expr AS name`` (and ``expr name``) in projections; the output is aliased to the given name.
+
+Dropped from the first plan, because the engines differ: ``upper``/``lower`` (Spark uses Java's
+full case mapping: ``upper('ß')`` is ``'SS'``, ``lower('İ')`` is two code points, final sigma;
+DuckDB maps code point by code point), ``/``, ``%``, ``div``, string/number comparisons, decimal
+arithmetic, timestamp literals (Spark reads them in the session time zone, DuckDB in its own),
+arithmetic on tinyint/smallint/float columns (DuckDB keeps ``tinyint + 1`` a TINYINT that
+overflows at 127, Spark widens to int).
+
+Errors. Where Spark raises (integer overflow in an evaluated operation), DuckDB raises too on
+the same operation (checked in the tests, including the forms DuckDB's optimizer would otherwise
+rewrite). The converse is not guaranteed: Spark skips some sub-expressions (the right side of
+``AND``/``OR`` once decided, the other operand of an arithmetic operator once one is NULL) that
+DuckDB may still evaluate, so on data where such a skipped sub-expression would overflow,
+DuckDB raises where Spark returns a value. A caller that must never fail where Spark would not
+should treat a DuckDB error from a translated expression as "use Spark for this step" (the Spark
+run then either raises the genuine error or returns Spark's values).
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from collections.abc import Sequence
+from decimal import Decimal
+
+import sqlglot
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    ByteType,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+from sqlglot import exp
+from sqlglot.tokens import TokenType
+
+__all__ = ["translate_predicate", "translate_projection"]
+
+_INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
+_LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
+
+# Types of the little inference. Expression types: the first group. A bare column of a
+# pass-through type is typed "other" and may only be projected as is or tested for NULL.
+INT, BIGINT, DOUBLE = "int", "bigint", "double"
+# Decimal literals: up to 15 digits (converted to a double alike by both engines), and up to 18
+# digits (compared exactly with integers by both, but never mixed with doubles).
+DECIMAL_LIT, DECIMAL_WIDE = "decimal_literal", "wide_decimal_literal"
+STRING, BOOLEAN, DATE, TIMESTAMP, TIMESTAMP_NTZ = (
+    "string", "boolean", "date", "timestamp", "timestamp_ntz")
+NULL, OTHER = "null", "other"
+
+_NUMERIC = {INT, BIGINT, DOUBLE, DECIMAL_LIT, DECIMAL_WIDE}
+_ARITH = {INT, BIGINT, DOUBLE}
+_DUCKDB_ARITH = {exp.Add: "add", exp.Sub: "subtract", exp.Mul: "multiply"}
+_COMPARISONS = {exp.EQ: "=", exp.NEQ: "<>", exp.LT: "<", exp.LTE: "<=", exp.GT: ">",
+                exp.GTE: ">=", exp.NullSafeEQ: "IS NOT DISTINCT FROM",
+                exp.NullSafeNEQ: "IS DISTINCT FROM"}
+
+
+class _Refuse(Exception):
+    """Raised anywhere in the walk: the expression is not translated."""
+
+
+def translate_projection(exprs: Sequence[str], input_schema: StructType,
+                         output_names: Sequence[str]) -> str | None:
+    """A DuckDB select list equal to Spark's ``df.select(*[F.expr(e) for e in exprs])``, or None.
+
+    ``df`` has ``input_schema``'s columns; ``output_names`` are the Spark-analysed output column
+    names, one per expression. The result is ``<sql> AS "<name>", ...``, one item per expression
+    in order, to be used as ``SELECT <result> FROM <table of input_schema's columns>``. It gives
+    the same values as Spark on every row (result types may be wider, e.g. BIGINT for int, and
+    are meant to be cast to Spark's output schema afterwards). None when any expression is not
+    on the module's whitelist: the caller then evaluates the projection with Spark.
+    """
+    if len(exprs) != len(output_names) or not exprs:
+        return None
+    columns = _columns(input_schema)
+    if columns is None:
+        return None
+    items = []
+    try:  # any failure of the walk, expected (_Refuse) or not, means "let Spark do it"
+        for text, name in zip(exprs, output_names):
+            node = _parse(text)
+            if type(node) is exp.Alias:
+                if set(k for k, v in node.args.items() if v) - {"this", "alias"}:
+                    raise _Refuse("alias form")
+                node = node.this
+            sql, typ = _bare_column(node, columns) or _translate(node, columns)
+            if typ == NULL:
+                raise _Refuse("untyped NULL result")
+            items.append(f"{sql} AS {_ident(name)}")
+    except Exception:  # _Refuse, RecursionError on absurdly deep input, anything unforeseen
+        return None
+    return ", ".join(items)
+
+
+def translate_predicate(predicate: str, input_schema: StructType) -> str | None:
+    """A DuckDB boolean expression equal to Spark's ``F.expr(predicate)``, or None.
+
+    Evaluated over a table with ``input_schema``'s columns, it is TRUE, FALSE or NULL exactly
+    where Spark's predicate is (so ``WHERE coalesce((<result>), FALSE)`` keeps Spark's rows).
+    None when the predicate is not on the module's whitelist or is not boolean: the caller then
+    evaluates the filter with Spark.
+    """
+    columns = _columns(input_schema)
+    if columns is None:
+        return None
+    try:
+        sql, typ = _translate(_parse(predicate), columns)
+    except Exception:  # _Refuse, RecursionError on absurdly deep input, anything unforeseen
+        return None
+    return sql if typ == BOOLEAN else None
+
+
+# --- parsing and schema ------------------------------------------------------------------------
+
+def _parse(text: str) -> exp.Expression:
+    """One Spark SQL expression as a sqlglot tree, refusing what sqlglot would silently change."""
+    if not isinstance(text, str) or "\\" in text:
+        # Spark's string-literal escapes (\%, \_, \uXXXX, octal, ...) are not sqlglot's.
+        raise _Refuse("backslash")
+    try:
+        trees = sqlglot.parse(text, read="spark")
+        tokens = sqlglot.tokenize(text, read="spark")
+    except Exception as e:  # sqlglot raises ParseError, TokenError, and sometimes others
+        raise _Refuse(f"parse: {e}") from None
+    if len(trees) != 1 or trees[0] is None:
+        raise _Refuse("not one expression")
+    tree = trees[0]
+    # sqlglot drops a unary plus (``+s`` parses as ``s``); Spark's unary plus is a typed function
+    # (it rejects or casts some types), so every '+' must be a binary addition.
+    pluses = sum(1 for t in tokens if t.token_type == TokenType.PLUS)
+    if pluses != sum(1 for _ in tree.find_all(exp.Add)):
+        raise _Refuse("unary plus")
+    _check_one_comparison_per_operand(tokens)
+    return tree
+
+
+_COMPARE_TOKENS = {TokenType.EQ, TokenType.NEQ, TokenType.LT, TokenType.LTE, TokenType.GT,
+                   TokenType.GTE, TokenType.NULLSAFE_EQ, TokenType.IS, TokenType.IN,
+                   TokenType.BETWEEN, TokenType.LIKE, TokenType.ILIKE, TokenType.RLIKE}
+_SEGMENT_BREAKS = {TokenType.AND, TokenType.OR, TokenType.COMMA, TokenType.WHEN,
+                   TokenType.THEN, TokenType.ELSE}
+_OPENERS = {TokenType.L_PAREN: TokenType.R_PAREN, TokenType.CASE: TokenType.END}
+
+
+def _check_one_comparison_per_operand(tokens) -> None:
+    """Refuse two comparisons/predicates in one operand of AND/OR/NOT unless parenthesized.
+
+    Spark puts every comparison operator on one left-associative level, with IS NULL, IN,
+    BETWEEN, IS DISTINCT FROM taking a whole comparison chain as subject (``a = b < c`` is
+    ``(a = b) < c``, ``a = b IS NULL`` is ``(a = b) IS NULL``, ``x BETWEEN 1 AND 2 = b`` is
+    ``x BETWEEN 1 AND (2 = b)``); sqlglot ranks ``<`` above ``=`` and binds predicates its own
+    way. The user's parentheses cannot be read back from sqlglot's tree (its parser adds Paren
+    nodes of its own), so this looks at the tokens: between two of ``AND OR NOT , ( ) CASE WHEN
+    THEN ELSE END`` at one nesting depth, at most one comparison operator or predicate keyword.
+    With one, sqlglot's tree and Spark's agree (arithmetic precedence is the same in both).
+    """
+    stack: list[list] = [[0, False, None]]  # per depth: [count, inside BETWEEN, closing token]
+    prev = None
+    for tok in tokens:
+        tt = tok.token_type
+        frame = stack[-1]
+        if tt in _OPENERS:
+            stack.append([0, False, _OPENERS[tt]])
+        elif len(stack) > 1 and tt == frame[2]:
+            stack.pop()
+        elif tt in (TokenType.R_PAREN, TokenType.END):
+            raise _Refuse("unbalanced")
+        elif tt == TokenType.AND and frame[1]:
+            frame[1] = False  # the AND of BETWEEN ... AND ...: the same operand goes on
+        elif tt in _SEGMENT_BREAKS or (tt == TokenType.NOT and (
+                prev is None or prev in _SEGMENT_BREAKS or prev in _OPENERS
+                or prev == TokenType.NOT)):
+            frame[0], frame[1] = 0, False  # a new boolean operand starts
+        elif tt in _COMPARE_TOKENS:
+            frame[0] += 1
+            frame[1] = tt == TokenType.BETWEEN
+            if frame[0] > 1:
+                raise _Refuse("comparison chain without parentheses")
+        prev = tt
+
+
+def _columns(schema: StructType) -> dict[str, tuple[str, str]] | None:
+    """Lower-cased column name -> (exact name, type tag); None if names clash case-insensitively."""
+    if not isinstance(schema, StructType):
+        return None
+    out: dict[str, tuple[str, str]] = {}
+    for field in schema.fields:
+        key = field.name.lower()
+        if key in out:
+            return None  # ambiguous for Spark's case-insensitive resolution: let Spark decide
+        out[key] = (field.name, _type_tag(field.dataType))
+    return out
+
+
+def _type_tag(dt: DataType) -> str | None:
+    t = type(dt)
+    if t is IntegerType:
+        return INT
+    if t is LongType:
+        return BIGINT
+    if t is DoubleType:
+        return DOUBLE
+    if t is StringType and getattr(dt, "collation", "UTF8_BINARY") == "UTF8_BINARY":
+        return STRING
+    if t is BooleanType:
+        return BOOLEAN
+    if t is DateType:
+        return DATE
+    if t is TimestampType:
+        return TIMESTAMP
+    if t is TimestampNTZType:
+        return TIMESTAMP_NTZ
+    if t in (ByteType, ShortType, FloatType, DecimalType, BinaryType):
+        return OTHER
+    return None  # complex, collated strings, intervals, variant, ...: refuse any reference
+
+
+# --- the walk ----------------------------------------------------------------------------------
+
+def _only(node: exp.Expression, *allowed: str) -> None:
+    """Refuse a node that uses an argument slot outside ``allowed`` (a variant we did not check)."""
+    for key, value in node.args.items():
+        if key not in allowed and value not in (None, False, [], ""):
+            raise _Refuse(f"{type(node).__name__}.{key}")
+
+
+def _ident(name: str) -> str:
+    return exp.to_identifier(name, quoted=True).sql(dialect="duckdb")
+
+
+def _unparen(node: exp.Expression) -> exp.Expression:
+    while type(node) is exp.Paren:
+        _only(node, "this")
+        node = node.this
+    return node
+
+
+def _bare_column(node: exp.Expression, columns) -> tuple[str, str] | None:
+    """A bare column reference of any supported type (pass-through types included), or None."""
+    node = _unparen(node)
+    if type(node) is exp.Column:
+        return _column(node, columns)
+    return None
+
+
+def _column(node: exp.Column, columns) -> tuple[str, str]:
+    _only(node, "this")
+    ident = node.this
+    if type(ident) is not exp.Identifier:
+        raise _Refuse("column form")  # e.g. a star
+    _only(ident, "this", "quoted")
+    hit = columns.get(ident.name.lower())
+    if hit is None or hit[1] is None:
+        raise _Refuse(f"unknown or unsupported column {ident.name!r}")
+    return _ident(hit[0]), hit[1]
+
+
+def _translate(node: exp.Expression, columns) -> tuple[str, str]:
+    """(DuckDB SQL, type tag) of a whitelisted expression; raises _Refuse otherwise.
+
+    Pass-through ("other") columns come back typed OTHER; every caller but IS NULL refuses them.
+    """
+    t = type(node)
+    if t is exp.Paren:
+        return _translate(_unparen(node), columns)
+    if t is exp.Column:
+        return _column(node, columns)
+    if t in (exp.Literal, exp.Boolean, exp.Null) or (t is exp.Neg and _is_number(node.this)):
+        return _literal(node)
+    if t is exp.Cast:
+        return _date_literal(node)
+    if t is exp.Neg:
+        _only(node, "this")
+        sql, typ = _typed(node.this, columns, _ARITH)
+        if typ == DOUBLE:
+            return f"(-{sql})", DOUBLE  # keeps -0.0, as Spark's unary minus does
+        return f"subtract(0, {sql})", typ  # integral: overflow-checked, not rewritten by DuckDB
+    if t in _DUCKDB_ARITH:
+        _only(node, "this", "expression")
+        return _arithmetic(_DUCKDB_ARITH[t], node.this, node.expression, columns)
+    if t in _COMPARISONS:
+        _only(node, "this", "expression")
+        _no_bare_predicate(node.this, node.expression)
+        a, ta = _translate(node.this, columns)
+        b, tb = _translate(node.expression, columns)
+        _comparable(ta, tb)
+        return f"({a} {_COMPARISONS[t]} {b})", BOOLEAN
+    if t in (exp.And, exp.Or):
+        _only(node, "this", "expression")
+        a, _ = _typed(node.this, columns, {BOOLEAN, NULL})
+        b, _ = _typed(node.expression, columns, {BOOLEAN, NULL})
+        return f"({a} {'AND' if t is exp.And else 'OR'} {b})", BOOLEAN
+    if t is exp.Not:
+        _only(node, "this")
+        a, _ = _typed(node.this, columns, {BOOLEAN, NULL})
+        return f"(NOT {a})", BOOLEAN
+    if t is exp.Is:
+        _only(node, "this", "expression")
+        if type(node.expression) is not exp.Null:
+            raise _Refuse("IS TRUE / IS FALSE / IS <expr>")
+        _no_bare_predicate(node.this)
+        a, _ = _translate(node.this, columns)  # any type, pass-through columns included
+        return f"({a} IS NULL)", BOOLEAN
+    if t is exp.In:
+        return _in(node, columns)
+    if t is exp.Between:
+        _only(node, "this", "low", "high")
+        _no_bare_predicate(node.this, node.args["low"], node.args["high"])
+        x, tx = _translate(node.this, columns)
+        lo, tlo = _translate(node.args["low"], columns)
+        hi, thi = _translate(node.args["high"], columns)
+        _comparable(tx, tlo)
+        _comparable(tx, thi)
+        _comparable(tlo, thi)
+        return f"({x} BETWEEN {lo} AND {hi})", BOOLEAN
+    if t is exp.Case:
+        return _case(node, columns)
+    if t is exp.Coalesce:
+        _only(node, "this", "expressions", "is_nvl", "is_null")
+        args = [node.this, *node.expressions]
+        parts = [_translate(a, columns) for a in args]
+        typ = _unify([p[1] for p in parts])
+        return f"COALESCE({', '.join(p[0] for p in parts)})", typ
+    if t is exp.Length:
+        _only(node, "this")
+        a, _ = _typed(node.this, columns, {STRING})
+        return f"CAST(length({a}) AS INTEGER)", INT  # Spark: int count of code points
+    if t is exp.Abs:
+        _only(node, "this")
+        a, typ = _typed(node.this, columns, _ARITH)
+        return f"abs({a})", typ
+    raise _Refuse(f"node {t.__name__}")
+
+
+# Boolean-level constructs, which must not be the direct operand of a comparison or predicate
+# in sqlglot's tree without a Paren node. A backstop behind ``_check_one_comparison_per_operand``
+# (which sees the user's parentheses; sqlglot also adds Paren nodes of its own): it refuses what
+# Spark's grammar rejects anyway, e.g. ``a = NOT b``.
+_BOOLEAN_LEVEL = (*_COMPARISONS, exp.Is, exp.In, exp.Between, exp.Not, exp.And, exp.Or)
+
+
+def _no_bare_predicate(*operands: exp.Expression) -> None:
+    for operand in operands:
+        if type(operand) in _BOOLEAN_LEVEL:
+            raise _Refuse("unparenthesized comparison or predicate as an operand")
+
+
+def _typed(node: exp.Expression, columns, allowed: set[str]) -> tuple[str, str]:
+    sql, typ = _translate(node, columns)
+    if typ not in allowed:
+        raise _Refuse(f"operand type {typ}")
+    return sql, typ
+
+
+def _arithmetic(fn: str, left: exp.Expression, right: exp.Expression, columns) -> tuple[str, str]:
+    a, ta = _typed(left, columns, _ARITH | {DECIMAL_LIT, NULL})
+    b, tb = _typed(right, columns, _ARITH | {DECIMAL_LIT, NULL})
+    kinds = {ta, tb}
+    if kinds <= {NULL}:
+        raise _Refuse("NULL op NULL")
+    if DECIMAL_LIT in kinds:
+        # Spark: double op decimal is double (the decimal becomes a double), as in DuckDB. Any
+        # other decimal arithmetic follows decimal precision rules that differ between the two.
+        if kinds - {DECIMAL_LIT} != {DOUBLE}:
+            raise _Refuse("decimal arithmetic")
+        typ = DOUBLE
+    elif DOUBLE in kinds:
+        typ = DOUBLE
+    elif BIGINT in kinds:
+        typ = BIGINT
+    else:
+        typ = INT
+    return f"{fn}({a}, {b})", typ
+
+
+def _comparable(a: str, b: str) -> None:
+    if NULL in (a, b) and OTHER not in (a, b):
+        return
+    if a in _NUMERIC and b in _NUMERIC and {a, b} != {DOUBLE, DECIMAL_WIDE}:
+        return
+    if a == b and a in (STRING, BOOLEAN, DATE, TIMESTAMP, TIMESTAMP_NTZ):
+        return
+    raise _Refuse(f"comparison {a} vs {b}")
+
+
+def _unify(types: Sequence[str]) -> str:
+    """The common type of CASE branches / COALESCE arguments, where Spark and DuckDB agree."""
+    real = {t for t in types if t != NULL}
+    if OTHER in real:
+        raise _Refuse("pass-through type in an expression")
+    if not real:
+        return NULL
+    if len(real) == 1:
+        return real.pop()
+    if real <= {INT, BIGINT}:
+        return BIGINT
+    if real <= {INT, BIGINT, DOUBLE} or real == {DOUBLE, DECIMAL_LIT}:
+        return DOUBLE
+    raise _Refuse(f"branch types {sorted(real)}")
+
+
+def _in(node: exp.In, columns) -> tuple[str, str]:
+    _only(node, "this", "expressions")
+    items = node.expressions
+    if not items:
+        raise _Refuse("empty IN")
+    _no_bare_predicate(node.this)
+    x, tx = _translate(node.this, columns)
+    sqls, types = [], {tx}
+    for item in items:
+        if not _is_literal(item):
+            raise _Refuse("IN item not a literal")
+        sql, typ = _translate(item, columns)
+        sqls.append(sql)
+        types.add(typ)
+    for a in types:  # Spark finds one common type for the value and all the items
+        for b in types:
+            _comparable(a, b)
+    return f"({x} IN ({', '.join(sqls)}))", BOOLEAN
+
+
+def _case(node: exp.Case, columns) -> tuple[str, str]:
+    _only(node, "this", "ifs", "default")
+    ifs = node.args.get("ifs") or []
+    if not ifs:
+        raise _Refuse("CASE without WHEN")
+    subject = None
+    if node.this is not None:
+        subject = _translate(node.this, columns)
+    parts, types = [], []
+    for branch in ifs:
+        if type(branch) is not exp.If:
+            raise _Refuse("CASE branch form")
+        _only(branch, "this", "true")
+        if subject is None:
+            cond, _ = _typed(branch.this, columns, {BOOLEAN})  # Spark rejects WHEN NULL
+        else:
+            cond, tc = _translate(branch.this, columns)
+            _comparable(subject[1], tc)
+        val, tv = _translate(branch.args["true"], columns)
+        parts.append(f"WHEN {cond} THEN {val}")
+        types.append(tv)
+    default = node.args.get("default")
+    if default is not None:
+        val, tv = _translate(default, columns)
+        parts.append(f"ELSE {val}")
+        types.append(tv)
+    typ = _unify(types)
+    head = "CASE" if subject is None else f"CASE {subject[0]}"
+    return f"({head} {' '.join(parts)} END)", typ
+
+
+# --- literals ----------------------------------------------------------------------------------
+
+_INT_RE = re.compile(r"\d+")
+_DEC_RE = re.compile(r"(\d+\.\d*|\.\d+)")
+_DBL_RE = re.compile(r"(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
+_DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def _is_number(node: exp.Expression) -> bool:
+    return type(node) is exp.Literal and not node.is_string
+
+
+def _is_literal(node: exp.Expression) -> bool:
+    node = _unparen(node)
+    t = type(node)
+    return (t in (exp.Literal, exp.Boolean, exp.Null) or (t is exp.Neg and _is_number(node.this))
+            or t is exp.Cast)
+
+
+def _literal(node: exp.Expression) -> tuple[str, str]:
+    t = type(node)
+    if t is exp.Null:
+        _only(node)
+        return "NULL", NULL
+    if t is exp.Boolean:
+        _only(node, "this")
+        return ("TRUE" if node.this is True else "FALSE"), BOOLEAN
+    negative = t is exp.Neg
+    if negative:
+        _only(node, "this")
+        node = node.this
+    _only(node, "this", "is_string")
+    text = str(node.this)
+    if node.is_string:
+        if negative:
+            raise _Refuse("negated string")
+        return exp.Literal.string(text).sql(dialect="duckdb"), STRING
+    sign = "-" if negative else ""
+    if _INT_RE.fullmatch(text):
+        value = int(sign + text)
+        if _INT_MIN <= value <= _INT_MAX:
+            typ = INT  # Spark's literal grammar takes the minus sign: -2147483648 is an int
+        elif _LONG_MIN <= value <= _LONG_MAX:
+            typ = BIGINT
+        else:
+            raise _Refuse("integer literal beyond bigint (a decimal in Spark)")
+        return (f"({value})" if value < 0 else str(value)), typ
+    if _DEC_RE.fullmatch(text):
+        d = Decimal(sign + text)
+        digits = d.as_tuple().digits
+        if len(digits) > 18 or -d.as_tuple().exponent > 18:
+            raise _Refuse("long decimal literal")
+        # Exact in both; both compare it with integers exactly and with doubles as a double.
+        plain = format(d, "f")
+        plain = plain if "." in plain else plain + ".0"  # keep it a DECIMAL for DuckDB
+        typ = DECIMAL_LIT if len(digits) <= 15 and -d.as_tuple().exponent <= 15 else DECIMAL_WIDE
+        return (f"({plain})" if negative else plain), typ
+    if _DBL_RE.fullmatch(text):
+        value = float(sign + text)
+        if value in (float("inf"), float("-inf")) or (value == 0.0 and Decimal(text) != 0):
+            raise _Refuse("double literal out of range")
+        # repr round-trips exactly; the exponent keeps DuckDB from reading it as a DECIMAL.
+        return f"({value!r}e0)" if "e" not in repr(value) else f"({value!r})", DOUBLE
+    raise _Refuse(f"numeric literal {text!r}")
+
+
+def _date_literal(node: exp.Cast) -> tuple[str, str]:
+    """``DATE 'yyyy-mm-dd'`` (sqlglot: a CAST of a string to DATE) for a strictly ISO valid date."""
+    _only(node, "this", "to")
+    to, value = node.args.get("to"), node.this
+    if (type(to) is not exp.DataType or to.this != exp.DataType.Type.DATE
+            or set(k for k, v in to.args.items() if v) - {"this"}
+            or type(value) is not exp.Literal or not value.is_string):
+        raise _Refuse("CAST")
+    text = value.this
+    if not _DATE_RE.fullmatch(text):
+        raise _Refuse("date literal format")
+    try:
+        day = datetime.date.fromisoformat(text)
+    except ValueError:
+        raise _Refuse("invalid date") from None
+    return f"DATE '{day.isoformat()}'", DATE

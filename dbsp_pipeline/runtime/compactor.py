@@ -1,0 +1,64 @@
+"""Background compaction of traces: merges run beside the steps, never inside one.
+
+After each state commit the pipeline hands its traces to the compactor, which picks each
+trace's size-tiered merge candidates and writes their merge in a background thread (reading
+only immutable files, committing nothing). Between steps the pipeline applies finished merges:
+one Delta commit per trace swaps the merged files for the new ones, unless a merged file is no
+longer part of the trace. A step therefore never waits for a merge, and a crash at any point
+loses at most the merge's uncommitted files (the state version rolls back as usual).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from deltalake.transaction import AddAction
+
+from dbsp_pipeline.driver.sql import LocalSQL
+from dbsp_pipeline.storage.delta_table import DataFile
+from dbsp_pipeline.storage.trace import COMPACT_FILE_THRESHOLD, Trace
+
+log = logging.getLogger(__name__)
+
+Merged = list[tuple[Trace, list[DataFile], list[AddAction]]]
+
+
+class BackgroundCompactor:
+    """One background merge at a time for one pipeline."""
+
+    def __init__(self, threshold: int = COMPACT_FILE_THRESHOLD) -> None:
+        self.threshold = threshold
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dbsp-compact")
+        self._sql = LocalSQL(threads=1)  # used by the background thread only
+        self._running: Future[Merged] | None = None
+
+    def start(self, traces: Sequence[Trace]) -> bool:
+        """Start merging every trace that is due (unless a merge is still running)."""
+        if self._running is not None:
+            return False
+        work = [(t, files) for t in traces if (files := t.compaction_candidates(self.threshold))]
+        if not work:
+            return False
+        self._running = self._executor.submit(self._merge, work)
+        return True
+
+    def apply_finished(self, wait: bool = False) -> int:
+        """Commit the finished merge's results; returns how many traces were compacted."""
+        if self._running is None or (not wait and not self._running.done()):
+            return 0
+        running, self._running = self._running, None
+        try:
+            merged = running.result()
+        except Exception:  # a failed merge only wasted work: its files were never committed
+            log.warning("background compaction failed; traces stay as they are", exc_info=True)
+            return 0
+        return sum(trace.apply_merge(files, adds) for trace, files, adds in merged)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+        self._sql.close()
+
+    def _merge(self, work: list[tuple[Trace, list[DataFile]]]) -> Merged:
+        return [(trace, files, trace.merge(files, self._sql)) for trace, files in work]

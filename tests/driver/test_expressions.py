@@ -1,0 +1,285 @@
+"""``driver.expressions``: a translated expression gives Spark's values in DuckDB, row by row.
+
+Every accepted expression is evaluated by Spark (all of them as the columns of one DataFrame, one
+job) and by DuckDB over the Arrow table of the same rows, and the two are compared value by
+value (NaN equal to NaN). The edge-case rows hold NULLs, zeros, -0.0, NaN, +/-inf, near-limit
+integers, doubles past 2**53, empty, non-ASCII and NUL-holding strings, extreme dates. Refused
+expressions must give None; overflow must raise in both engines.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from decimal import Decimal
+
+import duckdb
+import pyarrow as pa
+import pytest
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from dbsp_pipeline.driver.expressions import translate_predicate, translate_projection
+from dbsp_pipeline.storage.delta_table import spark_to_arrow_schema
+
+UTC = dt.timezone.utc
+NAN, INF = float("nan"), float("inf")
+
+SCHEMA = StructType([
+    StructField("rid", IntegerType()),
+    StructField("i", IntegerType()),
+    StructField("j", IntegerType()),
+    StructField("l", LongType()),
+    StructField("d", DoubleType()),
+    StructField("e", DoubleType()),
+    StructField("s", StringType()),
+    StructField("s2", StringType()),
+    StructField("b", BooleanType()),
+    StructField("dt", DateType()),
+    StructField("ts", TimestampType()),
+    StructField("ts2", TimestampType()),
+    StructField("f", FloatType()),
+    StructField("dec", DecimalType(10, 2)),
+    StructField("bin", BinaryType()),
+    StructField("tn", TimestampNTZType()),
+])
+
+
+def _ts(*args) -> dt.datetime:
+    return dt.datetime(*args, tzinfo=UTC)
+
+
+# Integers stay clear of overflow for the accepted expressions below (overflow has its own test).
+_BASE_ROWS = [
+    (0, None, None, None, None, None, None, None, None, None, None, None, None, None, None),
+    (1, 0, 0, 0, 0.0, -0.0, "", "", False, dt.date(1970, 1, 1), _ts(1970, 1, 1),
+     _ts(1970, 1, 1), 0.0, Decimal("0.00"), b""),
+    (2, 1, -1, -1, -1.5, 2.5, "a", "b", True, dt.date(2024, 2, 29),
+     _ts(2024, 2, 29, 12, 34, 56, 789012), _ts(2024, 2, 29, 12, 34, 56, 789013), 1.5,
+     Decimal("12.34"), b"\x00\xff"),
+    (3, 2147483640, 3, 9007199254740993, 9007199254740992.0, NAN, "ß", "SS", True,
+     dt.date(1, 1, 1), _ts(1900, 1, 1, 0, 0, 1), _ts(1899, 12, 31), -2.5,
+     Decimal("-99999999.99"), b"x"),
+    (4, -2147483640, 7, -9000000000000000000, INF, -INF, "é", "z", False,
+     dt.date(9999, 12, 31), _ts(2100, 1, 1), _ts(2100, 1, 1), NAN, None, None),
+    (5, 7, None, 9223372036854775800, NAN, NAN, "e\u0301😀", "e\u0301😀", None,
+     dt.date(2000, 1, 1), _ts(2000, 1, 1), None, INF, Decimal("1.00"), b"y"),
+    (6, -7, 2, None, 1e308, -1e-300, "İΟΔΟΣ", "A", True, dt.date(1999, 12, 31),
+     _ts(1999, 12, 31, 23, 59, 59, 999999), _ts(2000, 1, 1), -0.0, Decimal("-0.01"), b"z"),
+    (7, 100, 100, 100, 100.0, 0.1, "abc ", "abc", False, dt.date(2000, 1, 2),
+     _ts(2000, 1, 2), _ts(2000, 1, 2), 100.0, Decimal("100.00"), b"abc"),
+    (8, None, 5, 5, 5.0, -INF, "中文", None, True, None, None, _ts(2000, 1, 1), None, None, b""),
+    (9, 3, 3, 3, -0.0, 0.0, "a\x00b", "a", None, dt.date(2000, 1, 1), _ts(2000, 1, 1),
+     _ts(2000, 1, 1), 3.0, Decimal("3.00"), b"\x00"),
+    (10, -1, 1, -9223372036854775807, -INF, INF, "Z", "a", False, dt.date(1582, 10, 4),
+     _ts(1582, 10, 4, 1), _ts(1582, 10, 15), -1.0, Decimal("-1.00"), b"\xff"),
+]
+_NTZ = [None, dt.datetime(1970, 1, 1), dt.datetime(2024, 2, 29, 23, 59, 59, 999999),
+        dt.datetime(1, 1, 1), dt.datetime(9999, 12, 31, 23, 59, 59), dt.datetime(2000, 1, 1),
+        dt.datetime(1999, 12, 31), dt.datetime(2000, 1, 1), None, dt.datetime(1582, 10, 4),
+        dt.datetime(1970, 1, 1, 0, 0, 0, 1)]
+ROWS = [r + (n,) for r, n in zip(_BASE_ROWS, _NTZ, strict=True)]
+
+PROJECTIONS = [
+    # columns, pass-through types, case-insensitive and backticked references, aliases
+    "i", "I", "`s`", "l AS renamed", "d x", "dt", "ts", "tn", "f", "dec", "bin", "b",
+    # literals
+    "1.5", "-2147483648", "-(2147483648)", "3000000000", "'x'", '"dq"', "true", "1e3", "-1e-3",
+    "DATE '2020-02-29'", "date('1999-12-31')",
+    # arithmetic
+    "i + 1", "i - j", "i + j * 2 - 1", "j * 3 - 7", "-i", "-(i) + j", "i - j - 1", "i + l",
+    "l + 1", "l - 1", "-l", "abs(i)", "abs(l)", "abs(d)", "d * 2", "d + e", "d - e", "-d",
+    "d * 1.5", "i + d", "l + d", "i * 0.5e0", "i + NULL", "1 + 2 * 3",
+    # CASE / COALESCE
+    "CASE WHEN i > 0 THEN 'pos' WHEN i < 0 THEN 'neg' ELSE 'zero' END",
+    "CASE i WHEN 7 THEN d WHEN 0 THEN e END",
+    "CASE WHEN b THEN i ELSE l END", "CASE WHEN b THEN i ELSE d END",
+    "CASE WHEN b THEN NULL ELSE s END",
+    "coalesce(i, j, 0)", "coalesce(s, s2, 'none')", "coalesce(d, i)", "nvl(b, false)",
+    "ifnull(l, j)", "coalesce(NULL, s)",
+    # strings
+    "length(s)", "char_length(s2) + 1", "length(s) * 2",
+]
+
+PREDICATES = [
+    "i > 10", "i = j", "i <> j", "i != j", "i == j", "i < l", "l = d", "d = e", "d > e", "d <=> e",
+    "d >= e", "i = 7.0", "l = 9007199254740993.0", "l > 9007199254740992.5", "e = 0.1",
+    "d > 1e300", "d < -1e300", "i <= 2.5",
+    "s = s2", "s < s2", "s >= 'a'", "s <=> s2", "s2 IS DISTINCT FROM s", "s > 'é'",
+    "b = true", "b", "not b", "!b", "b and i > 0", "b or i > 0", "NULL AND b", "NOT NULL",
+    "not b = false", "b or b and false", "(b or b) and false", "(i = j) = true", "(i < j) = b",
+    "dt < DATE '2000-01-01'", "dt BETWEEN DATE '1970-01-01' AND DATE '2024-12-31'",
+    "ts < ts2", "ts = ts2", "ts <=> ts2", "dt = dt", "tn = tn", "tn IS NULL",
+    "i in (0, 7, -7)", "i not in (1, NULL)", "s in ('a', 'ß', '')", "d in (1, 2.5, 100)",
+    "l in (9007199254740992.0, 5)", "i in (1, 3000000000, 100)", "dt in (DATE '2000-01-01')",
+    "i between j and 100", "d not between -1 and 1", "s between 'a' and 'b'",
+    "s is null", "f is not null", "dec is null", "bin is not null", "ts is not null",
+    "i = NULL", "length(s) > 2", "i + 1 > 5", "-i > 5", "abs(j) = 1", "i * 1 = j",
+    "CASE WHEN i > 0 THEN b ELSE NOT b END", "coalesce(b, i > 0)",
+]
+
+REFUSED = [
+    "i / j", "d / 2", "i % 2", "i div 2", "cast(l as int)", "l::int", "concat(s, 'x')",
+    "s || 'x'", "substring(s, 1, 2)", "upper(s)", "lower(s)", "ucase(s)", "s = 1", "i = '1'",
+    "dt > '2020-01-01'", "l * 1.5", "i + 1.5", "dec + 1", "f + 1", "f = 1", "abs(dec)",
+    "unknown_function(i)", "rand()", "current_date()", "current_timestamp()", "(SELECT 1)",
+    "i IN (SELECT 1)", "EXISTS (SELECT 1)", "+i", "'a' 'b'", "'it''s'", "'a\\tb'",
+    "no_such_column", "x.i", "*", "NULL", "i AS (a, b)", "i; j", "1L", "1.5D",
+    "12345678901234567890", "1e400",
+    "b = 1", "dt = ts", "coalesce(i, s)", "CASE WHEN b THEN i ELSE s END", "if(b, 1, 2)",
+    "TIMESTAMP '2020-01-01 00:00:00' < ts", "s LIKE 'a%'", "i & 1", "i IS TRUE",
+    "abs(NULL)", "-NULL", "i IN (j, 1)", "x'00' = bin", "date_add(dt, 1)", "dt + 1",
+    "length(i)", "coalesce(i, 1.5)", "tn = ts", "tn > dt", "greatest(i, j)",
+    "s COLLATE UNICODE_CI = 'a'",
+    # comparison chains: Spark reads ``a = b < c`` as ``(a = b) < c``, sqlglot as ``a = (b < c)``
+    "i = j = true", "b = s < 'a'", "i = j IS NULL", "b <=> b = b", "i BETWEEN 1 AND 2 = b",
+    "b = CASE WHEN b THEN i END < 2", "b = NOT b", "CASE WHEN NULL THEN 1 ELSE 2 END > 0",
+]
+
+
+def _arrow(rows, schema: StructType) -> pa.Table:
+    names = schema.fieldNames()
+    return pa.Table.from_pylist([dict(zip(names, r)) for r in rows],
+                                schema=spark_to_arrow_schema(schema))
+
+
+def _norm(v):
+    """A Python value from Spark or DuckDB in one comparable form (NaN as a marker)."""
+    if isinstance(v, float) and math.isnan(v):
+        return "NaN"
+    if isinstance(v, dt.datetime) and v.tzinfo is not None:  # TIMESTAMP: aware in both
+        return v.astimezone(UTC)
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return bytes(v)
+    return v
+
+
+@pytest.fixture(scope="module")
+def frames(spark):
+    return spark.createDataFrame(ROWS, SCHEMA), _arrow(ROWS, SCHEMA)
+
+
+def _query(sql: str, table: pa.Table) -> list[tuple]:
+    """Run ``sql`` in a fresh DuckDB connection in which ``table`` is the table ``t``."""
+    con = duckdb.connect()
+    con.register("t", table)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def _duckdb(select_list: str, table: pa.Table) -> list[tuple]:
+    return _query(f'SELECT {select_list} FROM t ORDER BY "rid"', table)
+
+
+def _spark(df, exprs) -> list[tuple]:
+    """Spark's values of ``exprs`` (one job), via Arrow as the engine reads Spark results."""
+    cols = [F.col("rid")] + [F.expr(e).alias(f"c{k}") for k, e in enumerate(exprs)]
+    rows = df.select(*cols).toArrow().to_pylist()
+    return sorted((tuple(r.values()) for r in rows), key=lambda r: r[0])
+
+
+def _assert_same(exprs, translations, spark_rows, duck_rows):
+    assert [r[0] for r in spark_rows] == [r[0] for r in duck_rows]
+    for k, (e, sql) in enumerate(zip(exprs, translations)):
+        want = [_norm(r[k + 1]) for r in spark_rows]
+        got = [_norm(r[k + 1]) for r in duck_rows]
+        assert got == want, f"{e!r} -> {sql!r}: Spark {want} vs DuckDB {got}"
+
+
+def test_spark_runs_ansi(spark):
+    assert spark.conf.get("spark.sql.ansi.enabled") == "true"
+
+
+def test_projections_match_spark(frames):
+    df, table = frames
+    names = [f"c{k}" for k in range(len(PROJECTIONS))]
+    items = [translate_projection([e], SCHEMA, [n]) for e, n in zip(PROJECTIONS, names)]
+    assert [e for e, t in zip(PROJECTIONS, items) if t is None] == []
+    whole = translate_projection(PROJECTIONS, SCHEMA, names)
+    assert whole == ", ".join(items)
+    _assert_same(PROJECTIONS, items, _spark(df, PROJECTIONS), _duckdb('"rid", ' + whole, table))
+
+
+def test_predicates_match_spark(frames):
+    df, table = frames
+    sqls = [translate_predicate(p, SCHEMA) for p in PREDICATES]
+    assert [p for p, s in zip(PREDICATES, sqls) if s is None] == []
+    select = ", ".join(['"rid"'] + [f"({s}) AS p{k}" for k, s in enumerate(sqls)])
+    _assert_same(PREDICATES, sqls, _spark(df, PREDICATES), _duckdb(select, table))
+
+
+@pytest.mark.parametrize("pred", [
+    "(i > 0 or s = 'a') and not d <=> e",
+    "d > 1.0",  # NaN rows kept: NaN is above every number in both (not so in Arrow compute)
+    "e <= 0.1", "s >= 'a'", "i in (0, 7, -7)", "dt < DATE '2000-01-01'", "b",
+])
+def test_filter_keeps_spark_rows(frames, pred):
+    """Used as the engine does (WHERE coalesce(pred, FALSE)), the kept rows are Spark's."""
+    df, table = frames
+    want = sorted(r.rid for r in df.where(F.coalesce(F.expr(pred), F.lit(False))).collect())
+    sql = translate_predicate(pred, SCHEMA)
+    got = [r[0] for r in _query(
+        f'SELECT "rid" FROM t WHERE coalesce(({sql}), FALSE) ORDER BY "rid"', table)]
+    assert got == want
+
+
+@pytest.mark.parametrize("expr", REFUSED)
+def test_refused(expr):
+    assert translate_projection([expr], SCHEMA, ["o"]) is None
+    assert translate_predicate(expr, SCHEMA) is None
+
+
+def test_refusals_of_shape():
+    assert translate_predicate("i", SCHEMA) is None  # not boolean
+    assert translate_predicate("i + 1", SCHEMA) is None
+    assert translate_predicate("i > 0 AS x", SCHEMA) is None
+    assert translate_projection(["i", "j"], SCHEMA, ["i"]) is None  # names do not match
+    assert translate_projection([], SCHEMA, []) is None
+    assert translate_predicate("(" * 5000 + "b" + ")" * 5000, SCHEMA) is None  # no exception
+    assert translate_predicate(f"i IN ({', '.join(map(str, range(3000)))})", SCHEMA)
+    clash = StructType([StructField("a", IntegerType()), StructField("A", IntegerType())])
+    assert translate_projection(["a"], clash, ["a"]) is None
+    nested = StructType([StructField("m", StructType([StructField("x", IntegerType())]))])
+    assert translate_projection(["m"], nested, ["m"]) is None
+
+
+def test_output_is_quoted_and_aliased():
+    schema = StructType([StructField('we"ird col', IntegerType())])
+    sql = translate_projection(['`we"ird col` + 1', "`WE\"IRD COL`"], schema, ["a b", 'q"'])
+    assert sql == 'add("we""ird col", 1) AS "a b", "we""ird col" AS "q"""'
+
+
+OVERFLOW_SCHEMA = StructType([StructField("i", IntegerType()), StructField("l", LongType())])
+OVERFLOW_ROWS = [(2147483647, -9223372036854775808)]
+# Spark ANSI raises on each; so must DuckDB (``i + 1 > 5`` and ``-i < 0`` are the forms DuckDB's
+# optimizer would rewrite into overflow-free comparisons if given as plain + and -).
+OVERFLOWING = ["i + 1 > 5", "-l < 0", "abs(l)", "i * i"]
+
+
+def test_overflow_raises_in_both(spark):
+    df = spark.createDataFrame(OVERFLOW_ROWS, OVERFLOW_SCHEMA)
+    table = _arrow(OVERFLOW_ROWS, OVERFLOW_SCHEMA)
+    for e in OVERFLOWING:
+        sql = translate_predicate(e, OVERFLOW_SCHEMA) or translate_projection(
+            [e], OVERFLOW_SCHEMA, ["o"])
+        assert sql is not None, e
+        with pytest.raises(Exception, match="(?i)overflow"):
+            df.select(F.expr(e)).collect()
+        with pytest.raises(duckdb.OutOfRangeException):
+            _query(f"SELECT {sql} FROM t", table)
