@@ -15,12 +15,12 @@ from dbsp_pipeline.errors import (
     UnknownNameError,
     UsageError,
 )
-from dbsp_pipeline.runtime.pipeline import Pipeline, StepResult
+from dbsp_pipeline.runtime.pipeline import Pipeline, StepInfo, StepResult
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Circuit", "Collection", "GroupedCollection", "Pipeline", "StepResult",
+    "Circuit", "Collection", "GroupedCollection", "Pipeline", "StepInfo", "StepResult",
     "DbspError", "UsageError", "CircuitError", "InputError", "UnknownNameError",
     "PipelineClosedError", "CircuitChangedError", "StorageError",
 ]

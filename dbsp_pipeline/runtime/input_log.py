@@ -2,7 +2,9 @@
 
 Every ``push`` is one committed Delta version of the log table ``inputs/<name>`` (payload +
 ``_weight``); once ``append`` returns, the records are durable and will be part of the next step
-whose division covers that version. A step's input is "the log versions ``(lower, upper]``", where
+whose division covers that version. A push may carry a producer name and sequence number, which
+the same commit records (a Delta app transaction), so a producer that crashed mid-push can ask
+which of its batches were recorded (``pushed``) and a repeated batch is recognised. A step's input is "the log versions ``(lower, upper]``", where
 the division log (``division_log.py``) fixes ``upper`` for each step before the step's output.
 """
 
@@ -19,6 +21,10 @@ from dbsp_pipeline.storage.delta_table import DataFile, SparkDeltaTable
 from dbsp_pipeline.zset import WEIGHT, consolidate
 
 
+#: Delta app-transaction id of a producer's sequence numbers: ``producer/<name>``.
+PRODUCER_APP_PREFIX = "producer/"
+
+
 class InputLog:
     def __init__(self, spark: SparkSession, root: str, name: str, schema: StructType) -> None:
         self.name = name
@@ -30,17 +36,36 @@ class InputLog:
     def arrow_schema(self) -> pa.Schema:
         return self.table.arrow_schema
 
-    def append_arrow(self, table: pa.Table) -> int:
-        """Durably append (payload + ``_weight``) rows; returns the log version that holds them."""
-        adds = self.table.write_arrow(table)
-        return self.table.commit(adds) if adds else self.table.version()
+    def append_arrow(self, table: pa.Table, producer: str | None = None,
+                     seq: int | None = None) -> int:
+        """Durably append (payload + ``_weight``) rows; returns how many.
 
-    def append_spark(self, df: DataFrame) -> int:
+        With ``producer``/``seq`` the commit also records ``seq`` as the producer's newest
+        sequence number (a Delta app transaction), atomically with the rows: a batch is either
+        recorded with its number or not at all.
+        """
+        adds = self.table.write_arrow(table)
+        if adds or producer is not None:
+            self._commit(adds, producer, seq)
+        return table.num_rows
+
+    def append_spark(self, df: DataFrame, producer: str | None = None,
+                     seq: int | None = None) -> int:
         """Durably append a Spark DataFrame of (payload + ``_weight``); returns the rows appended."""
         adds = self.table.write_files(df)
-        if adds:
-            self.table.commit(adds)
+        if adds or producer is not None:
+            self._commit(adds, producer, seq)
         return sum(DataFile.from_stats(a.path, a.stats).rows for a in adds)
+
+    def pushed(self, producer: str) -> int | None:
+        """The newest sequence number recorded for ``producer`` (None if none)."""
+        return self.table.transaction_version(PRODUCER_APP_PREFIX + producer)
+
+    def _commit(self, adds: list, producer: str | None, seq: int | None) -> None:
+        if producer is None:
+            self.table.commit(adds)
+        else:
+            self.table.commit(adds, app_id=PRODUCER_APP_PREFIX + producer, app_version=seq)
 
     def version(self) -> int:
         return self.table.version()

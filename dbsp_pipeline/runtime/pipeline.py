@@ -57,6 +57,15 @@ from dbsp_pipeline.storage.trace import COMPACT_FILE_THRESHOLD
 DRIVER_STEP_ROWS = 200_000
 
 
+@dataclass(frozen=True)
+class StepInfo:
+    """The input a step consumed: per input, the log versions ``(lower, upper]`` (the step
+    read the pushes committed as versions ``lower+1 .. upper`` of ``inputs/<name>``)."""
+
+    step: int
+    inputs: dict[str, tuple[int, int]]
+
+
 @dataclass
 class StepResult:
     """What one step did."""
@@ -132,23 +141,46 @@ class Pipeline:
         self._closed = True
 
     # -- input -----------------------------------------------------------------------------
-    def push(self, name: str, rows: Any, weight: int = 1) -> int:
+    def push(self, name: str, rows: Any, weight: int = 1, *, producer: str | None = None,
+             seq: int | None = None) -> int:
         """Durably append rows to input ``name`` (``weight=-1`` deletes); returns how many.
 
         ``rows``: a list of dicts or tuples, a pandas or Spark DataFrame, or a pyarrow Table.
         The batch is checked first and recorded whole or not at all; once ``push`` returns it is
         durable and belongs to the next step.
+
+        Idempotent pushes: with ``producer`` (a name) and ``seq`` (its batch number, increasing)
+        the batch is recorded together with its number, atomically. A batch whose ``seq`` is not
+        above the producer's newest recorded number (``pushed``) was already recorded: nothing is
+        appended and 0 is returned. So a producer that does not know whether a push went through
+        (a crash, a timeout) pushes the same batch again, or asks ``pushed`` where to resume.
         """
         self._require_open()
         log = self._input(name)
         weight = records.check_weight(name, weight)
+        if (producer is None) != (seq is None):
+            raise UsageError(f"input '{name}': give both producer and seq, or neither")
+        if producer is not None:
+            if not isinstance(producer, str) or not producer:
+                raise UsageError(f"input '{name}': producer must be a non-empty string, "
+                                 f"got {producer!r}")
+            if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+                raise UsageError(f"input '{name}': seq must be an integer >= 0, got {seq!r}")
+            last = log.pushed(producer)
+            if last is not None and seq <= last:
+                return 0  # already recorded
         if isinstance(rows, DataFrame):
             df = records.check_spark(name, rows, log.schema, weight)
-            return log.append_spark(df)
+            return log.append_spark(df, producer, seq)
         table = records.to_arrow(name, rows, log.schema, log.arrow_schema, weight)
-        if table.num_rows:
-            log.append_arrow(table)
+        if table.num_rows or producer is not None:
+            log.append_arrow(table, producer, seq)
         return table.num_rows
+
+    def pushed(self, name: str, producer: str) -> int | None:
+        """The newest sequence number ``producer`` pushed to input ``name`` (None if none)."""
+        self._require_open()
+        return self._input(name).pushed(producer)
 
     # -- steps -----------------------------------------------------------------------------
     def step(self) -> StepResult:
@@ -195,6 +227,60 @@ class Pipeline:
             result.committed_version = self.commit()
         result.seconds = time.monotonic() - started
         return result
+
+    def run(self, max_steps: int | None = None, max_seconds: float | None = None,
+            checkpoint_every: int | None = None) -> list[StepResult]:
+        """Execute steps while input is available (a coordinator iteration), then commit.
+
+        Stops when no input arrived since the last step (and no recorded step is left to
+        replay), after ``max_steps`` steps, or once ``max_seconds`` have passed (the step
+        running then completes). ``checkpoint_every`` overrides the pipeline's for this run.
+        Returns the results of the executed steps.
+        """
+        self._require_open()
+        if checkpoint_every is not None and checkpoint_every < 1:
+            raise UsageError("checkpoint_every must be at least 1")
+        saved, started = self.checkpoint_every, time.monotonic()
+        if checkpoint_every is not None:
+            self.checkpoint_every = checkpoint_every
+        results: list[StepResult] = []
+        try:
+            while self.input_pending():
+                if max_steps is not None and len(results) >= max_steps:
+                    break
+                if max_seconds is not None and time.monotonic() - started >= max_seconds:
+                    break
+                results.append(self.step())
+        finally:
+            self.checkpoint_every = saved
+        if self._uncommitted_steps:
+            committed = self.commit()
+            if results:
+                results[-1].committed_version = committed
+        return results
+
+    def input_pending(self) -> bool:
+        """Whether the next step has input: a recorded division to replay, or pushes since."""
+        self._require_open()
+        s = self._db.get_step()
+        if self._divisions.get(s) is not None:
+            return True
+        lowers = self._divisions.lower(s, list(self._inputs))
+        return any(log.version() > lowers[n] for n, log in self._inputs.items())
+
+    def step_info(self, step: int) -> StepInfo:
+        """Which input step ``step`` consumed: per input, the log versions ``(lower, upper]``.
+
+        Every executed (or divided) step can be mapped back to its input this way.
+        """
+        self._require_open()
+        uppers = self._divisions.get(step)
+        if uppers is None:
+            raise UsageError(f"step {step} of pipeline '{self.circuit.name}' has not been "
+                             f"executed (next step: {self._db.get_step()})")
+        names = list(self._inputs)
+        lowers = self._divisions.lower(step, names)
+        return StepInfo(step, {n: (lowers[n], uppers.get(n, lowers[n])) for n in names})
 
     def commit(self, compact: bool = True) -> int:
         """Commit the state database (a checkpoint); returns the new state version. Then, with
