@@ -30,7 +30,8 @@ class InputLog:
         self.name = name
         self.schema = schema
         full = StructType([*schema.fields, StructField(WEIGHT, LongType(), False)])
-        self.table = SparkDeltaTable(spark, os.path.join(root, "inputs", name), full)
+        self.table = SparkDeltaTable(spark, os.path.join(root, "inputs", name), full,
+                                     role="input")
 
     @property
     def arrow_schema(self) -> pa.Schema:

@@ -34,7 +34,8 @@ class OutputLog:
         self.schema = schema
         full = StructType([*schema.fields, StructField(STEP, LongType(), False),
                            StructField(WEIGHT, LongType(), False)])
-        self.table = SparkDeltaTable(spark, os.path.join(root, "outputs", name), full)
+        self.table = SparkDeltaTable(spark, os.path.join(root, "outputs", name), full,
+                                     role="output")
         self.spark = spark
 
     def last(self) -> int:

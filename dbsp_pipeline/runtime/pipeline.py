@@ -25,9 +25,10 @@ The step protocol (``step``), top to bottom:
    commit, traces with many files are merged in the background (``compactor.py``); a finished
    merge is applied before the next step starts.
 
-Reopening a root after a crash opens the newest committed state version; the steps executed
-after it are executed again from their recorded divisions, and their outputs are discarded by
-the write rules.
+Reopening a root after a crash opens the newest committed state version and at once executes
+again the steps divided after it, from their recorded divisions (``recovered_steps``); their
+outputs were already written and are discarded by the write rules, so a consumer of the output
+logs sees every step exactly once.
 """
 
 from __future__ import annotations
@@ -122,6 +123,17 @@ class Pipeline:
         self._compactor = BackgroundCompactor(compact_threshold)
         self._uncommitted_steps = 0
         self._closed = False
+        #: the steps executed again at open: divided before a crash, not yet committed
+        self.recovered_steps: list[StepResult] = self._recover()
+
+    def _recover(self) -> list[StepResult]:
+        """Re-execute the steps whose division was recorded after the opened state version
+        (a crash came before their commit): each reads exactly its recorded input, and its
+        output, already written, is discarded by the output logs' write rules."""
+        replayed = []
+        while self._divisions.get(self._db.get_step()) is not None:
+            replayed.append(self.step())
+        return replayed
 
     # -- context manager -------------------------------------------------------------------
     def __enter__(self) -> Pipeline:

@@ -34,6 +34,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from dbsp_pipeline.errors import StorageError
+from dbsp_pipeline.storage import crash_points
 from dbsp_pipeline.zset import quote
 
 DATA_DIR = "data"
@@ -60,8 +61,10 @@ class SparkDeltaTable:
     """A Delta table at ``uri`` with a fixed Spark schema. See the module docstring."""
 
     def __init__(self, spark: SparkSession, uri: str, schema: StructType,
-                 configuration: dict[str, str] | None = None) -> None:
+                 configuration: dict[str, str] | None = None, *, role: str = "table") -> None:
         self.spark = spark
+        #: the table's part in the step protocol, which names its crash points
+        self.role = role
         self.uri = os.path.abspath(uri)
         self.schema = schema
         self.arrow_schema = spark_to_arrow_schema(schema)
@@ -177,6 +180,8 @@ class SparkDeltaTable:
         props = CommitProperties(
             custom_metadata=metadata,
             app_transactions=[Transaction(app_id, app_version, now)] if app_id else None)
+        point = f"{self.role}.{'commit' if data_change else 'rewrite'}"
+        crash_points.hit(point + ".before")
         try:
             self._table.create_write_transaction(
                 actions, mode="append", schema=self.arrow_schema, commit_properties=props)
@@ -184,8 +189,16 @@ class SparkDeltaTable:
             raise StorageError(f"commit to {self.uri} failed: {e}", definitely_failed=True) from e
         except DeltaError as e:
             raise StorageError(f"commit to {self.uri} failed: {e}", definitely_failed=False) from e
+        crash_points.hit(point + ".after")
         self._table.update_incremental()
         return self._table.version()
+
+    def restore(self, version: int) -> None:
+        """Roll the table back to ``version`` (a new commit whose files are those of ``version``)."""
+        crash_points.hit(f"{self.role}.restore.before")
+        self._table.restore(version)
+        crash_points.hit(f"{self.role}.restore.after")
+        self._table.update_incremental()
 
     # -- reading ---------------------------------------------------------------------------
     def read(self, files: Sequence[DataFile] | Sequence[str]) -> DataFrame:

@@ -52,7 +52,7 @@ class StateDatabase:
         self.root = os.path.abspath(root)
         self.fingerprint = fingerprint
         self._manifest = SparkDeltaTable(spark, os.path.join(self.root, MANIFEST_DIR),
-                                         _MANIFEST_SCHEMA)
+                                         _MANIFEST_SCHEMA, role="manifest")
         self._tables: dict[str, SparkDeltaTable] = {}
         self._manifest_files: list[str] | None = None  # the files of the newest entry
         self._base: dict[str, Any] | None = None  # the opened entry
@@ -135,7 +135,8 @@ class StateDatabase:
     def table(self, name: str, schema: StructType) -> SparkDeltaTable:
         """The state table ``name`` (created empty if new), rolled back to the open version."""
         if name not in self._tables:
-            table = SparkDeltaTable(self.spark, os.path.join(self.root, "state", name), schema)
+            table = SparkDeltaTable(self.spark, os.path.join(self.root, "state", name), schema,
+                                    role="trace")
             self._tables[name] = table
             if self._base is not None:
                 self._roll_back(table)
@@ -155,8 +156,7 @@ class StateDatabase:
         recorded = self.recorded_version(name)
         target = 0 if recorded is None else recorded
         if table.version() != target:
-            table._table.restore(target)
-            table._table.update_incremental()
+            table.restore(target)
 
     def _require_open(self) -> dict[str, Any]:
         if self._base is None:

@@ -1,0 +1,62 @@
+"""Named crash points at every durable action, for fault-injection tests.
+
+Every Delta commit the engine makes (and every rollback of a state table) passes two points,
+``<role>.<action>.before`` and ``<role>.<action>.after``, where ``role`` names the table's part in
+the protocol (``input``, ``division``, ``trace``, ``output``, ``manifest``) and ``action`` is
+``commit`` (a data change), ``rewrite`` (a compaction: same content, other files) or ``restore``
+(a rollback to the recorded state version). A test arms a point to crash at its n-th pass:
+
+* in-process, ``arm(name, n)`` makes the pass raise ``InjectedCrash`` (a ``BaseException``, so no
+  engine code can swallow it); the test then abandons the pipeline object, as a dead process
+  would, and reopens the root;
+* in a child process, the environment variable ``DBSP_CRASH_AT=name:n`` makes the pass end the
+  process at once with ``os._exit(CRASH_EXIT_CODE)``, like ``kill -9``.
+
+``passes()`` counts the passes of every point since the last ``reset()``, which is how a test
+enumerates the crash points a workload goes through. Unarmed, a pass costs a dict lookup.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+CRASH_EXIT_CODE = 77
+_ENV = "DBSP_CRASH_AT"
+
+
+class InjectedCrash(BaseException):
+    """The crash a test asked for at a named point."""
+
+
+_armed: dict[str, int] = {}
+_passes: Counter = Counter()
+
+
+def arm(name: str, at_pass: int = 1) -> None:
+    """Crash at the ``at_pass``-th pass (from now on) of the point ``name``."""
+    _armed[name] = _passes[name] + at_pass
+
+
+def reset() -> None:
+    """Disarm every point and forget the pass counts."""
+    _armed.clear()
+    _passes.clear()
+
+
+def passes() -> Counter:
+    """How often each point was passed since the last ``reset``."""
+    return Counter(_passes)
+
+
+def hit(name: str) -> None:
+    """Pass the point ``name``: crash here if a test armed it for this pass."""
+    _passes[name] += 1
+    if _armed.get(name) == _passes[name]:
+        del _armed[name]
+        raise InjectedCrash(name)
+    spec = os.environ.get(_ENV)
+    if spec:
+        point, _, n = spec.rpartition(":")
+        if point == name and int(n) == _passes[name]:
+            os._exit(CRASH_EXIT_CODE)
