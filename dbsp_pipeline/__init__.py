@@ -7,10 +7,12 @@ the changes of every output view at a cost that follows the size of the change.
 from dbsp_pipeline.circuit import Circuit, Collection, GroupedCollection
 from dbsp_pipeline.errors import (
     CircuitChangedError,
+    ConcurrentWriterError,
     CircuitError,
     DbspError,
     InputError,
     PipelineClosedError,
+    PipelineFencedError,
     StorageError,
     UnknownNameError,
     UsageError,
@@ -22,5 +24,6 @@ __version__ = "0.1.0"
 __all__ = [
     "Circuit", "Collection", "GroupedCollection", "Pipeline", "StepInfo", "StepResult",
     "DbspError", "UsageError", "CircuitError", "InputError", "UnknownNameError",
-    "PipelineClosedError", "CircuitChangedError", "StorageError",
+    "PipelineClosedError", "PipelineFencedError", "CircuitChangedError", "StorageError",
+    "ConcurrentWriterError",
 ]

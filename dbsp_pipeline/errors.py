@@ -75,6 +75,19 @@ class StorageError(DbspError):
         super().__init__(f"{message} ({suffix})")
 
 
+class ConcurrentWriterError(StorageError):
+    """Another writer committed to a table that only this pipeline may write (a compare-and-
+    append lost its race): this process no longer owns the pipeline."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, definitely_failed=True)
+
+
+class PipelineFencedError(UsageError):
+    """Another process runs the same pipeline root and won the race for the next step; this
+    pipeline object is closed. Only one process may run a pipeline at a time."""
+
+
 def _short(record: object, limit: int = 120) -> str:
     text = repr(record)
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -25,7 +25,7 @@ _SCHEMA = StructType([StructField("step", LongType(), False),
 class DivisionLog:
     def __init__(self, spark: SparkSession, root: str) -> None:
         self.table = SparkDeltaTable(spark, os.path.join(root, "_divisions"), _SCHEMA,
-                                     role="division")
+                                     role="division", single_writer=True)
         self._uppers: dict[int, dict[str, int]] = {}
         for f in self.table.files():
             for row in pq.read_table(f.path).to_pylist():

@@ -33,6 +33,7 @@ logs sees every step exactly once.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,7 +42,13 @@ from pyspark.sql import DataFrame, SparkSession
 
 from dbsp_pipeline.circuit import Circuit
 from dbsp_pipeline.driver.sql import LocalSQL
-from dbsp_pipeline.errors import PipelineClosedError, UnknownNameError, UsageError
+from dbsp_pipeline.errors import (
+    ConcurrentWriterError,
+    PipelineClosedError,
+    PipelineFencedError,
+    UnknownNameError,
+    UsageError,
+)
 from dbsp_pipeline.operators.base import StepContext
 from dbsp_pipeline.runtime import records
 from dbsp_pipeline.runtime.compactor import BackgroundCompactor
@@ -196,8 +203,16 @@ class Pipeline:
 
     # -- steps -----------------------------------------------------------------------------
     def step(self) -> StepResult:
-        """Execute one step over the input pushed since the previous one. See the module doc."""
+        """Execute one step over the input pushed since the previous one. See the module doc.
+
+        Raises ``PipelineFencedError`` (and closes this object) when another process running the
+        same root recorded the step's division first, or wrote the state since this one opened.
+        """
         self._require_open()
+        with self._fenced():
+            return self._step()
+
+    def _step(self) -> StepResult:
         started = time.monotonic()
         self._compactor.apply_finished()
         s = self._db.get_step()
@@ -298,7 +313,8 @@ class Pipeline:
         """Commit the state database (a checkpoint); returns the new state version. Then, with
         ``compact``, start merging the traces that are due in the background."""
         self._require_open()
-        version = self._db.commit()
+        with self._fenced():
+            version = self._db.commit()
         self._uncommitted_steps = 0
         if compact:
             self._compactor.start(self._plan.traces())
@@ -329,6 +345,18 @@ class Pipeline:
         return self._db.version
 
     # -- helpers ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _fenced(self):
+        """Turn a lost compare-and-append on the pipeline's own tables into the fencing error."""
+        try:
+            yield
+        except ConcurrentWriterError as e:
+            self._closed = True  # no commit: the state belongs to the other process now
+            self._compactor.close()
+            raise PipelineFencedError(
+                f"pipeline '{self.circuit.name}' at {self.root} is being run by another process "
+                f"({e}); this pipeline object is closed") from e
+
     def _require_open(self) -> None:
         if self._closed:
             raise PipelineClosedError(f"pipeline '{self.circuit.name}' at {self.root} is closed")

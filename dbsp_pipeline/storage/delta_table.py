@@ -33,7 +33,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from dbsp_pipeline.errors import StorageError
+from dbsp_pipeline.errors import ConcurrentWriterError, StorageError
 from dbsp_pipeline.storage import crash_points
 from dbsp_pipeline.zset import quote
 
@@ -61,10 +61,14 @@ class SparkDeltaTable:
     """A Delta table at ``uri`` with a fixed Spark schema. See the module docstring."""
 
     def __init__(self, spark: SparkSession, uri: str, schema: StructType,
-                 configuration: dict[str, str] | None = None, *, role: str = "table") -> None:
+                 configuration: dict[str, str] | None = None, *, role: str = "table",
+                 single_writer: bool = False) -> None:
         self.spark = spark
         #: the table's part in the step protocol, which names its crash points
         self.role = role
+        #: only this handle may write: every commit is a compare-and-append at the version
+        #: after the one this handle last saw, and losing that race is ``ConcurrentWriterError``
+        self.single_writer = single_writer
         self.uri = os.path.abspath(uri)
         self.schema = schema
         self.arrow_schema = spark_to_arrow_schema(schema)
@@ -82,8 +86,10 @@ class SparkDeltaTable:
 
     # -- versions --------------------------------------------------------------------------
     def version(self) -> int:
-        """The newest committed version (0 for a freshly created table)."""
-        self._table.update_incremental()
+        """The newest committed version (0 for a freshly created table). A single-writer table
+        does not look for other writers' commits: its newest version is its own last one."""
+        if not self.single_writer:
+            self._table.update_incremental()
         return self._table.version()
 
     def loaded_version(self) -> int:
@@ -94,7 +100,7 @@ class SparkDeltaTable:
     def files(self, version: int | None = None) -> list[DataFile]:
         """The data files of ``version`` (default: the newest)."""
         table = self._table if version is None else DeltaTable(self.uri, version=version)
-        if version is None:
+        if version is None and not self.single_writer:
             table.update_incremental()
         actions = pa.table(table.get_add_actions(flatten=True)).to_pydict()
         paths = actions.get("path", [])
@@ -179,18 +185,26 @@ class SparkDeltaTable:
             actions.append(RemoveAction(rel, data_change, now))
         props = CommitProperties(
             custom_metadata=metadata,
-            app_transactions=[Transaction(app_id, app_version, now)] if app_id else None)
+            app_transactions=[Transaction(app_id, app_version, now)] if app_id else None,
+            max_commit_retries=0 if self.single_writer else None)
         point = f"{self.role}.{'commit' if data_change else 'rewrite'}"
+        expected = self._table.version() + 1
         crash_points.hit(point + ".before")
         try:
             self._table.create_write_transaction(
                 actions, mode="append", schema=self.arrow_schema, commit_properties=props)
         except CommitFailedError as e:
+            if self.single_writer:
+                raise ConcurrentWriterError(
+                    f"another writer committed version {expected} of {self.uri} first") from e
             raise StorageError(f"commit to {self.uri} failed: {e}", definitely_failed=True) from e
         except DeltaError as e:
             raise StorageError(f"commit to {self.uri} failed: {e}", definitely_failed=False) from e
         crash_points.hit(point + ".after")
         self._table.update_incremental()
+        if self.single_writer and self._table.version() != expected:
+            raise ConcurrentWriterError(f"another writer committed to {self.uri} after version "
+                                        f"{expected}")
         return self._table.version()
 
     def restore(self, version: int) -> None:

@@ -52,7 +52,8 @@ class StateDatabase:
         self.root = os.path.abspath(root)
         self.fingerprint = fingerprint
         self._manifest = SparkDeltaTable(spark, os.path.join(self.root, MANIFEST_DIR),
-                                         _MANIFEST_SCHEMA, role="manifest")
+                                         _MANIFEST_SCHEMA, role="manifest",
+                                         single_writer=True)
         self._tables: dict[str, SparkDeltaTable] = {}
         self._manifest_files: list[str] | None = None  # the files of the newest entry
         self._base: dict[str, Any] | None = None  # the opened entry
@@ -136,7 +137,7 @@ class StateDatabase:
         """The state table ``name`` (created empty if new), rolled back to the open version."""
         if name not in self._tables:
             table = SparkDeltaTable(self.spark, os.path.join(self.root, "state", name), schema,
-                                    role="trace")
+                                    role="trace", single_writer=True)
             self._tables[name] = table
             if self._base is not None:
                 self._roll_back(table)

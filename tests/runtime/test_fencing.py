@@ -1,0 +1,62 @@
+"""Two real processes run the same pipeline root: exactly one wins the compare-and-append of
+the next step's division, the other stops with a clear error, and the state stays consistent."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from dbsp_pipeline import Pipeline, PipelineFencedError
+from tests.runtime.pipeline_process import circuit
+
+
+def test_two_processes_race_for_the_same_pipeline(spark, tmp_path):
+    root, barrier = str(tmp_path / "root"), tmp_path / "barrier"
+    barrier.mkdir()
+    with Pipeline(circuit(), root, spark):
+        pass  # an existing, empty pipeline
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "SPARK_LOCAL_IP": "127.0.0.1"}
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.runtime.pipeline_process", root,
+                               str(barrier), name, "4"], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True, env=env)
+             for name in ("a", "b")]
+    outcomes = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=600)
+        outcomes.append((proc.returncode, out.strip().splitlines()[-1] if out.strip() else ""))
+    codes = sorted(code for code, _ in outcomes)
+    assert codes == [0, 3], outcomes
+    fenced = next(msg for code, msg in outcomes if code == 3)
+    assert "is being run by another process" in fenced and root in fenced
+
+    # The winner's steps are all there, once each; pushes of the loser that were recorded are
+    # input like any other and go into the next step.
+    with Pipeline(circuit(), root, spark) as p:
+        assert p.next_step == 4
+        p.run()
+        steps = sorted({r["_step"] for r in p.changes("counts").collect()})
+        assert steps == list(range(len(steps))) and steps[-1] >= 3
+        pushed = {}
+        for r in p._inputs["x"].table.read_version().collect():
+            pushed[r["who"]] = pushed.get(r["who"], 0) + r["_weight"]
+        view = {r["who"]: r["n"] for r in p.view("counts").collect()}
+        assert view == pushed
+
+
+def test_a_pipeline_fenced_in_process_is_closed(spark, tmp_path):
+    root = str(tmp_path)
+    first = Pipeline(circuit(), root, spark)
+    second = Pipeline(circuit(), root, spark)
+    second.push("x", [(1, "b")])
+    second.step()
+    first.push("x", [(2, "a")])
+    try:
+        first.step()
+        raise AssertionError("the second pipeline's step should fence the first")
+    except PipelineFencedError as e:
+        assert "being run by another process" in str(e)
+    second.close()
+    with Pipeline(circuit(), root, spark) as p:
+        p.run()
+        assert {r["who"]: r["n"] for r in p.view("counts").collect()} == {"a": 1, "b": 1}
