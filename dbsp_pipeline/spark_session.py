@@ -53,3 +53,24 @@ def configure(spark: SparkSession) -> SparkSession:
     for k, v in RUNTIME_CONF.items():
         spark.conf.set(k, v)
     return spark
+
+
+class LazySession:
+    """Stands for the process's local session (``local_session(**options)``), started on first
+    use: a pipeline whose steps all run on the driver never pays the JVM's start."""
+
+    def __init__(self, **options) -> None:
+        self._options = options
+        self._session: SparkSession | None = None
+
+    def get(self) -> SparkSession:
+        if self._session is None:
+            self._session = local_session(**self._options)
+        return self._session
+
+    @property
+    def started(self) -> bool:
+        return self._session is not None
+
+    def __getattr__(self, name: str):
+        return getattr(self.get(), name)

@@ -34,6 +34,7 @@ logs sees every step exactly once.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,11 +57,13 @@ from dbsp_pipeline.runtime.division_log import DivisionLog
 from dbsp_pipeline.runtime.input_log import InputLog
 from dbsp_pipeline.runtime.output_log import OutputLog
 from dbsp_pipeline.runtime.plan import Plan
-from dbsp_pipeline.spark_session import configure, local_session
+from dbsp_pipeline.spark_session import LazySession, configure
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.trace import COMPACT_FILE_THRESHOLD
 
 
+#: The file in a pipeline root caching the schemas Spark analysed for its circuit.
+PLAN_SCHEMAS_FILE = "_plan_schemas.json"
 #: Default of ``Pipeline(driver_step_rows=...)``.
 DRIVER_STEP_ROWS = 200_000
 
@@ -97,7 +100,9 @@ class Pipeline:
         circuit: the declared circuit. Reopening a root built by a different circuit fails with
             ``CircuitChangedError``.
         root: a local folder (created if missing).
-        spark: the session to use; ``None`` means the process's local session.
+        spark: the session to use; ``None`` means the process's local session, started only
+            when something needs Spark (a large step, a read as a DataFrame, the first
+            compilation of the circuit at this root).
         checkpoint_every: commit the state database after this many steps (1: every step).
         driver_step_rows: a step whose inputs changed by at most this many rows runs on the
             driver (Arrow + DuckDB) instead of as Spark jobs, which saves Spark's fixed cost of
@@ -115,13 +120,14 @@ class Pipeline:
             raise UsageError("checkpoint_every must be at least 1")
         self.circuit = circuit
         self.root = root
-        self.spark = configure(spark) if spark is not None else local_session()
+        self.spark = configure(spark) if spark is not None else LazySession()
         self.checkpoint_every = checkpoint_every
         self.driver_step_rows = driver_step_rows
         self._sql = LocalSQL()
         self._db = StateDatabase(self.spark, root, circuit.fingerprint())
         self._db.open()
-        self._plan = Plan(circuit, self.spark, self._db)
+        self._plan = Plan(circuit, self.spark, self._db,
+                          schema_cache=os.path.join(self._db.root, PLAN_SCHEMAS_FILE))
         self._inputs = {name: InputLog(self.spark, root, name, self._plan.input_schema(name))
                         for name in circuit.inputs}
         self._outputs = {name: OutputLog(self.spark, root, name, self._plan.output_schema(name))

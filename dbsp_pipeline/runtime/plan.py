@@ -2,13 +2,19 @@
 
 Every expression is analysed by Spark against an empty DataFrame of the input schema (no job
 runs), so a bad column, a bad type or a reserved name is a ``CircuitError`` naming the operator,
-before any state exists. The compiled plan evaluates nodes in declaration order, which is a
+before any state exists. The analysed schemas are cached in the pipeline root (keyed by the
+circuit's fingerprint and the Spark version), so reopening a pipeline whose steps run on the
+driver never has to start the JVM. The compiled plan evaluates nodes in declaration order, which is a
 topological order (a node can only read nodes declared before it).
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Sequence
+
+import pyspark
 
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
@@ -24,6 +30,7 @@ from dbsp_pipeline.operators.distinct import Distinct
 from dbsp_pipeline.operators.integration import Delay, Differentiate, Integrate
 from dbsp_pipeline.operators.join import Join
 from dbsp_pipeline.operators.linear import Conform, Filter, Negate, Select, Union
+from dbsp_pipeline.spark_session import LazySession
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.trace import Trace
 
@@ -31,13 +38,21 @@ from dbsp_pipeline.storage.trace import Trace
 class Plan:
     """A circuit compiled against Spark, with its operators bound to the state database."""
 
-    def __init__(self, circuit: Circuit, spark: SparkSession, db: StateDatabase) -> None:
+    def __init__(self, circuit: Circuit, spark: SparkSession, db: StateDatabase,
+                 schema_cache: str | None = None) -> None:
         self.circuit = circuit
         self.spark = spark
         self.schemas: dict[int, StructType] = {}
         self.operators: dict[int, Operator] = {}
-        for node in circuit.nodes:
-            self.schemas[node.id] = self._schema(node)
+        cached = _load_schemas(schema_cache, circuit)
+        if cached is not None:
+            self.schemas = cached
+        else:
+            if isinstance(spark, LazySession):
+                spark.get()  # parsing DDL needs an active session
+            for node in circuit.nodes:
+                self.schemas[node.id] = self._schema(node)
+            _store_schemas(schema_cache, circuit, self.schemas)
         for node in circuit.nodes:
             if node.op != "input":
                 self.operators[node.id] = self._operator(node, db)
@@ -206,6 +221,37 @@ class Plan:
             return build().schema
         except PySparkException as e:
             raise CircuitError(f"{what}: {_first_line(e)}") from None
+
+
+def _schema_cache_key(circuit: Circuit) -> str:
+    """Analysed schemas depend on the circuit and on Spark's analyser (its version)."""
+    return f"{circuit.fingerprint()}/pyspark-{pyspark.__version__}"
+
+
+def _load_schemas(path: str | None, circuit: Circuit) -> dict[int, StructType] | None:
+    """The schemas Spark analysed for this circuit when it was first compiled here, if any."""
+    if path is None or not os.path.exists(path):
+        return None
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    if data.get("key") != _schema_cache_key(circuit):
+        return None
+    schemas = {int(k): StructType.fromJson(v) for k, v in data["schemas"].items()}
+    return schemas if set(schemas) == {n.id for n in circuit.nodes} else None
+
+
+def _store_schemas(path: str | None, circuit: Circuit, schemas: dict[int, StructType]) -> None:
+    if path is None:
+        return
+    data = {"key": _schema_cache_key(circuit),
+            "schemas": {str(k): v.jsonValue() for k, v in schemas.items()}}
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh)
+    os.replace(tmp, path)  # atomic: readers see the old file or the new one
 
 
 def _describe(node: Node) -> str:

@@ -11,37 +11,11 @@ hold exactly the no-crash state.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 
-from dbsp_pipeline import Circuit, Pipeline
 from dbsp_pipeline.storage import crash_points
 from dbsp_pipeline.storage.crash_points import InjectedCrash
-
-
-def circuit() -> Circuit:
-    c = Circuit("crash")
-    o = c.input("orders", "order_id BIGINT, customer_id BIGINT, amount DOUBLE")
-    cu = c.input("customers", "customer_id BIGINT, region STRING")
-    joined = o.join(cu, on="customer_id")
-    c.output("by_region", joined.group_by("region").agg(n="count(*)", hi="max(amount)",
-                                                        s="sum(amount)"))
-    c.output("regions", joined.select("region").distinct())
-    return c
-
-
-def rounds() -> list[list[tuple]]:
-    """(input, rows, weight) pushes per round; the round ends with a step."""
-    out = []
-    for r in range(6):
-        pushes = [("orders", [(r * 10 + i, i % 4, float(r + i)) for i in range(5)], 1)]
-        if r % 2 == 0:
-            pushes.append(("customers", [(r // 2, f"region-{r % 3}")], 1))
-        if r >= 2:
-            pushes.append(("orders", [((r - 2) * 10 + 4, 4 % 4, float(r - 2 + 4))], -1))
-        out.append(pushes)
-    return out
+from tests.runtime.workload import consumer_view, open_pipeline, play_round, rounds
 
 
 def run_workload(spark, root: str, crash: tuple[str, int] | None = None) -> bool:
@@ -56,11 +30,8 @@ def run_workload(spark, root: str, crash: tuple[str, int] | None = None) -> bool
     while r < len(work):
         try:
             if p is None:
-                p = Pipeline(circuit(), root, spark, checkpoint_every=2, compact_threshold=3)
-            if p.next_step == r:  # the round's step has not run yet (maybe replayed at open)
-                for i, (name, rows, weight) in enumerate(work[r]):
-                    p.push(name, rows, weight=weight, producer="loader", seq=r * 10 + i)
-                p.step()
+                p = open_pipeline(root, spark)
+            play_round(p, r, work[r])
             r += 1
         except InjectedCrash:
             assert not crashed, "crashed twice"
@@ -69,28 +40,8 @@ def run_workload(spark, root: str, crash: tuple[str, int] | None = None) -> bool
         p.close()
     except InjectedCrash:
         crashed = True
-        Pipeline(circuit(), root, spark).close()
+        open_pipeline(root, spark).close()
     return crashed
-
-
-def consumer_view(spark, root: str) -> dict[str, dict[int, Counter]]:
-    """What a consumer of the output logs sees: per view, per step, the changed rows."""
-    out: dict[str, dict[int, Counter]] = {}
-    with Pipeline(circuit(), root, spark) as p:
-        for view in p.circuit.outputs:
-            steps: dict[int, Counter] = {}
-            for row in p.changes(view).collect():
-                d = row.asDict()
-                steps.setdefault(d.pop("_step"), Counter())[tuple(sorted(d.items()))] += 1
-            out[view] = steps
-        state = {t.name: Counter({tuple(r[:-1]): r[-1] for r in _consolidated(p, t)})
-                 for t in p._plan.traces()}
-    return {"outputs": out, "state": state}
-
-
-def _consolidated(p: Pipeline, trace) -> list[tuple]:
-    rows = p._sql.consolidate(trace.read_arrow(), trace.payload)
-    return [tuple(r.values()) for r in rows.to_pylist()]
 
 
 @pytest.fixture(scope="module")

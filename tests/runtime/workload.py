@@ -1,0 +1,65 @@
+"""The crash-test workload: a circuit, rounds of idempotent pushes each ended by a step, a
+driver that resumes where a crashed run left off, and what a consumer and the state look like.
+Used in-process (crash points) and by the child processes that get killed."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from dbsp_pipeline import Circuit, Pipeline
+
+
+def circuit() -> Circuit:
+    c = Circuit("crash")
+    o = c.input("orders", "order_id BIGINT, customer_id BIGINT, amount DOUBLE")
+    cu = c.input("customers", "customer_id BIGINT, region STRING")
+    joined = o.join(cu, on="customer_id")
+    c.output("by_region", joined.group_by("region").agg(n="count(*)", hi="max(amount)",
+                                                        s="sum(amount)"))
+    c.output("regions", joined.select("region").distinct())
+    return c
+
+
+def rounds(n: int = 6) -> list[list[tuple]]:
+    """(input, rows, weight) pushes per round; each round ends with a step."""
+    out = []
+    for r in range(n):
+        pushes = [("orders", [(r * 10 + i, i % 4, float(r + i)) for i in range(5)], 1)]
+        if r % 2 == 0:
+            pushes.append(("customers", [(r // 2 % 4, f"region-{r % 3}")], 1))
+        if r >= 2:
+            pushes.append(("orders", [((r - 2) * 10 + 4, 0, float(r - 2 + 4))], -1))
+        out.append(pushes)
+    return out
+
+
+def open_pipeline(root: str, spark=None) -> Pipeline:
+    return Pipeline(circuit(), root, spark, checkpoint_every=2, compact_threshold=3)
+
+
+def play_round(p: Pipeline, r: int, pushes: list[tuple]) -> None:
+    """Round ``r``: its pushes (sequence numbers make a repeat exactly-once), then its step;
+    nothing if the step already ran (maybe replayed when the pipeline was reopened)."""
+    if p.next_step != r:
+        return
+    for i, (name, rows, weight) in enumerate(pushes):
+        p.push(name, rows, weight=weight, producer="loader", seq=r * 10 + i)
+    p.step()
+
+
+def consumer_view(spark, root: str) -> dict:
+    """What a consumer of the output logs sees (per view, per step, the changed rows), and the
+    consolidated content of every trace."""
+    outputs: dict[str, dict[int, Counter]] = {}
+    with open_pipeline(root, spark) as p:
+        for view in p.circuit.outputs:
+            steps: dict[int, Counter] = {}
+            for row in p.changes(view).collect():
+                d = row.asDict()
+                steps.setdefault(d.pop("_step"), Counter())[tuple(sorted(d.items()))] += 1
+            outputs[view] = steps
+        state = {}
+        for t in p._plan.traces():
+            rows = p._sql.consolidate(t.read_arrow(), t.payload).to_pylist()
+            state[t.name] = Counter({tuple(r.values())[:-1]: r["_weight"] for r in rows})
+    return {"outputs": outputs, "state": state}
