@@ -11,6 +11,7 @@ from dbsp_pipeline.errors import (
     CircuitError,
     DbspError,
     InputError,
+    NonDeterminismError,
     PipelineClosedError,
     PipelineFencedError,
     StorageError,
@@ -25,5 +26,5 @@ __all__ = [
     "Circuit", "Collection", "GroupedCollection", "Pipeline", "StepInfo", "StepResult",
     "DbspError", "UsageError", "CircuitError", "InputError", "UnknownNameError",
     "PipelineClosedError", "PipelineFencedError", "CircuitChangedError", "StorageError",
-    "ConcurrentWriterError",
+    "ConcurrentWriterError", "NonDeterminismError",
 ]

@@ -88,6 +88,11 @@ class PipelineFencedError(UsageError):
     pipeline object is closed. Only one process may run a pipeline at a time."""
 
 
+class NonDeterminismError(DbspError):
+    """Replaying a step after a crash gave another output than the one written the first time.
+    The written output stands; the circuit (or its input) is not deterministic."""
+
+
 def _short(record: object, limit: int = 120) -> str:
     text = repr(record)
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -3,7 +3,9 @@
 Rows are the view's payload, ``_step`` and ``_weight``. ``write(step, change)`` follows the seed's
 rules (``distributed-dbsp-design.md``, "Output"), with ``last`` the next step the log expects:
 
-* ``step < last``: the step was written before (recovery replayed it): discard.
+* ``step < last``: the step was written before (recovery replayed it): discard it, after
+  verifying it against the write's record (row count and content digest, kept in the commit's
+  metadata): a difference is a ``NonDeterminismError``.
 * ``step == last``: append, in one Delta commit whose app transaction (``dbsp-output``, step)
   records the step, so a re-write after a crash is recognised; ``last`` becomes ``step + 1``.
 * ``step > last``: an error (a step would be missing).
@@ -15,17 +17,36 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, StructField, StructType
+from pyspark.sql.types import DoubleType, FloatType, LongType, StructField, StructType
 
+from dbsp_pipeline.driver import hashing
 from dbsp_pipeline.driver.sql import LocalSQL
-from dbsp_pipeline.errors import UsageError
+from dbsp_pipeline.errors import NonDeterminismError, UsageError
 from dbsp_pipeline.storage.delta_table import DataFile, SparkDeltaTable
 from dbsp_pipeline.zset import STEP, WEIGHT, consolidate, quote
 
 APP_ID = "dbsp-output"
+#: commit metadata of a step's write: the step, its row count and its content digest
+STEP_KEY, ROWS_KEY, DIGEST_KEY = "dbsp.step", "dbsp.rows", "dbsp.digest"
+
+
+def content_digest(rows: pa.Table | None, schema: StructType) -> str:
+    """An order-independent digest of a consolidated change: the sum (mod 2**64) of Spark's
+    ``xxhash64`` of every row's non-floating payload columns and weight. Floating-point columns
+    are left out: sums of doubles may differ in their last bits between two correct runs (the
+    order of additions is not fixed), which must not read as non-determinism."""
+    if rows is None or rows.num_rows == 0:
+        return "0" * 16
+    columns = [f.name for f in schema.fields
+               if not isinstance(f.dataType, (DoubleType, FloatType)) and hashing.supports(
+                   f.dataType)] + [WEIGHT]
+    hashes = hashing.xxhash64_arrow(rows, columns)
+    total = int(hashes.astype(np.uint64).sum(dtype=np.uint64))  # wraps mod 2**64
+    return f"{total:016x}"
 
 
 class OutputLog:
@@ -45,30 +66,60 @@ class OutputLog:
 
     def write(self, step: int, change: DataFrame | pa.Table | None,
               sql: LocalSQL | None = None) -> int | None:
-        """Apply the write rules; returns the rows appended, or None when the step was discarded.
+        """Apply the write rules; returns the rows appended, or None when the step was discarded
+        (after verifying it against what was written, when that step's record is retained).
 
-        ``change`` is a Spark DataFrame, or an Arrow table consolidated with ``sql`` on the driver.
+        ``change`` is a Spark DataFrame, or an Arrow table consolidated with ``sql`` on the
+        driver. Raises ``NonDeterminismError`` when a replayed step differs from the written one.
         """
-        if not self._may_write(step):
-            return None
-        adds = []
-        if isinstance(change, pa.Table):
-            rows = sql.consolidate(change, self.schema.fieldNames())
-            if rows.num_rows:
-                rows = rows.append_column(STEP, pa.array([step] * rows.num_rows, pa.int64()))
-                adds = self.table.write_arrow(rows.select(self.table.arrow_schema.names))
-        elif change is not None:
-            cols = self.schema.fieldNames()
-            rows = consolidate(change, cols).withColumn(STEP, F.lit(step).cast("long"))
-            adds = self.table.write_files(rows)
-        self.table.commit(adds, app_id=APP_ID, app_version=step)
-        return sum(DataFile.from_stats(a.path, a.stats).rows for a in adds)
-
-    def _may_write(self, step: int) -> bool:
         last = self.last()
         if step > last:
             raise UsageError(f"output '{self.name}': step {step} written before step {last}")
-        return step == last
+        rows = self._consolidated(step, change, sql)
+        if step < last:
+            self._verify(step, rows)
+            return None
+        adds = []
+        if isinstance(rows, pa.Table):
+            adds = self.table.write_arrow(rows) if rows.num_rows else []
+            digest = content_digest(rows, self.schema)
+        elif rows is not None:
+            adds = self.table.write_files(rows)
+            digest = content_digest(self.table.read_arrow(
+                [os.path.join(self.table.uri, a.path) for a in adds]), self.schema)
+        else:
+            digest = content_digest(None, self.schema)
+        count = sum(DataFile.from_stats(a.path, a.stats).rows for a in adds)
+        self.table.commit(adds, app_id=APP_ID, app_version=step,
+                          metadata={STEP_KEY: step, ROWS_KEY: count, DIGEST_KEY: digest})
+        return count
+
+    def _consolidated(self, step: int, change, sql: LocalSQL | None):
+        """The change as the log stores it: consolidated, with ``_step``, in table order."""
+        cols = self.schema.fieldNames()
+        if isinstance(change, pa.Table):
+            rows = sql.consolidate(change, cols)
+            rows = rows.append_column(STEP, pa.array([step] * rows.num_rows, pa.int64()))
+            return rows.select(self.table.arrow_schema.names).cast(self.table.arrow_schema)
+        if change is not None:
+            return consolidate(change, cols).withColumn(STEP, F.lit(step).cast("long"))
+        return None
+
+    def _verify(self, step: int, rows) -> None:
+        """Compare a replayed step with the record of its first write (rows and digest)."""
+        recorded = self.table.commit_metadata(STEP_KEY, step)
+        if recorded is None or DIGEST_KEY not in recorded:
+            return  # written before digests were recorded, or its commit was cleaned up
+        if rows is not None and not isinstance(rows, pa.Table):
+            rows = rows.select(*[quote(f.name) for f in self.table.schema.fields]).toArrow()
+        count = 0 if rows is None else rows.num_rows
+        digest = content_digest(rows, self.schema)
+        if (count, digest) != (recorded[ROWS_KEY], recorded[DIGEST_KEY]):
+            raise NonDeterminismError(
+                f"output '{self.name}': replaying step {step} gave {count} rows (digest "
+                f"{digest}) but {recorded[ROWS_KEY]} rows (digest {recorded[DIGEST_KEY]}) were "
+                "written: the circuit is not deterministic (e.g. rand(), current_timestamp()) "
+                "or its input changed; the written output stands")
 
     def changes(self, since: int = 0, until: int | None = None) -> DataFrame:
         """Every change of steps ``since..until`` (inclusive): payload, ``_step``, ``_weight``."""

@@ -135,6 +135,21 @@ class SparkDeltaTable:
                                                    add.get("stats") or "{}"))
         return out
 
+    def commit_metadata(self, key: str, value: object) -> dict | None:
+        """The commit information of the newest commit whose custom metadata has ``key`` equal
+        to ``value`` (None if no retained commit has), searching from the newest commit back."""
+        for v in range(self.version(), 0, -1):
+            try:
+                with open(os.path.join(self.uri, "_delta_log", f"{v:020d}.json")) as fh:
+                    lines = fh.read().splitlines()
+            except FileNotFoundError:
+                return None
+            for line in lines:
+                info = json.loads(line).get("commitInfo") if line.strip() else None
+                if info is not None and info.get(key) == value:
+                    return info
+        return None
+
     def transaction_version(self, app_id: str) -> int | None:
         """The newest app-transaction version committed under ``app_id`` (None if none)."""
         self._table.update_incremental()

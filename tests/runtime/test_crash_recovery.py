@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 
+from dbsp_pipeline import Circuit, NonDeterminismError, Pipeline
 from dbsp_pipeline.storage import crash_points
 from dbsp_pipeline.storage.crash_points import InjectedCrash
 from tests.runtime.workload import consumer_view, open_pipeline, play_round, rounds
@@ -76,3 +77,36 @@ def test_every_crash_point_recovers_to_the_no_crash_output_and_state(spark, tmp_
             failures.append((point, k))
     assert not failures, f"recovery differs from the no-crash run after crashes at {failures}"
     assert len(cases) >= 25
+
+
+def test_a_replay_that_differs_from_the_written_output_is_a_loud_error(spark, tmp_path):
+    """A non-deterministic circuit: the step replayed after a crash gives other rows than the
+    ones written before the crash; reopening reports it instead of silently diverging."""
+    c = Circuit("random")
+    x = c.input("x", "k BIGINT")
+    c.output("noisy", x.select("k", "cast(rand() * 1000000 AS BIGINT) AS r"))
+    root = str(tmp_path)
+    crash_points.reset()
+    p = Pipeline(c, root, spark)
+    p.push("x", [(i,) for i in range(20)])
+    crash_points.arm("manifest.commit.before")  # output of step 0 written, state not committed
+    with pytest.raises(InjectedCrash):
+        p.step()
+    with pytest.raises(NonDeterminismError, match="replaying step 0"):
+        Pipeline(c, root, spark)
+
+
+def test_a_deterministic_replay_verifies_silently(spark, tmp_path):
+    c = Circuit("steady")
+    x = c.input("x", "k BIGINT, v DOUBLE")
+    c.output("sums", x.group_by("k").agg(s="sum(v)", n="count(*)"))
+    crash_points.reset()
+    p = Pipeline(c, str(tmp_path), spark)
+    p.push("x", [(i % 3, i / 7) for i in range(30)])
+    crash_points.arm("manifest.commit.before")
+    with pytest.raises(InjectedCrash):
+        p.step()
+    q = Pipeline(c, str(tmp_path), spark)
+    assert [r.step for r in q.recovered_steps] == [0]
+    assert q.recovered_steps[0].outputs == {"sums": None}  # discarded after verification
+    q.close()
