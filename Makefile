@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench bench-recovery clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml infra/setup.sh
@@ -19,6 +19,9 @@ test: setup          ## run the whole test suite
 
 bench: setup         ## the engine benchmark: incremental steps vs Spark recomputation
 	$(PY) benchmarks/engine_bench.py $(BENCH_ARGS)
+
+bench-recovery: setup  ## checkpoint cost vs state size, recovery time vs uncommitted steps
+	$(PY) benchmarks/recovery_bench.py $(BENCH_ARGS)
 
 clean:
 	rm -rf var .pytest_cache .hypothesis

@@ -121,8 +121,51 @@ class OutputLog:
                 "written: the circuit is not deterministic (e.g. rand(), current_timestamp()) "
                 "or its input changed; the written output stands")
 
+    # -- history -----------------------------------------------------------------------------
+    def compacted_through(self) -> int:
+        """The step through which history is collapsed (-1: none): the log's rows of steps up to
+        it are consolidated into rows stamped with this step, so the view is exact as of any
+        step from it on, and the changes of single steps exist only after it."""
+        try:
+            with open(os.path.join(self.table.uri, COMPACTED_MARKER)) as fh:
+                return int(fh.read().strip())
+        except FileNotFoundError:
+            return -1
+
+    def compact_history(self, through: int) -> bool:
+        """Collapse the changes of steps ``.. through`` into their consolidated sum, stamped
+        ``through`` (one rewrite commit; the view as of ``through`` and later is unchanged).
+        Returns whether anything was rewritten.
+
+        The marker that refuses reads below ``through`` is written before the commit, so a
+        crash in between only refuses reads that could still have been served."""
+        if through <= self.compacted_through():
+            return False
+        files = [f for f in self.table.files()
+                 if f.step_max is not None and f.step_max <= through]
+        _write_atomically(os.path.join(self.table.uri, COMPACTED_MARKER), str(through))
+        if len(files) <= 1 and all(f.step_min == through for f in files):
+            return False
+        rows = self.table.read_arrow(files)
+        merged = _consolidate_history(rows, self.schema.fieldNames(), through)
+        adds = self.table.write_arrow(merged) if merged.num_rows else []
+        self.table.commit(adds, [f.path for f in files], data_change=False)
+        return True
+
+    def _check_retained(self, step: int, what: str) -> None:
+        through = self.compacted_through()
+        if step < through:
+            raise UsageError(f"output '{self.name}': {what} {step} is no longer retained: "
+                             f"history through step {through} was compacted (hold a reader "
+                             "to keep the steps it needs)")
+
     def changes(self, since: int = 0, until: int | None = None) -> DataFrame:
-        """Every change of steps ``since..until`` (inclusive): payload, ``_step``, ``_weight``."""
+        """Every change of steps ``since..until`` (inclusive): payload, ``_step``, ``_weight``.
+
+        After history compaction, ``since`` must be above the compacted step (a row stamped
+        with the compacted step holds the sum of all steps up to it)."""
+        if since > 0:
+            self._check_retained(since - 1, "changes since step")
         df = self.table.read_version()
         df = df.where(F.col(STEP) >= since)
         if until is not None:
@@ -133,7 +176,37 @@ class OutputLog:
         """The view's value after step ``as_of`` (default: the newest): payload + ``_weight``."""
         df = self.table.read_version()
         if as_of is not None:
+            self._check_retained(as_of, "the view as of step")
             df = df.where(F.col(STEP) <= as_of)
         return consolidate(df, self.schema.fieldNames()).select(
             *[quote(c) for c in self.schema.fieldNames()], WEIGHT)
 
+
+#: file in an output table (hidden from Delta readers and vacuum) naming the compacted step
+COMPACTED_MARKER = "_dbsp_compacted_through"
+
+
+def _consolidate_history(rows: pa.Table, payload: list[str], through: int) -> pa.Table:
+    import duckdb
+
+    from dbsp_pipeline.driver.sql import idents
+
+    con = duckdb.connect()
+    try:
+        con.register("r", rows)
+        cols = idents(payload)
+        merged = con.sql(f"SELECT {cols}, CAST({through} AS BIGINT) AS {STEP}, "
+                         f"CAST(sum({WEIGHT}) AS BIGINT) AS {WEIGHT} FROM r GROUP BY {cols} "
+                         f"HAVING sum({WEIGHT}) <> 0").to_arrow_table()
+    finally:
+        con.close()
+    return merged.cast(rows.schema)
+
+
+def _write_atomically(path: str, text: str) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)

@@ -57,6 +57,7 @@ from dbsp_pipeline.runtime.division_log import DivisionLog
 from dbsp_pipeline.runtime.input_log import InputLog
 from dbsp_pipeline.runtime.output_log import OutputLog
 from dbsp_pipeline.runtime.plan import Plan
+from dbsp_pipeline.runtime.readers import DEFAULT_LEASE_SECONDS, LeaseRegistry, Reader
 from dbsp_pipeline.spark_session import LazySession, configure
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.trace import COMPACT_FILE_THRESHOLD
@@ -108,12 +109,16 @@ class Pipeline:
             driver (Arrow + DuckDB) instead of as Spark jobs, which saves Spark's fixed cost of
             about 0.1 s per job; 0 runs every step on Spark.
         compact_threshold: a trace with more files than this is merged in the background.
+        retain_steps: keep the exact history of the last this many steps of every output log
+            (``view(as_of=...)``, ``changes(since=...)``) and collapse older history at each
+            checkpoint, never past what a live reader's ``since`` needs; ``None`` keeps all.
     """
 
     def __init__(self, circuit: Circuit, root: str, spark: SparkSession | None = None, *,
                  checkpoint_every: int = 1,
                  driver_step_rows: int = DRIVER_STEP_ROWS,
-                 compact_threshold: int = COMPACT_FILE_THRESHOLD) -> None:
+                 compact_threshold: int = COMPACT_FILE_THRESHOLD,
+                 retain_steps: int | None = None) -> None:
         if not circuit.outputs:
             raise UsageError(f"circuit '{circuit.name}' declares no output")
         if checkpoint_every < 1:
@@ -133,6 +138,10 @@ class Pipeline:
         self._outputs = {name: OutputLog(self.spark, root, name, self._plan.output_schema(name))
                          for name in circuit.outputs}
         self._divisions = DivisionLog(self.spark, root)
+        if retain_steps is not None and retain_steps < 0:
+            raise UsageError("retain_steps must be at least 0")
+        self.retain_steps = retain_steps
+        self._leases = LeaseRegistry(self._db.root)
         self._compactor = BackgroundCompactor(compact_threshold)
         self._uncommitted_steps = 0
         self._closed = False
@@ -324,7 +333,38 @@ class Pipeline:
         self._uncommitted_steps = 0
         if compact:
             self._compactor.start(self._plan.traces())
+            if self.retain_steps is not None:
+                self.compact_history()
         return version
+
+    def compact_history(self) -> dict[str, int]:
+        """Collapse each output log's history older than ``retain_steps`` steps, but never past
+        the ``since`` of a live reader; returns, per view, the step history is collapsed through.
+        """
+        self._require_open()
+        keep = self.retain_steps if self.retain_steps is not None else 0
+        out = {}
+        for name, log in self._outputs.items():
+            through = log.last() - 1 - keep
+            held = self._leases.since(name)
+            if held is not None:
+                through = min(through, held)
+            if through >= 0:
+                log.compact_history(through)
+            out[name] = log.compacted_through()
+        return out
+
+    def reader(self, view: str, since: int | None = None,
+               lease_seconds: float = DEFAULT_LEASE_SECONDS) -> Reader:
+        """A leased reader of ``view`` holding history from step ``since`` on (default: the
+        newest written step). See ``runtime/readers.py``."""
+        log = self._output(view)
+        oldest = max(log.compacted_through(), 0)
+        since = max(log.last() - 1, oldest) if since is None else since
+        if since < log.compacted_through():
+            raise UsageError(f"output '{view}': history before step {log.compacted_through()} "
+                             f"was compacted; a reader cannot start at step {since}")
+        return Reader(self, view, since, lease_seconds)
 
     def compact(self, threshold: int = COMPACT_FILE_THRESHOLD) -> int:
         """Compact now, in the foreground, every trace with more than ``threshold`` files (after

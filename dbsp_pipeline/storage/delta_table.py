@@ -43,18 +43,22 @@ _STATS_STRING_LIMIT = 32
 
 @dataclass(frozen=True)
 class DataFile:
-    """One committed Parquet file: its absolute path, row count and (for traces) shard range."""
+    """One committed Parquet file: its absolute path, row count, and (for traces) its shard
+    range or (for output logs) its step range, from the file's statistics."""
 
     path: str
     rows: int
     shard_min: int | None = None
     shard_max: int | None = None
+    step_min: int | None = None
+    step_max: int | None = None
 
     @classmethod
     def from_stats(cls, path: str, stats: str) -> DataFile:
         s = json.loads(stats)
-        return cls(path, int(s.get("numRecords", 0)), s.get("minValues", {}).get("_shard"),
-                   s.get("maxValues", {}).get("_shard"))
+        lo, hi = s.get("minValues", {}), s.get("maxValues", {})
+        return cls(path, int(s.get("numRecords", 0)), lo.get("_shard"), hi.get("_shard"),
+                   lo.get("_step"), hi.get("_step"))
 
 
 class SparkDeltaTable:
@@ -107,8 +111,9 @@ class SparkDeltaTable:
         none = [None] * len(paths)
         rows = actions.get("num_records", none)
         lo, hi = actions.get("min._shard", none), actions.get("max._shard", none)
-        return [DataFile(os.path.join(self.uri, p), int(n or 0), a, b)
-                for p, n, a, b in zip(paths, rows, lo, hi)]
+        slo, shi = actions.get("min._step", none), actions.get("max._step", none)
+        return [DataFile(os.path.join(self.uri, p), int(n or 0), a, b, c, d)
+                for p, n, a, b, c, d in zip(paths, rows, lo, hi, slo, shi)]
 
     def added_files(self, lower: int, upper: int) -> list[DataFile]:
         """The files added by versions ``lower+1 .. upper``, in commit order.
