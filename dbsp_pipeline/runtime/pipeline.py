@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -143,6 +144,10 @@ class Pipeline:
         self.retain_steps = retain_steps
         self._leases = LeaseRegistry(self._db.root)
         self._compactor = BackgroundCompactor(compact_threshold)
+        self._lock = threading.RLock()  # one push, step or commit at a time
+        self._control = threading.Condition()  # run() and pause/stop/resume
+        self._running = False
+        self._halt_at: int | None = None  # run() starts no step >= this (-1: none at all)
         self._uncommitted_steps = 0
         self._closed = False
         #: the steps executed again at open: divided before a crash, not yet committed
@@ -190,6 +195,11 @@ class Pipeline:
         (a crash, a timeout) pushes the same batch again, or asks ``pushed`` where to resume.
         """
         self._require_open()
+        with self._lock:
+            return self._push(name, rows, weight, producer, seq)
+
+    def _push(self, name: str, rows: Any, weight: int, producer: str | None,
+              seq: int | None) -> int:
         log = self._input(name)
         weight = records.check_weight(name, weight)
         if (producer is None) != (seq is None):
@@ -224,7 +234,7 @@ class Pipeline:
         same root recorded the step's division first, or wrote the state since this one opened.
         """
         self._require_open()
-        with self._fenced():
+        with self._lock, self._fenced():
             return self._step()
 
     def _step(self) -> StepResult:
@@ -271,13 +281,13 @@ class Pipeline:
         return result
 
     def run(self, max_steps: int | None = None, max_seconds: float | None = None,
-            checkpoint_every: int | None = None) -> list[StepResult]:
+            checkpoint_every: int | None = None, idle_seconds: float = 0.0) -> list[StepResult]:
         """Execute steps while input is available (a coordinator iteration), then commit.
 
-        Stops when no input arrived since the last step (and no recorded step is left to
-        replay), after ``max_steps`` steps, or once ``max_seconds`` have passed (the step
-        running then completes). ``checkpoint_every`` overrides the pipeline's for this run.
-        Returns the results of the executed steps.
+        Stops when no input is pending (after waiting up to ``idle_seconds`` for some), after
+        ``max_steps`` steps, once ``max_seconds`` have passed (the step running then completes),
+        or when ``pause``/``stop`` say so. ``checkpoint_every`` overrides the pipeline's for this
+        run. Other threads may ``push`` meanwhile. Returns the results of the executed steps.
         """
         self._require_open()
         if checkpoint_every is not None and checkpoint_every < 1:
@@ -286,20 +296,74 @@ class Pipeline:
         if checkpoint_every is not None:
             self.checkpoint_every = checkpoint_every
         results: list[StepResult] = []
+        with self._control:
+            self._running = True
         try:
-            while self.input_pending():
+            while not self._halted():
                 if max_steps is not None and len(results) >= max_steps:
                     break
                 if max_seconds is not None and time.monotonic() - started >= max_seconds:
                     break
-                results.append(self.step())
+                with self._lock:
+                    if self.input_pending():
+                        results.append(self.step())
+                        continue
+                if not self._wait_for_input(started, idle_seconds, max_seconds):
+                    break
         finally:
             self.checkpoint_every = saved
-        if self._uncommitted_steps:
-            committed = self.commit()
-            if results:
-                results[-1].committed_version = committed
+            with self._lock:
+                if self._uncommitted_steps and not self._closed:
+                    committed = self.commit()
+                    if results:
+                        results[-1].committed_version = committed
+            with self._control:
+                self._running = False
+                self._control.notify_all()
         return results
+
+    def pause(self, timeout: float | None = 600.0) -> int:
+        """Stop ``run`` (in another thread) after the step it is executing, and keep it from
+        starting steps until ``resume``; returns the step the pipeline stopped at (the next
+        step to execute; every step before it is done and committed)."""
+        with self._control:
+            self._halt_at = -1
+            self._control.notify_all()
+            self._control.wait_for(lambda: not self._running, timeout)
+        return self.next_step
+
+    def stop(self, step: int) -> None:
+        """Let ``run`` execute the steps before ``step`` only: it stops there, so that every
+        worker stops at the same step (e.g. before a layout change). ``resume`` lifts it."""
+        with self._control:
+            self._halt_at = step
+            self._control.notify_all()
+
+    def resume(self) -> None:
+        """Lift ``pause`` or ``stop``."""
+        with self._control:
+            self._halt_at = None
+            self._control.notify_all()
+
+    def _halted(self) -> bool:
+        halt = self._halt_at
+        return halt is not None and (halt < 0 or self._db.get_step() >= halt)
+
+    def _wait_for_input(self, started: float, idle_seconds: float,
+                        max_seconds: float | None) -> bool:
+        """Wait up to ``idle_seconds`` for pending input; returns whether there is some."""
+        deadline = time.monotonic() + idle_seconds
+        if max_seconds is not None:
+            deadline = min(deadline, started + max_seconds)
+        while time.monotonic() < deadline:
+            with self._control:
+                self._control.wait(0.01)
+            if self._halted():
+                return False
+            with self._lock:
+                if self.input_pending():
+                    return True
+        return False
 
     def input_pending(self) -> bool:
         """Whether the next step has input: a recorded division to replay, or pushes since."""
@@ -328,7 +392,7 @@ class Pipeline:
         """Commit the state database (a checkpoint); returns the new state version. Then, with
         ``compact``, start merging the traces that are due in the background."""
         self._require_open()
-        with self._fenced():
+        with self._lock, self._fenced():
             version = self._db.commit()
         self._uncommitted_steps = 0
         if compact:

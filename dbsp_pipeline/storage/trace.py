@@ -189,15 +189,18 @@ class Trace:
     # -- compaction --------------------------------------------------------------------------
     def compaction_candidates(self, threshold: int = COMPACT_FILE_THRESHOLD) -> list[DataFile]:
         """The files to merge next, size-tiered like a spine: once the trace has more than
-        ``threshold`` files, the smallest files, as many as hold together no more rows than the
-        next larger file (so a row is rewritten about log(n) times), at least two. Empty when
-        no compaction is due."""
+        ``threshold`` files, the smallest files, taken in order of size while the next one is no
+        bigger than all taken together (so a row is rewritten about log(n) times, and a big base
+        file is not rewritten for a few small ones), at least two. Empty when no compaction is
+        due."""
         files = sorted(self.files(), key=lambda f: f.rows)
         if len(files) <= threshold:
             return []
         chosen, rows = files[:2], files[0].rows + files[1].rows
         for f in files[2:]:
-            if rows > f.rows and len(files) - len(chosen) <= threshold // 2:
+            # Stop before a file bigger than all chosen together, unless leaving it (and the
+            # larger ones) out would still leave too many files.
+            if f.rows > rows and len(files) - len(chosen) + 1 <= threshold:
                 break
             chosen.append(f)
             rows += f.rows

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from dbsp_pipeline import Circuit, Pipeline, UsageError
@@ -82,3 +85,35 @@ def test_run_executes_steps_while_input_is_available(spark, tmp_path):
         assert [r.step for r in p.run(max_steps=1)] == [2]
         assert p.run(max_steps=0) == []
         assert view_counter(p.view("sums")) == {(1, 3, 2): 1, (2, 3, 3): 1}
+
+
+def test_pause_stops_a_running_coordinator_between_steps(spark, tmp_path):
+    p = Pipeline(circuit(), str(tmp_path), spark)
+    results = []
+    runner = threading.Thread(target=lambda: results.extend(p.run(idle_seconds=60)))
+    runner.start()
+    for i in range(8):  # a producer thread pushes while run() steps
+        p.push("x", [(i, i)])
+        time.sleep(0.1)
+    stopped = p.pause()
+    runner.join(30)
+    assert not runner.is_alive()
+    assert results and stopped == p.next_step == results[-1].step + 1
+    assert results[-1].committed_version == p.state_version  # stopped steps are committed
+    p.push("x", [(100, 1)])
+    assert p.run() == []  # paused
+    p.resume()
+    assert [r.step for r in p.run()] == [stopped]
+    assert sum(r["n"] for r in p.view("sums").collect()) == 9
+    p.close()
+
+
+def test_stop_at_a_step(spark, tmp_path):
+    with Pipeline(circuit(), str(tmp_path), spark) as p:
+        p.stop(2)
+        for i in range(4):
+            p.push("x", [(i, i)])
+            p.run()
+        assert p.next_step == 2 and p.input_pending()
+        p.resume()
+        assert [r.step for r in p.run()] == [2]

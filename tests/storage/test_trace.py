@@ -1,0 +1,40 @@
+"""Size-tiered compaction candidates of a trace."""
+
+from __future__ import annotations
+
+from dbsp_pipeline.storage.delta_table import DataFile
+from dbsp_pipeline.storage.trace import Trace
+
+
+class FileList(Trace):
+    """A trace reduced to its file list (the candidate choice reads nothing else)."""
+
+    def __init__(self, rows: list[int]) -> None:
+        self._list = [DataFile(f"f{i}", n) for i, n in enumerate(rows)]
+
+    def files(self) -> list[DataFile]:
+        return list(self._list)
+
+
+def rows_of(files: list[DataFile]) -> list[int]:
+    return sorted(f.rows for f in files)
+
+
+def test_no_compaction_at_or_under_the_threshold():
+    assert FileList([10] * 16).compaction_candidates(16) == []
+
+
+def test_small_files_merge_without_rewriting_a_big_base():
+    chosen = FileList([250_000] * 4 + [100] * 50).compaction_candidates(16)
+    assert rows_of(chosen) == [100] * 50
+
+
+def test_files_of_similar_size_merge_together():
+    assert len(FileList([1_000_000] * 20).compaction_candidates(16)) == 20
+
+
+def test_a_bigger_file_joins_when_too_many_would_remain():
+    # 20 files of growing size: the small ones alone do not bring the count under the threshold
+    sizes = [2 ** i for i in range(20)]
+    chosen = FileList(sizes).compaction_candidates(4)
+    assert len(sizes) - len(chosen) + 1 <= 4
