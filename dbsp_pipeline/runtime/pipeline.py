@@ -60,12 +60,16 @@ from dbsp_pipeline.runtime.output_log import OutputLog
 from dbsp_pipeline.runtime.plan import Plan
 from dbsp_pipeline.runtime.readers import DEFAULT_LEASE_SECONDS, LeaseRegistry, Reader
 from dbsp_pipeline.spark_session import LazySession, configure
+from dbsp_pipeline.storage import garbage
+from dbsp_pipeline.storage.garbage import ORPHAN_GRACE_SECONDS
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.trace import COMPACT_FILE_THRESHOLD
 
 
 #: The file in a pipeline root caching the schemas Spark analysed for its circuit.
 PLAN_SCHEMAS_FILE = "_plan_schemas.json"
+#: Garbage is collected after every this many commits (and at close).
+GC_EVERY_COMMITS = 16
 #: Default of ``Pipeline(driver_step_rows=...)``.
 DRIVER_STEP_ROWS = 200_000
 
@@ -113,13 +117,17 @@ class Pipeline:
         retain_steps: keep the exact history of the last this many steps of every output log
             (``view(as_of=...)``, ``changes(since=...)``) and collapse older history at each
             checkpoint, never past what a live reader's ``since`` needs; ``None`` keeps all.
+        retain_checkpoints: how many state versions (checkpoints) stay readable; older files
+            are deleted by ``collect_garbage`` (run every ``GC_EVERY_COMMITS`` commits and at
+            close). At least 2: the seed's two-version database.
     """
 
     def __init__(self, circuit: Circuit, root: str, spark: SparkSession | None = None, *,
                  checkpoint_every: int = 1,
                  driver_step_rows: int = DRIVER_STEP_ROWS,
                  compact_threshold: int = COMPACT_FILE_THRESHOLD,
-                 retain_steps: int | None = None) -> None:
+                 retain_steps: int | None = None,
+                 retain_checkpoints: int = 2) -> None:
         if not circuit.outputs:
             raise UsageError(f"circuit '{circuit.name}' declares no output")
         if checkpoint_every < 1:
@@ -142,6 +150,11 @@ class Pipeline:
         if retain_steps is not None and retain_steps < 0:
             raise UsageError("retain_steps must be at least 0")
         self.retain_steps = retain_steps
+        if retain_checkpoints < 2:
+            raise UsageError("retain_checkpoints must be at least 2 (the current state version "
+                             "and the one before it)")
+        self.retain_checkpoints = retain_checkpoints
+        self._commits = 0
         self._leases = LeaseRegistry(self._db.root)
         self._compactor = BackgroundCompactor(compact_threshold)
         self._lock = threading.RLock()  # one push, step or commit at a time
@@ -175,6 +188,7 @@ class Pipeline:
             return
         if self._compactor.apply_finished(wait=True) or self._uncommitted_steps:
             self.commit(compact=False)
+        self.collect_garbage()
         self._compactor.close()
         self._sql.close()
         self._closed = True
@@ -395,11 +409,27 @@ class Pipeline:
         with self._lock, self._fenced():
             version = self._db.commit()
         self._uncommitted_steps = 0
+        self._commits += 1
         if compact:
+            if self._commits % GC_EVERY_COMMITS == 0:
+                self.collect_garbage()
             self._compactor.start(self._plan.traces())
             if self.retain_steps is not None:
                 self.compact_history()
         return version
+
+    def collect_garbage(self, grace_seconds: float = ORPHAN_GRACE_SECONDS) -> int:
+        """Delete the data files no retained state version (``retain_checkpoints``) and no
+        newer commit refers to, in the state tables and the output and input logs (files
+        younger than ``grace_seconds`` are kept: their write may still commit). Waits for a
+        background merge to finish first. Returns how many files were deleted."""
+        self._require_open()
+        with self._lock:
+            self._compactor.apply_finished(wait=True)
+            deleted = self._db.collect_garbage(self.retain_checkpoints, grace_seconds)
+            for log in [*self._outputs.values(), *self._inputs.values()]:
+                deleted += garbage.collect(log.table, log.table.version(), grace_seconds)
+            return deleted
 
     def compact_history(self) -> dict[str, int]:
         """Collapse each output log's history older than ``retain_steps`` steps, but never past

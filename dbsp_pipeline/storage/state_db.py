@@ -33,6 +33,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from dbsp_pipeline.errors import CircuitChangedError, UsageError
+from dbsp_pipeline.storage import garbage
 from dbsp_pipeline.storage.delta_table import SparkDeltaTable
 
 MANIFEST_DIR = "_manifest"
@@ -132,6 +133,30 @@ class StateDatabase:
         self._require_open()
         self._step = int(step)
 
+    def retained_entries(self, count: int) -> list[tuple[int, dict[str, Any]]]:
+        """The newest ``count`` committed entries as (manifest version, entry), newest first:
+        the state versions garbage collection keeps readable."""
+        out = []
+        manifest_version: int | None = self._manifest.version()
+        while manifest_version is not None and len(out) < count:
+            entry = self._entry_at_manifest(manifest_version)
+            if entry is None:
+                break
+            out.append((manifest_version, entry))
+            manifest_version = entry.get("manifest_base")
+        return out
+
+    def collect_garbage(self, retain_versions: int, grace_seconds: float) -> int:
+        """Delete the files of the manifest and of every state table that none of the newest
+        ``retain_versions`` state versions (nor anything newer) refers to; returns how many."""
+        retained = self.retained_entries(max(1, retain_versions))
+        oldest_manifest = min(v for v, _ in retained)
+        deleted = garbage.collect(self._manifest, oldest_manifest, grace_seconds)
+        for name, table in self._tables.items():
+            keep = min(entry.get("traces", {}).get(name, 0) for _, entry in retained)
+            deleted += garbage.collect(table, keep, grace_seconds)
+        return deleted
+
     # -- tables ----------------------------------------------------------------------------
     def table(self, name: str, schema: StructType) -> SparkDeltaTable:
         """The state table ``name`` (created empty if new), rolled back to the open version."""
@@ -176,7 +201,10 @@ class StateDatabase:
         files = self._manifest.files(manifest_version)
         if not files:
             return None
-        row = pq.read_table(files[0].path).to_pylist()[0]
+        try:
+            row = pq.read_table(files[0].path).to_pylist()[0]
+        except FileNotFoundError:
+            return None  # beyond the retained versions: garbage-collected
         return json.loads(row["entry"])
 
     def _write_entry(self, entry: dict[str, Any]) -> None:

@@ -1,0 +1,45 @@
+"""Garbage collection of data files: delete what no retained version refers to.
+
+A Delta table keeps every file a retained version can read; the rest are garbage: files removed
+by commits (compaction merges, rollbacks) before the oldest version that must stay readable,
+and orphans, written by a write that never committed (a crash, a dropped merge). A file is
+deleted when no version from ``keep_version`` on refers to it and it is older than a grace
+period, so a file being written right now (whose commit is still to come) is never touched.
+
+Which version must stay readable is the caller's rule: for a trace, the Delta version recorded
+by the oldest retained state version; for logs, their newest version.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from dbsp_pipeline.storage.delta_table import DATA_DIR, SparkDeltaTable
+
+#: files younger than this are never deleted: their write may still be going to commit
+ORPHAN_GRACE_SECONDS = 3600.0
+
+
+def collect(table: SparkDeltaTable, keep_version: int,
+            grace_seconds: float = ORPHAN_GRACE_SECONDS) -> int:
+    """Delete the data files of ``table`` that no version from ``keep_version`` on refers to
+    (and older than ``grace_seconds``); returns how many were deleted."""
+    current = table.version()
+    keep_version = max(0, min(keep_version, current))
+    referenced = {f.path for f in table.files(keep_version)}
+    referenced |= {f.path for f in table.added_files(keep_version, current)}
+    cutoff = time.time() - grace_seconds
+    deleted = 0
+    data_root = os.path.join(table.uri, DATA_DIR)
+    for folder, _, names in os.walk(data_root, topdown=False):
+        for name in names:
+            path = os.path.join(folder, name)
+            if path in referenced or not name.endswith(".parquet"):
+                continue
+            if os.path.getmtime(path) <= cutoff:
+                os.remove(path)
+                deleted += 1
+        if folder != data_root and not os.listdir(folder):
+            os.rmdir(folder)
+    return deleted
