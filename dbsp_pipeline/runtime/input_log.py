@@ -58,6 +58,18 @@ class InputLog:
             self._commit(adds, producer, seq)
         return sum(DataFile.from_stats(a.path, a.stats).rows for a in adds)
 
+    def truncate(self, upper: int) -> int:
+        """Drop the records of log versions ``.. upper`` (input every retained state version
+        has consumed: no replay can need it) from the log's current version; their files go at
+        the next garbage collection. Returns how many files were dropped."""
+        if upper <= 0:
+            return 0
+        consumed = {f.path for f in self.table.files(upper)}
+        drop = [f.path for f in self.table.files() if f.path in consumed]
+        if drop:
+            self.table.commit([], drop)
+        return len(drop)
+
     def pushed(self, producer: str) -> int | None:
         """The newest sequence number recorded for ``producer`` (None if none)."""
         return self.table.transaction_version(PRODUCER_APP_PREFIX + producer)

@@ -386,7 +386,8 @@ class Pipeline:
         if self._divisions.get(s) is not None:
             return True
         lowers = self._divisions.lower(s, list(self._inputs))
-        return any(log.version() > lowers[n] for n, log in self._inputs.items())
+        return any(log.files_between(lowers[n], log.version())
+                   for n, log in self._inputs.items())
 
     def step_info(self, step: int) -> StepInfo:
         """Which input step ``step`` consumed: per input, the log versions ``(lower, upper]``.
@@ -421,11 +422,18 @@ class Pipeline:
     def collect_garbage(self, grace_seconds: float = ORPHAN_GRACE_SECONDS) -> int:
         """Delete the data files no retained state version (``retain_checkpoints``) and no
         newer commit refers to, in the state tables and the output and input logs (files
-        younger than ``grace_seconds`` are kept: their write may still commit). Waits for a
-        background merge to finish first. Returns how many files were deleted."""
+        younger than ``grace_seconds`` are kept: their write may still commit); input that
+        every retained state version has consumed is dropped from the input logs first. Waits
+        for a background merge to finish. Returns how many files were deleted."""
         self._require_open()
         with self._lock:
             self._compactor.apply_finished(wait=True)
+            # Input that every retained state version has consumed is no longer needed.
+            retained = self._db.retained_entries(self.retain_checkpoints)
+            oldest_step = min(int(entry.get("step", 0)) for _, entry in retained)
+            consumed = self._divisions.get(oldest_step - 1) if oldest_step > 0 else None
+            for name, log in self._inputs.items():
+                log.truncate((consumed or {}).get(name, 0))
             deleted = self._db.collect_garbage(self.retain_checkpoints, grace_seconds)
             for log in [*self._outputs.values(), *self._inputs.values()]:
                 deleted += garbage.collect(log.table, log.table.version(), grace_seconds)

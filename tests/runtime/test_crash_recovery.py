@@ -19,12 +19,15 @@ from dbsp_pipeline.storage.crash_points import InjectedCrash
 from tests.runtime.workload import consumer_view, open_pipeline, play_round, rounds
 
 
-def run_workload(spark, root: str, crash: tuple[str, int] | None = None) -> bool:
-    """Run the rounds, crashing once at ``crash``; returns whether the crash happened."""
+def run_workload(spark, root: str, crash: tuple[str, int] | None = None,
+                 then: tuple[tuple[str, int], ...] = ()) -> int:
+    """Run the rounds, crashing at ``crash`` and, after each crash, at the next point of
+    ``then`` (so a crash can hit the recovery itself); returns how many crashes happened."""
     crash_points.reset()
-    if crash is not None:
-        crash_points.arm(*crash)
-    crashed = False
+    pending = ([crash] if crash is not None else []) + list(then)
+    if pending:
+        crash_points.arm(*pending.pop(0))
+    crashes = 0
     p = None
     r = 0
     work = rounds()
@@ -35,14 +38,16 @@ def run_workload(spark, root: str, crash: tuple[str, int] | None = None) -> bool
             play_round(p, r, work[r])
             r += 1
         except InjectedCrash:
-            assert not crashed, "crashed twice"
-            crashed, p = True, None  # abandoned: no close, no commit
-    try:
-        p.close()
-    except InjectedCrash:
-        crashed = True
-        open_pipeline(root, spark).close()
-    return crashed
+            crashes, p = crashes + 1, None  # abandoned: no close, no commit
+            if pending:
+                crash_points.arm(*pending.pop(0))
+    while True:
+        try:
+            p = open_pipeline(root, spark) if p is None else p
+            p.close()
+            return crashes
+        except InjectedCrash:
+            crashes, p = crashes + 1, None
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +82,19 @@ def test_every_crash_point_recovers_to_the_no_crash_output_and_state(spark, tmp_
             failures.append((point, k))
     assert not failures, f"recovery differs from the no-crash run after crashes at {failures}"
     assert len(cases) >= 25
+
+
+@pytest.mark.parametrize("first, second", [
+    (("trace.commit.after", 5), ("trace.restore.after", 1)),
+    (("output.commit.after", 3), ("trace.restore.before", 2)),
+    (("output.commit.before", 4), ("output.commit.after", 1)),  # in the replay at open
+    (("trace.commit.after", 8), ("division.commit.before", 1)),
+])
+def test_a_crash_during_recovery_recovers_too(spark, tmp_path, reference, first, second):
+    expected, _ = reference
+    root = str(tmp_path)
+    assert run_workload(spark, root, first, then=(second,)) == 2
+    assert consumer_view(spark, root) == expected
 
 
 def test_a_replay_that_differs_from_the_written_output_is_a_loud_error(spark, tmp_path):

@@ -38,10 +38,14 @@ def test_gc_keeps_the_retained_versions_and_deletes_the_rest(spark, tmp_path):
             fh.write(b"not committed")
         before = data_files(root)
         expected = view_counter(p.view("g"))
+        pushed_files = len(p._inputs["x"].table.files())
         deleted = p.collect_garbage(grace_seconds=0)
         assert deleted > 0 and not os.path.exists(orphan)
         assert len(data_files(root)) == len(before) - deleted
         assert view_counter(p.view("g")) == expected
+        # consumed input is dropped: only what the step before the oldest retained version
+        # did not consume stays (here: nothing, every step was committed)
+        assert pushed_files == 20 and len(p._inputs["x"].table.files()) <= 4
 
     # Both retained state versions can still be opened (their files are all there).
     db = StateDatabase(spark, root, circuit().fingerprint())
@@ -54,3 +58,12 @@ def test_gc_keeps_the_retained_versions_and_deletes_the_rest(spark, tmp_path):
         p.push("x", [(0, 100)])
         p.step()
         assert view_counter(p.view("g"))[(0, 100, 5)] == 1
+
+
+def test_dropping_consumed_input_is_not_new_input(spark, tmp_path):
+    with Pipeline(circuit(), str(tmp_path), spark) as p:
+        for i in range(3):
+            p.push("x", [(1, i)])
+            p.step()
+        p.collect_garbage(grace_seconds=0)
+        assert not p.input_pending() and p.run() == []
