@@ -56,7 +56,7 @@ class InputLog:
         adds = self.table.write_files(df)
         if adds or producer is not None:
             self._commit(adds, producer, seq)
-        return sum(DataFile.from_stats(a.path, a.stats).rows for a in adds)
+        return sum(self.table.data_file(a).rows for a in adds)
 
     def truncate(self, upper: int) -> int:
         """Drop the records of log versions ``.. upper`` (input every retained state version

@@ -26,7 +26,8 @@ from pyspark.sql.types import DoubleType, FloatType, LongType, StructField, Stru
 from dbsp_pipeline.driver import hashing
 from dbsp_pipeline.driver.sql import LocalSQL
 from dbsp_pipeline.errors import NonDeterminismError, UsageError
-from dbsp_pipeline.storage.delta_table import DataFile, SparkDeltaTable
+from dbsp_pipeline.storage.delta_table import SparkDeltaTable
+from dbsp_pipeline.storage.small_files import write_atomically
 from dbsp_pipeline.zset import STEP, WEIGHT, consolidate, quote
 
 APP_ID = "dbsp-output"
@@ -89,7 +90,7 @@ class OutputLog:
                 [os.path.join(self.table.uri, a.path) for a in adds]), self.schema)
         else:
             digest = content_digest(None, self.schema)
-        count = sum(DataFile.from_stats(a.path, a.stats).rows for a in adds)
+        count = sum(self.table.data_file(a).rows for a in adds)
         self.table.commit(adds, app_id=APP_ID, app_version=step,
                           metadata={STEP_KEY: step, ROWS_KEY: count, DIGEST_KEY: digest})
         return count
@@ -132,7 +133,7 @@ class OutputLog:
         except FileNotFoundError:
             return -1
 
-    def compact_history(self, through: int) -> bool:
+    def compact_history(self, through: int, sql: LocalSQL) -> bool:
         """Collapse the changes of steps ``.. through`` into their consolidated sum, stamped
         ``through`` (one rewrite commit; the view as of ``through`` and later is unchanged).
         Returns whether anything was rewritten.
@@ -143,12 +144,12 @@ class OutputLog:
             return False
         files = [f for f in self.table.files()
                  if f.step_max is not None and f.step_max <= through]
-        _write_atomically(os.path.join(self.table.uri, COMPACTED_MARKER), str(through))
+        write_atomically(os.path.join(self.table.uri, COMPACTED_MARKER), str(through))
         if len(files) <= 1 and all(f.step_min == through for f in files):
             return False
-        rows = self.table.read_arrow(files)
-        merged = _consolidate_history(rows, self.schema.fieldNames(), through)
-        adds = self.table.write_arrow(merged) if merged.num_rows else []
+        merged = sql.consolidate(self.table.read_arrow(files), self.schema.fieldNames())
+        merged = merged.append_column(STEP, pa.array([through] * merged.num_rows, pa.int64()))
+        adds = self.table.write_arrow(merged.select(self.table.arrow_schema.names))
         self.table.commit(adds, [f.path for f in files], data_change=False)
         return True
 
@@ -184,29 +185,3 @@ class OutputLog:
 
 #: file in an output table (hidden from Delta readers and vacuum) naming the compacted step
 COMPACTED_MARKER = "_dbsp_compacted_through"
-
-
-def _consolidate_history(rows: pa.Table, payload: list[str], through: int) -> pa.Table:
-    import duckdb
-
-    from dbsp_pipeline.driver.sql import idents
-
-    con = duckdb.connect()
-    try:
-        con.register("r", rows)
-        cols = idents(payload)
-        merged = con.sql(f"SELECT {cols}, CAST({through} AS BIGINT) AS {STEP}, "
-                         f"CAST(sum({WEIGHT}) AS BIGINT) AS {WEIGHT} FROM r GROUP BY {cols} "
-                         f"HAVING sum({WEIGHT}) <> 0").to_arrow_table()
-    finally:
-        con.close()
-    return merged.cast(rows.schema)
-
-
-def _write_atomically(path: str, text: str) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)

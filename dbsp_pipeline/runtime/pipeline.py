@@ -452,7 +452,7 @@ class Pipeline:
             if held is not None:
                 through = min(through, held)
             if through >= 0:
-                log.compact_history(through)
+                log.compact_history(through, self._sql)
             out[name] = log.compacted_through()
         return out
 

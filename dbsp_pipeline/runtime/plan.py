@@ -31,6 +31,7 @@ from dbsp_pipeline.operators.integration import Delay, Differentiate, Integrate
 from dbsp_pipeline.operators.join import Join
 from dbsp_pipeline.operators.linear import Conform, Filter, Negate, Select, Union
 from dbsp_pipeline.spark_session import LazySession
+from dbsp_pipeline.storage.small_files import write_atomically
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.trace import Trace
 
@@ -56,6 +57,8 @@ class Plan:
         for node in circuit.nodes:
             if node.op != "input":
                 self.operators[node.id] = self._operator(node, db)
+        #: whether small steps can run on the driver (decided once, from the compiled plan)
+        self.runs_on_driver = self._runs_on_driver()
 
     def input_schema(self, name: str) -> StructType:
         return self.schemas[self.circuit.inputs[name]]
@@ -78,8 +81,7 @@ class Plan:
                                 else operator.step(ctx, inputs))
         return changes
 
-    @property
-    def runs_on_driver(self) -> bool:
+    def _runs_on_driver(self) -> bool:
         """Whether small steps can run on the driver: every key a trace is sharded by has a
         type whose Spark hash the driver reproduces, and every aggregate has a driver path."""
         for node in self.circuit.nodes:
@@ -248,10 +250,7 @@ def _store_schemas(path: str | None, circuit: Circuit, schemas: dict[int, Struct
         return
     data = {"key": _schema_cache_key(circuit),
             "schemas": {str(k): v.jsonValue() for k, v in schemas.items()}}
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as fh:
-        json.dump(data, fh)
-    os.replace(tmp, path)  # atomic: readers see the old file or the new one
+    write_atomically(path, json.dumps(data))
 
 
 def _describe(node: Node) -> str:

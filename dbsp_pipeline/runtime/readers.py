@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pyspark.sql import DataFrame
 
 from dbsp_pipeline.errors import UsageError
+from dbsp_pipeline.storage.small_files import write_atomically
 from dbsp_pipeline.zset import STEP
 
 READERS_DIR = "_readers"
@@ -48,11 +49,8 @@ class LeaseRegistry:
         os.makedirs(self.folder, exist_ok=True)
 
     def write(self, lease: Lease) -> None:
-        path = os.path.join(self.folder, f"{lease.reader_id}.json")
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as fh:
-            json.dump(asdict(lease), fh)
-        os.replace(tmp, path)
+        write_atomically(os.path.join(self.folder, f"{lease.reader_id}.json"),
+                         json.dumps(asdict(lease)))
 
     def read(self, reader_id: str) -> Lease | None:
         try:

@@ -101,6 +101,10 @@ class SparkDeltaTable:
         (exact for tables only this handle writes, such as a pipeline's state tables)."""
         return self._table.version()
 
+    def data_file(self, add: AddAction) -> DataFile:
+        """The ``DataFile`` an add action (from ``write_files``/``write_arrow``) commits."""
+        return DataFile.from_stats(os.path.join(self.uri, add.path), add.stats)
+
     def files(self, version: int | None = None) -> list[DataFile]:
         """The data files of ``version`` (default: the newest)."""
         table = self._table if version is None else DeltaTable(self.uri, version=version)

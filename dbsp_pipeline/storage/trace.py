@@ -87,7 +87,7 @@ class Trace:
             sort_by=[SHARD, *self.key])
         if adds or old:
             self.table.commit(adds, [f.path for f in old])
-        new = [DataFile.from_stats(f"{self.table.uri}/{a.path}", a.stats) for a in adds]
+        new = [self.table.data_file(a) for a in adds]
         self._files = new
         return new
 
@@ -103,7 +103,7 @@ class Trace:
         if not adds:
             return []
         self.table.commit(adds)
-        new = [DataFile.from_stats(f"{self.table.uri}/{a.path}", a.stats) for a in adds]
+        new = [self.table.data_file(a) for a in adds]
         self._files = before + new
         return new
 
@@ -122,8 +122,7 @@ class Trace:
         before = self.files()
         adds = self.table.write_arrow(change)
         self.table.commit(adds)
-        self._files = before + [DataFile.from_stats(f"{self.table.uri}/{a.path}", a.stats)
-                                for a in adds]
+        self._files = before + [self.table.data_file(a) for a in adds]
         return change
 
     def replace_arrow(self, delta: pa.Table | None) -> None:
@@ -134,7 +133,7 @@ class Trace:
             adds = self.table.write_arrow(self._with_shard(delta))
         if adds or old:
             self.table.commit(adds, [f.path for f in old])
-        self._files = [DataFile.from_stats(f"{self.table.uri}/{a.path}", a.stats) for a in adds]
+        self._files = [self.table.data_file(a) for a in adds]
 
     def read_arrow(self, files: Sequence[DataFile] | None = None) -> pa.Table:
         """The trace's rows (payload, ``_weight``, ``_shard``) in ``files`` (default: all)."""
@@ -233,7 +232,7 @@ class Trace:
             return False
         self.table.commit(adds, [f.path for f in files], data_change=False)
         self._files = [f for f in current if f not in gone] + [
-            DataFile.from_stats(f"{self.table.uri}/{a.path}", a.stats) for a in adds]
+            self.table.data_file(a) for a in adds]
         return True
 
     def compact(self, threshold: int = COMPACT_FILE_THRESHOLD, sql: LocalSQL | None = None) -> bool:
