@@ -56,6 +56,7 @@ from dbsp_pipeline.runtime import records
 from dbsp_pipeline.runtime.compactor import BackgroundCompactor
 from dbsp_pipeline.runtime.division_log import DivisionLog
 from dbsp_pipeline.runtime.input_log import InputLog
+from dbsp_pipeline.runtime.layout import LAYOUT_KEY, Layout
 from dbsp_pipeline.runtime.output_log import OutputLog
 from dbsp_pipeline.runtime.plan import Plan
 from dbsp_pipeline.runtime.readers import DEFAULT_LEASE_SECONDS, LeaseRegistry, Reader
@@ -99,6 +100,19 @@ class StepResult:
     on_driver: bool = False
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """A retained, consistent state version: what ``restore`` can go back to."""
+
+    version: int
+    #: the next step to execute from this checkpoint (steps ``..step-1`` are in its state)
+    step: int
+    layout: Layout
+    fingerprint: str | None
+    engine_version: str | None
+    state_format: int | None
+
+
 class Pipeline:
     """Creates, or reopens and recovers, the pipeline of ``circuit`` at ``root``.
 
@@ -140,8 +154,10 @@ class Pipeline:
         self._sql = LocalSQL()
         self._db = StateDatabase(self.spark, root, circuit.fingerprint())
         self._db.open()
-        self._plan = Plan(circuit, self.spark, self._db,
-                          schema_cache=os.path.join(self._db.root, PLAN_SCHEMAS_FILE))
+        #: the assignment of shards to workers, recorded with every checkpoint
+        self.layout = Layout.from_json(self._db.get(LAYOUT_KEY))
+        self._db.put(LAYOUT_KEY, self.layout.to_json())
+        self._plan = self._compile()
         self._inputs = {name: InputLog(self.spark, root, name, self._plan.input_schema(name))
                         for name in circuit.inputs}
         self._outputs = {name: OutputLog(self.spark, root, name, self._plan.output_schema(name))
@@ -165,6 +181,10 @@ class Pipeline:
         self._closed = False
         #: the steps executed again at open: divided before a crash, not yet committed
         self.recovered_steps: list[StepResult] = self._recover()
+
+    def _compile(self) -> Plan:
+        return Plan(self.circuit, self.spark, self._db,
+                    schema_cache=os.path.join(self._db.root, PLAN_SCHEMAS_FILE))
 
     def _recover(self) -> list[StepResult]:
         """Re-execute the steps whose division was recorded after the opened state version
@@ -418,6 +438,40 @@ class Pipeline:
             if self.retain_steps is not None:
                 self.compact_history()
         return version
+
+    def checkpoints(self) -> list[Checkpoint]:
+        """The retained checkpoints (``retain_checkpoints`` of them at most), newest first."""
+        self._require_open()
+        return [Checkpoint(version=int(e["version"]), step=int(e.get("step", 0)),
+                           layout=Layout.from_json(e.get("meta", {}).get(LAYOUT_KEY)),
+                           fingerprint=e.get("fingerprint"),
+                           engine_version=e.get("engine_version"),
+                           state_format=e.get("state_format"))
+                for e in self._db.checkpoints(self.retain_checkpoints)]
+
+    def restore(self, version: int) -> list[StepResult]:
+        """Go back to the retained checkpoint ``version`` (see ``checkpoints``): the state is
+        rolled back to it, newer state versions are discarded, and the steps divided since are
+        executed again from their recorded divisions. Their output was written before; the
+        output logs verify it (``NonDeterminismError`` on a difference) and discard it, so
+        consumers see nothing change. Returns the steps executed again.
+
+        Use it when the newest state is suspect (a bug, a bad deploy): the input divisions and
+        output logs are the source of truth, the state is rebuilt from them.
+        """
+        self._require_open()
+        with self._lock, self._fenced():
+            if self._uncommitted_steps:
+                self.commit(compact=False)  # so the outputs of executed steps are verified too
+            self._compactor.apply_finished(wait=True)
+            self._db.open(version, retained=self.retain_checkpoints)
+            self.layout = Layout.from_json(self._db.get(LAYOUT_KEY))
+            self._db.put(LAYOUT_KEY, self.layout.to_json())
+            self._plan = self._compile()  # operators over the rolled-back traces
+            replayed = self._recover()
+            if self._uncommitted_steps:
+                self.commit(compact=False)
+            return replayed
 
     def collect_garbage(self, grace_seconds: float = ORPHAN_GRACE_SECONDS) -> int:
         """Delete the data files no retained state version (``retain_checkpoints``) and no

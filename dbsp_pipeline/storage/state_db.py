@@ -62,26 +62,25 @@ class StateDatabase:
         self._step = 0
 
     # -- the seed's interface --------------------------------------------------------------
-    def versions(self) -> range:
-        """The versions ``open`` accepts: the newest, and the one before it while retained."""
-        latest = self._latest_entry()
-        v = latest["version"]
-        previous = self._entry_at_manifest(latest.get("manifest_base"))
-        if previous is not None and previous["version"] == v - 1:
-            return range(v - 1, v + 1)
-        return range(v, v + 1)
+    def versions(self, retained: int = 2) -> range:
+        """The versions ``open`` accepts: the newest ``retained`` committed versions (the seed's
+        two by default; a pipeline that keeps more checkpoints passes its retention)."""
+        entries = self.retained_entries(max(1, retained))
+        return range(entries[-1][1]["version"], entries[0][1]["version"] + 1)
 
-    def open(self, version: int | None = None) -> int:
-        """Open ``version`` (default: the newest) as the base; returns it."""
-        latest = self._latest_entry()
+    def open(self, version: int | None = None, retained: int = 2) -> int:
+        """Open ``version`` (default: the newest; any of the newest ``retained``) as the base;
+        returns it. Opening an older version discards the newer ones: their trace versions are
+        rolled back and the next commit is ``version + 1``."""
+        entries = self.retained_entries(max(1, retained))
+        latest = entries[0][1]
         if version is None:
             version = latest["version"]
-        if version not in self.versions():
+        by_version = {entry["version"]: entry for _, entry in entries}
+        if version not in by_version:
             raise UsageError(f"state version {version} cannot be opened; "
-                             f"available: {list(self.versions())}")
-        entry = latest if version == latest["version"] else self._entry_at_manifest(
-            latest["manifest_base"])
-        assert entry is not None
+                             f"available: {sorted(by_version)}")
+        entry = by_version[version]
         recorded_fp = entry.get("fingerprint")
         if recorded_fp and recorded_fp != self.fingerprint:
             raise CircuitChangedError(
@@ -90,7 +89,8 @@ class StateDatabase:
                 "changing the computation of an existing pipeline is not supported: "
                 "use a new root")
         if version != latest["version"]:
-            # Discard the newer version: a new manifest commit whose entry is a copy of ``version``.
+            # Discard the newer versions: a new manifest commit whose entry is a copy of
+            # ``version`` (so the next commit's base chain leads back through ``version``).
             self._write_entry(dict(entry))
         self._base = entry
         self._meta = dict(entry.get("meta", {}))
@@ -145,6 +145,11 @@ class StateDatabase:
             out.append((manifest_version, entry))
             manifest_version = entry.get("manifest_base")
         return out
+
+    def checkpoints(self, count: int) -> list[dict[str, Any]]:
+        """The newest ``count`` committed entries (newest first): version, step, metadata,
+        fingerprint, engine version and state format of each retained checkpoint."""
+        return [entry for _, entry in self.retained_entries(count)]
 
     def collect_garbage(self, retain_versions: int, grace_seconds: float) -> int:
         """Delete the files of the manifest and of every state table that none of the newest
