@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from dbsp_pipeline.errors import CircuitError
+from dbsp_pipeline.errors import CircuitError, UnknownNameError
 
 #: Primitive operators. Linear ones work on the change alone; the others keep traces.
 LINEAR_OPS = frozenset({"select", "filter", "union", "negate", "conform"})
@@ -102,6 +102,19 @@ class Circuit:
             for i in n.inputs:
                 result[i].append(n.id)
         return result
+
+    def inputs_of(self, output: str) -> list[str]:
+        """The inputs output view ``output`` is computed from (its lineage), in declaration order."""
+        if output not in self.outputs:
+            raise UnknownNameError(f"circuit '{self.name}' has no output '{output}'")
+        seen: set[int] = set()
+        todo = [self.outputs[output]]
+        while todo:
+            node = self.nodes[todo.pop()]
+            if node.id not in seen:
+                seen.add(node.id)
+                todo.extend(node.inputs)
+        return [name for name, node_id in self.inputs.items() if node_id in seen]
 
     def describe(self) -> dict[str, Any]:
         return {

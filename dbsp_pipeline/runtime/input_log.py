@@ -4,8 +4,13 @@ Every ``push`` is one committed Delta version of the log table ``inputs/<name>``
 ``_weight``); once ``append`` returns, the records are durable and will be part of the next step
 whose division covers that version. A push may carry a producer name and sequence number, which
 the same commit records (a Delta app transaction), so a producer that crashed mid-push can ask
-which of its batches were recorded (``pushed``) and a repeated batch is recognised. A step's input is "the log versions ``(lower, upper]``", where
-the division log (``division_log.py``) fixes ``upper`` for each step before the step's output.
+which of its batches were recorded (``pushed``) and a repeated batch is recognised. A step's
+input is "the log versions ``(lower, upper]``", where the division log (``division_log.py``)
+fixes ``upper`` for each step before the step's output.
+
+Input every retained checkpoint has consumed is consolidated (``consolidate_consumed``, at
+garbage collection), so the log's current version holds the integrated input: it is also the
+input's table, which ``Pipeline.input_view`` reads and a recomputation from scratch starts from.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 
 from dbsp_pipeline.driver.sql import LocalSQL
 from dbsp_pipeline.storage.delta_table import DataFile, SparkDeltaTable
+from dbsp_pipeline.storage.trace import DRIVER_MERGE_ROWS
 from dbsp_pipeline.zset import WEIGHT, consolidate
 
 
@@ -58,17 +64,38 @@ class InputLog:
             self._commit(adds, producer, seq)
         return sum(self.table.data_file(a).rows for a in adds)
 
-    def truncate(self, upper: int) -> int:
-        """Drop the records of log versions ``.. upper`` (input every retained state version
-        has consumed: no replay can need it) from the log's current version; their files go at
-        the next garbage collection. Returns how many files were dropped."""
+    def consolidate_consumed(self, upper: int, sql: LocalSQL) -> bool:
+        """Replace records of log versions ``.. upper`` (input every retained state version has
+        consumed: no replay reads them push by push any more) by their consolidated sum, in one
+        rewrite commit, which steps never read as new input (``data_change=False``). The log so
+        stays the size of the live input plus the pushes not yet consumed, not of every push
+        ever made. Size-tiered: a consumed file bigger than all the others together (an earlier
+        sum) is left alone. Returns whether it rewrote anything."""
         if upper <= 0:
-            return 0
+            return False
         consumed = {f.path for f in self.table.files(upper)}
-        drop = [f.path for f in self.table.files() if f.path in consumed]
-        if drop:
-            self.table.commit([], drop)
-        return len(drop)
+        files = sorted((f for f in self.table.files() if f.path in consumed),
+                       key=lambda f: f.rows, reverse=True)
+        while len(files) > 1 and files[0].rows > sum(f.rows for f in files[1:]):
+            files = files[1:]
+        if len(files) < 2:
+            return False
+        cols = self.schema.fieldNames()
+        if sum(f.rows for f in files) <= DRIVER_MERGE_ROWS:
+            merged = sql.consolidate(self.table.read_arrow(files), cols)
+            adds = self.table.write_arrow(merged) if merged.num_rows else []
+        else:
+            adds = self.table.write_files(consolidate(self.table.read(files), cols))
+        self.table.commit(adds, [f.path for f in files], data_change=False)
+        return True
+
+    def integrated_files(self, upper: int) -> list[DataFile]:
+        """The files whose sum is the input integrated through log version ``upper``, which must
+        be at least the ``upper`` of every ``consolidate_consumed`` so far (the division of
+        the newest executed step always is): the current files minus the pushes after it."""
+        later = {f.path for f in self.table.added_files(upper, self.table.version(),
+                                                        data_only=True)}
+        return [f for f in self.table.files() if f.path not in later]
 
     def pushed(self, producer: str) -> int | None:
         """The newest sequence number recorded for ``producer`` (None if none)."""
@@ -85,7 +112,7 @@ class InputLog:
 
     def files_between(self, lower: int, upper: int) -> list[DataFile]:
         """The files appended by log versions ``lower+1 .. upper``."""
-        return self.table.added_files(lower, upper)
+        return self.table.added_files(lower, upper, data_only=True)
 
     def change(self, files: list[DataFile]) -> DataFrame | None:
         """The consolidated change held by ``files`` (from ``files_between``), for Spark."""

@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, FloatType, LongType, StructField, StructType
 
 from dbsp_pipeline.driver import hashing
-from dbsp_pipeline.driver.sql import LocalSQL
+from dbsp_pipeline.driver.sql import LocalSQL, zset_arrow_schema
 from dbsp_pipeline.errors import NonDeterminismError, UsageError
 from dbsp_pipeline.storage.delta_table import SparkDeltaTable
 from dbsp_pipeline.storage.small_files import write_atomically
@@ -181,6 +181,13 @@ class OutputLog:
             df = df.where(F.col(STEP) <= as_of)
         return consolidate(df, self.schema.fieldNames()).select(
             *[quote(c) for c in self.schema.fieldNames()], WEIGHT)
+
+    def view_arrow(self, sql: LocalSQL) -> pa.Table:
+        """The view's newest value read on the driver: payload + ``_weight``, consolidated."""
+        files = self.table.files()
+        if not files:
+            return zset_arrow_schema(self.schema).empty_table()
+        return sql.consolidate(self.table.read_arrow(files), self.schema.fieldNames())
 
 
 #: file in an output table (hidden from Delta readers and vacuum) naming the compacted step

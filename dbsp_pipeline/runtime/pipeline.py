@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from dbsp_pipeline.circuit import Circuit
@@ -236,17 +237,8 @@ class Pipeline:
               seq: int | None) -> int:
         log = self._input(name)
         weight = records.check_weight(name, weight)
-        if (producer is None) != (seq is None):
-            raise UsageError(f"input '{name}': give both producer and seq, or neither")
-        if producer is not None:
-            if not isinstance(producer, str) or not producer:
-                raise UsageError(f"input '{name}': producer must be a non-empty string, "
-                                 f"got {producer!r}")
-            if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
-                raise UsageError(f"input '{name}': seq must be an integer >= 0, got {seq!r}")
-            last = log.pushed(producer)
-            if last is not None and seq <= last:
-                return 0  # already recorded
+        if self._already_pushed(log, producer, seq):
+            return 0
         if isinstance(rows, DataFrame):
             df = records.check_spark(name, rows, log.schema, weight)
             return log.append_spark(df, producer, seq)
@@ -254,6 +246,37 @@ class Pipeline:
         if table.num_rows or producer is not None:
             log.append_arrow(table, producer, seq)
         return table.num_rows
+
+    def push_zset(self, name: str, table: pa.Table, *, producer: str | None = None,
+                  seq: int | None = None) -> int:
+        """``push`` a Z-set: an Arrow table of the input's columns plus ``_weight`` (a nonzero
+        integer per row: its multiplicity, negative to delete). Same checks, durability and
+        idempotence as ``push``; returns how many rows were appended."""
+        self._require_open()
+        with self._lock:
+            log = self._input(name)
+            if self._already_pushed(log, producer, seq):
+                return 0
+            zset = records.zset_to_arrow(name, table, log.schema, log.arrow_schema)
+            if zset.num_rows or producer is not None:
+                log.append_arrow(zset, producer, seq)
+            return zset.num_rows
+
+    @staticmethod
+    def _already_pushed(log: InputLog, producer: str | None, seq: int | None) -> bool:
+        """Check a push's producer and sequence number; whether that batch was recorded."""
+        name = log.name
+        if (producer is None) != (seq is None):
+            raise UsageError(f"input '{name}': give both producer and seq, or neither")
+        if producer is None:
+            return False
+        if not isinstance(producer, str) or not producer:
+            raise UsageError(f"input '{name}': producer must be a non-empty string, "
+                             f"got {producer!r}")
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+            raise UsageError(f"input '{name}': seq must be an integer >= 0, got {seq!r}")
+        last = log.pushed(producer)
+        return last is not None and seq <= last
 
     def pushed(self, name: str, producer: str) -> int | None:
         """The newest sequence number ``producer`` pushed to input ``name`` (None if none)."""
@@ -477,7 +500,7 @@ class Pipeline:
         """Delete the data files no retained state version (``retain_checkpoints``) and no
         newer commit refers to, in the state tables and the output and input logs (files
         younger than ``grace_seconds`` are kept: their write may still commit); input that
-        every retained state version has consumed is dropped from the input logs first. Waits
+        every retained state version has consumed is consolidated in the input logs first. Waits
         for a background merge to finish. Returns how many files were deleted."""
         self._require_open()
         with self._lock:
@@ -487,7 +510,7 @@ class Pipeline:
             oldest_step = min(int(entry.get("step", 0)) for _, entry in retained)
             consumed = self._divisions.get(oldest_step - 1) if oldest_step > 0 else None
             for name, log in self._inputs.items():
-                log.truncate((consumed or {}).get(name, 0))
+                log.consolidate_consumed((consumed or {}).get(name, 0), self._sql)
             deleted = self._db.collect_garbage(self.retain_checkpoints, grace_seconds)
             for log in [*self._outputs.values(), *self._inputs.values()]:
                 deleted += garbage.collect(log.table, log.table.version(), grace_seconds)
@@ -533,6 +556,28 @@ class Pipeline:
     def view(self, name: str, as_of: int | None = None) -> DataFrame:
         """The current value of output ``name`` (or after step ``as_of``): payload + ``_weight``."""
         return self._output(name).view(as_of)
+
+    def input_view(self, name: str) -> DataFrame:
+        """Input ``name`` integrated through the newest executed step (what the views are
+        computed from; pushes not yet stepped are not in it): payload + ``_weight``."""
+        log = self._input(name)
+        return log.change(log.integrated_files(self._consumed_upper(name))) or \
+            self.spark.createDataFrame([], log.table.schema)
+
+    def input_view_arrow(self, name: str) -> pa.Table:
+        """``input_view`` read on the driver, as Arrow."""
+        log = self._input(name)
+        return log.change_arrow(self._sql, log.integrated_files(self._consumed_upper(name))) or \
+            log.arrow_schema.empty_table()
+
+    def _consumed_upper(self, name: str) -> int:
+        step = self._db.get_step() - 1
+        division = self._divisions.get(step) if step >= 0 else None
+        return (division or {}).get(name, 0)
+
+    def view_arrow(self, name: str) -> pa.Table:
+        """``view(name)`` (the newest value) read on the driver, as Arrow: no Spark needed."""
+        return self._output(name).view_arrow(self._sql)
 
     def changes(self, name: str, since: int = 0) -> DataFrame:
         """Every change of output ``name`` from step ``since`` on: payload + ``_step`` + ``_weight``."""

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame as SparkDataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import NumericType, StructType
@@ -44,6 +45,27 @@ def to_arrow(input_name: str, rows: Any, schema: StructType, arrow_schema: pa.Sc
                          f"DataFrame, or a pyarrow Table; got {type(rows).__name__}")
     weights = pa.array([weight] * table.num_rows, pa.int64())
     return table.append_column(pa.field(WEIGHT, pa.int64(), nullable=False), weights)
+
+
+def zset_to_arrow(input_name: str, table: pa.Table, schema: StructType,
+                  arrow_schema: pa.Schema) -> pa.Table:
+    """An Arrow Z-set (the input's columns + ``_weight``, nonzero integers) → ``arrow_schema``."""
+    if not isinstance(table, pa.Table) or WEIGHT not in table.column_names:
+        raise InputError(input_name, f"a Z-set is a pyarrow Table with a '{WEIGHT}' column")
+    weights = table.column(WEIGHT)
+    if not pa.types.is_integer(weights.type):
+        raise InputError(input_name, f"'{WEIGHT}' is {weights.type}, expected an integer type",
+                         column=WEIGHT)
+    weights = weights.cast(pa.int64())
+    invalid = pc.or_kleene(pc.is_null(weights), pc.equal(weights, 0)).fill_null(True)
+    bad = pc.index(invalid, True).as_py()
+    if bad >= 0:
+        raise InputError(input_name, f"weight must be a non-zero integer, got "
+                         f"{weights[bad].as_py()!r}", record_index=bad,
+                         record=table.slice(bad, 1).to_pylist()[0])
+    payload = to_arrow(input_name, table.drop_columns([WEIGHT]), schema, arrow_schema, 1)
+    return payload.set_column(payload.schema.get_field_index(WEIGHT),
+                              arrow_schema.field(WEIGHT), weights)
 
 
 def check_spark(input_name: str, df: SparkDataFrame, schema: StructType, weight: int) -> SparkDataFrame:
@@ -160,11 +182,27 @@ def _from_pandas(input_name: str, df: Any, arrow: pa.Schema) -> pa.Table:
 
 def _from_arrow(input_name: str, table: pa.Table, arrow: pa.Schema) -> pa.Table:
     _check_names(input_name, table.column_names, arrow.names)
-    try:
-        table = table.select(arrow.names).cast(arrow, safe=True)
-    except (pa.ArrowException, TypeError, ValueError) as e:
-        raise InputError(input_name, f"cannot convert to the input's schema: {e}") from None
-    return _with_nullability(input_name, table)
+    table = table.select(arrow.names)
+    columns = []
+    for field, col in zip(arrow, table.columns):
+        try:
+            columns.append(col.cast(field.type, safe=True))
+        except (pa.ArrowException, TypeError, ValueError) as e:
+            raise _cast_error(input_name, field, col, e) from None
+    return _with_nullability(input_name, pa.Table.from_arrays(columns, schema=arrow))
+
+
+def _cast_error(input_name: str, field: pa.Field, col: pa.ChunkedArray,
+                error: Exception) -> InputError:
+    """The error for a column that does not convert: the first record whose value does not."""
+    for i, value in enumerate(col.to_pylist()):
+        try:
+            pa.array([value], col.type).cast(field.type, safe=True)
+        except (pa.ArrowException, TypeError, ValueError):
+            return InputError(input_name, f"value {value!r} ({col.type}) does not convert to "
+                              f"{field.type}", column=field.name, record_index=i)
+    return InputError(input_name, f"is {col.type}, which does not convert to {field.type}: "
+                      f"{error}", column=field.name)
 
 
 def _with_nullability(input_name: str, table: pa.Table) -> pa.Table:

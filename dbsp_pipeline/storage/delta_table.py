@@ -14,6 +14,7 @@ version cannot both win.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import os
@@ -119,8 +120,9 @@ class SparkDeltaTable:
         return [DataFile(os.path.join(self.uri, p), int(n or 0), a, b, c, d)
                 for p, n, a, b, c, d in zip(paths, rows, lo, hi, slo, shi)]
 
-    def added_files(self, lower: int, upper: int) -> list[DataFile]:
-        """The files added by versions ``lower+1 .. upper``, in commit order.
+    def added_files(self, lower: int, upper: int, data_only: bool = False) -> list[DataFile]:
+        """The files added by versions ``lower+1 .. upper``, in commit order; with
+        ``data_only``, only files of data changes (not rewrites: ``commit(data_change=False)``).
 
         Reads the commits themselves (``_delta_log/<version>.json``), so the cost follows the
         number of commits in the range, not the table's history; falls back to comparing the two
@@ -135,11 +137,15 @@ class SparkDeltaTable:
                 with open(commit) as fh:
                     lines = fh.read().splitlines()
             except FileNotFoundError:
+                if data_only:
+                    raise StorageError(f"commit {v} of {self.uri} was cleaned up: the data "
+                                       "changes it made cannot be told apart from rewrites",
+                                       definitely_failed=True)
                 before = {f.path for f in self.files(lower)}
                 return [f for f in self.files(upper) if f.path not in before]
             for line in lines:
                 add = json.loads(line).get("add") if line.strip() else None
-                if add is not None:
+                if add is not None and (add.get("dataChange", True) or not data_only):
                     out.append(DataFile.from_stats(os.path.join(self.uri, add["path"]),
                                                    add.get("stats") or "{}"))
         return out
@@ -203,7 +209,8 @@ class SparkDeltaTable:
         from deltalake._internal import RemoveAction  # re-exported privately in deltalake 1.x
 
         now = int(time.time() * 1000)
-        actions: list = list(adds)
+        actions: list = list(adds) if data_change else [
+            dataclasses.replace(a, data_change=False) for a in adds]
         for p in removes:
             rel = os.path.relpath(p, self.uri)
             actions.append(RemoveAction(rel, data_change, now))

@@ -4,6 +4,7 @@ pushed is lost."""
 from __future__ import annotations
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from dbsp_pipeline import (
@@ -56,6 +57,23 @@ def test_spark_frames_with_wrong_types_are_rejected(pipeline, spark):
     df = spark.createDataFrame([(1, "x", 1.0)], "order_id BIGINT, customer_id STRING, amount DOUBLE")
     with pytest.raises(InputError, match=r"column 'customer_id': column is string, expected bigint"):
         pipeline.push("orders", df)
+
+
+@pytest.mark.parametrize("table, match", [
+    (pa.table({"order_id": [2], "customer_id": [1], "amount": [5.0]}), r"'_weight' column"),
+    (pa.table({"order_id": [2, 3], "customer_id": [1, 1], "amount": [5.0, 6.0],
+               "_weight": [2, 0]}), r"record 1 .*weight must be a non-zero integer, got 0"),
+    (pa.table({"order_id": [2], "customer_id": [1], "amount": [5.0],
+               "_weight": pa.array([None], pa.int64())}), r"record 0 .*got None"),
+    (pa.table({"order_id": [2], "customer_id": [1], "amount": [5.0], "_weight": [1.0]}),
+     r"column '_weight'.*expected an integer type"),
+    (pa.table({"order_id": [2], "customer_id": ["x"], "amount": [5.0], "_weight": [1]}),
+     r"record 0, column 'customer_id': value 'x' \(string\) does not convert to int64"),
+])
+def test_bad_zsets_are_rejected(pipeline, table, match):
+    with pytest.raises(InputError, match=match) as e:
+        pipeline.push_zset("orders", table)
+    assert e.value.input_name == "orders"
 
 
 def test_unknown_input_names_the_inputs(pipeline):

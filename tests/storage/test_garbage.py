@@ -41,11 +41,15 @@ def test_gc_keeps_the_retained_versions_and_deletes_the_rest(spark, tmp_path):
         pushed_files = len(p._inputs["x"].table.files())
         deleted = p.collect_garbage(grace_seconds=0)
         assert deleted > 0 and not os.path.exists(orphan)
-        assert len(data_files(root)) == len(before) - deleted
+        after = data_files(root)
+        assert len(before - after) == deleted
+        # the only new files: the consolidated input
+        assert all("/inputs/x/" in f for f in after - before)
         assert view_counter(p.view("g")) == expected
-        # consumed input is dropped: only what the step before the oldest retained version
-        # did not consume stays (here: nothing, every step was committed)
+        # consumed input is consolidated: the log holds the integrated input (size-tiered,
+        # a few files), plus what the step before the oldest retained version did not consume
         assert pushed_files == 20 and len(p._inputs["x"].table.files()) <= 4
+        assert view_counter(p.input_view("x")) == {(i % 3, i): 1 for i in range(10)}
 
     # Both retained state versions can still be opened (their files are all there).
     db = StateDatabase(spark, root, circuit().fingerprint())
@@ -60,10 +64,15 @@ def test_gc_keeps_the_retained_versions_and_deletes_the_rest(spark, tmp_path):
         assert view_counter(p.view("g"))[(0, 100, 5)] == 1
 
 
-def test_dropping_consumed_input_is_not_new_input(spark, tmp_path):
+def test_consolidating_consumed_input_is_not_new_input(spark, tmp_path):
     with Pipeline(circuit(), str(tmp_path), spark) as p:
-        for i in range(3):
-            p.push("x", [(1, i)])
+        for i in range(6):
+            p.push("x", [(1, i), (2, i)])
+            p.push("x", [(2, i)], weight=-1)
             p.step()
+        p.push("x", [(3, 0)])  # pushed, not stepped: not in the input view yet
         p.collect_garbage(grace_seconds=0)
-        assert not p.input_pending() and p.run() == []
+        assert view_counter(p.input_view("x")) == {(1, i): 1 for i in range(6)}
+        assert {tuple(r.values())[:-1]: r["_weight"] for r in p.input_view_arrow("x").to_pylist()
+                } == {(1, i): 1 for i in range(6)}
+        assert [r.inputs for r in p.run()] == [{"x": 1}]
