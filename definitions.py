@@ -1,8 +1,14 @@
-"""The Dagster definitions of dbsp-pipeline: one ``Definitions`` for the code location.
+"""The Dagster code location of dbsp-pipeline: the shop demo pipeline.
 
-Resources are chosen per deployment through environment variables (``DBSP_ROOT`` for where the
-pipeline's tables live, ``DBSP_SPARK_MASTER`` for the Spark master); the defaults are the
-embedded ones: local Spark and Delta tables under ``var/dagster``.
+Resources are chosen per deployment through environment variables, defaulting to the embedded
+ones (local Spark, Delta tables under ``var/dagster``):
+
+* ``DBSP_ROOT``: where the pipeline's tables live (default ``var/dagster/shop``); its inbox is
+  ``DBSP_INBOX`` (default: ``inbox`` beside the root).
+* ``DBSP_SPARK_MODE``: ``local`` (default), ``connect`` (``DBSP_SPARK_CONNECT_URL``, default
+  ``sc://127.0.0.1:15002``) or ``standalone`` (``DBSP_SPARK_MASTER``).
+* ``DBSP_KAFKA_BOOTSTRAP`` and, for a secured broker, ``DBSP_KAFKA_USER`` /
+  ``DBSP_KAFKA_PASSWORD`` (read through ``dg.EnvVar``, never stored in configuration).
 """
 
 from __future__ import annotations
@@ -11,14 +17,29 @@ import os
 
 import dagster as dg
 
-from assets.views import shop_views
-from resources.pipeline_store import PipelineStore
+from dbsp_pipeline.examples.shop import shop_circuit
+from pipeline_definitions import build_definitions
+from resources.kafka import KafkaResource
 from resources.spark import SparkResource
 
-defs = dg.Definitions(
-    assets=[shop_views],
-    resources={
-        "spark": SparkResource(master=os.environ.get("DBSP_SPARK_MASTER", "local[2]")),
-        "pipeline_store": PipelineStore(root=os.environ.get("DBSP_ROOT", "var/dagster/shop")),
-    },
+
+def _kafka() -> KafkaResource:
+    if os.environ.get("DBSP_KAFKA_USER"):
+        return KafkaResource(bootstrap_servers=dg.EnvVar("DBSP_KAFKA_BOOTSTRAP"),
+                             security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
+                             sasl_username=dg.EnvVar("DBSP_KAFKA_USER"),
+                             sasl_password=dg.EnvVar("DBSP_KAFKA_PASSWORD"))
+    return KafkaResource(bootstrap_servers=os.environ.get("DBSP_KAFKA_BOOTSTRAP",
+                                                          "127.0.0.1:9092"))
+
+
+defs = build_definitions(
+    shop_circuit(),
+    root=os.environ.get("DBSP_ROOT", "var/dagster/shop"),
+    inbox=os.environ.get("DBSP_INBOX", ""),
+    spark=SparkResource(
+        mode=os.environ.get("DBSP_SPARK_MODE", "local"),
+        connect_url=os.environ.get("DBSP_SPARK_CONNECT_URL", "sc://127.0.0.1:15002"),
+        master=os.environ.get("DBSP_SPARK_MASTER", "spark://127.0.0.1:7077")),
+    resources={"kafka": _kafka()},
 )

@@ -1,34 +1,85 @@
-"""The shop pipeline's output views as Dagster assets.
+"""A pipeline's inputs and output views as Dagster assets.
 
-Materializing them executes one step of the pipeline over the input pushed since the last step
-(pushed by ``python -m dbsp_pipeline demo`` or a connector) and records, per view, the step and
-how many rows of the view changed.
+Each input is an asset of its own (its log, a Delta table under ``<root>/inputs``, written by
+pushes, not by Dagster) and each output view is an asset (its change log under
+``<root>/outputs``) whose lineage names the inputs it is computed from. One multi-asset, the
+pipeline's step, materializes every view: it ingests the inbox, executes steps while input is
+pending (bounded by ``max_steps`` and ``max_seconds``), commits, and records per view the step,
+the rows of the view, the rows changed and the lag from the oldest input's arrival.
 """
+
+import time
 
 import dagster as dg
 
-from dbsp_pipeline.examples.shop import shop_circuit
-from resources.pipeline_store import PipelineStore
-from resources.spark import SparkResource
-
-CIRCUIT = shop_circuit()
+from dbsp_pipeline.connectors import inbox
+from resources.pipeline_store import PipelineRef
 
 
-@dg.multi_asset(
-    specs=[dg.AssetSpec(name, group_name="shop", kinds={"spark", "delta"},
-                        description=f"output view '{name}' of the shop circuit")
-           for name in CIRCUIT.outputs],
-    can_subset=False,
-)
-def shop_views(context: dg.AssetExecutionContext, spark: SparkResource,
-               pipeline_store: PipelineStore):
-    """One step of the shop pipeline; each view's change is appended to its output log."""
-    with pipeline_store.open(CIRCUIT, spark.session()) as pipeline:
-        result = pipeline.step()
-        context.log.info(f"step {result.step}: inputs {result.inputs}, outputs {result.outputs}")
-        for name in CIRCUIT.outputs:
-            yield dg.MaterializeResult(
-                asset_key=name,
-                metadata={"step": result.step, "changed_rows": result.outputs.get(name) or 0,
-                          "state_version": pipeline.state_version,
-                          "seconds": round(result.seconds, 3)})
+class StepConfig(dg.Config):
+    """Bounds of one step run: it stops when no input is pending, or at either bound."""
+
+    max_steps: int = 100
+    max_seconds: float = 120.0
+
+
+def input_assets(ref: PipelineRef) -> list[dg.AssetSpec]:
+    """The inputs, as assets written outside Dagster (pushes, the inbox, Kafka)."""
+    schemas = ref.circuit.input_schemas
+    return [dg.AssetSpec(ref.input_key(name), group_name=ref.name, kinds={"delta"},
+                         description=f"input '{name}' of pipeline '{ref.name}' ({schemas[name]}): "
+                                     "its durable log, written by pushes")
+            for name in ref.circuit.inputs]
+
+
+def views_asset(ref: PipelineRef) -> dg.AssetsDefinition:
+    """The multi-asset whose materialization is a step run of the pipeline."""
+    circuit = ref.circuit
+    specs = [dg.AssetSpec(ref.view_key(view), group_name=ref.name, kinds={"spark", "delta"},
+                          deps=[ref.input_key(i) for i in circuit.inputs_of(view)],
+                          skippable=True,
+                          description=f"output view '{view}' of pipeline '{ref.name}'")
+             for view in circuit.outputs]
+
+    @dg.multi_asset(name=ref.job_name("views"), specs=specs, can_subset=False,
+                    required_resource_keys={ref.store_key, "spark"}, op_tags=ref.tags)
+    def step_views(context: dg.AssetExecutionContext, config: StepConfig):
+        """Ingest the inbox, execute the pending steps, commit; one materialization per view."""
+        store = ref.store(context)
+        arrived = store.status(circuit).oldest_pending
+        with store.open(circuit, context.resources.spark) as pipeline:
+            if pipeline.recovered_steps:
+                context.log.warning(f"recovered steps {[r.step for r in pipeline.recovered_steps]}"
+                                    " left uncommitted by an earlier run")
+            ingested = inbox.ingest(pipeline, store.inbox_folder)
+            for name, files in ingested.pushed.items():
+                context.log.info(f"inbox: pushed {files} to input '{name}'")
+            if arrived is None and ingested.rows:
+                arrived = time.time()
+            results = pipeline.run(max_steps=config.max_steps, max_seconds=config.max_seconds)
+            done = time.time()
+            context.log.info(f"executed steps {[r.step for r in results]}")
+            if results:
+                common = {
+                    "steps_executed": len(results),
+                    "first_step": results[0].step,
+                    "input_rows": sum(n for r in results for n in r.inputs.values()),
+                    "seconds_per_step": round(sum(r.seconds for r in results) / len(results), 4),
+                    "state_version": pipeline.state_version,
+                }
+                for view in circuit.outputs:
+                    changed = sum(r.outputs.get(view) or 0 for r in results)
+                    yield dg.MaterializeResult(asset_key=ref.view_key(view), metadata={
+                        "step": results[-1].step, **common,
+                        "rows": pipeline.view_arrow(view).num_rows,
+                        "rows_changed": changed,
+                        "lag_seconds": round(done - arrived, 3) if arrived else 0.0,
+                    })
+        if ingested.rejected:
+            raise dg.Failure(
+                description="inbox files were rejected (moved to rejected/ with the error): "
+                            + "; ".join(p for files in ingested.rejected.values()
+                                        for p in files.values()),
+                metadata={"rejected": {n: list(f) for n, f in ingested.rejected.items()}})
+
+    return step_views

@@ -1,18 +1,69 @@
-"""Where pipelines live, as a Dagster resource: opens the pipeline of a circuit at its root."""
+"""Where pipelines live, as a Dagster resource: opens the pipeline of a circuit at its root, and
+names the inbox folder whose files the ``step`` job ingests."""
 
 from __future__ import annotations
 
+import os
+
 import dagster as dg
-from pyspark.sql import SparkSession
 
 from dbsp_pipeline import Circuit, Pipeline
+from dbsp_pipeline.runtime.status import PipelineStatus, read_status
+from resources.spark import SparkResource
 
 
 class PipelineStore(dg.ConfigurableResource):
-    """The root folder of a pipeline's tables (created on first use)."""
+    """The root folder of a pipeline's tables (created on first use) and its inbox.
+
+    ``inbox`` (default ``<root>/../inbox``, i.e. beside the root) holds one folder per input;
+    files dropped there (``.jsonl``, ``.csv``, ``.parquet``; a ``_weight`` column for deletes)
+    are pushed by the next ``step`` run."""
 
     root: str = "var/dagster/shop"
+    inbox: str = ""
+    retain_checkpoints: int = 2
+    checkpoint_every: int = 1
 
-    def open(self, circuit: Circuit, spark: SparkSession) -> Pipeline:
+    def open(self, circuit: Circuit, spark: SparkResource) -> Pipeline:
         """Open (or create, or recover) the pipeline of ``circuit`` at ``root``."""
-        return Pipeline(circuit, root=self.root, spark=spark)
+        return Pipeline(circuit, root=self.root, spark=spark.session(),
+                        checkpoint_every=self.checkpoint_every,
+                        retain_checkpoints=self.retain_checkpoints)
+
+    def status(self, circuit: Circuit) -> PipelineStatus:
+        """What the pipeline has pending, read without opening it (no Spark, no writes)."""
+        return read_status(self.root, list(circuit.inputs))
+
+    @property
+    def inbox_folder(self) -> str:
+        return self.inbox or os.path.join(os.path.dirname(os.path.abspath(self.root)), "inbox")
+
+
+class PipelineRef:
+    """How the Dagster layer reaches one pipeline: its circuit, the key of its ``PipelineStore``
+    resource, and the names it gives that pipeline's assets, jobs and run tag."""
+
+    #: the run tag every run that opens a pipeline carries (value: the pipeline's name); the
+    #: instance's run queue allows one run per value at a time (``infra/dagster.yaml``)
+    TAG = "dbsp/pipeline"
+
+    def __init__(self, circuit: Circuit, store_key: str | None = None) -> None:
+        self.circuit = circuit
+        self.name = circuit.name
+        self.store_key = store_key or f"{circuit.name}_pipeline"
+
+    def store(self, context) -> PipelineStore:
+        return getattr(context.resources, self.store_key)
+
+    def view_key(self, view: str) -> dg.AssetKey:
+        return dg.AssetKey([self.name, view])
+
+    def input_key(self, name: str) -> dg.AssetKey:
+        return dg.AssetKey([self.name, "inputs", name])
+
+    def job_name(self, what: str) -> str:
+        return f"{self.name}_{what}"
+
+    @property
+    def tags(self) -> dict[str, str]:
+        return {self.TAG: self.name}

@@ -1,24 +1,50 @@
-"""The Spark session as a Dagster resource (one session per run process)."""
+"""The Spark session as a Dagster resource: one session per run process.
+
+Three deployments, chosen by configuration (``definitions.py`` reads them from the environment):
+
+* ``local`` (the default): a local-mode JVM in the run process, started only when a step needs
+  Spark (a step small enough for the driver never starts it; see ``Pipeline``).
+* ``connect``: a client of a long-lived Spark Connect server (``connect_url``, e.g.
+  ``sc://127.0.0.1:15002``; ``infra/spark_connect.sh`` starts one): no JVM in the run process.
+* ``standalone``: a driver in the run process attached to a Spark standalone master
+  (``master``, e.g. ``spark://127.0.0.1:7077``).
+"""
 
 from __future__ import annotations
+
+import os
+from typing import Literal
 
 import dagster as dg
 from pyspark.sql import SparkSession
 
-from dbsp_pipeline.spark_session import local_session
+from dbsp_pipeline.spark_session import LazySession, configure
 
 
 class SparkResource(dg.ConfigurableResource):
-    """A Spark session for the engine. ``master`` is ``local[N]`` (embedded, the default)."""
+    """Where the engine's Spark work runs. See the module docstring."""
 
-    master: str = "local[2]"
+    mode: Literal["local", "connect", "standalone"] = "local"
+    #: local mode: how many cores (``local[N]``)
+    cores: int = 2
+    #: connect mode: the server's URL
+    connect_url: str = "sc://127.0.0.1:15002"
+    #: standalone mode: the master's URL
+    master: str = "spark://127.0.0.1:7077"
     shuffle_partitions: int = 4
 
-    def session(self) -> SparkSession:
-        cores = self.master.removeprefix("local[").removesuffix("]") if self.master.startswith(
-            "local[") else None
-        if cores is None:
-            raise dg.DagsterInvalidConfigError(
-                f"unsupported Spark master '{self.master}': only local[N] for now", [], None)
-        return local_session("dbsp-dagster", cores=cores,
-                             shuffle_partitions=self.shuffle_partitions)
+    def session(self) -> SparkSession | LazySession:
+        """The session for the engine; in local mode a ``LazySession`` (started on first use)."""
+        if self.mode == "local":
+            return LazySession(app_name="dbsp-dagster", cores=self.cores,
+                               shuffle_partitions=self.shuffle_partitions)
+        if self.mode == "connect":
+            return configure(SparkSession.builder.remote(self.connect_url).getOrCreate())
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        spark = (SparkSession.builder.master(self.master).appName("dbsp-dagster")
+                 .config("spark.driver.host", "127.0.0.1")
+                 .config("spark.driver.bindAddress", "127.0.0.1")
+                 .config("spark.sql.shuffle.partitions", str(self.shuffle_partitions))
+                 .config("spark.ui.enabled", "false")
+                 .getOrCreate())
+        return configure(spark)

@@ -121,9 +121,9 @@ class Pipeline:
         circuit: the declared circuit. Reopening a root built by a different circuit fails with
             ``CircuitChangedError``.
         root: a local folder (created if missing).
-        spark: the session to use; ``None`` means the process's local session, started only
-            when something needs Spark (a large step, a read as a DataFrame, the first
-            compilation of the circuit at this root).
+        spark: the session to use; ``None`` (or a ``LazySession``) means the process's local
+            session, started only when something needs Spark (a large step, a read as a
+            DataFrame, the first compilation of the circuit at this root).
         checkpoint_every: commit the state database after this many steps (1: every step).
         driver_step_rows: a step whose inputs changed by at most this many rows runs on the
             driver (Arrow + DuckDB) instead of as Spark jobs, which saves Spark's fixed cost of
@@ -137,7 +137,7 @@ class Pipeline:
             close). At least 2: the seed's two-version database.
     """
 
-    def __init__(self, circuit: Circuit, root: str, spark: SparkSession | None = None, *,
+    def __init__(self, circuit: Circuit, root: str, spark: SparkSession | LazySession | None = None, *,
                  checkpoint_every: int = 1,
                  driver_step_rows: int = DRIVER_STEP_ROWS,
                  compact_threshold: int = COMPACT_FILE_THRESHOLD,
@@ -149,7 +149,9 @@ class Pipeline:
             raise UsageError("checkpoint_every must be at least 1")
         self.circuit = circuit
         self.root = root
-        self.spark = configure(spark) if spark is not None else LazySession()
+        if spark is None:
+            spark = LazySession()
+        self.spark = spark if isinstance(spark, LazySession) else configure(spark)
         self.checkpoint_every = checkpoint_every
         self.driver_step_rows = driver_step_rows
         self._sql = LocalSQL()
@@ -586,6 +588,11 @@ class Pipeline:
     @property
     def next_step(self) -> int:
         return self._db.get_step()
+
+    @property
+    def uncommitted_steps(self) -> int:
+        """Steps executed since the last commit (a crash now would replay them)."""
+        return self._uncommitted_steps
 
     @property
     def state_version(self) -> int:

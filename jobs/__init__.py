@@ -1,0 +1,1 @@
+"""Dagster jobs of a pipeline: step (an asset job), checkpoint, recover, restore."""

@@ -1,0 +1,99 @@
+"""The operator's jobs for one pipeline. Every job runs in one process (the in-process
+executor: a multiprocess executor would start a JVM per op) and carries the pipeline's run tag,
+so the instance's run queue never runs two of them on one pipeline at once.
+
+* ``<name>_step``: materializes the views (``assets/views.py``): ingest, steps, commit; with
+  ``check_views`` also the view checks (``assets/checks.py``).
+* ``<name>_checkpoint``: commit, compact every trace due, collect garbage (and collapse view
+  history beyond ``retain_steps``, if the store sets it).
+* ``<name>_recover``: reopen after a failure: replays the steps divided after the newest
+  checkpoint (their output is verified, not written twice) and reports them.
+* ``<name>_restore``: go back to a retained checkpoint (``version``); refuses unless ``confirm``.
+"""
+
+import time
+
+import dagster as dg
+
+from resources.pipeline_store import PipelineRef
+
+
+class RestoreConfig(dg.Config):
+    """``version``: a retained checkpoint (the ``checkpoints`` metadata of the checkpoint job
+    lists them); ``confirm`` must be true: restoring re-executes every step since then."""
+
+    version: int
+    confirm: bool = False
+
+
+def step_job(ref: PipelineRef, views: dg.AssetsDefinition, checks=None):
+    selection = dg.AssetSelection.assets(views)
+    selection = selection if checks is not None else selection.without_checks()
+    return dg.define_asset_job(ref.job_name("step"), selection=selection, tags=ref.tags,
+                               executor_def=dg.in_process_executor,
+                               description=f"execute the pending steps of pipeline '{ref.name}'")
+
+
+def operation_jobs(ref: PipelineRef) -> list[dg.JobDefinition]:
+    circuit = ref.circuit
+    keys = {ref.store_key, "spark"}
+
+    @dg.op(name=ref.job_name("checkpoint_op"), required_resource_keys=keys)
+    def checkpoint(context: dg.OpExecutionContext) -> None:
+        store = ref.store(context)
+        started = time.monotonic()
+        with store.open(circuit, context.resources.spark) as p:
+            version = p.commit(compact=False) if p.uncommitted_steps else p.state_version
+            compacted = p.compact()
+            history = p.compact_history() if p.retain_steps is not None else {}
+            deleted = p.collect_garbage()
+            context.add_output_metadata({
+                "state_version": version, "next_step": p.next_step,
+                "traces_compacted": compacted, "files_deleted": deleted,
+                "history_compacted_through": history,
+                "checkpoints": [{"version": c.version, "step": c.step} for c in p.checkpoints()],
+                "seconds": round(time.monotonic() - started, 3)})
+
+    @dg.op(name=ref.job_name("recover_op"), required_resource_keys=keys)
+    def recover(context: dg.OpExecutionContext) -> None:
+        store = ref.store(context)
+        started = time.monotonic()
+        with store.open(circuit, context.resources.spark) as p:
+            replayed = p.recovered_steps
+            context.log.info(f"replayed steps {[r.step for r in replayed]}")
+            context.add_output_metadata({
+                "replayed_steps": [r.step for r in replayed],
+                "replayed_input_rows": sum(n for r in replayed for n in r.inputs.values()),
+                "state_version": p.state_version, "next_step": p.next_step,
+                "seconds": round(time.monotonic() - started, 3)})
+
+    @dg.op(name=ref.job_name("restore_op"), required_resource_keys=keys)
+    def restore(context: dg.OpExecutionContext, config: RestoreConfig) -> None:
+        if not config.confirm:
+            raise dg.Failure(description=f"restoring pipeline '{ref.name}' to checkpoint "
+                             f"{config.version} re-executes every step since then: run again "
+                             "with confirm: true")
+        store = ref.store(context)
+        with store.open(circuit, context.resources.spark) as p:
+            available = [c.version for c in p.checkpoints()]
+            if config.version not in available:
+                raise dg.Failure(description=f"checkpoint {config.version} is not retained; "
+                                 f"available: {available}")
+            replayed = p.restore(config.version)
+            context.add_output_metadata({
+                "restored_version": config.version,
+                "replayed_steps": [r.step for r in replayed],
+                "state_version": p.state_version, "next_step": p.next_step})
+
+    def job(name: str, op, description: str) -> dg.JobDefinition:
+        @dg.job(name=ref.job_name(name), tags=ref.tags, executor_def=dg.in_process_executor,
+                description=description)
+        def _job():
+            op()
+        return _job
+
+    return [
+        job("checkpoint", checkpoint, f"commit, compact and collect garbage of '{ref.name}'"),
+        job("recover", recover, f"reopen '{ref.name}' after a failure and replay what it must"),
+        job("restore", restore, f"restore '{ref.name}' to a retained checkpoint"),
+    ]

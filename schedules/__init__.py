@@ -1,0 +1,1 @@
+"""Dagster schedules of a pipeline."""

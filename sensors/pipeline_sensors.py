@@ -1,0 +1,69 @@
+"""Sensors that keep a pipeline moving.
+
+* ``<name>_input_arrival``: launches the step job when input waits: pushes not yet divided into
+  a step (read from the logs without opening the pipeline, ``runtime/status.py``) or complete
+  files in the inbox. Never while a run of the pipeline is queued or in progress; the run key
+  names the step range (next step and input versions, plus inbox files), so the same work is
+  never launched twice. The cursor remembers the last key launched.
+* ``<name>_recover_on_failure``: when a run of the pipeline fails, launches the recover job
+  (run key: the failed run's id).
+"""
+
+import hashlib
+import json
+
+import dagster as dg
+
+from dbsp_pipeline.connectors import inbox
+from resources.pipeline_store import PipelineRef
+
+#: Run statuses during which a pipeline is busy.
+ACTIVE = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
+          dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
+          dg.DagsterRunStatus.CANCELING]
+
+
+def active_runs(instance: dg.DagsterInstance, ref: PipelineRef) -> list:
+    return instance.get_runs(filters=dg.RunsFilter(tags=ref.tags, statuses=ACTIVE), limit=5)
+
+
+def input_arrival_sensor(ref: PipelineRef, step_job, interval: int = 5) -> dg.SensorDefinition:
+    @dg.sensor(name=ref.job_name("input_arrival"), job=step_job,
+               minimum_interval_seconds=interval, required_resource_keys={ref.store_key},
+               default_status=dg.DefaultSensorStatus.RUNNING,
+               description=f"start a step of '{ref.name}' when input arrives")
+    def sensor(context: dg.SensorEvaluationContext):
+        store = ref.store(context)
+        status = store.status(ref.circuit)
+        files = inbox.pending_files(store.inbox_folder, list(ref.circuit.inputs))
+        if not status.has_pending_input and not files:
+            return dg.SkipReason("no input waits")
+        busy = active_runs(context.instance, ref)
+        if busy:
+            return dg.SkipReason(f"run {busy[0].run_id} of pipeline '{ref.name}' is active")
+        key = status.run_key(ref.name)
+        if files:
+            key += ":inbox-" + hashlib.sha1(json.dumps(files, sort_keys=True).encode()
+                                            ).hexdigest()[:12]
+        if context.cursor == key:
+            return dg.SkipReason(f"already launched {key}")
+        context.update_cursor(key)
+        return dg.RunRequest(run_key=key, tags={
+            **ref.tags, "dbsp/from_step": str(status.divided_steps),
+            "dbsp/pending_pushes": str(sum(status.pending.values())),
+            "dbsp/inbox_files": str(sum(len(f) for f in files.values()))})
+
+    return sensor
+
+
+def recover_on_failure_sensor(ref: PipelineRef, monitored: list, recover_job) -> dg.SensorDefinition:
+    @dg.run_failure_sensor(name=ref.job_name("recover_on_failure"), monitored_jobs=monitored,
+                           request_job=recover_job,
+                           default_status=dg.DefaultSensorStatus.RUNNING,
+                           description=f"recover '{ref.name}' after a failed run")
+    def sensor(context: dg.RunFailureSensorContext):
+        failed = context.dagster_run
+        yield dg.RunRequest(run_key=f"recover-after-{failed.run_id}",
+                            tags={**ref.tags, "dbsp/failed_run": failed.run_id})
+
+    return sensor

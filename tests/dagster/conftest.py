@@ -1,0 +1,39 @@
+"""A shop pipeline's definitions at a fresh root per test, and helpers to feed it."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import dagster as dg
+import pytest
+
+from dbsp_pipeline.examples.shop import shop_circuit
+from pipeline_definitions import build_definitions
+
+
+@pytest.fixture
+def root(tmp_path):
+    return str(tmp_path / "shop")
+
+
+@pytest.fixture
+def defs(root, spark):  # spark: the test session, which the local SparkResource then uses
+    return build_definitions(shop_circuit(), root=root)
+
+
+@pytest.fixture
+def instance():
+    with dg.instance_for_test() as inst:
+        yield inst
+
+
+def drop(inbox: str, input_name: str, file: str, records: list[dict]) -> str:
+    """Write an inbox file the way a producer must: under a hidden name, then renamed."""
+    folder = os.path.join(inbox, input_name)
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, "." + file)
+    with open(tmp, "w") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in records)
+    os.replace(tmp, os.path.join(folder, file))
+    return os.path.join(folder, file)

@@ -1,0 +1,139 @@
+"""Each job executed in process against a real pipeline (real Spark, Delta tables on disk)."""
+
+from __future__ import annotations
+
+import os
+
+import dagster as dg
+
+from dbsp_pipeline import Pipeline
+from dbsp_pipeline.examples.shop import shop_circuit
+from dbsp_pipeline.runtime.status import read_status
+from tests.conftest import view_counter
+from tests.dagster.conftest import drop
+
+
+def metadata_of(result, node: str) -> dict:
+    mats = [e for e in result.all_events if e.event_type_value == "STEP_OUTPUT"
+            and e.step_key.startswith(node)]
+    return {k: v.value for k, v in mats[0].event_specific_data.metadata.items()}
+
+
+def test_step_ingests_steps_and_materializes_every_view(defs, root, instance, spark):
+    with Pipeline(shop_circuit(), root, spark) as p:
+        p.push("customers", [(1, "north"), (2, "south")])
+        p.push("orders", [(10, 1, 25.0), (11, 2, 5.0)])
+    inbox = os.path.join(os.path.dirname(root), "inbox")
+    drop(inbox, "orders", "b1.jsonl", [{"order_id": 12, "customer_id": 2, "amount": 40},
+                                       {"order_id": 10, "customer_id": 1, "amount": 25.0,
+                                        "_weight": -1}])
+    result = defs.resolve_job_def("shop_step").execute_in_process(
+        instance=instance, run_config={"ops": {"shop_views": {"config": {"max_steps": 5}}}})
+    assert result.success
+    mats = {e.asset_key.to_user_string(): e.step_materialization_data.materialization.metadata
+            for e in result.get_asset_materialization_events()}
+    assert set(mats) == {"shop/revenue_by_region", "shop/regions", "shop/idle_customers"}
+    m = {k: v.value for k, v in mats["shop/revenue_by_region"].items()}
+    # the pushes and the inbox file were ingested before the first step: one step ran
+    assert m["steps_executed"] == 1 and m["step"] == 0 and m["input_rows"] == 6
+    assert m["rows"] == 1 and m["rows_changed"] == 1 and m["state_version"] >= 1
+    assert m["lag_seconds"] > 0 and m["seconds_per_step"] > 0
+    checks = {(c.asset_key.to_user_string(), c.check_name): c.passed
+              for c in result.get_asset_check_evaluations()}
+    assert len(checks) == 6 and all(checks.values())
+    assert os.listdir(os.path.join(inbox, "orders", "done")) == ["b1.jsonl"]
+    with Pipeline(shop_circuit(), root, spark) as p:
+        assert view_counter(p.view("revenue_by_region")) == {("south", 40.0, 1, 40.0): 1}
+
+
+def test_a_bad_inbox_file_is_rejected_by_name_and_the_good_ones_land(defs, root, instance,
+                                                                     spark):
+    inbox = os.path.join(os.path.dirname(root), "inbox")
+    drop(inbox, "customers", "c.jsonl", [{"customer_id": 1, "region": "north"}])
+    drop(inbox, "orders", "bad.jsonl", [{"order_id": 1, "customer_id": 1, "amount": 30.0},
+                                        {"order_id": "two", "customer_id": 1, "amount": 5.0}])
+    result = defs.resolve_job_def("shop_step").execute_in_process(instance=instance,
+                                                                 raise_on_error=False)
+    assert not result.success
+    failure = result.failure_data_for_node("shop_views").error.message
+    assert "bad.jsonl" in failure and "input 'orders'" in failure
+    error = open(os.path.join(inbox, "orders", "rejected", "bad.jsonl.error.txt")).read()
+    assert "file bad.jsonl: input 'orders'" in error and "order_id" in error
+    with Pipeline(shop_circuit(), root, spark) as p:  # the good file was stepped
+        assert view_counter(p.view("regions")) == {("north",): 1}
+        assert p.next_step == 1
+
+
+def test_checkpoint_recover_and_restore(root, instance, spark):
+    from pipeline_definitions import build_definitions
+    from resources.pipeline_store import PipelineStore
+
+    defs = build_definitions(shop_circuit(), root, resources={
+        "shop_pipeline": PipelineStore(root=root, retain_checkpoints=3)})
+    with Pipeline(shop_circuit(), root, spark, retain_checkpoints=3) as p:
+        for i in range(4):
+            p.push("orders", [(i, 1, 20.0 + i)])
+            p.step()
+    checkpoint = defs.resolve_job_def("shop_checkpoint").execute_in_process(instance=instance)
+    assert checkpoint.success
+    m = metadata_of(checkpoint, "shop_checkpoint_op")
+    assert m["next_step"] == 4 and [c["step"] for c in m["checkpoints"]] == [4, 3, 2]
+
+    recover = defs.resolve_job_def("shop_recover").execute_in_process(instance=instance)
+    assert metadata_of(recover, "shop_recover_op")["replayed_steps"] == []
+
+    restore_job = defs.resolve_job_def("shop_restore")
+    refused = restore_job.execute_in_process(
+        instance=instance, raise_on_error=False,
+        run_config={"ops": {"shop_restore_op": {"config": {"version": 4}}}})
+    assert not refused.success
+    assert "confirm: true" in refused.failure_data_for_node("shop_restore_op").error.message
+    previous = m["checkpoints"][1]["version"]
+    restored = restore_job.execute_in_process(instance=instance, run_config={
+        "ops": {"shop_restore_op": {"config": {"version": previous, "confirm": True}}}})
+    r = metadata_of(restored, "shop_restore_op")
+    assert r["restored_version"] == previous and r["replayed_steps"] == [3]
+    assert read_status(root, ["orders", "customers"]).divided_steps == 4
+
+
+def test_resources_can_be_overridden_in_materialize(root, spark, tmp_path):
+    from assets.checks import view_checks
+    from assets.views import views_asset
+    from resources.pipeline_store import PipelineRef, PipelineStore
+    from resources.spark import SparkResource
+
+    ref = PipelineRef(shop_circuit())
+    elsewhere = str(tmp_path / "elsewhere")
+    with Pipeline(shop_circuit(), elsewhere, spark) as p:
+        p.push("customers", [(5, "west")])
+    result = dg.materialize(
+        [views_asset(ref), view_checks(ref)],
+        resources={"spark": SparkResource(), "shop_pipeline": PipelineStore(root=elsewhere)})
+    assert result.success and not os.path.exists(root)
+    assert all(c.passed for c in result.get_asset_check_evaluations())
+
+
+def test_a_drifted_view_fails_its_check(root, instance, spark):
+    import pyarrow as pa
+
+    from assets.checks import view_checks
+    from assets.views import views_asset
+    from resources.pipeline_store import PipelineRef, PipelineStore
+    from resources.spark import SparkResource
+
+    with Pipeline(shop_circuit(), root, spark) as p:
+        p.push("customers", [(1, "north")])
+        p.step()
+        log = p._outputs["regions"]
+        log.table.commit(log.table.write_arrow(pa.table(
+            {"region": ["north"], "_step": [0], "_weight": [-2]}, schema=log.table.arrow_schema)))
+    ref = PipelineRef(shop_circuit())
+    result = dg.materialize(
+        [views_asset(ref), view_checks(ref)], instance=instance,
+        resources={"spark": SparkResource(), "shop_pipeline": PipelineStore(root=root)},
+        selection=dg.AssetSelection.checks_for_assets(dg.AssetKey(["shop", "regions"])),
+        raise_on_error=False)
+    checks = {c.check_name: c for c in result.get_asset_check_evaluations()
+              if c.asset_key == dg.AssetKey(["shop", "regions"])}
+    assert not checks["positive_multiplicities"].passed
+    assert not checks["matches_recomputation"].passed

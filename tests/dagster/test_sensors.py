@@ -1,0 +1,92 @@
+"""Sensors evaluated with Dagster's test contexts: cursors, an active run, a failed run."""
+
+from __future__ import annotations
+
+import os
+
+import dagster as dg
+
+from dbsp_pipeline import Pipeline
+from dbsp_pipeline.examples.shop import shop_circuit
+from tests.dagster.conftest import drop
+
+
+def sensor_named(defs, name):
+    return next(s for s in defs.sensors if s.name == name)
+
+
+def evaluate(defs, instance, name, cursor=None):
+    sensor = sensor_named(defs, name)
+    context = dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
+                                      resources=defs.resources)
+    return sensor.evaluate_tick(context), context
+
+
+def test_input_arrival_launches_one_step_run_per_step_range(defs, root, instance, spark):
+    result, _ = evaluate(defs, instance, "shop_input_arrival")
+    assert not result.run_requests and "no input waits" in result.skip_message
+
+    with Pipeline(shop_circuit(), root, spark) as p:
+        p.push("customers", [(1, "north")])
+    result, ctx = evaluate(defs, instance, "shop_input_arrival")
+    (request,) = result.run_requests
+    assert request.run_key == "shop:from-step-0:customers=1,orders=0"
+    assert request.tags["dbsp/pipeline"] == "shop" and request.tags["dbsp/pending_pushes"] == "1"
+    assert result.cursor == request.run_key
+
+    # The same pending input with the cursor of the last tick: not launched again.
+    again, _ = evaluate(defs, instance, "shop_input_arrival", cursor=result.cursor)
+    assert not again.run_requests and "already launched" in again.skip_message
+
+    # More input: a new step range, a new key.
+    with Pipeline(shop_circuit(), root, spark) as p:
+        p.push("orders", [(1, 1, 20.0)])
+    more, _ = evaluate(defs, instance, "shop_input_arrival", cursor=result.cursor)
+    assert more.run_requests[0].run_key == "shop:from-step-0:customers=1,orders=1"
+
+    # Once stepped, nothing waits.
+    with Pipeline(shop_circuit(), root, spark) as p:
+        p.run()
+    done, _ = evaluate(defs, instance, "shop_input_arrival", cursor=more.cursor)
+    assert not done.run_requests and "no input waits" in done.skip_message
+
+
+def test_no_step_is_launched_while_a_run_of_the_pipeline_is_active(defs, root, instance, spark):
+    with Pipeline(shop_circuit(), root, spark) as p:
+        p.push("customers", [(1, "north")])
+    job = defs.resolve_job_def("shop_checkpoint")
+    run = instance.create_run_for_job(job, tags={"dbsp/pipeline": "shop"},
+                                      status=dg.DagsterRunStatus.STARTED)
+    result, _ = evaluate(defs, instance, "shop_input_arrival")
+    assert not result.run_requests and run.run_id in result.skip_message
+    instance.report_run_canceled(run)
+    result, _ = evaluate(defs, instance, "shop_input_arrival")
+    assert len(result.run_requests) == 1
+
+
+def test_inbox_files_launch_a_step_keyed_by_the_files(defs, root, instance):
+    inbox = os.path.join(os.path.dirname(root), "inbox")
+    drop(inbox, "customers", "c1.jsonl", [{"customer_id": 1, "region": "north"}])
+    with open(os.path.join(inbox, "customers", ".c2.jsonl"), "w") as fh:  # still being written
+        fh.write('{"customer_id": 2')
+    result, _ = evaluate(defs, instance, "shop_input_arrival")
+    (request,) = result.run_requests
+    assert ":inbox-" in request.run_key and request.tags["dbsp/inbox_files"] == "1"
+
+
+def test_a_failed_run_launches_recover(defs, root, instance):
+    inbox = os.path.join(os.path.dirname(root), "inbox")
+    drop(inbox, "orders", "bad.jsonl", [{"order_id": "x", "customer_id": 1, "amount": 1.0}])
+    failed = defs.resolve_job_def("shop_step").execute_in_process(instance=instance,
+                                                                 raise_on_error=False)
+    assert not failed.success
+    (failure,) = instance.all_logs(failed.run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
+    failure_event = failure.dagster_event
+    sensor = sensor_named(defs, "shop_recover_on_failure")
+    context = dg.build_run_status_sensor_context(
+        sensor_name=sensor.name, dagster_instance=instance, dagster_run=failed.dagster_run,
+        dagster_event=failure_event).for_run_failure()
+    (request,) = list(sensor._run_status_sensor_fn(context))
+    assert request.run_key == f"recover-after-{failed.run_id}"
+    assert request.tags["dbsp/failed_run"] == failed.run_id
+    assert sensor.job_name == "shop_recover"
