@@ -4,15 +4,21 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: setup demo test bench bench-recovery clean
+.PHONY: setup demo demo-engine ui test bench bench-recovery clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml infra/setup.sh
 	bash infra/setup.sh $(VENV)
 	touch $@
 
-demo: setup          ## run the demo pipeline on embedded defaults (local Spark, Delta on disk)
+demo: setup          ## the shop demo end to end through Dagster (sensor, step runs, checks, checkpoint)
+	$(PY) infra/demo.py --fresh
+
+demo-engine: setup   ## the shop demo on the engine alone (no Dagster)
 	$(PY) -m dbsp_pipeline demo --root var/demo
+
+ui: setup            ## the operator's console: dagster dev (webserver + daemon) on 127.0.0.1:3000
+	bash infra/dagster.sh run
 
 test: setup          ## run the whole test suite
 	$(PY) -m pytest $(PYTEST_ARGS)

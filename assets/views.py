@@ -54,8 +54,8 @@ def views_asset(ref: PipelineRef) -> dg.AssetsDefinition:
             ingested = inbox.ingest(pipeline, store.inbox_folder)
             for name, files in ingested.pushed.items():
                 context.log.info(f"inbox: pushed {files} to input '{name}'")
-            if arrived is None and ingested.rows:
-                arrived = time.time()
+            if ingested.oldest_arrival is not None:
+                arrived = min(arrived or ingested.oldest_arrival, ingested.oldest_arrival)
             results = pipeline.run(max_steps=config.max_steps, max_seconds=config.max_seconds)
             done = time.time()
             context.log.info(f"executed steps {[r.step for r in results]}")

@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# Installs what the project needs on a fresh machine: a Java runtime for Spark (Debian package),
-# a Python 3.11 virtual environment, and the pinned packages of pyproject.toml.
+# Installs what the project needs on a fresh machine: Debian packages (a Java runtime for Spark,
+# Chromium for the UI checks), a Python 3.11 virtual environment, and the pinned packages of
+# pyproject.toml.
 set -euo pipefail
 VENV="${1:-.venv}"
 cd "$(dirname "$0")/.."
 
-if ! command -v java >/dev/null 2>&1; then
-  echo "setup: installing a Java runtime for Spark"
+# Debian packages: a Java runtime for Spark, Chromium for the console's UI checks, curl.
+APT=()
+command -v java >/dev/null 2>&1 || APT+=(openjdk-17-jre-headless)
+command -v chromium >/dev/null 2>&1 || APT+=(chromium)
+command -v curl >/dev/null 2>&1 || APT+=(curl)
+if [ "${#APT[@]}" -gt 0 ]; then
+  echo "setup: installing ${APT[*]}"
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
   $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${APT[@]}" >/dev/null
 fi
 
 PYTHON="${PYTHON:-python3.11}"

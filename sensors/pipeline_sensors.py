@@ -11,6 +11,7 @@
 
 import hashlib
 import json
+import os
 
 import dagster as dg
 
@@ -42,8 +43,11 @@ def input_arrival_sensor(ref: PipelineRef, step_job, interval: int = 5) -> dg.Se
         if busy:
             return dg.SkipReason(f"run {busy[0].run_id} of pipeline '{ref.name}' is active")
         key = status.run_key(ref.name)
-        if files:
-            key += ":inbox-" + hashlib.sha1(json.dumps(files, sort_keys=True).encode()
+        if files:  # named by the files and when they arrived (a name may come again)
+            folder = store.inbox_folder
+            arrivals = {n: [(f, os.path.getmtime(os.path.join(folder, n, f))) for f in fs]
+                        for n, fs in files.items()}
+            key += ":inbox-" + hashlib.sha1(json.dumps(arrivals, sort_keys=True).encode()
                                             ).hexdigest()[:12]
         if context.cursor == key:
             return dg.SkipReason(f"already launched {key}")

@@ -39,6 +39,8 @@ class IngestResult:
 
     pushed: dict[str, dict[str, int]] = field(default_factory=dict)
     rejected: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: when the oldest pushed file arrived (its modification time; None if none was pushed)
+    oldest_arrival: float | None = None
 
     @property
     def rows(self) -> int:
@@ -66,6 +68,7 @@ def ingest(pipeline, folder: str) -> IngestResult:
     for name, files in pending_files(folder, list(pipeline.circuit.inputs)).items():
         for file in files:
             path = os.path.join(folder, name, file)
+            arrived = os.path.getmtime(path)
             try:
                 table = read_file(name, path)
                 producer = f"inbox/{name}/{file}"
@@ -86,6 +89,8 @@ def ingest(pipeline, folder: str) -> IngestResult:
                 continue
             _move(path, DONE)
             result.pushed.setdefault(name, {})[file] = rows
+            if result.oldest_arrival is None or arrived < result.oldest_arrival:
+                result.oldest_arrival = arrived
     return result
 
 

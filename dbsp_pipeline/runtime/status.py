@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
+from dbsp_pipeline.storage.state_db import MANIFEST_DIR
+
 
 @dataclass(frozen=True)
 class PipelineStatus:
@@ -27,6 +29,9 @@ class PipelineStatus:
     commit time (seconds since the epoch) of the oldest of them."""
 
     root: str
+    #: the id of this pipeline's state (its manifest table's): a root deleted and created
+    #: again is another pipeline, whose steps are other work ("" before the first open)
+    pipeline_id: str
     divided_steps: int
     versions: dict[str, int]
     divided: dict[str, int]
@@ -41,7 +46,7 @@ class PipelineStatus:
         """A key naming the step range a run would cover: the next step and the input versions
         it would read up to (equal keys: the same work)."""
         versions = ",".join(f"{n}={v}" for n, v in sorted(self.versions.items()))
-        return f"{pipeline}:from-step-{self.divided_steps}:{versions}"
+        return f"{pipeline}@{self.pipeline_id[:8]}:from-step-{self.divided_steps}:{versions}"
 
 
 def read_status(root: str, inputs: list[str]) -> PipelineStatus:
@@ -59,7 +64,10 @@ def read_status(root: str, inputs: list[str]) -> PipelineStatus:
         versions[name], pending[name] = version, len(pushes)
         if pushes:
             oldest = min(pushes) if oldest is None else min(oldest, *pushes)
-    return PipelineStatus(root, divided_steps, versions,
+    manifest = os.path.join(root, MANIFEST_DIR)
+    pipeline_id = (DeltaTable(manifest).metadata().id
+                   if DeltaTable.is_deltatable(manifest) else "")
+    return PipelineStatus(root, pipeline_id, divided_steps, versions,
                           {n: divided.get(n, 0) for n in inputs}, pending, oldest)
 
 

@@ -8,6 +8,7 @@ import dagster as dg
 
 from dbsp_pipeline import Pipeline
 from dbsp_pipeline.examples.shop import shop_circuit
+from dbsp_pipeline.runtime.status import read_status
 from tests.dagster.conftest import drop
 
 
@@ -30,7 +31,9 @@ def test_input_arrival_launches_one_step_run_per_step_range(defs, root, instance
         p.push("customers", [(1, "north")])
     result, ctx = evaluate(defs, instance, "shop_input_arrival")
     (request,) = result.run_requests
-    assert request.run_key == "shop:from-step-0:customers=1,orders=0"
+    pipeline_id = read_status(root, ["orders"]).pipeline_id
+    assert len(pipeline_id) > 8
+    assert request.run_key == f"shop@{pipeline_id[:8]}:from-step-0:customers=1,orders=0"
     assert request.tags["dbsp/pipeline"] == "shop" and request.tags["dbsp/pending_pushes"] == "1"
     assert result.cursor == request.run_key
 
@@ -42,7 +45,7 @@ def test_input_arrival_launches_one_step_run_per_step_range(defs, root, instance
     with Pipeline(shop_circuit(), root, spark) as p:
         p.push("orders", [(1, 1, 20.0)])
     more, _ = evaluate(defs, instance, "shop_input_arrival", cursor=result.cursor)
-    assert more.run_requests[0].run_key == "shop:from-step-0:customers=1,orders=1"
+    assert more.run_requests[0].run_key == f"shop@{pipeline_id[:8]}:from-step-0:customers=1,orders=1"
 
     # Once stepped, nothing waits.
     with Pipeline(shop_circuit(), root, spark) as p:
