@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: setup demo demo-engine ui test bench bench-recovery clean
+.PHONY: setup demo demo-engine ui test bench bench-recovery bench-console clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml infra/setup.sh
@@ -28,6 +28,9 @@ bench: setup         ## the engine benchmark: incremental steps vs Spark recompu
 
 bench-recovery: setup  ## checkpoint cost vs state size, recovery time vs uncommitted steps
 	$(PY) benchmarks/recovery_bench.py $(BENCH_ARGS)
+
+bench-console: setup  ## sensor-to-view latency through Dagster: local Spark vs a Spark Connect server
+	$(PY) benchmarks/console_latency.py $(BENCH_ARGS)
 
 clean:
 	rm -rf var .pytest_cache .hypothesis

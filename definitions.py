@@ -4,7 +4,8 @@ Resources are chosen per deployment through environment variables, defaulting to
 ones (local Spark, Delta tables under ``var/dagster``):
 
 * ``DBSP_ROOT``: where the pipeline's tables live (default ``var/dagster/shop``); its inbox is
-  ``DBSP_INBOX`` (default: ``inbox`` beside the root).
+  ``DBSP_INBOX`` (default: ``inbox`` beside the root). ``DBSP_DRIVER_STEP_ROWS``: steps
+  changing more input rows than this run on Spark (default 200000; 0: every step).
 * ``DBSP_SPARK_MODE``: ``local`` (default), ``connect`` (``DBSP_SPARK_CONNECT_URL``, default
   ``sc://127.0.0.1:15002``) or ``standalone`` (``DBSP_SPARK_MASTER``).
 * ``DBSP_KAFKA_BOOTSTRAP`` and, for a secured broker, ``DBSP_KAFKA_USER`` /
@@ -18,8 +19,10 @@ import os
 import dagster as dg
 
 from dbsp_pipeline.examples.shop import shop_circuit
+from dbsp_pipeline.runtime.pipeline import DRIVER_STEP_ROWS
 from pipeline_definitions import build_definitions
 from resources.kafka import KafkaResource
+from resources.pipeline_store import PipelineStore
 from resources.spark import SparkResource
 
 
@@ -33,10 +36,14 @@ def _kafka() -> KafkaResource:
                                                           "127.0.0.1:9092"))
 
 
+ROOT = os.environ.get("DBSP_ROOT", "var/dagster/shop")
+
 defs = build_definitions(
     shop_circuit(),
-    root=os.environ.get("DBSP_ROOT", "var/dagster/shop"),
-    inbox=os.environ.get("DBSP_INBOX", ""),
+    root=ROOT,
+    store=PipelineStore(root=ROOT, inbox=os.environ.get("DBSP_INBOX", ""),
+                        driver_step_rows=int(os.environ.get("DBSP_DRIVER_STEP_ROWS",
+                                                            DRIVER_STEP_ROWS))),
     spark=SparkResource(
         mode=os.environ.get("DBSP_SPARK_MODE", "local"),
         connect_url=os.environ.get("DBSP_SPARK_CONNECT_URL", "sc://127.0.0.1:15002"),

@@ -33,13 +33,15 @@ from sensors.pipeline_sensors import input_arrival_sensor, recover_on_failure_se
 
 
 def build_definitions(circuit: Circuit, root: str, *, spark: SparkResource | None = None,
-                      inbox: str = "", check_views: bool = True,
+                      inbox: str = "", store: PipelineStore | None = None,
+                      check_views: bool = True,
                       checkpoint_cron: str = "*/15 * * * *",
                       sensor_interval_seconds: int = 5,
                       resources: dict | None = None) -> dg.Definitions:
     """The definitions of the pipeline of ``circuit`` stored at ``root``.
 
-    ``check_views``: run the view checks in every step run (they recompute the views from
+    ``store``: the pipeline store with options (retention, ``driver_step_rows``); by default
+    one at ``root`` with ``inbox``. ``check_views``: run the view checks in every step run (they recompute the views from
     scratch, a cost that follows the data: turn off for large pipelines and run them from the
     asset page or a schedule instead). ``resources`` are added or override the defaults.
     """
@@ -56,6 +58,6 @@ def build_definitions(circuit: Circuit, root: str, *, spark: SparkResource | Non
                  recover_on_failure_sensor(ref, [step, checkpoint], recover)],
         schedules=[checkpoint_schedule(ref, checkpoint, checkpoint_cron)],
         resources={"spark": spark or SparkResource(),
-                   ref.store_key: PipelineStore(root=root, inbox=inbox),
+                   ref.store_key: store or PipelineStore(root=root, inbox=inbox),
                    **(resources or {})},
     )

@@ -14,6 +14,7 @@ PORT="${2:-${DAGSTER_PORT:-3000}}"
 export DAGSTER_HOME="${DAGSTER_HOME:-$PWD/$VAR/home}"
 export SPARK_LOCAL_IP=127.0.0.1
 PIDFILE="$VAR/dagster.pid"
+. infra/processes.sh
 mkdir -p "$DAGSTER_HOME" "$VAR"
 cp infra/dagster.yaml "$DAGSTER_HOME/dagster.yaml"
 
@@ -45,16 +46,7 @@ os.execv(sys.argv[1], sys.argv[1:])' "$VENV/bin/dagster" dev -w workspace.yaml -
   stop)
     # dagster dev shuts its webserver, daemon and code servers down on SIGINT; whatever is
     # left of its process group after 30 s is killed.
-    if [ -f "$PIDFILE" ]; then
-      PGID="$(cat "$PIDFILE")"
-      kill -INT "$PGID" 2>/dev/null || true
-      for _ in $(seq 1 30); do
-        kill -0 -- "-$PGID" 2>/dev/null || break
-        sleep 1
-      done
-      kill -KILL -- "-$PGID" 2>/dev/null || true
-      rm -f "$PIDFILE"
-    fi
+    if [ -f "$PIDFILE" ]; then stop_started INT "-$(cat "$PIDFILE")" "$PIDFILE"; fi
     ;;
   *)
     echo "usage: $0 run|start|stop [port]" >&2

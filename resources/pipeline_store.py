@@ -8,6 +8,7 @@ import os
 import dagster as dg
 
 from dbsp_pipeline import Circuit, Pipeline
+from dbsp_pipeline.runtime.pipeline import DRIVER_STEP_ROWS
 from dbsp_pipeline.runtime.status import PipelineStatus, read_status
 from resources.spark import SparkResource
 
@@ -23,12 +24,15 @@ class PipelineStore(dg.ConfigurableResource):
     inbox: str = ""
     retain_checkpoints: int = 2
     checkpoint_every: int = 1
+    #: steps changing at most this many input rows run on the driver, bigger ones on Spark
+    driver_step_rows: int = DRIVER_STEP_ROWS
 
     def open(self, circuit: Circuit, spark: SparkResource) -> Pipeline:
         """Open (or create, or recover) the pipeline of ``circuit`` at ``root``."""
         return Pipeline(circuit, root=self.root, spark=spark.session(),
                         checkpoint_every=self.checkpoint_every,
-                        retain_checkpoints=self.retain_checkpoints)
+                        retain_checkpoints=self.retain_checkpoints,
+                        driver_step_rows=self.driver_step_rows)
 
     def status(self, circuit: Circuit) -> PipelineStatus:
         """What the pipeline has pending, read without opening it (no Spark, no writes)."""

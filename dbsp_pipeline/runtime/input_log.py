@@ -29,6 +29,8 @@ from dbsp_pipeline.zset import WEIGHT, consolidate
 
 #: Delta app-transaction id of a producer's sequence numbers: ``producer/<name>``.
 PRODUCER_APP_PREFIX = "producer/"
+#: commit metadata: how many records of the pushed batch were rejected (errors sink)
+REJECTED_KEY = "dbsp.rejected"
 
 
 class InputLog:
@@ -44,16 +46,17 @@ class InputLog:
         return self.table.arrow_schema
 
     def append_arrow(self, table: pa.Table, producer: str | None = None,
-                     seq: int | None = None) -> int:
+                     seq: int | None = None, rejected: int = 0) -> int:
         """Durably append (payload + ``_weight``) rows; returns how many.
 
         With ``producer``/``seq`` the commit also records ``seq`` as the producer's newest
         sequence number (a Delta app transaction), atomically with the rows: a batch is either
-        recorded with its number or not at all.
+        recorded with its number or not at all. ``rejected`` counts records of the batch that
+        were not valid (sent to the errors sink); the commit records it for the step's result.
         """
         adds = self.table.write_arrow(table)
         if adds or producer is not None:
-            self._commit(adds, producer, seq)
+            self._commit(adds, producer, seq, {REJECTED_KEY: rejected} if rejected else None)
         return table.num_rows
 
     def append_spark(self, df: DataFrame, producer: str | None = None,
@@ -101,11 +104,18 @@ class InputLog:
         """The newest sequence number recorded for ``producer`` (None if none)."""
         return self.table.transaction_version(PRODUCER_APP_PREFIX + producer)
 
-    def _commit(self, adds: list, producer: str | None, seq: int | None) -> None:
+    def _commit(self, adds: list, producer: str | None, seq: int | None,
+                metadata: dict | None = None) -> None:
         if producer is None:
-            self.table.commit(adds)
+            self.table.commit(adds, metadata=metadata)
         else:
-            self.table.commit(adds, app_id=PRODUCER_APP_PREFIX + producer, app_version=seq)
+            self.table.commit(adds, app_id=PRODUCER_APP_PREFIX + producer, app_version=seq,
+                              metadata=metadata)
+
+    def rejected_between(self, lower: int, upper: int) -> int:
+        """How many invalid records the pushes of versions ``lower+1 .. upper`` left out."""
+        return sum(int(info.get(REJECTED_KEY, 0))
+                   for info in self.table.commit_infos(lower, upper))
 
     def version(self) -> int:
         return self.table.version()

@@ -19,6 +19,7 @@ import os
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, FloatType, LongType, StructField, StructType
@@ -181,6 +182,15 @@ class OutputLog:
             df = df.where(F.col(STEP) <= as_of)
         return consolidate(df, self.schema.fieldNames()).select(
             *[quote(c) for c in self.schema.fieldNames()], WEIGHT)
+
+    def step_arrow(self, step: int) -> pa.Table:
+        """The change written for ``step`` (payload + ``_weight``), read on the driver; only
+        files whose ``_step`` range holds ``step`` are opened."""
+        self._check_retained(step - 1, "the change of step")
+        files = [f for f in self.table.files()
+                 if f.step_min is not None and f.step_min <= step <= f.step_max]
+        rows = self.table.read_arrow(files, where=pc.field(STEP) == step)
+        return rows.select([*self.schema.fieldNames(), WEIGHT])
 
     def view_arrow(self, sql: LocalSQL) -> pa.Table:
         """The view's newest value read on the driver: payload + ``_weight``, consolidated."""

@@ -42,6 +42,7 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
 
 from dbsp_pipeline.circuit import Circuit
 from dbsp_pipeline.driver.sql import LocalSQL
@@ -83,6 +84,10 @@ class StepInfo:
 
     step: int
     inputs: dict[str, tuple[int, int]]
+    #: per input, per tracked producer (``track_producers``), the sequence numbers (offsets)
+    #: ``(after, upto]`` the step consumed; ``after`` is None when the step before did not track
+    #: it (then everything up to ``upto`` not consumed before)
+    offsets: dict[str, dict[str, tuple[int | None, int | None]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -99,6 +104,9 @@ class StepResult:
     committed_version: int | None = None
     #: whether the step ran on the driver (small change) rather than as Spark jobs
     on_driver: bool = False
+    #: per input fed by a tracked source, invalid records left out of the step's pushes (they
+    #: are in the errors sink); empty for inputs fed by ``push`` alone
+    rejected: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -182,6 +190,7 @@ class Pipeline:
         self._halt_at: int | None = None  # run() starts no step >= this (-1: none at all)
         self._uncommitted_steps = 0
         self._closed = False
+        self._tracked: dict[str, set[str]] = {}  # input -> producers whose offsets divisions record
         #: the steps executed again at open: divided before a crash, not yet committed
         self.recovered_steps: list[StepResult] = self._recover()
 
@@ -250,10 +259,12 @@ class Pipeline:
         return table.num_rows
 
     def push_zset(self, name: str, table: pa.Table, *, producer: str | None = None,
-                  seq: int | None = None) -> int:
+                  seq: int | None = None, rejected: int = 0) -> int:
         """``push`` a Z-set: an Arrow table of the input's columns plus ``_weight`` (a nonzero
         integer per row: its multiplicity, negative to delete). Same checks, durability and
-        idempotence as ``push``; returns how many rows were appended."""
+        idempotence as ``push``; returns how many rows were appended. ``rejected``: how many
+        records of the source batch were invalid and left out (recorded with the push, and
+        reported in the result of the step that consumes it)."""
         self._require_open()
         with self._lock:
             log = self._input(name)
@@ -261,7 +272,7 @@ class Pipeline:
                 return 0
             zset = records.zset_to_arrow(name, table, log.schema, log.arrow_schema)
             if zset.num_rows or producer is not None:
-                log.append_arrow(zset, producer, seq)
+                log.append_arrow(zset, producer, seq, rejected)
             return zset.num_rows
 
     @staticmethod
@@ -279,6 +290,21 @@ class Pipeline:
             raise UsageError(f"input '{name}': seq must be an integer >= 0, got {seq!r}")
         last = log.pushed(producer)
         return last is not None and seq <= last
+
+    def input_schema(self, name: str) -> StructType:
+        """The columns of input ``name`` (without ``_weight``)."""
+        return self._input(name).schema
+
+    def input_arrow_schema(self, name: str) -> pa.Schema:
+        """The Arrow schema of input ``name``'s log: its columns and ``_weight``."""
+        return self._input(name).arrow_schema
+
+    def track_producers(self, name: str, producers: list[str]) -> None:
+        """Record, with every step's division from now on, the newest sequence number of each
+        of ``producers`` on input ``name`` (``step_info`` then tells the offsets a step
+        consumed). A source whose sequence numbers are its offsets (Kafka) calls this."""
+        self._input(name)
+        self._tracked.setdefault(name, set()).update(producers)
 
     def pushed(self, name: str, producer: str) -> int | None:
         """The newest sequence number ``producer`` pushed to input ``name`` (None if none)."""
@@ -305,13 +331,18 @@ class Pipeline:
         # 1-2. The division of input for step s: recorded before any output of s exists.
         uppers = self._divisions.get(s)
         if uppers is None:
-            uppers = self._divisions.record(s, {n: self._inputs[n].version() for n in names})
+            offsets = {n: {producer: self._inputs[n].pushed(producer) for producer in sorted(ps)}
+                       for n, ps in self._tracked.items()}
+            uppers = self._divisions.record(s, {n: self._inputs[n].version() for n in names},
+                                            offsets)
         lowers = self._divisions.lower(s, names)
 
         # 3. Each input's change for step s; a small one is read on the driver.
         result = StepResult(step=s)
         files = {n: self._inputs[n].files_between(lowers[n], uppers.get(n, 0)) for n in names}
         result.inputs = {n: sum(f.rows for f in fs) for n, fs in files.items()}
+        result.rejected = {n: self._inputs[n].rejected_between(lowers[n], uppers.get(n, 0))
+                           for n in self._tracked}
         result.on_driver = (0 < self.driver_step_rows
                             and sum(result.inputs.values()) <= self.driver_step_rows
                             and self._plan.runs_on_driver)
@@ -446,7 +477,11 @@ class Pipeline:
                              f"executed (next step: {self._db.get_step()})")
         names = list(self._inputs)
         lowers = self._divisions.lower(step, names)
-        return StepInfo(step, {n: (lowers[n], uppers.get(n, lowers[n])) for n in names})
+        before = self._divisions.offsets(step - 1) if step > 0 else {}
+        offsets = {n: {producer: ((before.get(n) or {}).get(producer), upto)
+                       for producer, upto in ps.items()}
+                   for n, ps in self._divisions.offsets(step).items()}
+        return StepInfo(step, {n: (lowers[n], uppers.get(n, lowers[n])) for n in names}, offsets)
 
     def commit(self, compact: bool = True) -> int:
         """Commit the state database (a checkpoint); returns the new state version. Then, with
@@ -576,6 +611,14 @@ class Pipeline:
         step = self._db.get_step() - 1
         division = self._divisions.get(step) if step >= 0 else None
         return (division or {}).get(name, 0)
+
+    def step_changes_arrow(self, name: str, step: int) -> pa.Table:
+        """The change of output ``name`` in step ``step`` (payload + ``_weight``), as Arrow."""
+        return self._output(name).step_arrow(step)
+
+    def output_last(self, name: str) -> int:
+        """The next step output ``name``'s log will append (every step before it is written)."""
+        return self._output(name).last()
 
     def view_arrow(self, name: str) -> pa.Table:
         """``view(name)`` (the newest value) read on the driver, as Arrow: no Spark needed."""

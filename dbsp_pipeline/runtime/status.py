@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
+from dbsp_pipeline.runtime import division_log
 from dbsp_pipeline.storage.state_db import MANIFEST_DIR
 
 
@@ -78,7 +79,7 @@ def _last_division(uri: str) -> tuple[int, dict[str, int]]:
     for path in DeltaTable(uri).file_uris():
         for row in pq.read_table(path.removeprefix("file://")).to_pylist():
             if row["step"] > last:
-                last, uppers = row["step"], json.loads(row["uppers"])
+                last, uppers = row["step"], division_log.parse(row["uppers"])[0]
     return last + 1, uppers
 
 

@@ -150,6 +150,20 @@ class SparkDeltaTable:
                                                    add.get("stats") or "{}"))
         return out
 
+    def commit_infos(self, lower: int, upper: int) -> list[dict]:
+        """The commit information (with custom metadata) of versions ``lower+1 .. upper`` that
+        are still on disk."""
+        out = []
+        for v in range(lower + 1, upper + 1):
+            try:
+                with open(os.path.join(self.uri, "_delta_log", f"{v:020d}.json")) as fh:
+                    lines = fh.read().splitlines()
+            except FileNotFoundError:
+                continue
+            out.extend(info for info in (json.loads(line).get("commitInfo") for line in lines
+                                         if line.strip()) if info is not None)
+        return out
+
     def commit_metadata(self, key: str, value: object) -> dict | None:
         """The commit information of the newest commit whose custom metadata has ``key`` equal
         to ``value`` (None if no retained commit has), searching from the newest commit back."""
@@ -182,7 +196,7 @@ class SparkDeltaTable:
         if sort_by:
             ordered = ordered.sortWithinPartitions(*[quote(c) for c in sort_by])
         try:
-            ordered.write.mode("errorifexists").parquet(folder)
+            ordered.write.parquet(folder)  # the default mode: fail if the folder exists
         except Exception as e:
             raise StorageError(f"writing data files to {folder} failed: {e}",
                                definitely_failed=True) from e

@@ -1,0 +1,150 @@
+"""Decoding source records (Kafka message values) into rows with weights, and encoding view
+changes back into records.
+
+JSON (the default format), one object per record:
+
+* ``{"insert": {<row>}}`` adds the row, ``{"delete": {<row>}}`` retracts it;
+* a plain row ``{<column>: <value>, ...}`` is an insert.
+
+CSV, one line per record: the input's columns in declaration order; one extra last field, if
+present, is the weight (``1`` insert, ``-1`` delete).
+
+``decode`` never raises for a bad record: it returns the record's problem instead, so a caller
+can send it to the errors sink and go on. Values are not type-checked here; the push that
+follows checks every row against the input's schema (``runtime/records.py``), and ``Batch``
+finds which record a type error belongs to.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from dbsp_pipeline.errors import InputError
+from dbsp_pipeline.runtime import records
+from dbsp_pipeline.zset import WEIGHT
+
+FORMATS = ("json", "csv")
+ENVELOPES = {"insert": 1, "delete": -1}
+
+
+class DecodeError(ValueError):
+    """Why one record cannot be a row of the input."""
+
+
+def decode(value: bytes | None, columns: Sequence[str], fmt: str = "json") -> tuple[dict, int]:
+    """One record → ``(row, weight)``; raises ``DecodeError`` naming the problem."""
+    if value is None:
+        raise DecodeError("empty record (no value)")
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DecodeError(f"not UTF-8: {e}") from None
+    return _decode_json(text, columns) if fmt == "json" else _decode_csv(text, columns)
+
+
+def _decode_json(text: str, columns: Sequence[str]) -> tuple[dict, int]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DecodeError(f"undecodable JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise DecodeError(f"a record must be a JSON object, got {type(data).__name__}")
+    weight = 1
+    if len(data) == 1 and next(iter(data)) not in columns:
+        (key, row), = data.items()
+        if key not in ENVELOPES:
+            raise DecodeError(f"unknown envelope '{key}' (expected 'insert' or 'delete', or a "
+                              f"plain row of ({', '.join(columns)}))")
+        if not isinstance(row, dict):
+            raise DecodeError(f"'{key}' must hold a JSON object, got {type(row).__name__}")
+        data, weight = row, ENVELOPES[key]
+    unknown = [k for k in data if k not in columns]
+    missing = [c for c in columns if c not in data]
+    if unknown or missing:
+        parts = ([f"unknown field(s) {unknown}"] if unknown else []) + (
+            [f"missing field(s) {missing}"] if missing else [])
+        raise DecodeError("; ".join(parts) + f"; the input has ({', '.join(columns)})")
+    return data, weight
+
+
+def _decode_csv(text: str, columns: Sequence[str]) -> tuple[dict, int]:
+    try:
+        (fields,) = list(csv.reader(io.StringIO(text.rstrip("\r\n"))))
+    except (csv.Error, ValueError) as e:
+        raise DecodeError(f"not one CSV line: {e}") from None
+    weight = 1
+    if len(fields) == len(columns) + 1:
+        last = fields.pop()
+        try:
+            weight = int(last)
+        except ValueError:
+            raise DecodeError(f"the weight field must be an integer, got {last!r}") from None
+        if weight == 0:
+            raise DecodeError("the weight field must not be 0")
+    if len(fields) != len(columns):
+        raise DecodeError(f"{len(fields)} fields, the input has {len(columns)} columns "
+                          f"({', '.join(columns)}) and an optional weight")
+    return {c: (None if f == "" else f) for c, f in zip(columns, fields)}, weight
+
+
+@dataclass
+class Batch:
+    """Decoded records of one input: the valid ones as a Z-set, the rest with their problem.
+
+    ``rows`` holds ``(position, row, weight)``; ``to_zset`` type-checks them against the input
+    and moves a record whose values do not fit to ``bad``."""
+
+    input_name: str
+    columns: list[str]
+    fmt: str = "json"
+    rows: list[tuple[Any, dict, int]] = field(default_factory=list)
+    bad: list[tuple[Any, str]] = field(default_factory=list)
+
+    def add(self, position: Any, value: bytes | None) -> None:
+        try:
+            row, weight = decode(value, self.columns, self.fmt)
+        except DecodeError as e:
+            self.bad.append((position, str(e)))
+            return
+        self.rows.append((position, row, weight))
+
+    def to_zset(self, schema, arrow_schema: pa.Schema) -> pa.Table:
+        """The valid rows as an Arrow Z-set of the input (payload + ``_weight``)."""
+        try:
+            return self._convert(self.rows, schema, arrow_schema)
+        except InputError:
+            pass
+        good = []
+        for item in self.rows:  # find the records at fault, one by one
+            try:
+                self._convert([item], schema, arrow_schema)
+                good.append(item)
+            except InputError as e:
+                self.bad.append((item[0], e.problem if e.column is None
+                                 else f"column '{e.column}': {e.problem}"))
+        self.rows = good
+        return self._convert(good, schema, arrow_schema)
+
+    def _convert(self, items, schema, arrow_schema: pa.Schema) -> pa.Table:
+        rows: Any = [row for _, row, _ in items]
+        if self.fmt == "csv":  # text fields: Arrow casts them to the column types
+            rows = pa.table({c: pa.array([r[c] for r in rows], pa.string())
+                             for c in self.columns})
+        table = records.to_arrow(self.input_name, rows, schema, arrow_schema, 1)
+        weights = pa.array([w for _, _, w in items], pa.int64())
+        return table.set_column(table.schema.get_field_index(WEIGHT),
+                                arrow_schema.field(WEIGHT), weights)
+
+
+def encode_change(row: dict, weight: int) -> list[bytes]:
+    """A view's change row as records: ``|weight|`` copies of ``{"insert"|"delete": row}``."""
+    key = "insert" if weight > 0 else "delete"
+    record = json.dumps({key: row}, sort_keys=True, default=str).encode()
+    return [record] * abs(weight)

@@ -1,0 +1,68 @@
+"""The errors sink: records a source could not turn into rows, kept with where they came from.
+
+One Delta table per pipeline, ``<root>/_errors``: ``input``, ``source`` (e.g. the Kafka topic),
+``partition``, ``offset``, ``reason``, ``record`` (the raw value, as text, cut at 4 KiB) and
+``rejected_at``. Writes are idempotent per source partition: each write records, as a Delta app
+transaction ``errors/<producer>``, the offset it covers up to, and records at or below the
+recorded offset are not written again (a source that re-reads after a crash).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+
+import pyarrow as pa
+from pyspark.sql.types import (
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from dbsp_pipeline.storage.delta_table import SparkDeltaTable
+
+ERRORS_DIR = "_errors"
+RECORD_LIMIT = 4096
+SCHEMA = StructType([
+    StructField("input", StringType(), False),
+    StructField("source", StringType(), False),
+    StructField("partition", IntegerType(), True),
+    StructField("offset", LongType(), True),
+    StructField("reason", StringType(), False),
+    StructField("record", StringType(), True),
+    StructField("rejected_at", TimestampType(), False),
+])
+
+
+class ErrorsSink:
+    def __init__(self, spark, root: str) -> None:
+        self.table = SparkDeltaTable(spark, os.path.join(root, ERRORS_DIR), SCHEMA, role="errors")
+
+    def recorded_upto(self, producer: str) -> int | None:
+        """The offset through which ``producer``'s rejected records are recorded (None: none)."""
+        return self.table.transaction_version("errors/" + producer)
+
+    def record(self, producer: str, upto: int, rejected: list[dict]) -> int:
+        """Durably record ``rejected`` (dicts of the schema's columns but ``rejected_at``), the
+        rejects of ``producer``'s records through offset ``upto``; those at or below an offset
+        already recorded are skipped. Returns how many were written."""
+        done = self.recorded_upto(producer)
+        fresh = [r for r in rejected if done is None or r["offset"] is None or r["offset"] > done]
+        if not fresh or (done is not None and upto <= done):
+            return 0
+        now = dt.datetime.now(dt.timezone.utc)
+        rows = [{**r, "record": None if r.get("record") is None else r["record"][:RECORD_LIMIT],
+                 "rejected_at": now} for r in fresh]
+        table = pa.Table.from_pylist(rows, schema=self.table.arrow_schema)
+        self.table.commit(self.table.write_arrow(table), app_id="errors/" + producer,
+                          app_version=upto)
+        return len(rows)
+
+    def read(self) -> pa.Table:
+        """Every recorded reject."""
+        files = self.table.files()
+        return (self.table.read_arrow(files) if files
+                else self.table.arrow_schema.empty_table())

@@ -1,0 +1,413 @@
+"""Kafka in and out, exactly once.
+
+**In** (``KafkaSource``): each bound input reads one topic (any number of partitions, all
+assigned to this worker: the layout has one). A partition's records are pushed into the input's
+durable log with the producer name ``kafka/<topic>/<partition>`` and, as sequence number, the
+offset of the batch's last record: the records and the offset are committed together, so after
+a crash the source resumes at the recorded offset + 1 and no record enters twice or is lost. The
+pipeline tracks these producers, so every step's division records the offsets it reaches
+(``Pipeline.step_info(s).offsets``): the seed's ``input-step`` record, written before any output
+of the step. Replay after a crash re-reads those records from the input log, where they are
+durable whatever the topic's retention. Records are read with ``isolation.level=read_committed``.
+
+Formats (``codec.py``): JSON with an ``insert``/``delete`` envelope (a plain row inserts), or
+CSV. A record that cannot be decoded, or whose values do not fit the input, goes to the errors
+sink (``errors_sink.py``: topic, partition, offset, reason, raw record) and the batch goes on;
+the step that consumes the batch reports the count (``StepResult.rejected``).
+
+**Out** (``KafkaSink``): each bound view writes its changes to a topic. One transactional
+producer per pipeline and worker (``transactional.id`` = ``dbsp-<circuit>-<pipeline id>-w<n>``):
+starting it fences any older producer with the same id, so a second process running as the same
+pipeline stops the first one's output. Step ``s`` of every view is written in one transaction:
+each changed row as ``|weight|`` records ``{"insert": row}`` or ``{"delete": row}`` (key: the
+row), with headers ``dbsp.step``, ``dbsp.worker`` and ``dbsp.pipeline``, plus one record on the
+side topic ``<topic>.steps`` (one partition): ``{"step": s, "rows": n, "offsets": {...}}``,
+where ``offsets`` maps each input fed by Kafka to the partition offsets ``(after, upto]`` the
+step consumed. That side topic is how a consumer maps output back to input, and how the sink
+finds ``last`` at start: the step after the newest one committed there. The seed's write rules
+follow: steps below ``last`` are already out and are skipped; ``last`` is appended. The changes
+come from the view's durable output log (never recomputed), which a lease (``Pipeline.reader``)
+keeps from being compacted before they are out. A consumer with ``isolation.level=
+read_committed`` sees every step exactly once.
+
+``KafkaRunner`` ties both to a pipeline: poll, step while input is pending, emit.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from dbsp_pipeline.connectors.codec import FORMATS, Batch, encode_change
+from dbsp_pipeline.connectors.errors_sink import ErrorsSink
+from dbsp_pipeline.errors import PipelineFencedError, StorageError, UsageError
+from dbsp_pipeline.runtime.status import read_status
+from dbsp_pipeline.storage import crash_points
+
+#: suffix of the side topic that records, per step, what a view's output came from
+STEPS_SUFFIX = ".steps"
+HEADER_STEP, HEADER_WORKER, HEADER_PIPELINE = "dbsp.step", "dbsp.worker", "dbsp.pipeline"
+
+
+@dataclass(frozen=True)
+class KafkaInput:
+    """Circuit input ``input`` is fed by ``topic`` in ``format`` (``json`` or ``csv``)."""
+
+    input: str
+    topic: str
+    format: str = "json"
+
+
+@dataclass(frozen=True)
+class KafkaOutput:
+    """View ``view`` is written to ``topic`` (created with ``partitions`` if missing)."""
+
+    view: str
+    topic: str
+    partitions: int = 1
+
+
+def producer_name(topic: str, partition: int) -> str:
+    """The input-log producer whose sequence numbers are ``topic``/``partition``'s offsets."""
+    return f"kafka/{topic}/{partition}"
+
+
+@dataclass
+class PollResult:
+    """Per input: rows pushed and records rejected by one ``KafkaSource.poll``."""
+
+    pushed: dict[str, int] = field(default_factory=dict)
+    rejected: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def records(self) -> int:
+        return sum(self.pushed.values()) + sum(self.rejected.values())
+
+
+class KafkaSource:
+    """Reads the bound topics into the pipeline's input logs. See the module docstring."""
+
+    def __init__(self, pipeline, config: dict, inputs: Sequence[KafkaInput],
+                 errors: ErrorsSink | None = None) -> None:
+        topics = [b.topic for b in inputs]
+        if len(set(topics)) != len(topics):
+            raise UsageError(f"a topic can feed one input only: {topics}")
+        for b in inputs:
+            if b.format not in FORMATS:
+                raise UsageError(f"input '{b.input}': format must be one of {FORMATS}")
+            pipeline.input_schema(b.input)  # an unknown input is an error here
+        self.pipeline = pipeline
+        self.bindings = {b.topic: b for b in inputs}
+        self.errors = errors or ErrorsSink(pipeline.spark, pipeline.root)
+        self.config = dict(config)
+        self._consumer = Consumer({
+            **self.config, "group.id": f"dbsp-{pipeline.circuit.name}",
+            "enable.auto.commit": False, "enable.auto.offset.store": False,
+            "isolation.level": "read_committed", "auto.offset.reset": "earliest",
+            "enable.partition.eof": False})
+        self._assigned: set[tuple[str, int]] = set()
+        self._admin = AdminClient(self.config)
+
+    # -- reading ---------------------------------------------------------------------------
+    def poll(self, max_records: int = 50_000, timeout: float = 0.5) -> PollResult:
+        """Read what the topics have (up to ``max_records``, waiting up to ``timeout`` for the
+        first) and push it, one push per partition batch; returns the counts."""
+        self._assign_new_partitions()
+        result = PollResult()
+        messages = self._consumer.consume(max_records, timeout)
+        by_partition: dict[tuple[str, int], list] = defaultdict(list)
+        for m in messages:
+            if m.error():
+                if m.error().code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise StorageError(f"reading Kafka failed: {m.error()}", definitely_failed=True)
+            by_partition[(m.topic(), m.partition())].append(m)
+        try:
+            for (topic, partition), batch in by_partition.items():
+                pushed, rejected = self._push(topic, partition, batch)
+                name = self.bindings[topic].input
+                result.pushed[name] = result.pushed.get(name, 0) + pushed
+                result.rejected[name] = result.rejected.get(name, 0) + rejected
+        except BaseException:
+            self._rewind()  # positions moved past records not recorded: read them again
+            raise
+        return result
+
+    def _push(self, topic: str, partition: int, messages: list) -> tuple[int, int]:
+        binding = self.bindings[topic]
+        log_schema = self.pipeline.input_schema(binding.input)
+        batch = Batch(binding.input, log_schema.fieldNames(), binding.format)
+        raw = {}
+        for m in messages:
+            batch.add(m.offset(), m.value())
+            raw[m.offset()] = m.value()
+        zset = batch.to_zset(log_schema, self.pipeline.input_arrow_schema(binding.input))
+        producer = producer_name(topic, partition)
+        upto = messages[-1].offset()
+        if batch.bad:
+            self.errors.record(producer, upto, [
+                {"input": binding.input, "source": topic, "partition": partition,
+                 "offset": offset, "reason": reason,
+                 "record": None if raw[offset] is None
+                 else raw[offset].decode("utf-8", errors="replace")}
+                for offset, reason in sorted(batch.bad)])
+        self.pipeline.push_zset(binding.input, zset, producer=producer, seq=upto,
+                                rejected=len(batch.bad))
+        return zset.num_rows, len(batch.bad)
+
+    def lag(self) -> dict[str, int]:
+        """Per input, how many offsets the topics hold beyond what the input log recorded."""
+        out: dict[str, int] = {}
+        for topic, partitions in self._partitions().items():
+            name = self.bindings[topic].input
+            for p in partitions:
+                _, high = self._consumer.get_watermark_offsets(TopicPartition(topic, p),
+                                                               timeout=10, cached=False)
+                out[name] = out.get(name, 0) + max(0, high - self._next_offset(topic, p))
+        return out
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    # -- assignment ------------------------------------------------------------------------
+    def _next_offset(self, topic: str, partition: int) -> int:
+        recorded = self.pipeline.pushed(self.bindings[topic].input,
+                                        producer_name(topic, partition))
+        return 0 if recorded is None else recorded + 1
+
+    def _partitions(self) -> dict[str, list[int]]:
+        meta = self._admin.list_topics(timeout=10)
+        out = {}
+        for topic in self.bindings:
+            info = meta.topics.get(topic)
+            out[topic] = sorted(info.partitions) if info is not None and not info.error else []
+        return out
+
+    def _assign_new_partitions(self) -> None:
+        new = []
+        for topic, partitions in self._partitions().items():
+            name = self.bindings[topic].input
+            fresh = [p for p in partitions if (topic, p) not in self._assigned]
+            self.pipeline.track_producers(name, [producer_name(topic, p) for p in fresh])
+            new += [TopicPartition(topic, p, self._next_offset(topic, p)) for p in fresh]
+        if new:
+            self._consumer.incremental_assign(new)
+            self._assigned |= {(tp.topic, tp.partition) for tp in new}
+
+    def _rewind(self) -> None:
+        for topic, partition in self._assigned:
+            self._consumer.seek(TopicPartition(topic, partition,
+                                               self._next_offset(topic, partition)))
+
+
+class KafkaSink:
+    """Writes the bound views' changes to their topics. See the module docstring."""
+
+    def __init__(self, pipeline, config: dict, outputs: Sequence[KafkaOutput], *,
+                 worker: int = 0, transactional_id: str | None = None,
+                 transaction_timeout: float = 30.0) -> None:
+        for b in outputs:
+            pipeline.output_last(b.view)  # an unknown view is an error here
+        self.pipeline = pipeline
+        self.bindings = list(outputs)
+        self.worker = worker
+        self.config = dict(config)
+        self.timeout = transaction_timeout
+        pipeline_id = read_status(pipeline.root, []).pipeline_id[:8]
+        self.transactional_id = transactional_id or (
+            f"dbsp-{pipeline.circuit.name}-{pipeline_id}-w{worker}")
+        self._ensure_topics()
+        self._producer = Producer({**self.config, "transactional.id": self.transactional_id,
+                                   "enable.idempotence": True, "linger.ms": 5})
+        self._guard(lambda: self._producer.init_transactions(self.timeout))  # fences older ones
+        self.last = {b.view: self._read_last(b.topic) for b in self.bindings}
+        # Hold the changes not yet out: history compaction must not collapse them.
+        self._leases = {b.view: pipeline.reader(b.view, since=max(self.last[b.view] - 1, 0))
+                        for b in self.bindings}
+
+    def emit(self) -> list[int]:
+        """Write every step the views' output logs have and the topics do not yet; returns
+        the steps written (one transaction each)."""
+        written = []
+        upto = min(self.pipeline.output_last(b.view) for b in self.bindings)
+        for s in range(min(self.last.values(), default=upto), upto):
+            due = [b for b in self.bindings if self.last[b.view] <= s]
+            if due:
+                self._write_step(s, due)
+                written.append(s)
+        for b in self.bindings:
+            lease = self._leases[b.view]
+            lease.renew()
+            if self.last[b.view] - 1 > lease.since:
+                lease.downgrade_since(self.last[b.view] - 1)
+        return written
+
+    def _write_step(self, step: int, bindings: list[KafkaOutput]) -> None:
+        info = self.pipeline.step_info(step)
+        offsets = {name: {producer.rsplit("/", 1)[1]: list(span)
+                          for producer, span in spans.items()}
+                   for name, spans in info.offsets.items()}
+        headers = [(HEADER_STEP, str(step).encode()), (HEADER_WORKER, str(self.worker).encode()),
+                   (HEADER_PIPELINE, self.pipeline.circuit.name.encode())]
+
+        def transaction() -> None:
+            self._producer.begin_transaction()
+            for b in bindings:
+                rows = self.pipeline.step_changes_arrow(b.view, step).to_pylist()
+                count = 0
+                for row in rows:
+                    weight = row.pop("_weight")
+                    key = json.dumps(row, sort_keys=True, default=str).encode()
+                    for value in encode_change(row, weight):
+                        self._produce(b.topic, value, key, headers)
+                        count += 1
+                side = {"step": step, "view": b.view, "rows": count, "offsets": offsets}
+                self._produce(b.topic + STEPS_SUFFIX, json.dumps(side).encode(), None, headers,
+                              partition=0)
+            crash_points.hit("kafka.transaction.before_commit")
+            self._producer.commit_transaction(self.timeout)
+            crash_points.hit("kafka.transaction.after_commit")
+
+        self._guard(transaction)
+        for b in bindings:
+            self.last[b.view] = step + 1
+
+    def _produce(self, topic: str, value: bytes, key: bytes | None, headers, partition=None):
+        kwargs = {} if partition is None else {"partition": partition}
+        while True:
+            try:
+                self._producer.produce(topic, value, key, headers=headers, **kwargs)
+                return
+            except BufferError:
+                self._producer.poll(0.1)  # the local queue is full: let deliveries drain
+
+    def _guard(self, action) -> None:
+        """Run a producer action; fencing becomes ``PipelineFencedError``; an abortable error
+        aborts the transaction and is raised as a storage error that did not happen."""
+        try:
+            action()
+        except KafkaException as e:
+            err = e.args[0]
+            if err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
+                              KafkaError.INVALID_PRODUCER_EPOCH):
+                raise PipelineFencedError(
+                    f"output of pipeline '{self.pipeline.circuit.name}' to Kafka is being "
+                    f"written by another process (transactional id {self.transactional_id}): "
+                    "this one is fenced") from e
+            if err.txn_requires_abort():
+                self._producer.abort_transaction(self.timeout)
+                raise StorageError(f"Kafka transaction aborted: {err}",
+                                   definitely_failed=True) from e
+            raise StorageError(f"Kafka producer failed: {err}",
+                               definitely_failed=not err.retriable()) from e
+
+    # -- where the topics are --------------------------------------------------------------
+    def _ensure_topics(self) -> None:
+        admin = AdminClient(self.config)
+        meta = admin.list_topics(timeout=10)
+        wanted = []
+        for b in self.bindings:
+            if b.topic not in meta.topics:
+                wanted.append(NewTopic(b.topic, num_partitions=b.partitions,
+                                       replication_factor=1))
+            if b.topic + STEPS_SUFFIX not in meta.topics:
+                wanted.append(NewTopic(b.topic + STEPS_SUFFIX, num_partitions=1,
+                                       replication_factor=1))
+        for topic, future in (admin.create_topics(wanted).items() if wanted else []):
+            try:
+                future.result()
+            except KafkaException as e:
+                if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise StorageError(f"cannot create topic {topic}: {e}",
+                                       definitely_failed=True) from e
+
+    def _read_last(self, topic: str) -> int:
+        """The step after the newest one committed on ``topic``'s side topic (0: none)."""
+        side = TopicPartition(topic + STEPS_SUFFIX, 0)
+        newest = read_newest(self.config, side)
+        return 0 if newest is None else json.loads(newest)["step"] + 1
+
+    def close(self) -> None:
+        for lease in self._leases.values():
+            lease.close()
+        self._producer.flush(self.timeout)
+
+
+def read_newest(config: dict, tp: TopicPartition, timeout: float = 10.0) -> bytes | None:
+    """The value of the newest committed record of one partition (None if it has none),
+    read with ``read_committed``: transaction markers and aborted records are skipped."""
+    consumer = Consumer({**config, "group.id": "dbsp-tail-reader", "enable.auto.commit": False,
+                         "isolation.level": "read_committed", "enable.partition.eof": True})
+    try:
+        low, high = consumer.get_watermark_offsets(tp, timeout=timeout, cached=False)
+        back = 4
+        while True:
+            start = max(low, high - back)
+            consumer.assign([TopicPartition(tp.topic, tp.partition, start)])
+            newest, deadline = None, time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                m = consumer.poll(0.5)
+                if m is None:
+                    continue
+                if m.error():
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        break
+                    raise StorageError(f"reading {tp.topic} failed: {m.error()}",
+                                       definitely_failed=True)
+                newest = m.value()
+            if newest is not None or start == low:
+                return newest
+            back *= 4
+    finally:
+        consumer.close()
+
+
+class KafkaRunner:
+    """A pipeline fed and read through Kafka: ``run`` polls the sources, executes a step while
+    input is pending, and writes the new output; ``close`` closes the clients (not the
+    pipeline)."""
+
+    def __init__(self, pipeline, config: dict, inputs: Sequence[KafkaInput] = (),
+                 outputs: Sequence[KafkaOutput] = ()) -> None:
+        self.pipeline = pipeline
+        self.source = KafkaSource(pipeline, config, inputs) if inputs else None
+        self.sink = KafkaSink(pipeline, config, outputs) if outputs else None
+        if self.sink is not None:
+            self.sink.emit()  # steps whose output was written but not yet sent (a crash)
+
+    def run(self, max_steps: int | None = None, max_seconds: float | None = None,
+            idle_seconds: float = 1.0, poll_records: int = 50_000) -> list:
+        """Steps while input arrives; stops after ``max_steps``, after ``max_seconds``, or
+        when no record came for ``idle_seconds``. Returns the step results."""
+        results: list = []
+        started = idle_since = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if max_steps is not None and len(results) >= max_steps:
+                break
+            if max_seconds is not None and now - started >= max_seconds:
+                break
+            polled = self.source.poll(poll_records) if self.source is not None else None
+            if polled is not None and polled.records:
+                idle_since = now
+            if self.pipeline.input_pending():
+                results.append(self.pipeline.step())
+                if self.sink is not None:
+                    self.sink.emit()
+            elif now - idle_since >= idle_seconds:
+                break
+        if self.pipeline.uncommitted_steps:
+            self.pipeline.commit()
+        return results
+
+    def close(self) -> None:
+        if self.source is not None:
+            self.source.close()
+        if self.sink is not None:
+            self.sink.close()

@@ -1,0 +1,133 @@
+"""Kafka in and out against the real local broker: envelopes and formats, offsets in the
+divisions, exactly-once output read with read_committed, bad records to the errors sink."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+
+import pytest
+
+from dbsp_pipeline import Circuit, Pipeline, UsageError
+from dbsp_pipeline.connectors.errors_sink import ErrorsSink
+from dbsp_pipeline.connectors.kafka import (
+    STEPS_SUFFIX,
+    KafkaInput,
+    KafkaOutput,
+    KafkaRunner,
+    KafkaSink,
+    KafkaSource,
+)
+from tests.connectors.conftest import consume_all, new_topic, produce
+
+
+def shop() -> Circuit:
+    c = Circuit("kshop")
+    orders = c.input("orders", "order_id BIGINT, customer_id BIGINT, amount DOUBLE")
+    customers = c.input("customers", "customer_id BIGINT, region STRING")
+    c.output("orders_copy", orders.select("order_id", "customer_id", "amount"))
+    c.output("by_region", orders.join(customers, on="customer_id").group_by("region")
+             .agg(n="count(*)", total="sum(amount)"))
+    return c
+
+
+def kafka_changes(config, topic) -> Counter:
+    """The consolidated changes a read_committed consumer sees on ``topic``."""
+    out: Counter = Counter()
+    for _, _, _, value in consume_all(config, topic):
+        (kind, row), = json.loads(value).items()
+        out[tuple(sorted(row.items()))] += 1 if kind == "insert" else -1
+    return Counter({k: v for k, v in out.items() if v})
+
+
+def view_rows(p, view) -> Counter:
+    return Counter({tuple(sorted((k, v) for k, v in r.items() if k != "_weight")): r["_weight"]
+                    for r in p.view_arrow(view).to_pylist()})
+
+
+def test_json_and_csv_inputs_flow_to_exactly_once_output(spark, tmp_path, broker):
+    orders_topic = new_topic(broker, partitions=3, prefix="orders")
+    customers_topic = new_topic(broker, prefix="customers")
+    out_copy, out_region = f"copy-{orders_topic}", f"region-{orders_topic}"
+    produce(broker, customers_topic, [b"1,north", b"2,south", b"3,east,1"])
+    orders = [{"order_id": i, "customer_id": 1 + i % 3, "amount": float(i)} for i in range(12)]
+    produce(broker, orders_topic, orders, partition_of=lambda i, v: i % 3)
+    produce(broker, orders_topic, [{"delete": orders[4]}, {"insert": {"order_id": 99,
+             "customer_id": 2, "amount": 5.5}}], partition_of=lambda i, v: 1)
+
+    with Pipeline(shop(), str(tmp_path), spark) as p:
+        runner = KafkaRunner(p, broker,
+                             [KafkaInput("orders", orders_topic),
+                              KafkaInput("customers", customers_topic, format="csv")],
+                             [KafkaOutput("orders_copy", out_copy, partitions=2),
+                              KafkaOutput("by_region", out_region)])
+        results = runner.run(idle_seconds=2)
+        assert results and sum(sum(r.inputs.values()) for r in results) == 12 + 2 + 3
+        info = p.step_info(results[0].step)
+        assert set(info.offsets) == {"orders", "customers"}
+        total = {}
+        for r in results:
+            for producer, (after, upto) in p.step_info(r.step).offsets["orders"].items():
+                total[producer] = upto
+        assert total == {f"kafka/{orders_topic}/0": 3, f"kafka/{orders_topic}/1": 5,
+                         f"kafka/{orders_topic}/2": 3}
+        # what a read_committed consumer sees is the view, exactly
+        assert kafka_changes(broker, out_copy) == view_rows(p, "orders_copy")
+        assert kafka_changes(broker, out_region) == view_rows(p, "by_region")
+        assert len(view_rows(p, "orders_copy")) == 12
+        side = [json.loads(v) for *_, v in consume_all(broker, out_copy + STEPS_SUFFIX)]
+        assert [s["step"] for s in side] == [r.step for r in results]
+        assert side[0]["offsets"]["orders"]  # the input offsets each step consumed
+        runner.close()
+
+        # A new sink starts after the last step it finds on the side topic: nothing twice.
+        again = KafkaSink(p, broker, [KafkaOutput("orders_copy", out_copy)])
+        assert again.last["orders_copy"] == results[-1].step + 1 and again.emit() == []
+        again.close()
+
+
+def test_bad_records_go_to_the_errors_sink_and_the_rest_goes_on(spark, tmp_path, broker):
+    topic = new_topic(broker, prefix="bad")
+    produce(broker, topic, [
+        {"order_id": 1, "customer_id": 1, "amount": 1.0},
+        b"{not json",
+        {"order_id": "two", "customer_id": 1, "amount": 2.0},
+        {"order_id": 3, "amount": 3.0},
+        {"upsert": {"order_id": 4, "customer_id": 1, "amount": 4.0}},
+        [1, 2, 3],
+        {"delete": {"order_id": 1, "customer_id": 1, "amount": 1.0}},
+        {"order_id": 5, "customer_id": 1, "amount": 5.0},
+    ])
+    with Pipeline(shop(), str(tmp_path), spark) as p:
+        source = KafkaSource(p, broker, [KafkaInput("orders", topic)])
+        pushed = rejected = 0
+        deadline = time.monotonic() + 30
+        while pushed + rejected < 8 and time.monotonic() < deadline:
+            polled = source.poll(timeout=1)
+            pushed += polled.pushed.get("orders", 0)
+            rejected += polled.rejected.get("orders", 0)
+        assert (pushed, rejected) == (3, 5)
+        r = p.step()
+        assert r.rejected == {"orders": 5}
+        assert view_rows(p, "orders_copy") == {
+            (("amount", 5.0), ("customer_id", 1), ("order_id", 5)): 1}
+        errors = ErrorsSink(p.spark, p.root).read().to_pylist()
+        assert [(e["source"], e["partition"], e["offset"]) for e in errors] == [
+            (topic, 0, o) for o in (1, 2, 3, 4, 5)]
+        reasons = [e["reason"] for e in errors]
+        assert "undecodable JSON" in reasons[0]
+        assert "column 'order_id'" in reasons[1] and "'two'" in reasons[1]
+        assert "missing field(s) ['customer_id']" in reasons[2]
+        assert "unknown envelope 'upsert'" in reasons[3]
+        assert "must be a JSON object" in reasons[4]
+        assert errors[0]["record"] == "{not json"
+        source.close()
+
+
+def test_a_topic_feeds_one_input(spark, tmp_path, broker):
+    with Pipeline(shop(), str(tmp_path), spark) as p:
+        with pytest.raises(UsageError, match="one input only"):
+            KafkaSource(p, broker, [KafkaInput("orders", "x"), KafkaInput("customers", "x")])
+        with pytest.raises(Exception, match="unknown input 'nope'"):
+            KafkaSource(p, broker, [KafkaInput("nope", "y")])
