@@ -8,8 +8,10 @@ ones (local Spark, Delta tables under ``var/dagster``):
   changing more input rows than this run on Spark (default 200000; 0: every step).
 * ``DBSP_SPARK_MODE``: ``local`` (default), ``connect`` (``DBSP_SPARK_CONNECT_URL``, default
   ``sc://127.0.0.1:15002``) or ``standalone`` (``DBSP_SPARK_MASTER``).
-* ``DBSP_KAFKA_BOOTSTRAP`` and, for a secured broker, ``DBSP_KAFKA_USER`` /
-  ``DBSP_KAFKA_PASSWORD`` (read through ``dg.EnvVar``, never stored in configuration).
+* ``DBSP_KAFKA_BOOTSTRAP``: when set, the demo is fed by Kafka too: topics ``shop.orders`` and
+  ``shop.customers`` (JSON) feed the inputs, and the views go to ``shop.<view>`` (with
+  ``shop.<view>.steps``). For a secured broker, ``DBSP_KAFKA_USER`` / ``DBSP_KAFKA_PASSWORD``
+  (read through ``dg.EnvVar``, never stored in configuration).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 
 import dagster as dg
 
+from dbsp_pipeline.connectors.kafka import KafkaInput, KafkaOutput
 from dbsp_pipeline.examples.shop import shop_circuit
 from dbsp_pipeline.runtime.pipeline import DRIVER_STEP_ROWS
 from pipeline_definitions import build_definitions
@@ -37,10 +40,15 @@ def _kafka() -> KafkaResource:
 
 
 ROOT = os.environ.get("DBSP_ROOT", "var/dagster/shop")
+CIRCUIT = shop_circuit()
+KAFKA = bool(os.environ.get("DBSP_KAFKA_BOOTSTRAP"))
 
 defs = build_definitions(
-    shop_circuit(),
+    CIRCUIT,
     root=ROOT,
+    kafka_inputs=[KafkaInput(name, f"shop.{name}") for name in CIRCUIT.inputs] if KAFKA else [],
+    kafka_outputs=[KafkaOutput(view, f"shop.{view}") for view in CIRCUIT.outputs] if KAFKA
+    else [],
     store=PipelineStore(root=ROOT, inbox=os.environ.get("DBSP_INBOX", ""),
                         driver_step_rows=int(os.environ.get("DBSP_DRIVER_STEP_ROWS",
                                                             DRIVER_STEP_ROWS))),

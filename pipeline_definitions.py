@@ -20,11 +20,14 @@ has its own store resource; give them the same ``spark``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import dagster as dg
 
 from assets.checks import view_checks
 from assets.views import input_assets, views_asset
 from dbsp_pipeline import Circuit
+from dbsp_pipeline.connectors.kafka import KafkaInput, KafkaOutput
 from jobs.pipeline_jobs import operation_jobs, step_job
 from resources.pipeline_store import PipelineRef, PipelineStore
 from resources.spark import SparkResource
@@ -34,18 +37,23 @@ from sensors.pipeline_sensors import input_arrival_sensor, recover_on_failure_se
 
 def build_definitions(circuit: Circuit, root: str, *, spark: SparkResource | None = None,
                       inbox: str = "", store: PipelineStore | None = None,
+                      kafka_inputs: Sequence[KafkaInput] = (),
+                      kafka_outputs: Sequence[KafkaOutput] = (),
                       check_views: bool = True,
                       checkpoint_cron: str = "*/15 * * * *",
                       sensor_interval_seconds: int = 5,
                       resources: dict | None = None) -> dg.Definitions:
     """The definitions of the pipeline of ``circuit`` stored at ``root``.
 
+    ``kafka_inputs``/``kafka_outputs``: inputs fed by and views written to Kafka, through the
+    ``kafka`` resource (``KafkaResource``, given in ``resources``): the step job then polls the
+    topics and sends output in transactions, and the input sensor watches the topics' lag.
     ``store``: the pipeline store with options (retention, ``driver_step_rows``); by default
     one at ``root`` with ``inbox``. ``check_views``: run the view checks in every step run (they recompute the views from
     scratch, a cost that follows the data: turn off for large pipelines and run them from the
     asset page or a schedule instead). ``resources`` are added or override the defaults.
     """
-    ref = PipelineRef(circuit)
+    ref = PipelineRef(circuit, kafka_inputs=kafka_inputs, kafka_outputs=kafka_outputs)
     views = views_asset(ref)
     checks = view_checks(ref)
     step = step_job(ref, views, checks if check_views else None)

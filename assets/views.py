@@ -13,6 +13,7 @@ import time
 import dagster as dg
 
 from dbsp_pipeline.connectors import inbox
+from dbsp_pipeline.connectors.kafka import KafkaRunner
 from resources.pipeline_store import PipelineRef
 
 
@@ -21,6 +22,8 @@ class StepConfig(dg.Config):
 
     max_steps: int = 100
     max_seconds: float = 120.0
+    #: with Kafka inputs: stop once no record came for this long
+    kafka_idle_seconds: float = 1.0
 
 
 def input_assets(ref: PipelineRef) -> list[dg.AssetSpec]:
@@ -42,9 +45,10 @@ def views_asset(ref: PipelineRef) -> dg.AssetsDefinition:
              for view in circuit.outputs]
 
     @dg.multi_asset(name=ref.job_name("views"), specs=specs, can_subset=False,
-                    required_resource_keys={ref.store_key, "spark"}, op_tags=ref.tags)
+                    required_resource_keys=ref.resource_keys, op_tags=ref.tags)
     def step_views(context: dg.AssetExecutionContext, config: StepConfig):
-        """Ingest the inbox, execute the pending steps, commit; one materialization per view."""
+        """Ingest the inbox (and Kafka), execute the pending steps, commit, send the output to
+        Kafka; one materialization per view."""
         store = ref.store(context)
         arrived = store.status(circuit).oldest_pending
         with store.open(circuit, context.resources.spark) as pipeline:
@@ -56,7 +60,18 @@ def views_asset(ref: PipelineRef) -> dg.AssetsDefinition:
                 context.log.info(f"inbox: pushed {files} to input '{name}'")
             if ingested.oldest_arrival is not None:
                 arrived = min(arrived or ingested.oldest_arrival, ingested.oldest_arrival)
-            results = pipeline.run(max_steps=config.max_steps, max_seconds=config.max_seconds)
+            if ref.uses_kafka:
+                runner = KafkaRunner(pipeline, context.resources.kafka.client_config(),
+                                     ref.kafka_inputs, ref.kafka_outputs)
+                try:
+                    results = runner.run(max_steps=config.max_steps,
+                                         max_seconds=config.max_seconds,
+                                         idle_seconds=config.kafka_idle_seconds)
+                finally:
+                    runner.close()
+            else:
+                results = pipeline.run(max_steps=config.max_steps,
+                                       max_seconds=config.max_seconds)
             done = time.time()
             context.log.info(f"executed steps {[r.step for r in results]}")
             if results:
@@ -66,6 +81,7 @@ def views_asset(ref: PipelineRef) -> dg.AssetsDefinition:
                     "input_rows": sum(n for r in results for n in r.inputs.values()),
                     "seconds_per_step": round(sum(r.seconds for r in results) / len(results), 4),
                     "state_version": pipeline.state_version,
+                    "rejected_records": sum(n for r in results for n in r.rejected.values()),
                 }
                 for view in circuit.outputs:
                     changed = sum(r.outputs.get(view) or 0 for r in results)

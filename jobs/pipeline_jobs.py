@@ -7,7 +7,8 @@ so the instance's run queue never runs two of them on one pipeline at once.
 * ``<name>_checkpoint``: commit, compact every trace due, collect garbage (and collapse view
   history beyond ``retain_steps``, if the store sets it).
 * ``<name>_recover``: reopen after a failure: replays the steps divided after the newest
-  checkpoint (their output is verified, not written twice) and reports them.
+  checkpoint (their output is verified, not written twice), sends to Kafka the steps written
+  but not yet sent, and reports both.
 * ``<name>_restore``: go back to a retained checkpoint (``version``); refuses unless ``confirm``.
 """
 
@@ -15,6 +16,7 @@ import time
 
 import dagster as dg
 
+from dbsp_pipeline.connectors.kafka import KafkaSink
 from resources.pipeline_store import PipelineRef
 
 
@@ -36,7 +38,7 @@ def step_job(ref: PipelineRef, views: dg.AssetsDefinition, checks=None):
 
 def operation_jobs(ref: PipelineRef) -> list[dg.JobDefinition]:
     circuit = ref.circuit
-    keys = {ref.store_key, "spark"}
+    keys = ref.resource_keys
 
     @dg.op(name=ref.job_name("checkpoint_op"), required_resource_keys=keys)
     def checkpoint(context: dg.OpExecutionContext) -> None:
@@ -61,8 +63,14 @@ def operation_jobs(ref: PipelineRef) -> list[dg.JobDefinition]:
         with store.open(circuit, context.resources.spark) as p:
             replayed = p.recovered_steps
             context.log.info(f"replayed steps {[r.step for r in replayed]}")
+            sent = []
+            if ref.kafka_outputs:  # steps whose output was written but not yet sent
+                sink = KafkaSink(p, context.resources.kafka.client_config(), ref.kafka_outputs)
+                sent = sink.emit()
+                sink.close()
             context.add_output_metadata({
                 "replayed_steps": [r.step for r in replayed],
+                "steps_sent_to_kafka": sent,
                 "replayed_input_rows": sum(n for r in replayed for n in r.inputs.values()),
                 "state_version": p.state_version, "next_step": p.next_step,
                 "seconds": round(time.monotonic() - started, 3)})

@@ -4,10 +4,12 @@ names the inbox folder whose files the ``step`` job ingests."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import dagster as dg
 
 from dbsp_pipeline import Circuit, Pipeline
+from dbsp_pipeline.connectors.kafka import KafkaInput, KafkaOutput
 from dbsp_pipeline.runtime.pipeline import DRIVER_STEP_ROWS
 from dbsp_pipeline.runtime.status import PipelineStatus, read_status
 from resources.spark import SparkResource
@@ -51,10 +53,24 @@ class PipelineRef:
     #: instance's run queue allows one run per value at a time (``infra/dagster.yaml``)
     TAG = "dbsp/pipeline"
 
-    def __init__(self, circuit: Circuit, store_key: str | None = None) -> None:
+    def __init__(self, circuit: Circuit, store_key: str | None = None,
+                 kafka_inputs: Sequence[KafkaInput] = (),
+                 kafka_outputs: Sequence[KafkaOutput] = ()) -> None:
         self.circuit = circuit
         self.name = circuit.name
         self.store_key = store_key or f"{circuit.name}_pipeline"
+        #: inputs fed by, and views written to, Kafka (through the ``kafka`` resource)
+        self.kafka_inputs = list(kafka_inputs)
+        self.kafka_outputs = list(kafka_outputs)
+
+    @property
+    def uses_kafka(self) -> bool:
+        return bool(self.kafka_inputs or self.kafka_outputs)
+
+    @property
+    def resource_keys(self) -> set[str]:
+        """The resources a run of this pipeline needs."""
+        return {self.store_key, "spark", *(["kafka"] if self.uses_kafka else [])}
 
     def store(self, context) -> PipelineStore:
         return getattr(context.resources, self.store_key)

@@ -1,8 +1,9 @@
 """Sensors that keep a pipeline moving.
 
 * ``<name>_input_arrival``: launches the step job when input waits: pushes not yet divided into
-  a step (read from the logs without opening the pipeline, ``runtime/status.py``) or complete
-  files in the inbox. Never while a run of the pipeline is queued or in progress; the run key
+  a step (read from the logs without opening the pipeline, ``runtime/status.py``), complete
+  files in the inbox, or records in the bound Kafka topics beyond the offsets the input logs
+  recorded (lag). Never while a run of the pipeline is queued or in progress; the run key
   names the step range (next step and input versions, plus inbox files), so the same work is
   never launched twice. The cursor remembers the last key launched.
 * ``<name>_recover_on_failure``: when a run of the pipeline fails, launches the recover job
@@ -16,6 +17,7 @@ import os
 import dagster as dg
 
 from dbsp_pipeline.connectors import inbox
+from dbsp_pipeline.connectors.kafka import topic_lag
 from resources.pipeline_store import PipelineRef
 
 #: Run statuses during which a pipeline is busy.
@@ -29,15 +31,19 @@ def active_runs(instance: dg.DagsterInstance, ref: PipelineRef) -> list:
 
 
 def input_arrival_sensor(ref: PipelineRef, step_job, interval: int = 5) -> dg.SensorDefinition:
+    keys = {ref.store_key, *(["kafka"] if ref.kafka_inputs else [])}
+
     @dg.sensor(name=ref.job_name("input_arrival"), job=step_job,
-               minimum_interval_seconds=interval, required_resource_keys={ref.store_key},
+               minimum_interval_seconds=interval, required_resource_keys=keys,
                default_status=dg.DefaultSensorStatus.RUNNING,
                description=f"start a step of '{ref.name}' when input arrives")
     def sensor(context: dg.SensorEvaluationContext):
         store = ref.store(context)
         status = store.status(ref.circuit)
         files = inbox.pending_files(store.inbox_folder, list(ref.circuit.inputs))
-        if not status.has_pending_input and not files:
+        lag = (topic_lag(context.resources.kafka.client_config(), store.root, ref.kafka_inputs)
+               if ref.kafka_inputs else {})
+        if not status.has_pending_input and not files and not any(lag.values()):
             return dg.SkipReason("no input waits")
         busy = active_runs(context.instance, ref)
         if busy:
@@ -49,13 +55,17 @@ def input_arrival_sensor(ref: PipelineRef, step_job, interval: int = 5) -> dg.Se
                         for n, fs in files.items()}
             key += ":inbox-" + hashlib.sha1(json.dumps(arrivals, sort_keys=True).encode()
                                             ).hexdigest()[:12]
+        if any(lag.values()):  # named by how far the topics reach
+            key += ":kafka-" + hashlib.sha1(json.dumps(lag, sort_keys=True).encode()
+                                            ).hexdigest()[:12]
         if context.cursor == key:
             return dg.SkipReason(f"already launched {key}")
         context.update_cursor(key)
         return dg.RunRequest(run_key=key, tags={
             **ref.tags, "dbsp/from_step": str(status.divided_steps),
             "dbsp/pending_pushes": str(sum(status.pending.values())),
-            "dbsp/inbox_files": str(sum(len(f) for f in files.values()))})
+            "dbsp/inbox_files": str(sum(len(f) for f in files.values())),
+            "dbsp/kafka_lag": str(sum(lag.values()))})
 
     return sensor
 

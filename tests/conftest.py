@@ -19,6 +19,14 @@ def spark():
     session.stop()
 
 
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory):
+    """A real Kafka-protocol broker on 127.0.0.1 for the session (started on first use)."""
+    from tests.kafka_helpers import start_broker
+
+    yield from start_broker(tmp_path_factory)
+
+
 def view_counter(df) -> Counter:
     """A Z-set DataFrame (payload + ``_weight``) as ``Counter{payload tuple: weight}``."""
     cols = [c for c in df.columns if not c.startswith("_")]

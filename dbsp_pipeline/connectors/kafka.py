@@ -206,6 +206,39 @@ class KafkaSource:
                                                self._next_offset(topic, partition)))
 
 
+def topic_lag(config: dict, root: str, inputs: Sequence[KafkaInput]) -> dict[str, int]:
+    """Per bound input, how many offsets its topic holds beyond what the pipeline at ``root``
+    recorded, read without opening the pipeline (for a sensor): the partitions' high
+    watermarks minus the offsets recorded in the input logs. (Transaction markers count as
+    offsets, so a topic written transactionally may show a small lag with nothing to read.)"""
+    import os
+
+    from deltalake import DeltaTable
+
+    from dbsp_pipeline.runtime.input_log import PRODUCER_APP_PREFIX
+
+    consumer = Consumer({**config, "group.id": "dbsp-lag", "enable.auto.commit": False})
+    try:
+        meta = consumer.list_topics(timeout=10)
+        out = {}
+        for b in inputs:
+            uri = os.path.join(root, "inputs", b.input)
+            log = DeltaTable(uri) if DeltaTable.is_deltatable(uri) else None
+            info = meta.topics.get(b.topic)
+            lag = 0
+            for p in sorted(info.partitions) if info is not None and not info.error else []:
+                _, high = consumer.get_watermark_offsets(TopicPartition(b.topic, p),
+                                                         timeout=10, cached=False)
+                recorded = (log.transaction_version(PRODUCER_APP_PREFIX +
+                                                    producer_name(b.topic, p))
+                            if log is not None else None)
+                lag += max(0, high - (0 if recorded is None else recorded + 1))
+            out[b.input] = lag
+        return out
+    finally:
+        consumer.close()
+
+
 class KafkaSink:
     """Writes the bound views' changes to their topics. See the module docstring."""
 

@@ -19,7 +19,7 @@ from dbsp_pipeline.connectors.kafka import (
     KafkaSink,
     KafkaSource,
 )
-from tests.connectors.conftest import consume_all, new_topic, produce
+from tests.kafka_helpers import consume_all, new_topic, produce
 
 
 def shop() -> Circuit:

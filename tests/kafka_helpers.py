@@ -1,4 +1,6 @@
-"""The real local broker (``infra/kafka_broker.sh``) for the session, and Kafka helpers."""
+"""Kafka helpers for tests: the real local broker (``infra/kafka_broker.sh``), started once per
+test session by the ``broker`` fixture of ``tests/conftest.py``; topics; producing; reading
+everything committed."""
 
 from __future__ import annotations
 
@@ -9,16 +11,15 @@ import sys
 import time
 import uuid
 
-import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from infra.console import REPO, free_port
 
 
-@pytest.fixture(scope="session")
-def broker(tmp_path_factory):
-    """``bootstrap.servers`` of a broker started for this test session."""
+def start_broker(tmp_path_factory):
+    """``{"bootstrap.servers": ...}`` of a broker started for this test session (a generator:
+    the broker stops when it is closed)."""
     var = str(tmp_path_factory.mktemp("kafka"))
     env = {**os.environ, "DBSP_VAR": var,
            "VENV": os.path.dirname(os.path.dirname(sys.executable))}
