@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: setup demo demo-engine ui test bench bench-recovery bench-console clean
+.PHONY: setup demo demo-engine ui test bench bench-recovery bench-console bench-kafka clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml infra/setup.sh
@@ -31,6 +31,9 @@ bench-recovery: setup  ## checkpoint cost vs state size, recovery time vs uncomm
 
 bench-console: setup  ## sensor-to-view latency through Dagster: local Spark vs a Spark Connect server
 	$(PY) benchmarks/console_latency.py $(BENCH_ARGS)
+
+bench-kafka: setup    ## records/s through Kafka (pass-through, join+aggregate) vs the raw broker
+	$(PY) benchmarks/kafka_bench.py $(BENCH_ARGS)
 
 clean:
 	rm -rf var .pytest_cache .hypothesis

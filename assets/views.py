@@ -69,6 +69,8 @@ def views_asset(ref: PipelineRef) -> dg.AssetsDefinition:
                                          idle_seconds=config.kafka_idle_seconds)
                 finally:
                     runner.close()
+                if runner.oldest_arrival is not None:
+                    arrived = min(arrived or runner.oldest_arrival, runner.oldest_arrival)
             else:
                 results = pipeline.run(max_steps=config.max_steps,
                                        max_seconds=config.max_seconds)

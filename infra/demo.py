@@ -1,10 +1,14 @@
 """The demo, end to end through Dagster on embedded defaults (``make demo``).
 
-The shop's data feed drops batches into the inbox; for each batch the pipeline's
+A local Kafka broker is started (``infra/kafka_broker.sh``, stopped at the end). The shop's
+data feed drops the customers into the inbox and sends each batch of orders (inserts and
+cancellations) to the Kafka topic ``shop.orders``; for each batch the pipeline's
 ``shop_input_arrival`` sensor is evaluated against the Dagster instance in ``$DAGSTER_HOME``
 (default ``var/dagster/home``), and the step run it requests is executed (in this process, so
 no servers are needed) with the sensor's run key and tags; then the checkpoint job runs. Every
 run, materialization and check lands in the instance, so ``make ui`` shows them afterwards.
+The views go to Kafka too (``shop.<view>``, in transactions); the demo reads one back with
+``read_committed`` at the end. ``--no-kafka`` feeds everything through the inbox instead.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -29,6 +34,7 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=4)
     parser.add_argument("--batch", type=int, default=300, help="order changes per batch")
     parser.add_argument("--fresh", action="store_true", help="start from an empty pipeline")
+    parser.add_argument("--no-kafka", action="store_true", help="no broker: inbox files only")
     args = parser.parse_args()
 
     os.chdir(REPO)
@@ -39,7 +45,24 @@ def main() -> int:
     prepare_instance(os.path.join(var, "home"))
     os.environ.setdefault("DBSP_ROOT", os.path.join(var, "shop"))
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    if args.no_kafka:
+        return run_demo(args, kafka=None)
+    broker_env = {**os.environ, "DBSP_VAR": os.path.join(var, "kafka"),
+                  "VENV": os.path.dirname(os.path.dirname(sys.executable))}
+    from infra.console import free_port
 
+    port = free_port()
+    subprocess.run(["bash", "infra/kafka_broker.sh", "start", str(port)], env=broker_env,
+                   check=True)
+    os.environ["DBSP_KAFKA_BOOTSTRAP"] = f"127.0.0.1:{port}"
+    try:
+        return run_demo(args, kafka={"bootstrap.servers": f"127.0.0.1:{port}"})
+    finally:
+        subprocess.run(["bash", "infra/kafka_broker.sh", "stop"], env=broker_env, check=True)
+
+
+def run_demo(args, kafka: dict | None) -> int:
+    """Feed, sense, step, check, checkpoint; print what happened."""
     import dagster as dg
 
     from definitions import defs
@@ -56,7 +79,7 @@ def main() -> int:
     print(f"{'batch':>5} | {'run key':<44} | {'steps':>5} | {'in rows':>7} | "
           f"{'s/step':>6} | {'lag s':>6} | checks")
     for _ in range(args.batches):
-        feed.next_batch(args.batch)
+        feed.next_batch(args.batch, kafka=kafka)
         context = dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
                                           resources=defs.resources)
         tick = sensor.evaluate_tick(context)
@@ -84,9 +107,34 @@ def main() -> int:
     print("\nrevenue_by_region (region, total, orders, largest):")
     for row in view:
         print(f"  {row['region']:<8} {row['total']:>12.2f} {row['n']:>6} {row['top']:>8.2f}")
+    if kafka is not None:
+        print_topic(kafka, "shop.revenue_by_region")
     print("\nOpen the operator's console on this instance: make ui  "
           "(dagster dev, http://127.0.0.1:3000)")
     return 0
+
+
+def print_topic(kafka: dict, topic: str) -> None:
+    """What a read_committed consumer sees on ``topic``: records per step."""
+    from collections import Counter
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({**kafka, "group.id": "demo-reader", "isolation.level": "read_committed",
+                  "enable.auto.commit": False})
+    parts = sorted(c.list_topics(topic, timeout=10).topics[topic].partitions)
+    c.assign([TopicPartition(topic, p, 0) for p in parts])
+    per_step: Counter = Counter()
+    while True:
+        batch = c.consume(1000, 2.0)
+        if not batch:
+            break
+        for m in batch:
+            if not m.error():
+                per_step[int(dict(m.headers())["dbsp.step"])] += 1
+    c.close()
+    print(f"\nKafka topic {topic} (read_committed): records per step "
+          f"{dict(sorted(per_step.items()))}")
 
 
 if __name__ == "__main__":

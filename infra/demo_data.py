@@ -45,17 +45,31 @@ class ShopFeed:
             self.data.live_orders = [tuple(o) for o in saved["live_orders"]]
             self.data.rng.seed(seed + self.batch_no)
 
-    def next_batch(self, orders: int) -> list[str]:
+    def next_batch(self, orders: int, kafka: dict | None = None) -> list[str]:
+        """One batch: the customers first (once), into the inbox; the orders into the inbox
+        too, or, with ``kafka`` (client config), to the topic ``shop.orders`` as JSON records
+        with an insert/delete envelope. Returns where each part went."""
         files = []
         tag = f"batch-{self.batch_no:06d}"
         if self.batch_no == 0:
             customers = [{"customer_id": c, "region": r} for c, r in self.data.customers()]
             files.append(write_batch(self.inbox, "customers", tag, customers))
         inserts, deletes = self.data.order_batch(orders)
-        records = [{"order_id": o, "customer_id": c, "amount": a} for o, c, a in inserts]
-        records += [{"order_id": o, "customer_id": c, "amount": a, "_weight": -1}
-                    for o, c, a in deletes]
-        files.append(write_batch(self.inbox, "orders", tag, records))
+        rows = [{"order_id": o, "customer_id": c, "amount": a} for o, c, a in inserts]
+        gone = [{"order_id": o, "customer_id": c, "amount": a} for o, c, a in deletes]
+        if kafka is None:
+            files.append(write_batch(self.inbox, "orders", tag, rows + [
+                {**r, "_weight": -1} for r in gone]))
+        else:
+            from confluent_kafka import Producer
+
+            producer = Producer(kafka)
+            for record in [{"insert": r} for r in rows] + [{"delete": r} for r in gone]:
+                producer.produce("shop.orders", json.dumps(record).encode(),
+                                 key=str(record.get("insert", record.get("delete"))
+                                         ["order_id"]).encode())
+            producer.flush(30)
+            files.append(f"kafka topic shop.orders ({len(rows)} inserts, {len(gone)} deletes)")
         self.batch_no += 1
         os.makedirs(self.inbox, exist_ok=True)
         with open(self.state_file, "w") as fh:

@@ -84,6 +84,8 @@ class PollResult:
 
     pushed: dict[str, int] = field(default_factory=dict)
     rejected: dict[str, int] = field(default_factory=dict)
+    #: the oldest record's Kafka timestamp (seconds since the epoch; None: no record)
+    oldest: float | None = None
 
     @property
     def records(self) -> int:
@@ -128,6 +130,9 @@ class KafkaSource:
                     continue
                 raise StorageError(f"reading Kafka failed: {m.error()}", definitely_failed=True)
             by_partition[(m.topic(), m.partition())].append(m)
+            kind, stamp = m.timestamp()
+            if kind != 0 and (result.oldest is None or stamp / 1000 < result.oldest):
+                result.oldest = stamp / 1000
         try:
             for (topic, partition), batch in by_partition.items():
                 pushed, rejected = self._push(topic, partition, batch)
@@ -411,6 +416,8 @@ class KafkaRunner:
         self.pipeline = pipeline
         self.source = KafkaSource(pipeline, config, inputs) if inputs else None
         self.sink = KafkaSink(pipeline, config, outputs) if outputs else None
+        #: the oldest Kafka timestamp among the records ``run`` read (None: none)
+        self.oldest_arrival: float | None = None
         if self.sink is not None:
             self.sink.emit()  # steps whose output was written but not yet sent (a crash)
 
@@ -429,6 +436,9 @@ class KafkaRunner:
             polled = self.source.poll(poll_records) if self.source is not None else None
             if polled is not None and polled.records:
                 idle_since = now
+                if polled.oldest is not None:
+                    self.oldest_arrival = min(self.oldest_arrival or polled.oldest,
+                                              polled.oldest)
             if self.pipeline.input_pending():
                 results.append(self.pipeline.step())
                 if self.sink is not None:
