@@ -83,5 +83,9 @@ class Operator:
         memory (``delay``) is not among them."""
         return []
 
+    def state_traces(self) -> list[Trace]:
+        """Every trace of the operator's state (what a layout change reorganizes)."""
+        return self.traces()
+
 
 SchemaOf = Callable[[int], StructType]

@@ -78,6 +78,9 @@ class Delay(Operator):
             return None
         return conform(self.previous.read_arrow(before), self.schema)
 
+    def state_traces(self) -> list[Trace]:
+        return [self.previous]
+
 
 class Differentiate(Delay):
     def step(self, ctx: StepContext, changes: Sequence[Delta]) -> Delta:

@@ -37,7 +37,7 @@ import contextlib
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -63,7 +63,7 @@ from dbsp_pipeline.runtime.output_log import OutputLog
 from dbsp_pipeline.runtime.plan import Plan
 from dbsp_pipeline.runtime.readers import DEFAULT_LEASE_SECONDS, LeaseRegistry, Reader
 from dbsp_pipeline.spark_session import LazySession, configure
-from dbsp_pipeline.storage import garbage
+from dbsp_pipeline.storage import crash_points, garbage
 from dbsp_pipeline.storage.garbage import ORPHAN_GRACE_SECONDS
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.trace import COMPACT_FILE_THRESHOLD
@@ -107,6 +107,21 @@ class StepResult:
     #: per input fed by a tracked source, invalid records left out of the step's pushes (they
     #: are in the errors sink); empty for inputs fed by ``push`` alone
     rejected: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class RescaleResult:
+    """What a layout change did: the layouts, the step the pipeline stopped at, the state rows,
+    the rows whose owner changed, the rows rewritten, and the seconds it took."""
+
+    old: Layout
+    new: Layout
+    step: int
+    rows: int = 0
+    moved_rows: int = 0
+    rewritten_rows: int = 0
+    seconds: float = 0.0
+    state_version: int | None = None
 
 
 @dataclass(frozen=True)
@@ -532,6 +547,36 @@ class Pipeline:
             if self._uncommitted_steps:
                 self.commit(compact=False)
             return replayed
+
+    def rescale(self, workers: int, sharding: str | None = None) -> RescaleResult:
+        """A cold layout change to ``workers`` workers (and, if given, another sharding
+        function; see ``runtime/layout.py``). Stops at a committed step (no step runs during
+        it; executed steps are committed first), splits every state file whose rows now belong
+        to several workers, and commits the new layout with the state in one state-database
+        commit: a crash before that commit reopens the old layout and its files, after it the
+        new one; never a mix. No input is read again. Returns what moved."""
+        self._require_open()
+        started = time.monotonic()
+        with self._lock, self._fenced():
+            if self._uncommitted_steps:
+                self.commit(compact=False)
+            self._compactor.apply_finished(wait=True)
+            old = self.layout
+            new = (old.rescaled(workers) if sharding in (None, old.sharding) else
+                   replace(Layout.initial(workers, sharding, inaccuracy=old.inaccuracy),
+                           version=old.version + 1))
+            result = RescaleResult(old, new, self._db.get_step())
+            for trace in self._plan.state_traces():
+                stats = trace.relayout(old, new)
+                result.rows += stats.rows
+                result.moved_rows += stats.moved
+                result.rewritten_rows += stats.rewritten
+            crash_points.hit("rescale.before_commit")
+            self._db.put(LAYOUT_KEY, new.to_json())
+            result.state_version = self._db.commit()
+            self.layout = new
+        result.seconds = time.monotonic() - started
+        return result
 
     def collect_garbage(self, grace_seconds: float = ORPHAN_GRACE_SECONDS) -> int:
         """Delete the data files no retained state version (``retain_checkpoints``) and no

@@ -104,6 +104,10 @@ class Plan:
         """Every growing trace of the circuit (the ones compaction keeps small)."""
         return [t for op in self.operators.values() for t in op.traces()]
 
+    def state_traces(self) -> list[Trace]:
+        """Every trace of the circuit's state (growing or not)."""
+        return [t for op in self.operators.values() for t in op.state_traces()]
+
     # -- schemas ---------------------------------------------------------------------------
     def _schema(self, node: Node) -> StructType:
         what = _describe(node)

@@ -268,16 +268,16 @@ class SparkDeltaTable:
         return self.spark.read.schema(self.schema).parquet(*paths)
 
     def read_arrow(self, files: Sequence[DataFile] | Sequence[str],
-                   where: pc.Expression | None = None) -> pa.Table:
-        """The rows of the given data files, read on the driver, that satisfy ``where``.
-
-        Row groups whose statistics exclude ``where`` are skipped.
-        """
+                   where: pc.Expression | None = None,
+                   columns: Sequence[str] | None = None) -> pa.Table:
+        """The rows of the given data files, read on the driver, that satisfy ``where`` (only
+        ``columns``, if given). Row groups whose statistics exclude ``where`` are skipped."""
         paths = [f.path if isinstance(f, DataFile) else f for f in files]
         if not paths:
-            return self.arrow_schema.empty_table()
+            empty = self.arrow_schema.empty_table()
+            return empty.select(list(columns)) if columns is not None else empty
         dataset = ds.dataset(paths, schema=self.arrow_schema, format="parquet")
-        return dataset.to_table(filter=where)
+        return dataset.to_table(filter=where, columns=list(columns) if columns else None)
 
     def read_version(self, version: int | None = None) -> DataFrame:
         return self.read(self.files(version))

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake.transaction import AddAction
@@ -31,6 +33,16 @@ from dbsp_pipeline.driver.sql import LocalSQL, idents, null_safe_on
 from dbsp_pipeline.storage.delta_table import DataFile
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.zset import SHARD, WEIGHT, consolidate, shard_of
+
+@dataclass
+class RelayoutStats:
+    """What a layout change did to one trace: rows in it, rows whose owner changed, and rows
+    rewritten (the rows of the files split by owner)."""
+
+    rows: int = 0
+    moved: int = 0
+    rewritten: int = 0
+
 
 #: Compact a trace once it has more files than this (size-tiered merge of the smallest).
 COMPACT_FILE_THRESHOLD = 16
@@ -239,6 +251,44 @@ class Trace:
         """Merge the compaction candidates now (plan, merge, apply); returns whether it did."""
         files = self.compaction_candidates(threshold)
         return bool(files) and self.apply_merge(files, self.merge(files, sql))
+
+    # -- layouts ---------------------------------------------------------------------------
+    def owners(self, layout, table: pa.Table) -> np.ndarray:
+        """The worker owning each row of ``table`` (rows of this trace) under ``layout``."""
+        hashes = (hashing.xxhash64_arrow(table, self.key).astype(np.uint64)
+                  if layout.sharding == "modulo" else None)
+        return layout.owners(table.column(SHARD).to_numpy(zero_copy_only=False), hashes)
+
+    def relayout(self, old, new) -> RelayoutStats:
+        """Make every file hold rows of one worker under layout ``new``: a file whose rows
+        belong to several workers is split into one file per worker (one rewrite commit; the
+        trace's value is unchanged). Files owned by one worker are not touched: under ``fixed``
+        and ``dynamic`` sharding that is decided from the file's ``_shard`` statistics alone.
+        Returns the rows in the trace, the rows whose owner changes, and the rows rewritten."""
+        stats = RelayoutStats()
+        split, adds = [], []
+        columns = [SHARD, *self.key] if old.sharding == "modulo" or new.sharding == "modulo" \
+            else [SHARD]
+        for f in self.files():
+            stats.rows += f.rows
+            keys = self.table.read_arrow([f], columns=columns) if f.rows else None
+            if keys is not None:
+                stats.moved += int(np.count_nonzero(self.owners(old, keys) != self.owners(new, keys)))
+            single = (new.sharding != "modulo" and f.shard_min is not None
+                      and len(new.owners_of_range(f.shard_min, f.shard_max)) == 1)
+            if single or keys is None or len(np.unique(self.owners(new, keys))) <= 1:
+                continue
+            rows = self.table.read_arrow([f])
+            owner = self.owners(new, rows)
+            for w in np.unique(owner):
+                part = rows.filter(pa.array(owner == w))
+                adds += self.table.write_arrow(part)
+            split.append(f)
+            stats.rewritten += f.rows
+        if split:
+            self.table.commit(adds, [f.path for f in split], data_change=False)
+            self._files = None
+        return stats
 
     def reset_cache(self) -> None:
         """Forget the cached file list (after the state database rolled the table back)."""

@@ -4,7 +4,7 @@
 
 Prints ``open`` once the pipeline is open and the sink has re-sent what a crash left unsent,
 then polls (a few records at a time, so there are many steps), steps and emits until no record
-came for two seconds, and prints ``done``.
+came for three seconds, and prints ``done``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def main(root: str, bootstrap: str, orders: str, customers: str, out: str) -> in
                              [KafkaOutput("orders_copy", f"{out}-copy", partitions=2),
                               KafkaOutput("by_region", f"{out}-region")])
         print("open", flush=True)
-        runner.run(idle_seconds=2, poll_records=7)
+        runner.run(idle_seconds=3, poll_records=7)
         runner.close()
     print("done", flush=True)
     return 0

@@ -1,35 +1,82 @@
-"""Layouts: contiguous shard ranges per worker, round-tripped through the manifest record."""
+"""Layouts: the three sharding functions, their balance, how few keys change owner when the
+number of workers changes, and the record kept with each checkpoint."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from dbsp_pipeline import UsageError
-from dbsp_pipeline.runtime.layout import Layout
-from dbsp_pipeline.zset import SHARD_COUNT
+from dbsp_pipeline.runtime.layout import SHARDINGS, Layout
+from dbsp_pipeline.zset import SHARD_BITS, SHARD_COUNT
+
+RNG = np.random.default_rng(7)
+HASHES = RNG.integers(0, 2**63, size=200_000, dtype=np.int64).astype(np.uint64) * np.uint64(2) \
+    + RNG.integers(0, 2, size=200_000).astype(np.uint64)
+SHARDS = (HASHES >> np.uint64(64 - SHARD_BITS)).astype(np.int64)
+
+
+def moved(a: Layout, b: Layout) -> float:
+    return float(np.mean(a.owners(SHARDS, HASHES) != b.owners(SHARDS, HASHES)))
 
 
 def test_the_default_layout_is_one_worker_owning_every_shard():
     layout = Layout()
-    assert layout.shard_ranges() == [(0, SHARD_COUNT)]
+    assert layout.shard_ranges() == [[(0, SHARD_COUNT)]]
     assert layout.owner(0) == layout.owner(SHARD_COUNT - 1) == 0
+    assert Layout.from_json(None) == layout
 
 
-@pytest.mark.parametrize("workers", [1, 2, 3, 7, 1024])
-def test_ranges_cover_every_shard_once_in_order(workers):
-    layout = Layout(workers=workers)
-    ranges = layout.shard_ranges()
-    assert ranges[0][0] == 0 and ranges[-1][1] == SHARD_COUNT
-    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
-    sizes = [hi - lo for lo, hi in ranges]
-    assert max(sizes) - min(sizes) <= 1
-    assert [layout.owner(lo) for lo, _ in ranges] == list(range(workers))
+@pytest.mark.parametrize("sharding", SHARDINGS)
+@pytest.mark.parametrize("workers", [1, 2, 3, 7, 16])
+def test_every_sharding_balances_the_keys(sharding, workers):
+    layout = Layout.initial(workers, sharding)
+    counts = np.bincount(layout.owners(SHARDS, HASHES), minlength=workers)
+    assert len(counts) == workers
+    # within 15% of even (dynamic sharding's k = 0.1, plus sampling noise)
+    assert counts.max() / counts.min() < 1.15 + (0.2 if sharding == "dynamic" else 0)
 
 
-def test_json_round_trip_and_the_unrecorded_default():
-    layout = Layout(workers=3, version=2)
-    assert Layout.from_json(layout.to_json()) == layout
-    assert Layout.from_json(None) == Layout()
+@pytest.mark.parametrize("sharding", ["fixed", "dynamic"])
+@pytest.mark.parametrize("w, w2", [(4, 5), (5, 4), (4, 8), (8, 4), (1, 4), (4, 1), (3, 7)])
+def test_fixed_and_dynamic_move_about_the_ideal_fraction(sharding, w, w2):
+    a = Layout.initial(w, sharding)
+    b = a.rescaled(w2)
+    # ideal: a key changes owner only if it must; |w2 - w| / max(w, w2) of the keys
+    ideal = abs(w2 - w) / max(w, w2)
+    assert moved(a, b) == pytest.approx(ideal, abs=0.03)
+    counts = np.bincount(b.owners(SHARDS, HASHES), minlength=w2)
+    assert len(counts) == w2 and counts.min() > 0
+    assert b.version == a.version + 1
+
+
+def test_modulo_moves_almost_everything():
+    a = Layout.initial(4, "modulo")
+    assert moved(a, a.rescaled(5)) == pytest.approx(4 / 5, abs=0.02)
+
+
+def test_fixed_scale_out_takes_a_slice_off_each_worker():
+    a = Layout.initial(3, "fixed")
+    b = a.rescaled(4)
+    ranges = b.shard_ranges()
+    assert len(ranges[3]) == 3  # the new worker's slices come from the three old workers
+    sizes = [sum(hi - lo for lo, hi in r) for r in ranges]
+    assert max(sizes) - min(sizes) <= 1 and sum(sizes) == SHARD_COUNT
+
+
+def test_dynamic_shards_follow_w_over_k():
+    assert Layout.initial(4, "dynamic").shards == 64
+    layout = Layout.initial(4, "dynamic").rescaled(7)
+    assert layout.shards == 128  # doubled: owners of the halves are the old owner's
+    assert layout.rescaled(3).shards == 32
+
+
+@pytest.mark.parametrize("sharding", SHARDINGS)
+def test_json_round_trip_keeps_the_assignment(sharding):
+    layout = Layout.initial(3, sharding).rescaled(5).rescaled(4)
+    back = Layout.from_json(layout.to_json())
+    assert back == layout
+    assert np.array_equal(back.owners(SHARDS, HASHES), layout.owners(SHARDS, HASHES))
 
 
 def test_impossible_layouts_are_usage_errors():
@@ -38,4 +85,8 @@ def test_impossible_layouts_are_usage_errors():
     with pytest.raises(UsageError):
         Layout(workers=5, shards=4)
     with pytest.raises(UsageError):
+        Layout(sharding="random")
+    with pytest.raises(UsageError):
         Layout().owner(SHARD_COUNT)
+    with pytest.raises(UsageError):
+        Layout.initial(2, "modulo").owners(SHARDS)  # modulo needs the full hashes
