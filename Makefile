@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: setup demo demo-engine ui test bench bench-recovery bench-console bench-kafka clean
+.PHONY: setup demo demo-engine ui test bench bench-recovery bench-console bench-kafka bench-rescale clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml infra/setup.sh
@@ -34,6 +34,9 @@ bench-console: setup  ## sensor-to-view latency through Dagster: local Spark vs 
 
 bench-kafka: setup    ## records/s through Kafka (pass-through, join+aggregate) vs the raw broker
 	$(PY) benchmarks/kafka_bench.py $(BENCH_ARGS)
+
+bench-rescale: setup  ## cold rescale: state rows moved and rewritten per sharding function, seconds
+	$(PY) benchmarks/rescale_bench.py $(BENCH_ARGS)
 
 clean:
 	rm -rf var .pytest_cache .hypothesis

@@ -10,6 +10,7 @@ so the instance's run queue never runs two of them on one pipeline at once.
   checkpoint (their output is verified, not written twice), sends to Kafka the steps written
   but not yet sent, and reports both.
 * ``<name>_restore``: go back to a retained checkpoint (``version``); refuses unless ``confirm``.
+* ``<name>_rescale``: a cold layout change to ``workers`` workers (``Pipeline.rescale``).
 """
 
 import time
@@ -18,6 +19,14 @@ import dagster as dg
 
 from dbsp_pipeline.connectors.kafka import KafkaSink
 from resources.pipeline_store import PipelineRef
+
+
+class RescaleConfig(dg.Config):
+    """``workers``: the new number of workers; ``sharding``: keep the current function
+    (empty) or change to ``modulo``, ``fixed`` or ``dynamic``."""
+
+    workers: int
+    sharding: str = ""
 
 
 class RestoreConfig(dg.Config):
@@ -93,6 +102,17 @@ def operation_jobs(ref: PipelineRef) -> list[dg.JobDefinition]:
                 "replayed_steps": [r.step for r in replayed],
                 "state_version": p.state_version, "next_step": p.next_step})
 
+    @dg.op(name=ref.job_name("rescale_op"), required_resource_keys=keys)
+    def rescale(context: dg.OpExecutionContext, config: RescaleConfig) -> None:
+        store = ref.store(context)
+        with store.open(circuit, context.resources.spark) as p:
+            r = p.rescale(config.workers, config.sharding or None)
+            context.add_output_metadata({
+                "old_layout": r.old.to_json(), "new_layout": r.new.to_json(),
+                "stopped_at_step": r.step, "state_rows": r.rows, "moved_rows": r.moved_rows,
+                "rewritten_rows": r.rewritten_rows, "seconds": round(r.seconds, 3),
+                "state_version": r.state_version})
+
     def job(name: str, op, description: str) -> dg.JobDefinition:
         @dg.job(name=ref.job_name(name), tags=ref.tags, executor_def=dg.in_process_executor,
                 description=description)
@@ -104,4 +124,5 @@ def operation_jobs(ref: PipelineRef) -> list[dg.JobDefinition]:
         job("checkpoint", checkpoint, f"commit, compact and collect garbage of '{ref.name}'"),
         job("recover", recover, f"reopen '{ref.name}' after a failure and replay what it must"),
         job("restore", restore, f"restore '{ref.name}' to a retained checkpoint"),
+        job("rescale", rescale, f"change the layout of '{ref.name}' (cold: between steps)"),
     ]

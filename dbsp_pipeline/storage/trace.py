@@ -44,6 +44,29 @@ class RelayoutStats:
     rewritten: int = 0
 
 
+#: A worker's part of a split file is cut, at shard-block boundaries, into files of about this
+#: many rows, so a later layout change finds narrow files and splits only those on a boundary.
+SPLIT_FILE_ROWS = 131_072
+#: shard blocks: the ``_shard`` values ``[b * 16, (b + 1) * 16)`` (64 blocks)
+BLOCK_SHIFT = 4
+
+
+def _shard_chunks(rows: pa.Table) -> list[pa.Table]:
+    """``rows`` (sorted by ``_shard``) cut at shard-block boundaries into pieces of at least
+    ``SPLIT_FILE_ROWS`` rows (the last may be smaller); one piece if it is small."""
+    if rows.num_rows <= SPLIT_FILE_ROWS:
+        return [rows]
+    blocks = rows.column(SHARD).to_numpy(zero_copy_only=False) >> BLOCK_SHIFT
+    edges = np.flatnonzero(np.diff(blocks)) + 1  # first row of each new block
+    pieces, start = [], 0
+    for edge in edges:
+        if edge - start >= SPLIT_FILE_ROWS:
+            pieces.append(rows.slice(start, edge - start))
+            start = edge
+    pieces.append(rows.slice(start))
+    return pieces
+
+
 #: Compact a trace once it has more files than this (size-tiered merge of the smallest).
 COMPACT_FILE_THRESHOLD = 16
 #: Merges of at most this many rows run on the driver (when it offers a ``LocalSQL``).
@@ -281,8 +304,8 @@ class Trace:
             rows = self.table.read_arrow([f])
             owner = self.owners(new, rows)
             for w in np.unique(owner):
-                part = rows.filter(pa.array(owner == w))
-                adds += self.table.write_arrow(part)
+                for chunk in _shard_chunks(rows.filter(pa.array(owner == w))):
+                    adds += self.table.write_arrow(chunk)
             split.append(f)
             stats.rewritten += f.rows
         if split:

@@ -137,3 +137,18 @@ def test_a_drifted_view_fails_its_check(root, instance, spark):
               if c.asset_key == dg.AssetKey(["shop", "regions"])}
     assert not checks["positive_multiplicities"].passed
     assert not checks["matches_recomputation"].passed
+
+
+def test_rescale_job_changes_the_layout_between_steps(defs, root, instance, spark):
+    with Pipeline(shop_circuit(), root, spark) as p:
+        p.push("customers", [(i, f"r{i % 3}") for i in range(50)])
+        p.push("orders", [(i, i % 50, 20.0 + i) for i in range(200)])
+        p.step()
+    result = defs.resolve_job_def("shop_rescale").execute_in_process(
+        instance=instance, run_config={"ops": {"shop_rescale_op": {"config": {"workers": 3}}}})
+    m = metadata_of(result, "shop_rescale_op")
+    assert m["old_layout"]["workers"] == 1 and m["new_layout"]["workers"] == 3
+    assert m["stopped_at_step"] == 1 and m["state_rows"] > 0
+    assert m["moved_rows"] > 0 and m["rewritten_rows"] > 0
+    with Pipeline(shop_circuit(), root, spark) as p:
+        assert p.layout.workers == 3

@@ -38,3 +38,19 @@ def test_a_bigger_file_joins_when_too_many_would_remain():
     sizes = [2 ** i for i in range(20)]
     chosen = FileList(sizes).compaction_candidates(4)
     assert len(sizes) - len(chosen) + 1 <= 4
+
+
+def test_split_parts_are_cut_at_shard_block_boundaries(monkeypatch):
+    import numpy as np
+    import pyarrow as pa
+
+    from dbsp_pipeline.storage import trace as trace_module
+
+    monkeypatch.setattr(trace_module, "SPLIT_FILE_ROWS", 10)
+    shards = np.sort(np.random.default_rng(3).integers(0, 1024, size=200)).astype(np.int32)
+    rows = pa.table({"k": np.arange(200), "_shard": shards})
+    pieces = trace_module._shard_chunks(rows)
+    assert pa.concat_tables(pieces).equals(rows)
+    assert all(p.num_rows >= 10 for p in pieces[:-1])
+    for a, b in zip(pieces, pieces[1:]):  # no block is split between two pieces
+        assert a.column("_shard")[-1].as_py() >> 4 < b.column("_shard")[0].as_py() >> 4
