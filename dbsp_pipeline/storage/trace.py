@@ -228,7 +228,7 @@ class Trace:
         file is not rewritten for a few small ones), at least two. Empty when no compaction is
         due."""
         files = sorted(self.files(), key=lambda f: f.rows)
-        if len(files) <= threshold:
+        if len(files) <= max(threshold, 1):
             return []
         chosen, rows = files[:2], files[0].rows + files[1].rows
         for f in files[2:]:
