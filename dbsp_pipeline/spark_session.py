@@ -48,6 +48,34 @@ def local_session(app_name: str = "dbsp-pipeline", cores: int | str = "*",
     return spark
 
 
+def cluster_session(master: str, app_name: str = "dbsp-pipeline",
+                    shuffle_partitions: int = 4) -> SparkSession:
+    """The process's session as a driver of the Spark standalone cluster at ``master``
+    (``spark://host:port``), bound to 127.0.0.1. Executors lost with a worker are replaced on
+    the workers left, and their tasks retried (``spark.task.maxFailures``)."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = (
+        SparkSession.builder.master(master).appName(app_name)
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.default.parallelism", str(shuffle_partitions))
+        .config("spark.driver.memory", os.environ.get("DBSP_DRIVER_MEMORY", "2g"))
+        .config("spark.executor.memory", os.environ.get("DBSP_EXECUTOR_MEMORY", "1g"))
+        .config("spark.task.maxFailures", "8")
+        .config("spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
+        .config("spark.hadoop.fs.file.impl", "org.apache.hadoop.fs.RawLocalFileSystem")
+        .config("spark.hadoop.fs.file.impl.disable.cache", "true")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+    )
+    for k, v in RUNTIME_CONF.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
 def configure(spark: SparkSession) -> SparkSession:
     """Apply the engine's runtime settings to ``spark`` and return it."""
     for k, v in RUNTIME_CONF.items():

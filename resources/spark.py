@@ -12,13 +12,12 @@ Three deployments, chosen by configuration (``definitions.py`` reads them from t
 
 from __future__ import annotations
 
-import os
 from typing import Literal
 
 import dagster as dg
 from pyspark.sql import SparkSession
 
-from dbsp_pipeline.spark_session import LazySession, configure
+from dbsp_pipeline.spark_session import LazySession, cluster_session, configure
 
 
 class SparkResource(dg.ConfigurableResource):
@@ -40,11 +39,4 @@ class SparkResource(dg.ConfigurableResource):
                                shuffle_partitions=self.shuffle_partitions)
         if self.mode == "connect":
             return configure(SparkSession.builder.remote(self.connect_url).getOrCreate())
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        spark = (SparkSession.builder.master(self.master).appName("dbsp-dagster")
-                 .config("spark.driver.host", "127.0.0.1")
-                 .config("spark.driver.bindAddress", "127.0.0.1")
-                 .config("spark.sql.shuffle.partitions", str(self.shuffle_partitions))
-                 .config("spark.ui.enabled", "false")
-                 .getOrCreate())
-        return configure(spark)
+        return cluster_session(self.master, "dbsp-dagster", self.shuffle_partitions)

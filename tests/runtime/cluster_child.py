@@ -1,0 +1,37 @@
+"""A child process driving the crash workload on a Spark standalone cluster (every step as
+Spark jobs on the cluster's executors).
+
+    python -m tests.runtime.cluster_child ROOT MASTER ROUNDS [RESCALE_ROUND WORKERS]
+
+Prints ``step <r>`` after each round and ``done`` at the end; with RESCALE_ROUND, rescales to
+WORKERS workers before that round (the test adds or removes a Spark worker first).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from dbsp_pipeline import Pipeline
+from dbsp_pipeline.spark_session import cluster_session
+from tests.runtime.workload import circuit, play_round, rounds
+
+
+def main(root: str, master: str, n: int, rescale_round: int | None, workers: int | None) -> int:
+    spark = cluster_session(master, "dbsp-cluster-test")
+    with Pipeline(circuit(), root, spark, checkpoint_every=2, driver_step_rows=0) as p:
+        work = rounds(n)
+        for r in range(p.next_step, n):
+            if r == rescale_round:
+                result = p.rescale(workers)
+                print(f"rescaled {result.old.workers} {result.new.workers}", flush=True)
+            play_round(p, r, work[r])
+            print(f"step {r}", flush=True)
+    print("done", flush=True)
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    sys.exit(main(args[0], args[1], int(args[2]),
+                  int(args[3]) if len(args) > 3 else None, int(args[4]) if len(args) > 4 else None))
