@@ -7,13 +7,14 @@ the changes of every output view at a cost that follows the size of the change.
 from dbsp_pipeline.circuit import Circuit, Collection, GroupedCollection
 from dbsp_pipeline.errors import (
     CircuitChangedError,
-    ConcurrentWriterError,
     CircuitError,
+    ConcurrentWriterError,
     DbspError,
     InputError,
     NonDeterminismError,
     PipelineClosedError,
     PipelineFencedError,
+    StateFormatError,
     StorageError,
     UnknownNameError,
     UsageError,
@@ -25,6 +26,6 @@ __version__ = "0.1.0"
 __all__ = [
     "Circuit", "Collection", "GroupedCollection", "Pipeline", "StepInfo", "StepResult",
     "DbspError", "UsageError", "CircuitError", "InputError", "UnknownNameError",
-    "PipelineClosedError", "PipelineFencedError", "CircuitChangedError", "StorageError",
-    "ConcurrentWriterError", "NonDeterminismError",
+    "PipelineClosedError", "PipelineFencedError", "CircuitChangedError", "StateFormatError",
+    "StorageError", "ConcurrentWriterError", "NonDeterminismError",
 ]

@@ -58,6 +58,10 @@ class PipelineClosedError(UsageError):
     """The pipeline was closed; open it again to continue."""
 
 
+class StateFormatError(UsageError):
+    """The state was written in a format this engine does not read (a newer engine's)."""
+
+
 class CircuitChangedError(UsageError):
     """The pipeline root holds state of a different circuit (changing the computation is out of scope)."""
 

@@ -7,6 +7,8 @@
 #   infra/spark_cluster.sh add-worker              one more worker (scale out)
 #   infra/spark_cluster.sh stop-worker N           stop worker N (scale in)
 #   infra/spark_cluster.sh kill-worker N           SIGKILL worker N (a crash, for tests)
+#   infra/spark_cluster.sh roll                    replace every worker, one at a time (a rolling
+#                                                  upgrade: start a new one, then stop an old one)
 #   infra/spark_cluster.sh status                  the master's view: alive workers and cores
 #   infra/spark_cluster.sh stop                    stops every process `start` started
 #
@@ -38,6 +40,11 @@ start_worker() {
   echo $! >"$VAR/worker-$n.pid"
 }
 
+next_worker() {  # the number after the highest worker ever started (its log stays)
+  echo $(( $(ls "$VAR"/worker-*.log 2>/dev/null | sed 's/.*worker-\([0-9]*\).log/\1/' \
+             | sort -n | tail -1) + 1 ))
+}
+
 wait_alive() {
   local want="$1"
   for _ in $(seq 1 120); do
@@ -47,8 +54,6 @@ wait_alive() {
   echo "the cluster has not $want alive workers; see $VAR/*.log" >&2
   return 1
 }
-
-workers_started() { ls "$VAR"/worker-*.pid 2>/dev/null | wc -l; }
 
 case "${1:-status}" in
   start)
@@ -65,7 +70,7 @@ case "${1:-status}" in
     echo "Spark master: $(master_url) ($N workers, UI $(ui))"
     ;;
   add-worker)
-    N=$(( $(workers_started) + 1 ))
+    N=$(next_worker)
     start_worker "$N"
     wait_alive "$(( $(alive) + 1 ))"
     echo "worker $N started"
@@ -80,6 +85,19 @@ case "${1:-status}" in
       kill "-$SIGNAL" "$(cat "$VAR/worker-$N.pid")" 2>/dev/null || true
       rm -f "$VAR/worker-$N.pid"
     fi
+    ;;
+  roll)
+    for f in "$VAR"/worker-*.pid; do
+      [ -f "$f" ] || continue
+      OLD="$(basename "$f" .pid)"; OLD="${OLD#worker-}"
+      N=$(next_worker)
+      BEFORE="$(alive)"
+      start_worker "$N"
+      wait_alive "$(( BEFORE + 1 ))"
+      pkill -TERM -P "$(cat "$f")" 2>/dev/null || true
+      stop_started TERM "$(cat "$f")" "$f"
+      echo "worker $OLD replaced by worker $N"
+    done
     ;;
   status)
     if [ -f "$VAR/master.pid" ] && kill -0 "$(cat "$VAR/master.pid")" 2>/dev/null; then
@@ -99,7 +117,7 @@ case "${1:-status}" in
     if [ -f "$VAR/master.pid" ]; then stop_started TERM "$(cat "$VAR/master.pid")" "$VAR/master.pid"; fi
     ;;
   *)
-    echo "usage: $0 start [workers] [port]|add-worker|stop-worker N|kill-worker N|status|stop" >&2
+    echo "usage: $0 start [workers] [port]|add-worker|stop-worker N|kill-worker N|roll|status|stop" >&2
     exit 2
     ;;
 esac

@@ -11,6 +11,9 @@ so the instance's run queue never runs two of them on one pipeline at once.
   but not yet sent, and reports both.
 * ``<name>_restore``: go back to a retained checkpoint (``version``); refuses unless ``confirm``.
 * ``<name>_rescale``: a cold layout change to ``workers`` workers (``Pipeline.rescale``).
+* ``<name>_upgrade``: run after deploying a new engine (and rolling the Spark workers,
+  ``infra/spark_cluster.sh roll``): opens the pipeline, which migrates an older state format
+  and refuses a changed circuit (``runtime/upgrade.py``), and reports what it did.
 """
 
 import time
@@ -113,6 +116,20 @@ def operation_jobs(ref: PipelineRef) -> list[dg.JobDefinition]:
                 "rewritten_rows": r.rewritten_rows, "seconds": round(r.seconds, 3),
                 "state_version": r.state_version})
 
+    @dg.op(name=ref.job_name("upgrade_op"), required_resource_keys=keys)
+    def upgrade(context: dg.OpExecutionContext) -> None:
+        store = ref.store(context)
+        with store.open(circuit, context.resources.spark) as p:
+            info = p.upgrade_info
+            context.log.info(f"state written by engine {info.from_engine} in format "
+                             f"{info.from_format}; migrations {info.migrations}")
+            context.add_output_metadata({
+                "from_engine": info.from_engine or "", "to_engine": info.to_engine,
+                "from_format": info.from_format, "to_format": info.to_format,
+                "migrations": [f"{a}->{b}" for a, b in info.migrations],
+                "replayed_steps": [r.step for r in p.recovered_steps],
+                "state_version": p.state_version, "next_step": p.next_step})
+
     def job(name: str, op, description: str) -> dg.JobDefinition:
         @dg.job(name=ref.job_name(name), tags=ref.tags, executor_def=dg.in_process_executor,
                 description=description)
@@ -125,4 +142,6 @@ def operation_jobs(ref: PipelineRef) -> list[dg.JobDefinition]:
         job("recover", recover, f"reopen '{ref.name}' after a failure and replay what it must"),
         job("restore", restore, f"restore '{ref.name}' to a retained checkpoint"),
         job("rescale", rescale, f"change the layout of '{ref.name}' (cold: between steps)"),
+        job("upgrade", upgrade, f"open '{ref.name}' with this engine: migrate its state "
+            "format, refuse a changed circuit"),
     ]

@@ -54,7 +54,7 @@ from dbsp_pipeline.errors import (
     UsageError,
 )
 from dbsp_pipeline.operators.base import StepContext
-from dbsp_pipeline.runtime import records
+from dbsp_pipeline.runtime import records, upgrade
 from dbsp_pipeline.runtime.compactor import BackgroundCompactor
 from dbsp_pipeline.runtime.division_log import DivisionLog
 from dbsp_pipeline.runtime.input_log import InputLog
@@ -180,6 +180,10 @@ class Pipeline:
         self._sql = LocalSQL()
         self._db = StateDatabase(self.spark, root, circuit.fingerprint())
         self._db.open()
+        #: what opening did about engine and state-format versions (``runtime/upgrade.py``)
+        self.upgrade_info = upgrade.migrate(self._db)
+        if self.upgrade_info.migrations:
+            self._db.commit()  # the migrated state, as a checkpoint in the current format
         #: the assignment of shards to workers, recorded with every checkpoint
         self.layout = Layout.from_json(self._db.get(LAYOUT_KEY))
         self._db.put(LAYOUT_KEY, self.layout.to_json())

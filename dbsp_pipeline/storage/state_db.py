@@ -37,7 +37,7 @@ from dbsp_pipeline.storage import garbage
 from dbsp_pipeline.storage.delta_table import SparkDeltaTable
 
 MANIFEST_DIR = "_manifest"
-STATE_FORMAT = 1
+STATE_FORMAT = 2  # see runtime/upgrade.py for what each format adds
 ENGINE_VERSION = "0.1.0"
 _MANIFEST_SCHEMA = StructType([
     StructField("version", LongType(), False),
@@ -106,7 +106,9 @@ class StateDatabase:
             "version": base["version"] + 1,
             "step": self._step,
             "meta": self._meta,
-            "traces": {name: t.loaded_version() for name, t in sorted(self._tables.items())},
+            # tables not opened in this process keep the version the base recorded
+            "traces": dict(sorted({**base.get("traces", {}), **{
+                name: t.loaded_version() for name, t in self._tables.items()}}.items())),
             "fingerprint": self.fingerprint,
             "engine_version": ENGINE_VERSION,
             "state_format": STATE_FORMAT,
@@ -176,6 +178,18 @@ class StateDatabase:
     @property
     def version(self) -> int:
         return self._require_open()["version"]
+
+    @property
+    def recorded_format(self) -> int:
+        """The state format the opened version was written in (the empty version 0 counts as
+        the current format)."""
+        entry = self._require_open()
+        return int(entry.get("state_format", STATE_FORMAT if entry["version"] == 0 else 1))
+
+    @property
+    def recorded_engine(self) -> str | None:
+        """The engine version that wrote the opened version (None for the empty version 0)."""
+        return self._require_open().get("engine_version")
 
     def recorded_version(self, name: str) -> int | None:
         """The Delta version of table ``name`` recorded by the open state version."""

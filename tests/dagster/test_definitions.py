@@ -17,7 +17,8 @@ def test_code_location_loads():
     assert keys == {f"shop/{v}" for v in shop_circuit().outputs} | {
         "shop/inputs/orders", "shop/inputs/customers"}
     assert {j.name for j in defs.resolve_all_job_defs()} >= {
-        "shop_step", "shop_checkpoint", "shop_recover", "shop_restore", "shop_rescale"}
+        "shop_step", "shop_checkpoint", "shop_recover", "shop_restore", "shop_rescale",
+        "shop_upgrade"}
     assert {s.name for s in defs.sensors} == {"shop_input_arrival", "shop_recover_on_failure"}
     assert {s.name for s in defs.schedules} == {"shop_checkpoint_schedule"}
     assert {"spark", "shop_pipeline", "kafka"} <= set(defs.resources)

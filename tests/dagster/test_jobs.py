@@ -152,3 +152,25 @@ def test_rescale_job_changes_the_layout_between_steps(defs, root, instance, spar
     assert m["moved_rows"] > 0 and m["rewritten_rows"] > 0
     with Pipeline(shop_circuit(), root, spark) as p:
         assert p.layout.workers == 3
+
+
+def test_upgrade_job_reports_versions_and_refuses_a_changed_circuit(defs, root, instance, spark):
+    from dbsp_pipeline.storage.state_db import ENGINE_VERSION, STATE_FORMAT
+
+    with Pipeline(shop_circuit(), root, spark) as p:
+        p.push("customers", [(1, "north")])
+        p.step()
+    result = defs.resolve_job_def("shop_upgrade").execute_in_process(instance=instance)
+    m = metadata_of(result, "shop_upgrade_op")
+    assert (m["to_engine"], m["to_format"], m["migrations"]) == (ENGINE_VERSION, STATE_FORMAT, [])
+    assert m["replayed_steps"] == [] and m["next_step"] == 1
+
+    from pipeline_definitions import build_definitions
+
+    changed = build_definitions(shop_circuit(extra_views=False), root)
+    failed = changed.resolve_job_def("shop_upgrade").execute_in_process(
+        instance=instance, raise_on_error=False)
+    assert not failed.success
+    error = failed.failure_data_for_node("shop_upgrade_op").error
+    assert error.cause.cls_name == "CircuitChangedError"
+    assert "different circuit" in error.cause.message

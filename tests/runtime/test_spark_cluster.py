@@ -4,8 +4,9 @@ workers' executors:
 
 * a Spark worker (and its executor) is killed with SIGKILL in the middle of the steps: the
   tasks are retried on the worker left, and the output is exactly the no-kill output;
-* scale out and in: a Spark worker is added and the pipeline rescaled to 2 workers, then one
-  is stopped and the pipeline rescaled to 1; the output is exactly the never-rescaled output.
+* scale out and in: a Spark worker is added and the pipeline rescaled to 2 workers, the Spark
+  workers are replaced one at a time (a rolling upgrade of the cluster), then one is stopped
+  and the pipeline rescaled to 1; the output is exactly the never-rescaled output.
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ def test_adding_and_removing_spark_workers_with_rescale(cluster, tmp_path, spark
     cluster.run("add-worker")
     out = finish(cluster.child(root, 2, "1", "2"))  # scale out before round 1, run to 2
     assert "rescaled 1 2" in out
-    cluster.run("stop-worker", "2")
+    cluster.run("roll")  # a rolling upgrade of the Spark workers: 1 -> 3, 2 -> 4
+    cluster.run("stop-worker", "4")
     out = finish(cluster.child(root, ROUNDS, "2", "1"))  # scale in before round 2
     assert "rescaled 2 1" in out
     with open_pipeline(root, spark) as p:

@@ -1,0 +1,69 @@
+"""Upgrades: a newer engine opening state written by an older one.
+
+Every checkpoint records the engine version, the state format and the circuit fingerprint
+(``storage/state_db.py``). Opening a pipeline:
+
+* refuses a different circuit (``CircuitChangedError``: changing the computation is not an
+  upgrade) and state written in a newer format than this engine reads (``StateFormatError``);
+* migrates older state formats, one format at a time through ``MIGRATIONS``, before anything
+  reads the state, and commits the result at once as a checkpoint in the current format. A
+  crash before that commit leaves the old checkpoint, and the next open migrates again (every
+  migration is a function of the old checkpoint alone).
+
+No input is processed again: migrations change how state is recorded, not what it holds.
+
+Formats: 1, the first; 2, every checkpoint records its layout (``runtime/layout.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from dbsp_pipeline.errors import StateFormatError
+from dbsp_pipeline.runtime.layout import LAYOUT_KEY, Layout
+from dbsp_pipeline.storage.state_db import ENGINE_VERSION, STATE_FORMAT, StateDatabase
+
+
+def _record_layout(db: StateDatabase) -> None:
+    """1 -> 2: state from before layouts were recorded had one worker owning every shard."""
+    if db.get(LAYOUT_KEY) is None:
+        db.put(LAYOUT_KEY, Layout().to_json())
+
+
+#: MIGRATIONS[n] brings the opened state from format n to n + 1
+MIGRATIONS: dict[int, Callable[[StateDatabase], None]] = {1: _record_layout}
+
+
+@dataclass
+class UpgradeInfo:
+    """What opening did about versions: the engine and format the state was written with, the
+    ones it is in now, and the migrations applied (``[(from, to), ...]``)."""
+
+    from_engine: str | None
+    to_engine: str
+    from_format: int
+    to_format: int
+    migrations: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def upgraded(self) -> bool:
+        return bool(self.migrations) or self.from_engine not in (None, self.to_engine)
+
+
+def migrate(db: StateDatabase) -> UpgradeInfo:
+    """Bring the opened state to ``STATE_FORMAT``; the caller commits if migrations ran."""
+    fmt = db.recorded_format
+    info = UpgradeInfo(db.recorded_engine, ENGINE_VERSION, fmt, STATE_FORMAT)
+    if fmt > STATE_FORMAT:
+        raise StateFormatError(
+            f"the pipeline at {db.root} was written by engine {db.recorded_engine} in state "
+            f"format {fmt}; this engine ({ENGINE_VERSION}) reads formats up to {STATE_FORMAT}: "
+            "run a newer engine (downgrades are not supported)")
+    while fmt < STATE_FORMAT:
+        if fmt not in MIGRATIONS:
+            raise StateFormatError(f"no migration from state format {fmt} (at {db.root})")
+        MIGRATIONS[fmt](db)
+        info.migrations.append((fmt, fmt + 1))
+        fmt += 1
+    return info
