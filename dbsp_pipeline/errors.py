@@ -81,7 +81,8 @@ class StorageError(DbspError):
 
 class ConcurrentWriterError(StorageError):
     """Another writer committed to a table that only this pipeline may write (a compare-and-
-    append lost its race): this process no longer owns the pipeline."""
+    append lost its race), or committed the same app transaction (producer, step) at the same
+    time: two processes are doing one writer's work, and this one lost."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message, definitely_failed=True)

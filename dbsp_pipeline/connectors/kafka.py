@@ -46,7 +46,12 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from dbsp_pipeline.connectors.codec import FORMATS, Batch, encode_change
 from dbsp_pipeline.connectors.errors_sink import ErrorsSink
-from dbsp_pipeline.errors import PipelineFencedError, StorageError, UsageError
+from dbsp_pipeline.errors import (
+    ConcurrentWriterError,
+    PipelineFencedError,
+    StorageError,
+    UsageError,
+)
 from dbsp_pipeline.runtime.status import read_status
 from dbsp_pipeline.storage import crash_points
 
@@ -139,6 +144,10 @@ class KafkaSource:
                 name = self.bindings[topic].input
                 result.pushed[name] = result.pushed.get(name, 0) + pushed
                 result.rejected[name] = result.rejected.get(name, 0) + rejected
+        except ConcurrentWriterError as e:
+            raise PipelineFencedError(
+                f"the Kafka input of pipeline '{self.pipeline.circuit.name}' is being read by "
+                f"another process ({e}): this one is fenced") from e
         except BaseException:
             self._rewind()  # positions moved past records not recorded: read them again
             raise

@@ -108,7 +108,7 @@ class InputLog:
                 metadata: dict | None = None) -> None:
         if producer is None:
             self.table.commit(adds, metadata=metadata)
-        else:
+        else:  # two processes pushing as one producer at once: ConcurrentWriterError
             self.table.commit(adds, app_id=PRODUCER_APP_PREFIX + producer, app_version=seq,
                               metadata=metadata)
 

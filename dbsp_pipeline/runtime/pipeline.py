@@ -137,6 +137,17 @@ class Checkpoint:
     state_format: int | None
 
 
+@contextlib.contextmanager
+def _fenced_at_open(circuit: Circuit, root: str):
+    """Opening rolls state tables back to the newest checkpoint: if another process writes
+    them meanwhile, this one lost the race (the fencing error), like a lost commit later."""
+    try:
+        yield
+    except ConcurrentWriterError as e:
+        raise PipelineFencedError(
+            f"pipeline '{circuit.name}' at {root} is being run by another process ({e})") from e
+
+
 class Pipeline:
     """Creates, or reopens and recovers, the pipeline of ``circuit`` at ``root``.
 
@@ -179,15 +190,16 @@ class Pipeline:
         self.driver_step_rows = driver_step_rows
         self._sql = LocalSQL()
         self._db = StateDatabase(self.spark, root, circuit.fingerprint())
-        self._db.open()
-        #: what opening did about engine and state-format versions (``runtime/upgrade.py``)
-        self.upgrade_info = upgrade.migrate(self._db)
-        if self.upgrade_info.migrations:
-            self._db.commit()  # the migrated state, as a checkpoint in the current format
-        #: the assignment of shards to workers, recorded with every checkpoint
-        self.layout = Layout.from_json(self._db.get(LAYOUT_KEY))
-        self._db.put(LAYOUT_KEY, self.layout.to_json())
-        self._plan = self._compile()
+        with _fenced_at_open(circuit, root):  # opening rolls back and may commit: a race too
+            self._db.open()
+            #: what opening did about engine and state-format versions (``runtime/upgrade.py``)
+            self.upgrade_info = upgrade.migrate(self._db)
+            if self.upgrade_info.migrations:
+                self._db.commit()  # the migrated state, as a checkpoint in the current format
+            #: the assignment of shards to workers, recorded with every checkpoint
+            self.layout = Layout.from_json(self._db.get(LAYOUT_KEY))
+            self._db.put(LAYOUT_KEY, self.layout.to_json())
+            self._plan = self._compile()
         self._inputs = {name: InputLog(self.spark, root, name, self._plan.input_schema(name))
                         for name in circuit.inputs}
         self._outputs = {name: OutputLog(self.spark, root, name, self._plan.output_schema(name))

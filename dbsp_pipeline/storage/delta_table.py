@@ -242,6 +242,10 @@ class SparkDeltaTable:
             if self.single_writer:
                 raise ConcurrentWriterError(
                     f"another writer committed version {expected} of {self.uri} first") from e
+            if app_id is not None:  # the same app transaction twice at once: two writers
+                raise ConcurrentWriterError(
+                    f"another writer committed as '{app_id}' to {self.uri} at the same "
+                    "time") from e
             raise StorageError(f"commit to {self.uri} failed: {e}", definitely_failed=True) from e
         except DeltaError as e:
             raise StorageError(f"commit to {self.uri} failed: {e}", definitely_failed=False) from e
@@ -255,7 +259,17 @@ class SparkDeltaTable:
     def restore(self, version: int) -> None:
         """Roll the table back to ``version`` (a new commit whose files are those of ``version``)."""
         crash_points.hit(f"{self.role}.restore.before")
-        self._table.restore(version)
+        try:
+            self._table.restore(version)
+        except CommitFailedError as e:
+            if self.single_writer:
+                raise ConcurrentWriterError(
+                    f"another writer committed to {self.uri} during its rollback") from e
+            raise StorageError(f"rollback of {self.uri} failed: {e}",
+                               definitely_failed=True) from e
+        except DeltaError as e:
+            raise StorageError(f"rollback of {self.uri} failed: {e}",
+                               definitely_failed=False) from e
         crash_points.hit(f"{self.role}.restore.after")
         self._table.update_incremental()
 
