@@ -11,19 +11,25 @@ cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
 VAR="${DBSP_VAR:-var/dagster}"
 PORT="${2:-${DAGSTER_PORT:-3000}}"
-export DAGSTER_HOME="${DAGSTER_HOME:-$PWD/$VAR/home}"
+mkdir -p "$VAR"
+VAR="$(cd "$VAR" && pwd)"  # absolute, whether DBSP_VAR was given relative or absolute
+export DAGSTER_HOME="${DAGSTER_HOME:-$VAR/home}"
 export SPARK_LOCAL_IP=127.0.0.1
 PIDFILE="$VAR/dagster.pid"
 . infra/processes.sh
-mkdir -p "$DAGSTER_HOME" "$VAR"
-cp infra/dagster.yaml "$DAGSTER_HOME/dagster.yaml"
+instance() {  # the instance folder and its configuration, for run and start
+  mkdir -p "$DAGSTER_HOME"
+  cp infra/dagster.yaml "$DAGSTER_HOME/dagster.yaml"
+}
 
 case "${1:-run}" in
   run)
+    instance
     echo "Dagster UI: http://127.0.0.1:$PORT (instance $DAGSTER_HOME)"
     exec "$VENV/bin/dagster" dev -w workspace.yaml -h 127.0.0.1 -p "$PORT"
     ;;
   start)
+    instance
     # In its own session (so `stop` can reach every process it starts), with SIGINT at its
     # default: a background job of a script starts with SIGINT ignored, and dagster dev shuts
     # down cleanly only on SIGINT.

@@ -175,17 +175,6 @@ class KafkaSource:
                                 rejected=len(batch.bad))
         return zset.num_rows, len(batch.bad)
 
-    def lag(self) -> dict[str, int]:
-        """Per input, how many offsets the topics hold beyond what the input log recorded."""
-        out: dict[str, int] = {}
-        for topic, partitions in self._partitions().items():
-            name = self.bindings[topic].input
-            for p in partitions:
-                _, high = self._consumer.get_watermark_offsets(TopicPartition(topic, p),
-                                                               timeout=10, cached=False)
-                out[name] = out.get(name, 0) + max(0, high - self._next_offset(topic, p))
-        return out
-
     def close(self) -> None:
         self._consumer.close()
 
