@@ -35,7 +35,7 @@ bench-console: setup  ## sensor-to-view latency through Dagster: local Spark vs 
 bench-kafka: setup    ## records/s through Kafka (pass-through, join+aggregate) vs the raw broker
 	$(PY) benchmarks/kafka_bench.py $(BENCH_ARGS)
 
-bench-rescale: setup  ## cold rescale: state rows moved and rewritten per sharding function, seconds
+bench-rescale: setup  ## rescale: state rows moved and rewritten per sharding function; cold vs hot seconds and step pauses
 	$(PY) benchmarks/rescale_bench.py $(BENCH_ARGS)
 
 clean:

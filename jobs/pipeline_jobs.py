@@ -10,12 +10,15 @@ so the instance's run queue never runs two of them on one pipeline at once.
   checkpoint (their output is verified, not written twice), sends to Kafka the steps written
   but not yet sent, and reports both.
 * ``<name>_restore``: go back to a retained checkpoint (``version``); refuses unless ``confirm``.
-* ``<name>_rescale``: a cold layout change to ``workers`` workers (``Pipeline.rescale``).
+* ``<name>_rescale``: a layout change to ``workers`` workers (``Pipeline.rescale``): cold
+  (between steps) or, with ``hot``, while the op keeps executing the steps of the input already
+  in the logs (the run queue holds the step job meanwhile).
 * ``<name>_upgrade``: run after deploying a new engine (and rolling the Spark workers,
   ``infra/spark_cluster.sh roll``): opens the pipeline, which migrates an older state format
   and refuses a changed circuit (``runtime/upgrade.py``), and reports what it did.
 """
 
+import threading
 import time
 
 import dagster as dg
@@ -24,12 +27,34 @@ from dbsp_pipeline.connectors.kafka import KafkaSink
 from resources.pipeline_store import PipelineRef
 
 
+def _rescale_while_stepping(p, workers: int, sharding):
+    """A hot rescale in a thread while this one executes the pending steps."""
+    out: dict = {}
+
+    def rescale() -> None:
+        try:
+            out["result"] = p.rescale(workers, sharding, hot=True)
+        except BaseException as e:  # noqa: BLE001 (re-raised in the op's thread)
+            out["error"] = e
+
+    thread = threading.Thread(target=rescale, name="dbsp-hot-rescale")
+    thread.start()
+    while thread.is_alive():
+        p.run(max_seconds=1.0, idle_seconds=0.2)
+        thread.join(0.05)
+    if "error" in out:
+        raise out["error"]
+    return out["result"]
+
+
 class RescaleConfig(dg.Config):
     """``workers``: the new number of workers; ``sharding``: keep the current function
-    (empty) or change to ``modulo``, ``fixed`` or ``dynamic``."""
+    (empty) or change to ``modulo``, ``fixed`` or ``dynamic``; ``hot``: copy the state while
+    steps keep running, pausing them only for the hand-over (``runtime/migration.py``)."""
 
     workers: int
     sharding: str = ""
+    hot: bool = False
 
 
 class RestoreConfig(dg.Config):
@@ -109,8 +134,14 @@ def operation_jobs(ref: PipelineRef) -> list[dg.JobDefinition]:
     def rescale(context: dg.OpExecutionContext, config: RescaleConfig) -> None:
         store = ref.store(context)
         with store.open(circuit, context.resources.spark) as p:
-            r = p.rescale(config.workers, config.sharding or None)
+            if config.hot:
+                r = _rescale_while_stepping(p, config.workers, config.sharding or None)
+            else:
+                r = p.rescale(config.workers, config.sharding or None)
             context.add_output_metadata({
+                "hot": r.hot, "copy_seconds": round(r.copy_seconds, 3),
+                "pause_seconds": round(r.pause_seconds, 3),
+                "steps_during_copy": r.steps_during_copy, "caught_up_rows": r.caught_up_rows,
                 "old_layout": r.old.to_json(), "new_layout": r.new.to_json(),
                 "stopped_at_step": r.step, "state_rows": r.rows, "moved_rows": r.moved_rows,
                 "rewritten_rows": r.rewritten_rows, "seconds": round(r.seconds, 3),

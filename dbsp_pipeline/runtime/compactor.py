@@ -56,6 +56,15 @@ class BackgroundCompactor:
             return 0
         return sum(trace.apply_merge(files, adds) for trace, files, adds in merged)
 
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait (without applying it) for the running merge to finish."""
+        running = self._running
+        if running is not None:
+            try:
+                running.exception(timeout)
+            except TimeoutError:
+                pass
+
     def close(self) -> None:
         self._executor.shutdown(wait=True)
         self._sql.close()

@@ -59,6 +59,7 @@ from dbsp_pipeline.runtime.compactor import BackgroundCompactor
 from dbsp_pipeline.runtime.division_log import DivisionLog
 from dbsp_pipeline.runtime.input_log import InputLog
 from dbsp_pipeline.runtime.layout import LAYOUT_KEY, Layout
+from dbsp_pipeline.runtime.migration import ShardMigration
 from dbsp_pipeline.runtime.output_log import OutputLog
 from dbsp_pipeline.runtime.plan import Plan
 from dbsp_pipeline.runtime.readers import DEFAULT_LEASE_SECONDS, LeaseRegistry, Reader
@@ -122,6 +123,14 @@ class RescaleResult:
     rewritten_rows: int = 0
     seconds: float = 0.0
     state_version: int | None = None
+    #: a hot change (``rescale(hot=True)``): steps ran while the state was copied
+    hot: bool = False
+    #: hot: seconds copying (steps running), seconds steps were paused for the hand-over of
+    #: what they changed meanwhile, steps executed during the copy, rows handed over
+    copy_seconds: float = 0.0
+    pause_seconds: float = 0.0
+    steps_during_copy: int = 0
+    caught_up_rows: int = 0
 
 
 @dataclass(frozen=True)
@@ -222,6 +231,8 @@ class Pipeline:
         self._uncommitted_steps = 0
         self._closed = False
         self._tracked: dict[str, set[str]] = {}  # input -> producers whose offsets divisions record
+        self._migration: ShardMigration | None = None  # a hot layout change in progress
+        self._holding_merges = False  # no merge starts (a hot layout change is about to begin)
         #: the steps executed again at open: divided before a crash, not yet committed
         self.recovered_steps: list[StepResult] = self._recover()
 
@@ -522,7 +533,7 @@ class Pipeline:
             version = self._db.commit()
         self._uncommitted_steps = 0
         self._commits += 1
-        if compact:
+        if compact and self._migration is None and not self._holding_merges:
             if self._commits % GC_EVERY_COMMITS == 0:
                 self.collect_garbage()
             self._compactor.start(self._plan.traces())
@@ -552,6 +563,7 @@ class Pipeline:
         """
         self._require_open()
         with self._lock, self._fenced():
+            self._no_migration("restore")
             if self._uncommitted_steps:
                 self.commit(compact=False)  # so the outputs of executed steps are verified too
             self._compactor.apply_finished(wait=True)
@@ -564,23 +576,31 @@ class Pipeline:
                 self.commit(compact=False)
             return replayed
 
-    def rescale(self, workers: int, sharding: str | None = None) -> RescaleResult:
-        """A cold layout change to ``workers`` workers (and, if given, another sharding
-        function; see ``runtime/layout.py``). Stops at a committed step (no step runs during
-        it; executed steps are committed first), splits every state file whose rows now belong
-        to several workers, and commits the new layout with the state in one state-database
-        commit: a crash before that commit reopens the old layout and its files, after it the
-        new one; never a mix. No input is read again. Returns what moved."""
+    def rescale(self, workers: int, sharding: str | None = None, *,
+                hot: bool = False) -> RescaleResult:
+        """Change the layout to ``workers`` workers (and, if given, another sharding function;
+        see ``runtime/layout.py``): every state file whose rows now belong to several workers
+        is split by owner, and the new layout is committed with the state in one
+        state-database commit. A crash before that commit reopens the old layout and its
+        files, after it the new one; never a mix. No input is read again. Returns what moved.
+
+        Cold (default): stops at a committed step (executed steps are committed first) and
+        runs no step until done. Hot (``hot=True``, ``runtime/migration.py``): the state is
+        copied as of a committed version while other threads keep executing steps (``run``)
+        under the old layout; steps then pause only while what they changed during the copy
+        is handed over and the layout committed.
+        """
         self._require_open()
+        if hot:
+            return self._rescale_hot(workers, sharding)
         started = time.monotonic()
         with self._lock, self._fenced():
+            self._no_migration("rescale")
             if self._uncommitted_steps:
                 self.commit(compact=False)
             self._compactor.apply_finished(wait=True)
             old = self.layout
-            new = (old.rescaled(workers) if sharding in (None, old.sharding) else
-                   replace(Layout.initial(workers, sharding, inaccuracy=old.inaccuracy),
-                           version=old.version + 1))
+            new = self._next_layout(workers, sharding)
             result = RescaleResult(old, new, self._db.get_step())
             for trace in self._plan.state_traces():
                 stats = trace.relayout(old, new)
@@ -594,6 +614,65 @@ class Pipeline:
         result.seconds = time.monotonic() - started
         return result
 
+    def _rescale_hot(self, workers: int, sharding: str | None) -> RescaleResult:
+        """The hot layout change, in ICADD's phases (``ShardMigration``)."""
+        started = time.monotonic()
+        # No merge may run during the migration: let the running one finish while steps go on.
+        self._holding_merges = True
+        try:
+            self._compactor.wait()
+            # Interrogate, at a committed version, between two steps.
+            with self._lock, self._fenced():
+                self._no_migration("rescale")
+                if self._uncommitted_steps:
+                    self.commit(compact=False)
+                self._compactor.apply_finished(wait=True)  # no merge runs during the migration
+                old = self.layout
+                new = self._next_layout(workers, sharding)
+                migration = ShardMigration(self._plan.state_traces(), old, new)
+                migration.interrogate()
+                first_step = self._db.get_step()
+                self._migration = migration
+        finally:
+            self._holding_merges = False
+        try:
+            # Collect and acquire: copy the snapshot while steps go on.
+            migration.copy()
+            # Hold and done: between two steps, hand over the changes made during the copy,
+            # then commit the new layout with the state.
+            with self._lock, self._fenced():
+                self._require_open()
+                paused = time.monotonic()
+                migration.finish()
+                crash_points.hit("rescale.before_commit")
+                self._db.put(LAYOUT_KEY, new.to_json())
+                version = self._db.commit()
+                self._uncommitted_steps = 0
+                self.layout = new
+                pause = time.monotonic() - paused
+                last_step = self._db.get_step()
+        finally:
+            self._migration = None
+        stats = migration.stats
+        return RescaleResult(old, new, last_step, rows=stats.rows, moved_rows=stats.moved_rows,
+                             rewritten_rows=stats.copied_rows + stats.caught_up_rows,
+                             seconds=time.monotonic() - started, state_version=version, hot=True,
+                             copy_seconds=stats.copy_seconds, pause_seconds=pause,
+                             steps_during_copy=last_step - first_step,
+                             caught_up_rows=stats.caught_up_rows)
+
+    def _next_layout(self, workers: int, sharding: str | None) -> Layout:
+        old = self.layout
+        if sharding in (None, old.sharding):
+            return old.rescaled(workers)
+        return replace(Layout.initial(workers, sharding, inaccuracy=old.inaccuracy),
+                       version=old.version + 1)
+
+    def _no_migration(self, what: str) -> None:
+        if self._migration is not None:
+            raise UsageError(f"cannot {what} pipeline '{self.circuit.name}' while a hot layout "
+                             f"change is in progress")
+
     def collect_garbage(self, grace_seconds: float = ORPHAN_GRACE_SECONDS) -> int:
         """Delete the data files no retained state version (``retain_checkpoints``) and no
         newer commit refers to, in the state tables and the output and input logs (files
@@ -602,6 +681,8 @@ class Pipeline:
         for a background merge to finish. Returns how many files were deleted."""
         self._require_open()
         with self._lock:
+            if self._migration is not None:
+                return 0  # a hot layout change is copying files; the next collection will do
             self._compactor.apply_finished(wait=True)
             # Input that every retained state version has consumed is no longer needed.
             retained = self._db.retained_entries(self.retain_checkpoints)

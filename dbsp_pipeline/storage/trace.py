@@ -282,36 +282,67 @@ class Trace:
                   if layout.sharding == "modulo" else None)
         return layout.owners(table.column(SHARD).to_numpy(zero_copy_only=False), hashes)
 
+    def needs_split(self, f: DataFile, layout, keys: pa.Table | None = None) -> bool:
+        """Whether file ``f`` holds rows of several workers under ``layout``. Under ``fixed``
+        and ``dynamic`` sharding the file's ``_shard`` statistics decide it, when they cannot,
+        its rows' owners do (``keys``: the file's ``_shard`` and, for ``modulo``, key columns;
+        read here when not given)."""
+        if layout.workers == 1 or f.rows == 0:
+            return False
+        if layout.sharding != "modulo" and f.shard_min is not None and f.shard_max is not None:
+            if len(layout.owners_of_range(f.shard_min, f.shard_max)) == 1:
+                return False
+        if keys is None:
+            keys = self.table.read_arrow([f], columns=self._owner_columns(layout))
+        return len(np.unique(self.owners(layout, keys))) > 1
+
+    def split_by_owner(self, files: Sequence[DataFile], layout) -> list[AddAction]:
+        """Write the rows of ``files`` again as new, uncommitted files that each hold rows of
+        one worker under ``layout`` (cut at shard-block boundaries into files of about
+        ``SPLIT_FILE_ROWS`` rows). Pure, like ``merge``: reads only the given immutable files
+        and commits nothing, so it may run while steps append to the trace (a hot layout
+        change, ``runtime/migration.py``); the caller swaps ``files`` for the result in one
+        rewrite commit."""
+        adds: list[AddAction] = []
+        for f in files:
+            rows = self.table.read_arrow([f])
+            owner = self.owners(layout, rows)
+            for w in np.unique(owner):
+                for chunk in _shard_chunks(rows.filter(pa.array(owner == w))):
+                    adds += self.table.write_arrow(chunk)
+        return adds
+
+    def moved_rows(self, files: Sequence[DataFile], old, new) -> int:
+        """How many rows of ``files`` change owner from layout ``old`` to ``new``."""
+        columns = sorted({*self._owner_columns(old), *self._owner_columns(new)})
+        moved = 0
+        for f in files:
+            if f.rows:
+                keys = self.table.read_arrow([f], columns=columns)
+                moved += int(np.count_nonzero(self.owners(old, keys) != self.owners(new, keys)))
+        return moved
+
+    def swap_files(self, files: Sequence[DataFile], adds: Sequence[AddAction]) -> None:
+        """Replace ``files`` by ``adds`` (the same rows, other files) in one rewrite commit."""
+        if files:
+            self.table.commit(adds, [f.path for f in files], data_change=False)
+            self._files = None
+
     def relayout(self, old, new) -> RelayoutStats:
         """Make every file hold rows of one worker under layout ``new``: a file whose rows
         belong to several workers is split into one file per worker (one rewrite commit; the
         trace's value is unchanged). Files owned by one worker are not touched: under ``fixed``
         and ``dynamic`` sharding that is decided from the file's ``_shard`` statistics alone.
         Returns the rows in the trace, the rows whose owner changes, and the rows rewritten."""
-        stats = RelayoutStats()
-        split, adds = [], []
-        columns = [SHARD, *self.key] if old.sharding == "modulo" or new.sharding == "modulo" \
-            else [SHARD]
-        for f in self.files():
-            stats.rows += f.rows
-            keys = self.table.read_arrow([f], columns=columns) if f.rows else None
-            if keys is not None:
-                stats.moved += int(np.count_nonzero(self.owners(old, keys) != self.owners(new, keys)))
-            single = (new.sharding != "modulo" and f.shard_min is not None
-                      and len(new.owners_of_range(f.shard_min, f.shard_max)) == 1)
-            if single or keys is None or len(np.unique(self.owners(new, keys))) <= 1:
-                continue
-            rows = self.table.read_arrow([f])
-            owner = self.owners(new, rows)
-            for w in np.unique(owner):
-                for chunk in _shard_chunks(rows.filter(pa.array(owner == w))):
-                    adds += self.table.write_arrow(chunk)
-            split.append(f)
-            stats.rewritten += f.rows
-        if split:
-            self.table.commit(adds, [f.path for f in split], data_change=False)
-            self._files = None
-        return stats
+        files = self.files()
+        split = [f for f in files if self.needs_split(f, new)]
+        self.swap_files(split, self.split_by_owner(split, new))
+        return RelayoutStats(rows=sum(f.rows for f in files),
+                             moved=self.moved_rows(files, old, new),
+                             rewritten=sum(f.rows for f in split))
+
+    def _owner_columns(self, layout) -> list[str]:
+        return [SHARD, *self.key] if layout.sharding == "modulo" else [SHARD]
 
     def reset_cache(self) -> None:
         """Forget the cached file list (after the state database rolled the table back)."""

@@ -154,6 +154,23 @@ def test_rescale_job_changes_the_layout_between_steps(defs, root, instance, spar
         assert p.layout.workers == 3
 
 
+def test_hot_rescale_job_executes_pending_steps_while_it_copies(defs, root, instance, spark):
+    with Pipeline(shop_circuit(), root, spark) as p:
+        p.push("customers", [(i, f"r{i % 3}") for i in range(50)])
+        p.push("orders", [(i, i % 50, 20.0 + i) for i in range(200)])
+        p.step()
+        p.push("orders", [(1000 + i, i % 50, 5.0) for i in range(20)])  # pending
+    result = defs.resolve_job_def("shop_rescale").execute_in_process(
+        instance=instance,
+        run_config={"ops": {"shop_rescale_op": {"config": {"workers": 2, "hot": True}}}})
+    m = metadata_of(result, "shop_rescale_op")
+    assert m["hot"] and m["new_layout"]["workers"] == 2 and m["state_rows"] > 0
+    with Pipeline(shop_circuit(), root, spark) as p:
+        assert p.layout.workers == 2
+        assert p.next_step == 2  # the pending input was stepped by the job
+        assert not p.input_pending()
+
+
 def test_upgrade_job_reports_versions_and_refuses_a_changed_circuit(defs, root, instance, spark):
     from dbsp_pipeline.storage.state_db import ENGINE_VERSION, STATE_FORMAT
 

@@ -4,26 +4,51 @@ Spark jobs on the cluster's executors).
     python -m tests.runtime.cluster_child ROOT MASTER ROUNDS [RESCALE_ROUND WORKERS]
 
 Prints ``step <r>`` after each round and ``done`` at the end; with RESCALE_ROUND, rescales to
-WORKERS workers before that round (the test adds or removes a Spark worker first).
+WORKERS workers before that round (the test adds or removes a Spark worker first). With
+``DBSP_ANNOUNCE_STEP=<r>`` it prints ``tasks running in step <r>`` as soon as Spark reports
+tasks running for round r's step (the test then kills a Spark worker under it).
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
+import time
 
 from dbsp_pipeline import Pipeline
 from dbsp_pipeline.spark_session import cluster_session
 from tests.runtime.workload import circuit, play_round, rounds
 
 
+def announce_running_tasks(spark, stepping: threading.Event, r: int) -> None:
+    """Once ``stepping`` is set, print when Spark first reports an active task."""
+    tracker = spark.sparkContext.statusTracker()
+    stepping.wait()
+    while True:
+        for stage in tracker.getActiveStageIds():
+            info = tracker.getStageInfo(stage)
+            if info is not None and info.numActiveTasks > 0:
+                print(f"tasks running in step {r}", flush=True)
+                return
+        time.sleep(0.002)
+
+
 def main(root: str, master: str, n: int, rescale_round: int | None, workers: int | None) -> int:
     spark = cluster_session(master, "dbsp-cluster-test")
+    announce = int(os.environ.get("DBSP_ANNOUNCE_STEP", "-1"))
+    stepping = threading.Event()
+    if announce >= 0:
+        threading.Thread(target=announce_running_tasks, args=(spark, stepping, announce),
+                         daemon=True).start()
     with Pipeline(circuit(), root, spark, checkpoint_every=2, driver_step_rows=0) as p:
         work = rounds(n)
         for r in range(p.next_step, n):
             if r == rescale_round:
                 result = p.rescale(workers)
                 print(f"rescaled {result.old.workers} {result.new.workers}", flush=True)
+            if r == announce:
+                stepping.set()  # pushes use no Spark: the next tasks are the step's
             play_round(p, r, work[r])
             print(f"step {r}", flush=True)
     print("done", flush=True)

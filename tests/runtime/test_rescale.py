@@ -13,16 +13,7 @@ from dbsp_pipeline.storage import crash_points
 from dbsp_pipeline.storage.crash_points import InjectedCrash
 from tests.runtime import workload
 
-ROUNDS = workload.rounds(6)
-
-
-@pytest.fixture(scope="module")
-def reference(spark, tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("never-rescaled"))
-    with workload.open_pipeline(root, spark) as p:
-        for r, pushes in enumerate(ROUNDS):
-            workload.play_round(p, r, pushes)
-    return workload.consumer_view(spark, root)
+from tests.runtime.conftest import RESCALE_ROUNDS as ROUNDS
 
 
 def owner_pure(p) -> bool:
@@ -42,7 +33,7 @@ def owner_pure(p) -> bool:
     ("dynamic", [4, 5, 3]),
     ("modulo", [4, 5]),
 ])
-def test_outputs_after_rescales_equal_the_never_rescaled_run(spark, tmp_path, reference,
+def test_outputs_after_rescales_equal_the_never_rescaled_run(spark, tmp_path, never_rescaled,
                                                              sharding, plan):
     root = str(tmp_path)
     first, *rest = plan
@@ -61,7 +52,7 @@ def test_outputs_after_rescales_equal_the_never_rescaled_run(spark, tmp_path, re
     with workload.open_pipeline(root, spark) as p:
         assert p.layout == final  # recorded with the checkpoint
         assert p.checkpoints()[0].layout == final
-    assert workload.consumer_view(spark, root) == reference
+    assert workload.consumer_view(spark, root) == never_rescaled
 
 
 def test_fixed_sharding_rewrites_less_than_modulo(spark, tmp_path):
@@ -82,7 +73,8 @@ def test_fixed_sharding_rewrites_less_than_modulo(spark, tmp_path):
 @pytest.mark.parametrize("point", ["trace.rewrite.before", "trace.rewrite.after",
                                    "rescale.before_commit", "manifest.commit.before",
                                    "manifest.commit.after"])
-def test_a_crash_during_a_rescale_recovers_to_one_layout(spark, tmp_path, reference, point):
+def test_a_crash_during_a_rescale_recovers_to_one_layout(spark, tmp_path, never_rescaled,
+                                                        point):
     root = str(tmp_path)
     p = workload.open_pipeline(root, spark)
     for r, pushes in enumerate(ROUNDS[:3]):
@@ -104,5 +96,5 @@ def test_a_crash_during_a_rescale_recovers_to_one_layout(spark, tmp_path, refere
             assert owner_pure(p)
         for r, pushes in enumerate(ROUNDS):
             workload.play_round(p, r, pushes)
-    assert workload.consumer_view(spark, root) == reference
+    assert workload.consumer_view(spark, root) == never_rescaled
     assert Layout.from_json(old.to_json()) == old

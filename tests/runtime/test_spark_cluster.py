@@ -2,8 +2,9 @@
 a master and workers as separate processes on 127.0.0.1), every step as Spark jobs on the
 workers' executors:
 
-* a Spark worker (and its executor) is killed with SIGKILL in the middle of the steps: the
-  tasks are retried on the worker left, and the output is exactly the no-kill output;
+* a Spark worker (and its executor) is killed with SIGKILL in the middle of the steps, and
+  while a known step's tasks are running: the tasks are retried on the worker left, the step
+  completes, and the output is exactly the no-kill output (each step once);
 * scale out and in: a Spark worker is added and the pipeline rescaled to 2 workers, the Spark
   workers are replaced one at a time (a rolling upgrade of the cluster), then one is stopped
   and the pipeline rescaled to 1; the output is exactly the never-rescaled output.
@@ -47,9 +48,12 @@ class Cluster:
     def master(self) -> str:
         return f"spark://127.0.0.1:{self.port}"
 
-    def child(self, root: str, rounds: int = ROUNDS, *args: str) -> subprocess.Popen:
+    def child(self, root: str, rounds: int = ROUNDS, *args: str,
+              announce_step: int | None = None) -> subprocess.Popen:
         env = {**os.environ, "PYTHONPATH": REPO, "SPARK_LOCAL_IP": "127.0.0.1",
                "DBSP_DRIVER_MEMORY": "1g", "DBSP_EXECUTOR_MEMORY": "768m"}
+        if announce_step is not None:
+            env["DBSP_ANNOUNCE_STEP"] = str(announce_step)
         return subprocess.Popen([sys.executable, "-m", "tests.runtime.cluster_child", root,
                                  self.master, str(rounds), *args], cwd=REPO, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -77,6 +81,23 @@ def test_a_killed_spark_worker_does_not_change_the_output(cluster, tmp_path, spa
     cluster.run("kill-worker", "1")  # mid-run: the next steps' tasks lose their executor
     out = finish(child)
     assert "done" in out
+    assert consumer_view(spark, root) == reference
+
+
+def test_a_spark_worker_killed_while_a_step_runs_its_tasks(cluster, tmp_path, spark, reference):
+    cluster.run("start", "2", str(cluster.port))
+    root = str(tmp_path / "pipeline")
+    open_pipeline(root, spark).close()
+    child = cluster.child(root, announce_step=2)
+    lines = []
+    while not lines or not lines[-1].startswith("tasks running in step 2"):
+        line = child.stdout.readline()
+        assert line, f"the child ended early: {lines} {child.stderr.read()[-3000:]}"
+        lines.append(line)
+    assert lines[-2].startswith("step 1")  # step 2 has started and not finished
+    cluster.run("kill-worker", "1")  # under the running step: its tasks lose an executor
+    out = finish(child)
+    assert "step 2" in out and "done" in out  # the step completed (its tasks retried)
     assert consumer_view(spark, root) == reference
 
 
