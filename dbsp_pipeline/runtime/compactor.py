@@ -56,14 +56,11 @@ class BackgroundCompactor:
             return 0
         return sum(trace.apply_merge(files, adds) for trace, files, adds in merged)
 
-    def wait(self, timeout: float | None = None) -> None:
+    def wait(self) -> None:
         """Wait (without applying it) for the running merge to finish."""
         running = self._running
         if running is not None:
-            try:
-                running.exception(timeout)
-            except TimeoutError:
-                pass
+            running.exception()  # a failed merge is reported by ``apply_finished``
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)

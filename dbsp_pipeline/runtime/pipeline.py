@@ -595,22 +595,14 @@ class Pipeline:
             return self._rescale_hot(workers, sharding)
         started = time.monotonic()
         with self._lock, self._fenced():
-            self._no_migration("rescale")
-            if self._uncommitted_steps:
-                self.commit(compact=False)
-            self._compactor.apply_finished(wait=True)
-            old = self.layout
-            new = self._next_layout(workers, sharding)
+            old, new = self._begin_layout_change(workers, sharding)
             result = RescaleResult(old, new, self._db.get_step())
             for trace in self._plan.state_traces():
                 stats = trace.relayout(old, new)
                 result.rows += stats.rows
                 result.moved_rows += stats.moved
                 result.rewritten_rows += stats.rewritten
-            crash_points.hit("rescale.before_commit")
-            self._db.put(LAYOUT_KEY, new.to_json())
-            result.state_version = self._db.commit()
-            self.layout = new
+            result.state_version = self._commit_layout(new)
         result.seconds = time.monotonic() - started
         return result
 
@@ -623,12 +615,7 @@ class Pipeline:
             self._compactor.wait()
             # Interrogate, at a committed version, between two steps.
             with self._lock, self._fenced():
-                self._no_migration("rescale")
-                if self._uncommitted_steps:
-                    self.commit(compact=False)
-                self._compactor.apply_finished(wait=True)  # no merge runs during the migration
-                old = self.layout
-                new = self._next_layout(workers, sharding)
+                old, new = self._begin_layout_change(workers, sharding)
                 migration = ShardMigration(self._plan.state_traces(), old, new)
                 migration.interrogate()
                 first_step = self._db.get_step()
@@ -644,11 +631,7 @@ class Pipeline:
                 self._require_open()
                 paused = time.monotonic()
                 migration.finish()
-                crash_points.hit("rescale.before_commit")
-                self._db.put(LAYOUT_KEY, new.to_json())
-                version = self._db.commit()
-                self._uncommitted_steps = 0
-                self.layout = new
+                version = self._commit_layout(new)  # with the steps run during the copy
                 pause = time.monotonic() - paused
                 last_step = self._db.get_step()
         finally:
@@ -661,12 +644,28 @@ class Pipeline:
                              steps_during_copy=last_step - first_step,
                              caught_up_rows=stats.caught_up_rows)
 
-    def _next_layout(self, workers: int, sharding: str | None) -> Layout:
+    def _begin_layout_change(self, workers: int,
+                             sharding: str | None) -> tuple[Layout, Layout]:
+        """At a committed step with no merge pending: the current layout and the next one."""
+        self._no_migration("rescale")
+        if self._uncommitted_steps:
+            self.commit(compact=False)
+        self._compactor.apply_finished(wait=True)
         old = self.layout
         if sharding in (None, old.sharding):
-            return old.rescaled(workers)
-        return replace(Layout.initial(workers, sharding, inaccuracy=old.inaccuracy),
-                       version=old.version + 1)
+            return old, old.rescaled(workers)
+        return old, replace(Layout.initial(workers, sharding, inaccuracy=old.inaccuracy),
+                            version=old.version + 1)
+
+    def _commit_layout(self, new: Layout) -> int:
+        """Commit layout ``new`` with the state (and any executed steps): the atomic point of a
+        layout change. Returns the state version."""
+        crash_points.hit("rescale.before_commit")
+        self._db.put(LAYOUT_KEY, new.to_json())
+        version = self._db.commit()
+        self._uncommitted_steps = 0
+        self.layout = new
+        return version
 
     def _no_migration(self, what: str) -> None:
         if self._migration is not None:

@@ -282,18 +282,16 @@ class Trace:
                   if layout.sharding == "modulo" else None)
         return layout.owners(table.column(SHARD).to_numpy(zero_copy_only=False), hashes)
 
-    def needs_split(self, f: DataFile, layout, keys: pa.Table | None = None) -> bool:
+    def needs_split(self, f: DataFile, layout) -> bool:
         """Whether file ``f`` holds rows of several workers under ``layout``. Under ``fixed``
-        and ``dynamic`` sharding the file's ``_shard`` statistics decide it, when they cannot,
-        its rows' owners do (``keys``: the file's ``_shard`` and, for ``modulo``, key columns;
-        read here when not given)."""
+        and ``dynamic`` sharding the file's ``_shard`` statistics decide it; when they cannot,
+        the owners of its rows do (its ``_shard`` and, for ``modulo``, key columns are read)."""
         if layout.workers == 1 or f.rows == 0:
             return False
         if layout.sharding != "modulo" and f.shard_min is not None and f.shard_max is not None:
             if len(layout.owners_of_range(f.shard_min, f.shard_max)) == 1:
                 return False
-        if keys is None:
-            keys = self.table.read_arrow([f], columns=self._owner_columns(layout))
+        keys = self.table.read_arrow([f], columns=self._owner_columns(layout))
         return len(np.unique(self.owners(layout, keys))) > 1
 
     def split_by_owner(self, files: Sequence[DataFile], layout) -> list[AddAction]:

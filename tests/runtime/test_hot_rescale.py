@@ -19,8 +19,7 @@ from tests.runtime.test_rescale import owner_pure
 
 
 class CopyGate:
-    """Holds the hot copy at its first piece (files of one old worker in one trace) until the
-    test has run steps meanwhile."""
+    """Holds the hot copy at its first trace until the test has run steps meanwhile."""
 
     def __init__(self, monkeypatch) -> None:
         self.copying = threading.Event()
@@ -28,13 +27,13 @@ class CopyGate:
         original = ShardMigration._copy
         gate = self
 
-        def copy_piece(migration, tm, files):
+        def copy_trace(migration, tm):
             if not gate.copying.is_set():
                 gate.copying.set()
                 assert gate.steps_done.wait(120), "the test never ran its steps"
-            return original(migration, tm, files)
+            return original(migration, tm)
 
-        monkeypatch.setattr(ShardMigration, "_copy", copy_piece)
+        monkeypatch.setattr(ShardMigration, "_copy", copy_trace)
 
 
 def hot_rescale_with_steps(p, target: int, rounds: list[tuple[int, list]], monkeypatch):
@@ -123,16 +122,16 @@ def test_a_crash_during_a_hot_rescale_recovers_to_one_layout(spark, tmp_path, ne
     original = ShardMigration._copy
     stepped = []
 
-    def copy_piece(migration, tm, files):
+    def copy_trace(migration, tm):
         if not stepped:  # a step while the copy runs, then the crash is armed
             stepped.append(True)
             workload.play_round(p, 3, ROUNDS[3])
             p.commit()
             crash_points.reset()
             crash_points.arm(point)
-        return original(migration, tm, files)
+        return original(migration, tm)
 
-    monkeypatch.setattr(ShardMigration, "_copy", copy_piece)
+    monkeypatch.setattr(ShardMigration, "_copy", copy_trace)
     with pytest.raises(InjectedCrash):
         p.rescale(3, hot=True)
     monkeypatch.undo()
