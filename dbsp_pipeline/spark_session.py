@@ -9,6 +9,7 @@ given (``configure``): Parquet timestamps as TIMESTAMP_MICROS (what Delta reader
 from __future__ import annotations
 
 import os
+import sys
 
 from pyspark.sql import SparkSession
 
@@ -27,6 +28,7 @@ def local_session(app_name: str = "dbsp-pipeline", cores: int | str = "*",
     if active is not None:
         return configure(active)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    _python_workers_run_this_interpreter()
     builder = (
         SparkSession.builder.master(f"local[{cores}]")
         .appName(app_name)
@@ -54,6 +56,7 @@ def cluster_session(master: str, app_name: str = "dbsp-pipeline",
     (``spark://host:port``), bound to 127.0.0.1. Executors lost with a worker are replaced on
     the workers left, and their tasks retried (``spark.task.maxFailures``)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    _python_workers_run_this_interpreter()
     builder = (
         SparkSession.builder.master(master).appName(app_name)
         .config("spark.driver.host", "127.0.0.1")
@@ -74,6 +77,13 @@ def cluster_session(master: str, app_name: str = "dbsp-pipeline",
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def _python_workers_run_this_interpreter() -> None:
+    """Python tasks (exact sums fold in ``mapInArrow``) run this interpreter, which has the
+    engine and its pinned packages installed (PySpark reads the variable when the context
+    starts; a cluster's workers run on hosts with the same installation)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 
 def configure(spark: SparkSession) -> SparkSession:

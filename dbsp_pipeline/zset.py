@@ -14,8 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import DoubleType, FloatType
 
 WEIGHT = "_weight"
 SHARD = "_shard"
@@ -61,6 +64,27 @@ def null_safe_equal(left: DataFrame, right: DataFrame, columns: Sequence[str]) -
         term = left[_quote(c)].eqNullSafe(right[_quote(c)])
         cond = term if cond is None else cond & term
     return cond if cond is not None else F.lit(True)
+
+
+def positive_zeros(df: DataFrame) -> DataFrame:
+    """``df`` with every -0.0 of a floating-point column as 0.0. The two are equal, so grouping
+    and distinct keep one of them, and which one must not depend on the order an engine met
+    them in: the engine stores and computes only 0.0 (inputs and ``select`` results)."""
+    floats = {f.name for f in df.schema.fields if isinstance(f.dataType, (DoubleType, FloatType))}
+    if not floats:
+        return df
+    return df.select(*[F.when(F.col(_quote(c)) == 0, F.lit(0).cast(df.schema[c].dataType))
+                       .otherwise(F.col(_quote(c))).alias(c) if c in floats else F.col(_quote(c))
+                       for c in df.columns])
+
+
+def positive_zeros_arrow(table: pa.Table) -> pa.Table:
+    """``positive_zeros`` of an Arrow table."""
+    for i, f in enumerate(table.schema):
+        if pa.types.is_floating(f.type):
+            col = table.column(i)
+            table = table.set_column(i, f, pc.if_else(pc.equal(col, 0), pa.scalar(0, f.type), col))
+    return table
 
 
 def _quote(name: str) -> str:

@@ -14,6 +14,9 @@ PIDFILE="$VAR/spark-connect.pid"
 . infra/processes.sh
 SPARK_HOME="$("$VENV/bin/python" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')"
 export SPARK_HOME SPARK_LOCAL_IP=127.0.0.1
+# Python tasks (exact float sums fold in mapInArrow) run the venv's interpreter
+PYSPARK_PYTHON="$(cd "$(dirname "$VENV")" && pwd)/$(basename "$VENV")/bin/python"
+export PYSPARK_PYTHON
 mkdir -p "$VAR"
 
 server() {

@@ -8,6 +8,13 @@ old ones. ``min``/``max`` are not invertible, so each keeps a second trace, the 
 deletes a value at or beyond the old extreme, and only for those groups it re-reads the group's
 values from the multiset trace (the files of the touched shards only).
 
+Sums over floating-point values (``sum``/``avg`` of DOUBLE, FLOAT, or integers averaged as
+doubles) keep ``_s<i>`` exactly (:mod:`dbsp_pipeline.exact_sum`: the exact finite sum plus NaN and
+±inf counts, as a canonical string) and round once on output, so every value is a function of the
+group's multiset, bit for bit: the same on replay, after a restore or a rescale, on either engine
+path. Both paths fold the step's values into the state with the same Python function (on Spark
+inside ``mapInArrow``).
+
 A group exists while ``_n > 0``; the output change is ``-old row`` and ``+new row`` for every
 group whose row changed. Work per step is proportional to the number of groups the change touches
 (plus the multiset of a group whose extreme was deleted), never to the input's size.
@@ -16,15 +23,17 @@ group whose row changed. Work per step is proportional to the number of groups t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import reduce
+from functools import partial, reduce
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import DecimalType, DoubleType, LongType, StructField, StructType
+from pyspark.sql.types import (DecimalType, DoubleType, LongType, StringType, StructField,
+                               StructType)
 
 from dbsp_pipeline.driver.sql import conform, ident, idents, null_safe_on
+from dbsp_pipeline.exact_sum import FoldSpec, fold_batches, fold_table
 from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContext
 from dbsp_pipeline.operators.lookup import touched_shards
 from dbsp_pipeline.storage.state_db import StateDatabase
@@ -51,10 +60,17 @@ class Aggregate(Operator):
                 state_fields.append(StructField(f"_c{i}", LongType()))
             if a["fn"] in ("sum", "avg"):
                 a["sum_type"] = _sum_type(input_schema[a["arg"]].dataType, a["type"])
-                state_fields.append(StructField(f"_s{i}", a["sum_type"]))
+                a["exact"] = isinstance(a["sum_type"], DoubleType)
+                state_fields.append(StructField(f"_s{i}", StringType() if a["exact"]
+                                                else a["sum_type"]))
         state_fields += [StructField(a["name"], a["type"]) for a in self.aggs]
         self.state_schema = StructType(state_fields)
-        self.groups = Trace(db, f"{name}_groups", self.state_schema, self.keys)
+        exact = any(a.get("exact") for a in self.aggs)  # state format 3 (runtime/upgrade.py)
+        self.groups = Trace(db, f"{name}_groups" + ("_exact" if exact else ""),
+                            self.state_schema, self.keys)
+        self.exact = [FoldSpec(old=f"{_O}_s{a['i']}", pairs=f"_ds{a['i']}", count=f"_c{a['i']}",
+                               state=f"_s{a['i']}", result=f"_fv{a['i']}", mean=a["fn"] == "avg")
+                      for a in self.aggs if a.get("exact")]
         self.values: dict[int, Trace] = {}
         for a in self.aggs:
             if a["fn"] in ("min", "max"):
@@ -80,7 +96,11 @@ class Aggregate(Operator):
                 continue
             present = F.col(quote(arg)).isNotNull()
             partial_cols.append(F.sum(F.when(present, F.col(WEIGHT)).otherwise(0)).alias(f"_c{i}"))
-            if a["fn"] in ("sum", "avg"):
+            if a.get("exact"):  # the changed values themselves, summed exactly in phase 4
+                pair = F.struct(F.col(quote(arg)).cast("double").alias("_v"),
+                                F.col(WEIGHT).alias("_w"))
+                partial_cols.append(F.collect_list(F.when(present, pair)).alias(f"_ds{i}"))
+            elif a["fn"] in ("sum", "avg"):
                 value = F.col(quote(arg)).cast(a["sum_type"]) * F.col(WEIGHT).cast(
                     a["sum_type"] if isinstance(a["sum_type"], DoubleType) else "long")
                 partial_cols.append(F.sum(value).cast(a["sum_type"]).alias(f"_ds{i}"))
@@ -130,7 +150,7 @@ class Aggregate(Operator):
             if a["arg"] is not None:
                 c_new = F.coalesce(F.col(f"{_O}_c{i}"), F.lit(0)) + F.col(f"_dc{i}")
                 exprs[f"_c{i}"] = c_new
-            if fn in ("sum", "avg"):
+            if fn in ("sum", "avg") and not a.get("exact"):
                 s_new = (F.coalesce(F.col(f"{_O}_s{i}"), F.lit(0).cast(a["sum_type"]))
                          + F.coalesce(F.col(f"_ds{i}"), F.lit(0).cast(a["sum_type"])))
                 exprs[f"_s{i}"] = s_new.cast(a["sum_type"])
@@ -138,6 +158,8 @@ class Aggregate(Operator):
             i, fn, name = a["i"], a["fn"], a["name"]
             if fn == "count":
                 value = F.col(_N) if a["arg"] is None else F.col(f"_c{i}")
+            elif a.get("exact"):
+                value = F.col(f"_fv{i}")
             elif fn == "sum":
                 value = F.when(F.col(f"_c{i}") > 0, F.col(f"_s{i}"))
             elif fn == "avg":
@@ -151,6 +173,8 @@ class Aggregate(Operator):
                 g = g.withColumn(k, v)
         for i in self.values:
             g = self._extreme(ctx, g, self.aggs[i])
+        if self.exact:
+            g = _fold_exact_spark(g, self.exact)
         for a in self.aggs:
             g = g.withColumn(a["name"], exprs[a["name"]])
         g, _ = ctx.materialize(g)
@@ -196,7 +220,10 @@ class Aggregate(Operator):
                 continue
             parts.append(f"CAST(sum(CASE WHEN {ident(arg)} IS NOT NULL THEN {w} ELSE 0 END) "
                          f"AS BIGINT) AS _dc{i}")
-            if a["fn"] in ("sum", "avg"):
+            if a.get("exact"):  # the changed values themselves, summed exactly in phase 4
+                parts.append(f"list({{'_v': CAST({ident(arg)} AS DOUBLE), '_w': {w}}}) FILTER "
+                             f"(WHERE {ident(arg)} IS NOT NULL) AS _ds{i}")
+            elif a["fn"] in ("sum", "avg"):
                 t = "DOUBLE" if isinstance(a["sum_type"], DoubleType) else "BIGINT"
                 parts.append(f"CAST(sum(CAST({ident(arg)} AS {t}) * CAST({w} AS {t})) AS {t}) "
                              f"AS _ds{i}")
@@ -235,7 +262,7 @@ class Aggregate(Operator):
             i = a["i"]
             if a["arg"] is not None:
                 new_cols.append(f"coalesce({ident(f'{_O}_c{i}')}, 0) + _dc{i} AS _c{i}")
-            if a["fn"] in ("sum", "avg"):
+            if a["fn"] in ("sum", "avg") and not a.get("exact"):
                 new_cols.append(f"coalesce({ident(f'{_O}_s{i}')}, 0) + coalesce(_ds{i}, 0) "
                                 f"AS _s{i}")
         extremes = []
@@ -252,11 +279,15 @@ class Aggregate(Operator):
             f"SELECT *{''.join(', ' + e for e in extremes)} FROM n", **tables)
         for i in self.values:
             g = self._redo_extreme_local(ctx, g, self.aggs[i])
+        if self.exact:
+            g = fold_table(g, self.exact)
         values = []
         for a in self.aggs:
             i, fn, name = a["i"], a["fn"], a["name"]
             if fn == "count":
                 value = _N if a["arg"] is None else f"_c{i}"
+            elif a.get("exact"):
+                value = f"_fv{i}"
             elif fn == "sum":
                 value = f"CASE WHEN _c{i} > 0 THEN _s{i} END"
             elif fn == "avg":
@@ -324,6 +355,14 @@ class Aggregate(Operator):
 
     def traces(self) -> list[Trace]:
         return [self.groups, *self.values.values()]
+
+
+def _fold_exact_spark(g: DataFrame, specs: Sequence[FoldSpec]) -> DataFrame:
+    """``exact_sum.fold_arrow`` on Spark: the same Python code as the driver path, per batch."""
+    schema = StructType([*g.schema.fields,
+                         *[f for s in specs for f in (StructField(s.state, StringType()),
+                                                      StructField(s.result, DoubleType()))]])
+    return g.mapInArrow(partial(fold_batches, specs=list(specs)), schema)
 
 
 def _sum_type(input_type, output_type):

@@ -24,7 +24,7 @@ from pyspark.sql.types import StructType
 from dbsp_pipeline.driver.expressions import translate_predicate, translate_projection
 from dbsp_pipeline.driver.sql import conform, ident, negate, zset_arrow_schema
 from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContext
-from dbsp_pipeline.zset import WEIGHT, quote
+from dbsp_pipeline.zset import WEIGHT, positive_zeros, positive_zeros_arrow, quote
 
 
 class _UserSQL(Operator):
@@ -45,7 +45,8 @@ class _UserSQL(Operator):
             return None
         if self.local_sql is not None:
             try:
-                return conform(ctx.sql.query(self.local_sql, d=d), self.schema)
+                return positive_zeros_arrow(conform(ctx.sql.query(self.local_sql, d=d),
+                                                    self.schema))
             except duckdb.Error:
                 pass  # e.g. an overflow in a branch Spark would not evaluate: Spark decides
         # One Spark job over the small change.
@@ -66,7 +67,7 @@ class Select(_UserSQL):
                           else f"SELECT {projection}, {ident(WEIGHT)} FROM d")
 
     def _spark(self, d: DataFrame) -> DataFrame:
-        return d.select(*[F.expr(e) for e in self.exprs], F.col(WEIGHT))
+        return positive_zeros(d.select(*[F.expr(e) for e in self.exprs], F.col(WEIGHT)))
 
 
 class Filter(_UserSQL):

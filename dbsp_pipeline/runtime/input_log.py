@@ -24,7 +24,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 from dbsp_pipeline.driver.sql import LocalSQL
 from dbsp_pipeline.storage.delta_table import DataFile, SparkDeltaTable
 from dbsp_pipeline.storage.trace import DRIVER_MERGE_ROWS
-from dbsp_pipeline.zset import WEIGHT, consolidate
+from dbsp_pipeline.zset import WEIGHT, consolidate, positive_zeros, positive_zeros_arrow
 
 
 #: Delta app-transaction id of a producer's sequence numbers: ``producer/<name>``.
@@ -54,7 +54,7 @@ class InputLog:
         recorded with its number or not at all. ``rejected`` counts records of the batch that
         were not valid (sent to the errors sink); the commit records it for the step's result.
         """
-        adds = self.table.write_arrow(table)
+        adds = self.table.write_arrow(positive_zeros_arrow(table))
         if adds or producer is not None:
             self._commit(adds, producer, seq, {REJECTED_KEY: rejected} if rejected else None)
         return table.num_rows
@@ -62,7 +62,7 @@ class InputLog:
     def append_spark(self, df: DataFrame, producer: str | None = None,
                      seq: int | None = None) -> int:
         """Durably append a Spark DataFrame of (payload + ``_weight``); returns the rows appended."""
-        adds = self.table.write_files(df)
+        adds = self.table.write_files(positive_zeros(df))
         if adds or producer is not None:
             self._commit(adds, producer, seq)
         return sum(self.table.data_file(a).rows for a in adds)

@@ -32,20 +32,25 @@ from dbsp_pipeline.storage.small_files import write_atomically
 from dbsp_pipeline.zset import STEP, WEIGHT, consolidate, quote
 
 APP_ID = "dbsp-output"
-#: commit metadata of a step's write: the step, its row count and its content digest
-STEP_KEY, ROWS_KEY, DIGEST_KEY = "dbsp.step", "dbsp.rows", "dbsp.digest"
+#: commit metadata of a step's write: the step, its row count and its content digest (of every
+#: column; ``LEGACY_DIGEST_KEY``: the digest, without floating-point columns, that steps written
+#: before aggregates were exact recorded)
+STEP_KEY, ROWS_KEY, DIGEST_KEY = "dbsp.step", "dbsp.rows", "dbsp.digest.all"
+LEGACY_DIGEST_KEY = "dbsp.digest"
 
 
-def content_digest(rows: pa.Table | None, schema: StructType) -> str:
+def content_digest(rows: pa.Table | None, schema: StructType, *, floats: bool = True) -> str:
     """An order-independent digest of a consolidated change: the sum (mod 2**64) of Spark's
-    ``xxhash64`` of every row's non-floating payload columns and weight. Floating-point columns
-    are left out: sums of doubles may differ in their last bits between two correct runs (the
-    order of additions is not fixed), which must not read as non-determinism."""
+    ``xxhash64`` of every row's payload columns and weight (floating-point values by their bits,
+    -0.0 as 0.0 and every NaN as one). Every step is a function of its input and state bit for
+    bit (aggregates sum floats exactly, ``dbsp_pipeline.exact_sum``), so a replay whose floats
+    differ in the last bit is non-determinism too. ``floats=False`` is the digest of steps
+    written before that, which left floating-point columns out."""
     if rows is None or rows.num_rows == 0:
         return "0" * 16
     columns = [f.name for f in schema.fields
-               if not isinstance(f.dataType, (DoubleType, FloatType)) and hashing.supports(
-                   f.dataType)] + [WEIGHT]
+               if (floats or not isinstance(f.dataType, (DoubleType, FloatType)))
+               and hashing.supports(f.dataType)] + [WEIGHT]
     hashes = hashing.xxhash64_arrow(rows, columns)
     total = int(hashes.astype(np.uint64).sum(dtype=np.uint64))  # wraps mod 2**64
     return f"{total:016x}"
@@ -110,16 +115,17 @@ class OutputLog:
     def _verify(self, step: int, rows) -> None:
         """Compare a replayed step with the record of its first write (rows and digest)."""
         recorded = self.table.commit_metadata(STEP_KEY, step)
-        if recorded is None or DIGEST_KEY not in recorded:
+        if recorded is None or not ({DIGEST_KEY, LEGACY_DIGEST_KEY} & set(recorded)):
             return  # written before digests were recorded, or its commit was cleaned up
         if rows is not None and not isinstance(rows, pa.Table):
             rows = rows.select(*[quote(f.name) for f in self.table.schema.fields]).toArrow()
         count = 0 if rows is None else rows.num_rows
-        digest = content_digest(rows, self.schema)
-        if (count, digest) != (recorded[ROWS_KEY], recorded[DIGEST_KEY]):
+        key = DIGEST_KEY if DIGEST_KEY in recorded else LEGACY_DIGEST_KEY
+        digest = content_digest(rows, self.schema, floats=key == DIGEST_KEY)
+        if (count, digest) != (recorded[ROWS_KEY], recorded[key]):
             raise NonDeterminismError(
                 f"output '{self.name}': replaying step {step} gave {count} rows (digest "
-                f"{digest}) but {recorded[ROWS_KEY]} rows (digest {recorded[DIGEST_KEY]}) were "
+                f"{digest}) but {recorded[ROWS_KEY]} rows (digest {recorded[key]}) were "
                 "written: the circuit is not deterministic (e.g. rand(), current_timestamp()) "
                 "or its input changed; the written output stands")
 

@@ -6,8 +6,9 @@ the newest executed step) as one push and executes one step. That step starts fr
 traces, so it shares none of the incremental history of ``p`` (the deltas of earlier steps,
 compaction, recovery, restore): a difference shows state that drifted. ``check_views(p)``
 compares and also counts rows of non-positive multiplicity, which a view of a relational
-query never has. Floating-point columns are compared to 10 significant digits: an incremental
-sum adds and subtracts in another order than a sum from scratch.
+query never has. Floating-point columns are compared bit for bit: aggregates sum exactly
+(``dbsp_pipeline/exact_sum.py``), so an incremental sum and a sum from scratch are the same
+double whatever the order of their additions.
 
 A circuit with stream operators (``integrate``, ``differentiate``, ``delay``) depends on the
 order in which its input arrived, not only on the integrated input; it cannot be recomputed
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from dbsp_pipeline.driver.sql import LocalSQL, ident, negate
+from dbsp_pipeline.driver.sql import ident, negate
 from dbsp_pipeline.errors import UsageError
 from dbsp_pipeline.zset import WEIGHT
 
@@ -85,7 +86,7 @@ def check_views(pipeline, views: Sequence[str] | None = None) -> dict[str, ViewC
         actual = pipeline.view_arrow(name)
         payload = [c for c in expected.column_names if c != WEIGHT]
         both = pa.concat_tables([actual, negate(expected).cast(actual.schema)])
-        diff = sql.consolidate(_rounded(sql, both), payload)
+        diff = sql.consolidate(both, payload)
         counts = sql.query(
             f"SELECT coalesce(sum(CASE WHEN w < 0 THEN -w END), 0) AS missing, "
             f"coalesce(sum(CASE WHEN w > 0 THEN w END), 0) AS extra FROM "
@@ -96,10 +97,3 @@ def check_views(pipeline, views: Sequence[str] | None = None) -> dict[str, ViewC
         out[name] = ViewCheck(name, step, expected.num_rows, int(counts["missing"]),
                               int(counts["extra"]), int(nonpositive))
     return out
-
-
-def _rounded(sql: LocalSQL, table: pa.Table) -> pa.Table:
-    """``table`` with every floating-point column as text of 10 significant digits."""
-    cols = [f"printf('%.10g', {ident(f.name)}) AS {ident(f.name)}"
-            if pa.types.is_floating(f.type) else ident(f.name) for f in table.schema]
-    return sql.query(f"SELECT {', '.join(cols)} FROM t", t=table)

@@ -12,14 +12,24 @@ Every checkpoint records the engine version, the state format and the circuit fi
 
 No input is processed again: migrations change how state is recorded, not what it holds.
 
-Formats: 1, the first; 2, every checkpoint records its layout (``runtime/layout.py``).
+Formats: 1, the first; 2, every checkpoint records its layout (``runtime/layout.py``); 3, sums
+of floating-point values are kept exactly (``dbsp_pipeline/exact_sum.py``) in an aggregate's
+``<name>_groups_exact`` trace instead of a DOUBLE column of ``<name>_groups``.
 """
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from dbsp_pipeline import exact_sum
 from dbsp_pipeline.errors import StateFormatError
 from dbsp_pipeline.runtime.layout import LAYOUT_KEY, Layout
 from dbsp_pipeline.storage.state_db import ENGINE_VERSION, STATE_FORMAT, StateDatabase
@@ -31,8 +41,41 @@ def _record_layout(db: StateDatabase) -> None:
         db.put(LAYOUT_KEY, Layout().to_json())
 
 
+_FLOAT_SUM = re.compile(r"_s\d+")
+
+
+def _exact_float_sums(db: StateDatabase) -> None:
+    """2 -> 3: every aggregate trace ``X_groups`` with DOUBLE sums (``_s<i>``) is copied to
+    ``X_groups_exact`` with each sum as the exact sum of the one value recorded (its rounding
+    by the old engine stays; everything added or removed from now on is exact). The old trace
+    stays as it was; a crash before the commit leaves the copy uncommitted, so it is rolled back
+    and made again."""
+    for name, version in db.recorded_traces().items():
+        if not name.endswith("_groups") or f"{name}_exact" in db.recorded_traces():
+            continue
+        old = DeltaTable(os.path.join(db.root, "state", name), version=version)
+        schema = old.schema().to_arrow()
+        schema = pa.schema(schema) if not isinstance(schema, pa.Schema) else schema
+        sums = [f.name for f in schema if _FLOAT_SUM.fullmatch(f.name)
+                and pa.types.is_floating(f.type)]
+        if not sums:
+            continue
+        new_schema = pa.schema([pa.field(f.name, pa.string()) if f.name in sums else f
+                                for f in schema])
+        table = db.table(f"{name}_exact", from_arrow_schema(new_schema))
+        paths = old.file_uris()
+        rows = pq.ParquetDataset(paths).read() if paths else new_schema.empty_table()
+        for column in sums:
+            encoded = [exact_sum.encode(exact_sum.of_pairs([v], [1]))
+                       for v in rows.column(column).to_pylist()]
+            rows = rows.set_column(rows.schema.get_field_index(column), column,
+                                   pa.array(encoded, pa.string()))
+        table.commit(table.write_arrow(rows.select(new_schema.names)))
+
+
 #: MIGRATIONS[n] brings the opened state from format n to n + 1
-MIGRATIONS: dict[int, Callable[[StateDatabase], None]] = {1: _record_layout}
+MIGRATIONS: dict[int, Callable[[StateDatabase], None]] = {1: _record_layout,
+                                                          2: _exact_float_sums}
 
 
 @dataclass

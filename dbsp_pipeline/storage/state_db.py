@@ -37,7 +37,7 @@ from dbsp_pipeline.storage import garbage
 from dbsp_pipeline.storage.delta_table import SparkDeltaTable
 
 MANIFEST_DIR = "_manifest"
-STATE_FORMAT = 2  # see runtime/upgrade.py for what each format adds
+STATE_FORMAT = 3  # see runtime/upgrade.py for what each format adds
 ENGINE_VERSION = "0.1.0"
 _MANIFEST_SCHEMA = StructType([
     StructField("version", LongType(), False),
@@ -190,6 +190,10 @@ class StateDatabase:
     def recorded_engine(self) -> str | None:
         """The engine version that wrote the opened version (None for the empty version 0)."""
         return self._require_open().get("engine_version")
+
+    def recorded_traces(self) -> dict[str, int]:
+        """Every state table the open version records, with its Delta version."""
+        return dict(self._require_open().get("traces", {}))
 
     def recorded_version(self, name: str) -> int | None:
         """The Delta version of table ``name`` recorded by the open state version."""

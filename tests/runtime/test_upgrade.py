@@ -4,6 +4,8 @@ a changed circuit are refused with clear errors."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from dbsp_pipeline import CircuitChangedError, Pipeline, StateFormatError
@@ -41,7 +43,7 @@ def test_format_1_state_is_migrated_and_runs_on(spark, tmp_path):
     with workload.open_pipeline(root, spark) as p:
         info = p.upgrade_info
         assert (info.from_engine, info.from_format) == ("0.0.9", 1)
-        assert info.migrations == [(1, state_db.STATE_FORMAT)] and info.upgraded
+        assert info.migrations == [(1, 2), (2, 3)] and info.upgraded
         assert p.recovered_steps == []  # nothing processed again
         assert p.layout == Layout()
         newest = p.checkpoints()[0]
@@ -72,3 +74,87 @@ def test_a_changed_circuit_is_not_an_upgrade(spark, tmp_path):
     changed.output("extra", node_collection(changed, changed.inputs["orders"]).distinct())
     with pytest.raises(CircuitChangedError, match="different circuit"):
         Pipeline(changed, root, spark)
+
+
+def _as_format_2(root: str, spark) -> None:
+    """Make the newest checkpoint look as the format-2 engine wrote it: each exact-sum trace
+    ``X_groups_exact`` becomes ``X_groups`` with the sums as DOUBLE columns."""
+    import json
+    import math
+    import os
+
+    import pyarrow as pa
+
+    from dbsp_pipeline import exact_sum
+    from dbsp_pipeline.storage.delta_table import SparkDeltaTable
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    db = state_db.StateDatabase(spark, root, workload.circuit().fingerprint())
+    db.open()
+    traces = dict(db._base["traces"])
+    for name in [n for n in traces if n.endswith("_groups_exact")]:
+        exact = SparkDeltaTable(spark, os.path.join(root, "state", name),
+                                db.table(name, _spark_schema(root, name)).schema)
+        rows = exact.read_arrow(exact.files(traces[name]))
+        fields = []
+        for f in rows.schema:
+            if f.name.startswith("_s") and pa.types.is_string(f.type):
+                values = [exact_sum.decode(v).value() for v in rows.column(f.name).to_pylist()]
+                rows = rows.set_column(rows.schema.get_field_index(f.name), f.name,
+                                       pa.array(values, pa.float64()))
+                fields.append(pa.field(f.name, pa.float64()))
+            else:
+                fields.append(f)
+        old_name = name[: -len("_exact")]
+        old = SparkDeltaTable(spark, os.path.join(root, "state", old_name),
+                              from_arrow_schema(pa.schema(fields)))
+        version = old.commit(old.write_arrow(rows))
+        traces[old_name] = version
+        del traces[name]
+        assert not any(math.isnan(v) for v in rows.column("_s2").to_pylist() if v is not None)
+    entry = dict(db._base, traces=traces, state_format=2, engine_version="0.1.0-format2")
+    db._write_entry(json.loads(json.dumps(entry)))
+
+
+def _spark_schema(root: str, name: str):
+    import os
+
+    from deltalake import DeltaTable
+    from pyspark.sql.pandas.types import from_arrow_schema
+    import pyarrow as pa
+
+    return from_arrow_schema(pa.schema(DeltaTable(os.path.join(root, "state", name))
+                                       .schema().to_arrow()))
+
+
+def test_format_2_double_sums_are_migrated_to_exact_sums(spark, tmp_path):
+    """State of the engine that kept sums as DOUBLE: opened, migrated once to exact sums (the
+    old sums as they were) and runs on to the same output as a run that never was format 2."""
+    reference = str(tmp_path / "reference")
+    with workload.open_pipeline(reference, spark) as p:
+        for r, pushes in enumerate(ROUNDS):
+            workload.play_round(p, r, pushes)
+    expected = workload.consumer_view(spark, reference)
+
+    root = str(tmp_path / "old")
+    with workload.open_pipeline(root, spark) as p:
+        for r, pushes in enumerate(ROUNDS[:3]):
+            workload.play_round(p, r, pushes)
+        p.commit()
+    _as_format_2(root, spark)
+    with workload.open_pipeline(root, spark) as p:
+        assert p.upgrade_info.migrations == [(2, 3)]
+        assert p.recovered_steps == []
+        for r, pushes in enumerate(ROUNDS):
+            workload.play_round(p, r, pushes)
+    # the old sums carry the old engine's rounding, so the last bits may differ after it
+    assert _rounded(workload.consumer_view(spark, root)["outputs"]) == _rounded(
+        expected["outputs"])
+    with workload.open_pipeline(root, spark) as p:
+        assert p.upgrade_info.migrations == []
+
+
+def _rounded(outputs: dict) -> dict:
+    return {view: {step: Counter({tuple((k, round(v, 6) if isinstance(v, float) else v)
+                                        for k, v in row): m for row, m in rows.items()})
+                   for step, rows in steps.items()} for view, steps in outputs.items()}
