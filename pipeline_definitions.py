@@ -57,11 +57,12 @@ def build_definitions(circuit: Circuit, root: str, *, spark: SparkResource | Non
     views = views_asset(ref)
     checks = view_checks(ref)
     step = step_job(ref, views, checks if check_views else None)
-    checkpoint, recover, restore, rescale, upgrade = operation_jobs(ref)
+    operations = operation_jobs(ref)  # by kind: checkpoint, recover, restore, ...
+    checkpoint, recover = operations["checkpoint"], operations["recover"]
     return dg.Definitions(
         assets=[*input_assets(ref), views],
         asset_checks=[checks],
-        jobs=[step, checkpoint, recover, restore, rescale, upgrade],
+        jobs=[step, *operations.values()],
         sensors=[input_arrival_sensor(ref, step, sensor_interval_seconds),
                  recover_on_failure_sensor(ref, [step, checkpoint], recover)],
         schedules=[checkpoint_schedule(ref, checkpoint, checkpoint_cron)],

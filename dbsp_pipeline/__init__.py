@@ -15,16 +15,24 @@ from dbsp_pipeline.errors import (
     PipelineClosedError,
     PipelineFencedError,
     StateFormatError,
+    StepFailedError,
     StorageError,
     UnknownNameError,
     UsageError,
 )
-from dbsp_pipeline.runtime.pipeline import Pipeline, StepInfo, StepResult
+from dbsp_pipeline.runtime.pipeline import (
+    FailedStep,
+    Pipeline,
+    QuarantineResult,
+    StepInfo,
+    StepResult,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Circuit", "Collection", "GroupedCollection", "Pipeline", "StepInfo", "StepResult",
+    "FailedStep", "QuarantineResult", "StepFailedError",
     "DbspError", "UsageError", "CircuitError", "InputError", "UnknownNameError",
     "PipelineClosedError", "PipelineFencedError", "CircuitChangedError", "StateFormatError",
     "StorageError", "ConcurrentWriterError", "NonDeterminismError",

@@ -93,6 +93,29 @@ class PipelineFencedError(UsageError):
     pipeline object is closed. Only one process may run a pipeline at a time."""
 
 
+class StepFailedError(DbspError):
+    """A step's computation failed after its input was divided (an overflow, an expression
+    error, a failed task). Nothing of the step is committed: the state is that of the step
+    before, and the step keeps its recorded input, so it is still the next step. Stepping
+    again tries it again (a transient cause heals); a deterministic cause fails every time,
+    until the engine is fixed or the operator quarantines the step's input
+    (``Pipeline.quarantine_step``: the records go to the errors table).
+
+    Attributes:
+        step: the step that failed.
+        error: what failed (the cause's type and message).
+    """
+
+    def __init__(self, pipeline: str, step: int, error: str) -> None:
+        self.step = step
+        self.error = error
+        super().__init__(
+            f"step {step} of pipeline '{pipeline}' failed: {error}. Nothing of it was "
+            f"committed and it stays the next step: step again to retry, or quarantine its "
+            f"input (Pipeline.quarantine_step({step}), the Dagster quarantine job) to move its "
+            "records to the errors table and go on")
+
+
 class NonDeterminismError(DbspError):
     """Replaying a step after a crash gave another output than the one written the first time.
     The written output stands; the circuit (or its input) is not deterministic."""

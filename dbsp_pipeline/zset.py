@@ -26,6 +26,11 @@ STEP = "_step"
 SHARD_BITS = 10
 SHARD_COUNT = 1 << SHARD_BITS
 RESERVED_PREFIX = "_"
+#: The largest weight a record may enter with (pushes, inbox files, Kafka records): 2**31 - 1,
+#: so the product of two weights (a join) cannot overflow 64 bits. Sums that still overflow
+#: (weights accumulated over many rows or joins) fail the step deterministically, and the
+#: operator quarantines its input (``Pipeline.quarantine_step``).
+MAX_WEIGHT = 2**31 - 1
 
 
 def payload_columns(df: DataFrame) -> list[str]:

@@ -13,6 +13,10 @@ so the instance's run queue never runs two of them on one pipeline at once.
 * ``<name>_rescale``: a layout change to ``workers`` workers (``Pipeline.rescale``): cold
   (between steps) or, with ``hot``, while the op keeps executing the steps of the input already
   in the logs (the run queue holds the step job meanwhile).
+* ``<name>_quarantine``: a step whose execution failed (``failed_step``: an overflow, an
+  expression error) and fails again however often it is tried: move the records of its input
+  to the errors table and execute it with no input (``Pipeline.quarantine_step``); refuses
+  unless ``confirm`` and ``step`` names the failed step.
 * ``<name>_upgrade``: run after deploying a new engine (and rolling the Spark workers,
   ``infra/spark_cluster.sh roll``): opens the pipeline, which migrates an older state format
   and refuses a changed circuit (``runtime/upgrade.py``), and reports what it did.
@@ -47,6 +51,11 @@ def _rescale_while_stepping(p, workers: int, sharding):
     return out["result"]
 
 
+def _failed_step(p) -> dict | None:
+    failed = p.failed_step
+    return None if failed is None else {"step": failed.step, "error": failed.error}
+
+
 class RescaleConfig(dg.Config):
     """``workers``: the new number of workers; ``sharding``: keep the current function
     (empty) or change to ``modulo``, ``fixed`` or ``dynamic``; ``hot``: copy the state while
@@ -65,6 +74,15 @@ class RestoreConfig(dg.Config):
     confirm: bool = False
 
 
+class QuarantineConfig(dg.Config):
+    """``step``: the failed step (the recover job's ``failed_step`` metadata, or the step job's
+    error, names it); ``confirm`` must be true: its records leave the views for the errors
+    table."""
+
+    step: int
+    confirm: bool = False
+
+
 def step_job(ref: PipelineRef, views: dg.AssetsDefinition, checks=None):
     selection = dg.AssetSelection.assets(views)
     selection = selection if checks is not None else selection.without_checks()
@@ -73,7 +91,8 @@ def step_job(ref: PipelineRef, views: dg.AssetsDefinition, checks=None):
                                description=f"execute the pending steps of pipeline '{ref.name}'")
 
 
-def operation_jobs(ref: PipelineRef) -> list[dg.JobDefinition]:
+def operation_jobs(ref: PipelineRef) -> dict[str, dg.JobDefinition]:
+    """The operator's jobs of pipeline ``ref`` by kind (``checkpoint``, ``recover``, ...)."""
     circuit = ref.circuit
     keys = ref.resource_keys
 
@@ -109,8 +128,28 @@ def operation_jobs(ref: PipelineRef) -> list[dg.JobDefinition]:
                 "replayed_steps": [r.step for r in replayed],
                 "steps_sent_to_kafka": sent,
                 "replayed_input_rows": sum(n for r in replayed for n in r.inputs.values()),
+                "failed_step": _failed_step(p),
                 "state_version": p.state_version, "next_step": p.next_step,
                 "seconds": round(time.monotonic() - started, 3)})
+
+    @dg.op(name=ref.job_name("quarantine_op"), required_resource_keys=keys)
+    def quarantine(context: dg.OpExecutionContext, config: QuarantineConfig) -> None:
+        if not config.confirm:
+            raise dg.Failure(description=f"quarantining step {config.step} of pipeline "
+                             f"'{ref.name}' moves its input records to the errors table: run "
+                             "again with confirm: true")
+        store = ref.store(context)
+        with store.open(circuit, context.resources.spark) as p:
+            failed = p.failed_step
+            if failed is None or failed.step != config.step:
+                raise dg.Failure(description=f"step {config.step} of pipeline '{ref.name}' has "
+                                 f"not failed; failed step: {_failed_step(p) or 'none'}")
+            done = p.quarantine_step(config.step)
+            context.log.warning(f"quarantined step {done.step}: {done.reason}")
+            context.add_output_metadata({
+                "quarantined_step": done.step, "reason": done.reason,
+                "records_moved_to_errors": done.moved, "state_version": p.state_version,
+                "next_step": p.next_step})
 
     @dg.op(name=ref.job_name("restore_op"), required_resource_keys=keys)
     def restore(context: dg.OpExecutionContext, config: RestoreConfig) -> None:
@@ -168,11 +207,14 @@ def operation_jobs(ref: PipelineRef) -> list[dg.JobDefinition]:
             op()
         return _job
 
-    return [
+    jobs = [
         job("checkpoint", checkpoint, f"commit, compact and collect garbage of '{ref.name}'"),
         job("recover", recover, f"reopen '{ref.name}' after a failure and replay what it must"),
         job("restore", restore, f"restore '{ref.name}' to a retained checkpoint"),
         job("rescale", rescale, f"change the layout of '{ref.name}' (cold: between steps)"),
+        job("quarantine", quarantine, f"move the input of a failed step of '{ref.name}' to "
+            "the errors table and go on"),
         job("upgrade", upgrade, f"open '{ref.name}' with this engine: migrate its state "
             "format, refuse a changed circuit"),
     ]
+    return {j.name.removeprefix(ref.job_name("")): j for j in jobs}

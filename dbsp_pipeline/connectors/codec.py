@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from dbsp_pipeline.errors import InputError
 from dbsp_pipeline.runtime import records
-from dbsp_pipeline.zset import WEIGHT
+from dbsp_pipeline.zset import MAX_WEIGHT, WEIGHT
 
 FORMATS = ("json", "csv")
 ENVELOPES = {"insert": 1, "delete": -1}
@@ -86,8 +86,8 @@ def _decode_csv(text: str, columns: Sequence[str]) -> tuple[dict, int]:
             weight = int(last)
         except ValueError:
             raise DecodeError(f"the weight field must be an integer, got {last!r}") from None
-        if weight == 0:
-            raise DecodeError("the weight field must not be 0")
+        if weight == 0 or abs(weight) > MAX_WEIGHT:
+            raise DecodeError(f"the weight field must be {records.WEIGHT_RULE}, got {last!r}")
     if len(fields) != len(columns):
         raise DecodeError(f"{len(fields)} fields, the input has {len(columns)} columns "
                           f"({', '.join(columns)}) and an optional weight")

@@ -9,6 +9,12 @@ With the versions it records the source offsets they correspond to: for each inp
 sequence number of every tracked producer (a Kafka partition's producer ``kafka/<topic>/<p>``
 records the partition offset), so the offsets each step consumed are known from the division
 alone (the seed's ``input-step`` record).
+
+A step whose execution failed deterministically (``Pipeline.quarantine_step``) is *quarantined*:
+a second record of the step, with the same versions and offsets and the reason, says that the
+step executes with no input (its records were moved to the errors table). That record is the
+atomic point of a quarantine; it never changes where the step's input ends, so the steps after
+it read exactly what they read before.
 """
 
 from __future__ import annotations
@@ -33,9 +39,15 @@ class DivisionLog:
                                      role="division", single_writer=True)
         self._uppers: dict[int, dict[str, int]] = {}
         self._offsets: dict[int, dict[str, dict[str, int | None]]] = {}
+        self._quarantined: dict[int, str] = {}
         for f in self.table.files():
             for row in pq.read_table(f.path).to_pylist():
-                self._uppers[row["step"]], self._offsets[row["step"]] = parse(row["uppers"])
+                step, text = row["step"], row["uppers"]
+                reason = quarantine_reason(text)
+                if reason is not None:
+                    self._quarantined[step] = reason
+                else:
+                    self._uppers[step], self._offsets[step] = parse(text)
 
     def get(self, step: int) -> dict[str, int] | None:
         """The recorded upper log version of each input for ``step`` (None if not recorded)."""
@@ -62,6 +74,35 @@ class DivisionLog:
         self._uppers[step] = dict(uppers)
         self._offsets[step] = dict(offsets or {})
         return dict(uppers)
+
+
+    def quarantined(self, step: int) -> str | None:
+        """Why ``step``'s input was quarantined (None: it was not): the step reads no input."""
+        return self._quarantined.get(step)
+
+    def quarantined_steps(self) -> dict[int, str]:
+        """Every quarantined step and its reason."""
+        return dict(self._quarantined)
+
+    def quarantine(self, step: int, reason: str) -> None:
+        """Durably mark ``step`` (divided) as executing with no input, for ``reason``; a step
+        already quarantined stays as it is."""
+        if step not in self._uppers:
+            raise RuntimeError(f"step {step} is not divided; only a divided step is quarantined")
+        if step in self._quarantined:
+            return
+        text = json.dumps({"uppers": self._uppers[step], "offsets": self._offsets[step],
+                           "quarantined": reason}, sort_keys=True)
+        data = pa.table({"step": [step], "uppers": [text]}, schema=self.table.arrow_schema)
+        self.table.commit(self.table.write_arrow(data))
+        self._quarantined[step] = reason
+
+
+def quarantine_reason(text: str) -> str | None:
+    """The reason a stored division record quarantines its step (None: a plain division)."""
+    data = json.loads(text)
+    reason = data.get("quarantined") if isinstance(data, dict) else None
+    return reason if isinstance(reason, str) else None
 
 
 def parse(text: str) -> tuple[dict[str, int], dict[str, dict[str, int | None]]]:

@@ -92,6 +92,17 @@ class InputLog:
         self.table.commit(adds, [f.path for f in files], data_change=False)
         return True
 
+    def remove_between(self, lower: int, upper: int) -> int:
+        """Take the records appended by log versions ``lower+1 .. upper`` out of the log (a
+        quarantined step's input, already copied to the errors table), in one commit: the
+        integrated input no longer holds them. Files already taken out are skipped, so a repeat
+        after a crash is a no-op. Returns how many files were taken out."""
+        current = {f.path for f in self.table.files()}
+        gone = [f.path for f in self.files_between(lower, upper) if f.path in current]
+        if gone:
+            self.table.commit([], gone)
+        return len(gone)
+
     def integrated_files(self, upper: int) -> list[DataFile]:
         """The files whose sum is the input integrated through log version ``upper``, which must
         be at least the ``upper`` of every ``consolidate_consumed`` so far (the division of

@@ -16,6 +16,7 @@ Every step is committed, even with no change, so ``last`` always follows the exe
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -56,6 +57,17 @@ def content_digest(rows: pa.Table | None, schema: StructType, *, floats: bool = 
     return f"{total:016x}"
 
 
+@dataclass(frozen=True)
+class PreparedWrite:
+    """A step's change of one view, written as data files that no commit refers to yet (a
+    crash before ``OutputLog.commit`` leaves them to garbage collection)."""
+
+    step: int
+    adds: list
+    rows: int
+    digest: str
+
+
 class OutputLog:
     def __init__(self, spark: SparkSession, root: str, name: str, schema: StructType) -> None:
         self.name = name
@@ -75,6 +87,16 @@ class OutputLog:
               sql: LocalSQL | None = None) -> int | None:
         """Apply the write rules; returns the rows appended, or None when the step was discarded
         (after verifying it against what was written, when that step's record is retained).
+        ``prepare`` then ``commit``, for one view."""
+        prepared = self.prepare(step, change, sql)
+        return None if prepared is None else self.commit(prepared)
+
+    def prepare(self, step: int, change: DataFrame | pa.Table | None,
+                sql: LocalSQL | None = None) -> PreparedWrite | None:
+        """Everything of a step's write but its commit: consolidate the change and write its
+        data files (not yet part of the log), or, for a step written before (a replay), verify
+        it and return None. A step computes every view's write this way first, so an error in
+        any view's change (an overflow, a failed task) leaves no view with the step committed.
 
         ``change`` is a Spark DataFrame, or an Arrow table consolidated with ``sql`` on the
         driver. Raises ``NonDeterminismError`` when a replayed step differs from the written one.
@@ -97,9 +119,14 @@ class OutputLog:
         else:
             digest = content_digest(None, self.schema)
         count = sum(self.table.data_file(a).rows for a in adds)
-        self.table.commit(adds, app_id=APP_ID, app_version=step,
-                          metadata={STEP_KEY: step, ROWS_KEY: count, DIGEST_KEY: digest})
-        return count
+        return PreparedWrite(step, adds, count, digest)
+
+    def commit(self, prepared: PreparedWrite) -> int:
+        """Commit a prepared write (one Delta commit recording the step); returns its rows."""
+        self.table.commit(prepared.adds, app_id=APP_ID, app_version=prepared.step,
+                          metadata={STEP_KEY: prepared.step, ROWS_KEY: prepared.rows,
+                                    DIGEST_KEY: prepared.digest})
+        return prepared.rows
 
     def _consolidated(self, step: int, change, sql: LocalSQL | None):
         """The change as the log stores it: consolidated, with ``_step``, in table order."""

@@ -29,11 +29,21 @@ Reopening a root after a crash opens the newest committed state version and at o
 again the steps divided after it, from their recorded divisions (``recovered_steps``); their
 outputs were already written and are discarded by the write rules, so a consumer of the output
 logs sees every step exactly once.
+
+A step that fails in 4-5 (an overflow, an expression error, a failed task) commits nothing:
+every view's change is computed and its files written before any output log commits it, and
+the state goes back to the newest checkpoint and executes again the steps before the failed
+one. The division stays recorded, so the step is the next one whatever happens: ``step`` tries
+it again (a transient cause heals), opening the root reports it (``failed_step``) instead of
+failing, and an operator can quarantine its input (``quarantine_step``: the records go to the
+errors table and the step executes with no input).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import os
 import threading
 import time
@@ -45,11 +55,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from dbsp_pipeline.circuit import Circuit
+from dbsp_pipeline.connectors.errors_sink import ErrorsSink
 from dbsp_pipeline.driver.sql import LocalSQL
 from dbsp_pipeline.errors import (
     ConcurrentWriterError,
+    NonDeterminismError,
     PipelineClosedError,
     PipelineFencedError,
+    StepFailedError,
     UnknownNameError,
     UsageError,
 )
@@ -60,7 +73,7 @@ from dbsp_pipeline.runtime.division_log import DivisionLog
 from dbsp_pipeline.runtime.input_log import InputLog
 from dbsp_pipeline.runtime.layout import LAYOUT_KEY, Layout
 from dbsp_pipeline.runtime.migration import ShardMigration
-from dbsp_pipeline.runtime.output_log import OutputLog
+from dbsp_pipeline.runtime.output_log import OutputLog, PreparedWrite
 from dbsp_pipeline.runtime.plan import Plan
 from dbsp_pipeline.runtime.readers import DEFAULT_LEASE_SECONDS, LeaseRegistry, Reader
 from dbsp_pipeline.spark_session import LazySession, configure
@@ -76,6 +89,10 @@ PLAN_SCHEMAS_FILE = "_plan_schemas.json"
 GC_EVERY_COMMITS = 16
 #: Default of ``Pipeline(driver_step_rows=...)``.
 DRIVER_STEP_ROWS = 200_000
+#: The errors-sink producer of a quarantined step's records of one input: ``quarantine/<input>``
+QUARANTINE_PRODUCER = "quarantine/"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -108,6 +125,28 @@ class StepResult:
     #: per input fed by a tracked source, invalid records left out of the step's pushes (they
     #: are in the errors sink); empty for inputs fed by ``push`` alone
     rejected: dict[str, int] = field(default_factory=dict)
+    #: why the step's input was quarantined (``quarantine_step``): it executed with no input
+    quarantined: str | None = None
+
+
+@dataclass(frozen=True)
+class FailedStep:
+    """The next step, divided, whose execution failed: ``error`` says how (the exception's
+    type and message)."""
+
+    step: int
+    error: str
+
+
+@dataclass
+class QuarantineResult:
+    """What ``quarantine_step`` did: the reason recorded, per input the records moved to the
+    errors table, and the step's execution with no input."""
+
+    step: int
+    reason: str
+    moved: dict[str, int]
+    result: StepResult
 
 
 @dataclass
@@ -233,6 +272,10 @@ class Pipeline:
         self._tracked: dict[str, set[str]] = {}  # input -> producers whose offsets divisions record
         self._migration: ShardMigration | None = None  # a hot layout change in progress
         self._holding_merges = False  # no merge starts (a hot layout change is about to begin)
+        #: the next step, if its execution failed (see the module doc); None when it did not
+        self.failed_step: FailedStep | None = None
+        self._rolling_back = False  # a failed step's roll-back is executing steps again
+        self._finish_quarantines()
         #: the steps executed again at open: divided before a crash, not yet committed
         self.recovered_steps: list[StepResult] = self._recover()
 
@@ -243,11 +286,29 @@ class Pipeline:
     def _recover(self) -> list[StepResult]:
         """Re-execute the steps whose division was recorded after the opened state version
         (a crash came before their commit): each reads exactly its recorded input, and its
-        output, already written, is discarded by the output logs' write rules."""
+        output, already written, is discarded by the output logs' write rules. A step that
+        fails stops the recovery there: it is ``failed_step``, and the root stays usable."""
         replayed = []
         while self._divisions.get(self._db.get_step()) is not None:
-            replayed.append(self.step())
+            try:
+                replayed.append(self.step())
+            except StepFailedError as e:
+                log.error("%s", e)
+                break
         return replayed
+
+    def _finish_quarantines(self) -> None:
+        """Take out of the input logs the records of quarantined steps not executed yet (a
+        crash may have come between the quarantine record and their removal)."""
+        for step in sorted(self._divisions.quarantined_steps()):
+            if step >= self._db.get_step():
+                self._remove_input_of(step)
+
+    def _remove_input_of(self, step: int) -> None:
+        uppers = self._divisions.get(step) or {}
+        lowers = self._divisions.lower(step, list(self._inputs))
+        for name, log_ in self._inputs.items():
+            log_.remove_between(lowers[name], uppers.get(name, lowers[name]))
 
     # -- context manager -------------------------------------------------------------------
     def __enter__(self) -> Pipeline:
@@ -359,10 +420,61 @@ class Pipeline:
 
         Raises ``PipelineFencedError`` (and closes this object) when another process running the
         same root recorded the step's division first, or wrote the state since this one opened.
+        Raises ``StepFailedError`` when the step's computation failed: nothing of it is
+        committed, it stays the next step (``failed_step``), and the next ``step`` tries it
+        again; ``quarantine_step`` executes it without its input instead.
         """
         self._require_open()
         with self._lock, self._fenced():
             return self._step()
+
+    def quarantine_step(self, step: int) -> QuarantineResult:
+        """Quarantine the input of ``step``, the next step, whose execution failed
+        (``failed_step``; e.g. its records overflow a weight): every record the step's division
+        covers is moved to the errors table (``_errors``, with the failure as reason), and the
+        step executes with no input. Exactly-once holds for every other record: the steps after
+        it read what they would have read, and a Kafka source resumes after the offsets the
+        step covered. Returns what moved and the step's result.
+
+        Crash-safe, in this order: (1) the records are written to the errors table, once per
+        input and step (a repeat skips them); (2) a second record of the step's division marks
+        it quarantined, the atomic point (``division_log.py``); (3) the records are taken out of
+        the input logs (reopening finishes this for a quarantined step not yet executed);
+        (4) the step executes. A crash before (2) leaves the step failed as it was; run the
+        quarantine again.
+        """
+        self._require_open()
+        with self._lock, self._fenced():
+            self._no_migration("quarantine a step of")
+            failed = self.failed_step
+            if failed is None or failed.step != step:
+                raise UsageError(
+                    f"step {step} of pipeline '{self.circuit.name}' has not failed (next step: "
+                    f"{self._db.get_step()}, failed step: "
+                    f"{'none' if failed is None else failed.step}); only the input of a "
+                    "failed step can be quarantined")
+            reason = f"step {step} failed: {failed.error}"
+            moved = self._move_input_to_errors(step, reason)
+            self._divisions.quarantine(step, reason)
+            self._remove_input_of(step)
+            return QuarantineResult(step, reason, moved, self._step())
+
+    def _move_input_to_errors(self, step: int, reason: str) -> dict[str, int]:
+        """Write the records of ``step``'s input to the errors table (one write per input,
+        recorded as the app transaction ``errors/quarantine/<input>`` at version ``step``)."""
+        sink = ErrorsSink(self.spark, self.root)
+        uppers = self._divisions.get(step) or {}
+        lowers = self._divisions.lower(step, list(self._inputs))
+        moved = {}
+        for name, log_ in self._inputs.items():
+            files = log_.files_between(lowers[name], uppers.get(name, lowers[name]))
+            rows = log_.table.read_arrow(files).to_pylist() if files else []
+            moved[name] = len(rows)
+            sink.record(QUARANTINE_PRODUCER + name, step, [
+                {"input": name, "source": f"step {step}", "partition": None, "offset": None,
+                 "reason": reason, "record": json.dumps(row, sort_keys=True, default=str)}
+                for row in rows])
+        return moved
 
     def _step(self) -> StepResult:
         started = time.monotonic()
@@ -378,31 +490,28 @@ class Pipeline:
             uppers = self._divisions.record(s, {n: self._inputs[n].version() for n in names},
                                             offsets)
         lowers = self._divisions.lower(s, names)
-
-        # 3. Each input's change for step s; a small one is read on the driver.
-        result = StepResult(step=s)
-        files = {n: self._inputs[n].files_between(lowers[n], uppers.get(n, 0)) for n in names}
-        result.inputs = {n: sum(f.rows for f in fs) for n, fs in files.items()}
+        result = StepResult(step=s, quarantined=self._divisions.quarantined(s))
         result.rejected = {n: self._inputs[n].rejected_between(lowers[n], uppers.get(n, 0))
                            for n in self._tracked}
-        result.on_driver = (0 < self.driver_step_rows
-                            and sum(result.inputs.values()) <= self.driver_step_rows
-                            and self._plan.runs_on_driver)
-        sql = self._sql if result.on_driver else None
-        if sql is not None:
-            changes = {n: self._inputs[n].change_arrow(sql, files[n]) for n in names}
-        else:
-            changes = {n: self._inputs[n].change(files[n]) for n in names}
 
-        # 4. Evaluate the circuit.
-        ctx = StepContext(self.spark, s, sql=sql)
+        # 3-5. Read the input, evaluate the circuit, write every view's change as files. A
+        # failure here commits nothing: the step is rolled back and reported (module doc).
         try:
-            node_changes = self._plan.evaluate(ctx, changes)
-            # 5. Write each output's change (write rules discard a replayed step).
-            for name, node_id in self.circuit.outputs.items():
-                result.outputs[name] = self._outputs[name].write(s, node_changes[node_id], sql)
-        finally:
-            ctx.release()
+            prepared = self._compute(s, lowers, uppers, result)
+        except (ConcurrentWriterError, NonDeterminismError):
+            raise
+        except Exception as e:  # noqa: BLE001 (any failure of the step's computation)
+            if self._rolling_back:
+                raise
+            error = f"{type(e).__name__}: {e}".strip()
+            self._roll_back(until=s)
+            self.failed_step = FailedStep(s, error)
+            raise StepFailedError(self.circuit.name, s, error) from e
+        self.failed_step = None
+
+        # 5. Commit each view's change (the write rules discarded a replayed step's).
+        for name, write in prepared.items():
+            result.outputs[name] = None if write is None else self._outputs[name].commit(write)
 
         # 6. Advance, and commit every checkpoint_every steps.
         self._db.set_step(s + 1)
@@ -411,6 +520,53 @@ class Pipeline:
             result.committed_version = self.commit()
         result.seconds = time.monotonic() - started
         return result
+
+    def _compute(self, s: int, lowers: dict[str, int], uppers: dict[str, int],
+                 result: StepResult) -> dict[str, PreparedWrite | None]:
+        """Steps 3-5 of step ``s`` up to the commits: each input's change (none if the step is
+        quarantined; a small change is read on the driver), the circuit's evaluation (stateful
+        operators append to their traces), and every view's change written as data files."""
+        names = list(self._inputs)
+        files = {n: [] if result.quarantined is not None else
+                 self._inputs[n].files_between(lowers[n], uppers.get(n, 0)) for n in names}
+        result.inputs = {n: sum(f.rows for f in fs) for n, fs in files.items()}
+        result.on_driver = (0 < self.driver_step_rows
+                            and sum(result.inputs.values()) <= self.driver_step_rows
+                            and self._plan.runs_on_driver)
+        sql = self._sql if result.on_driver else None
+        if sql is not None:
+            changes = {n: self._inputs[n].change_arrow(sql, files[n]) for n in names}
+        else:
+            changes = {n: self._inputs[n].change(files[n]) for n in names}
+        ctx = StepContext(self.spark, s, sql=sql)
+        try:
+            node_changes = self._plan.evaluate(ctx, changes)
+            return {name: self._outputs[name].prepare(s, node_changes[node_id], sql)
+                    for name, node_id in self.circuit.outputs.items()}
+        finally:
+            ctx.release()
+
+    def _roll_back(self, until: int) -> None:
+        """After a failed step: reopen the newest checkpoint (discarding what the step and the
+        uncommitted steps before it appended to the traces) and execute again the steps from
+        there up to ``until`` (they succeeded before; their outputs are verified, not written
+        twice). If that fails too, this object is closed: reopen the root."""
+        self._rolling_back = True
+        try:
+            self._compactor.apply_finished(wait=True)
+            self._db.open(self._db.version, retained=self.retain_checkpoints)
+            self.layout = Layout.from_json(self._db.get(LAYOUT_KEY))
+            self._db.put(LAYOUT_KEY, self.layout.to_json())
+            self._plan = self._compile()
+            self._uncommitted_steps = 0
+            while self._db.get_step() < until:
+                self._step()
+        except BaseException:
+            self._closed = True
+            self._compactor.close()
+            raise
+        finally:
+            self._rolling_back = False
 
     def run(self, max_steps: int | None = None, max_seconds: float | None = None,
             checkpoint_every: int | None = None, idle_seconds: float = 0.0) -> list[StepResult]:

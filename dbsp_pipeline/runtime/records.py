@@ -21,12 +21,17 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import NumericType, StructType
 
 from dbsp_pipeline.errors import InputError
-from dbsp_pipeline.zset import WEIGHT
+from dbsp_pipeline.zset import MAX_WEIGHT, WEIGHT
+
+#: what a weight must be, said in errors
+WEIGHT_RULE = f"a non-zero integer of absolute value at most {MAX_WEIGHT} (2**31 - 1)"
 
 
 def check_weight(input_name: str, weight: object) -> int:
-    if isinstance(weight, bool) or not isinstance(weight, numbers.Integral) or int(weight) == 0:
-        raise InputError(input_name, f"weight must be a non-zero integer, got {weight!r}")
+    """A push's weight: a non-zero integer with ``abs(weight) <= MAX_WEIGHT``."""
+    if isinstance(weight, bool) or not isinstance(weight, numbers.Integral) or int(weight) == 0 \
+            or abs(int(weight)) > MAX_WEIGHT:
+        raise InputError(input_name, f"weight must be {WEIGHT_RULE}, got {weight!r}")
     return int(weight)
 
 
@@ -56,13 +61,15 @@ def zset_to_arrow(input_name: str, table: pa.Table, schema: StructType,
     if not pa.types.is_integer(weights.type):
         raise InputError(input_name, f"'{WEIGHT}' is {weights.type}, expected an integer type",
                          column=WEIGHT)
-    weights = weights.cast(pa.int64())
-    invalid = pc.or_kleene(pc.is_null(weights), pc.equal(weights, 0)).fill_null(True)
+    magnitude = pc.abs(weights.cast(pa.float64(), safe=False))  # exact up to 2**53: enough
+    invalid = pc.or_kleene(pc.equal(magnitude, 0),
+                           pc.greater(magnitude, MAX_WEIGHT)).fill_null(True)
     bad = pc.index(invalid, True).as_py()
     if bad >= 0:
-        raise InputError(input_name, f"weight must be a non-zero integer, got "
-                         f"{weights[bad].as_py()!r}", record_index=bad,
+        raise InputError(input_name, f"weight must be {WEIGHT_RULE}, got "
+                         f"{weights[bad].as_py()!r}", record_index=bad, column=WEIGHT,
                          record=table.slice(bad, 1).to_pylist()[0])
+    weights = weights.cast(pa.int64())
     payload = to_arrow(input_name, table.drop_columns([WEIGHT]), schema, arrow_schema, 1)
     return payload.set_column(payload.schema.get_field_index(WEIGHT),
                               arrow_schema.field(WEIGHT), weights)

@@ -125,6 +125,36 @@ def test_bad_records_go_to_the_errors_sink_and_the_rest_goes_on(spark, tmp_path,
         source.close()
 
 
+def test_poison_weights_go_to_the_errors_sink_and_restarts_go_on(spark, tmp_path, broker):
+    """CSV weights beyond 2**31 - 1 (one beyond 64 bits, which used to raise OverflowError on
+    every restart) are rejected per record; the partition's good records enter once."""
+    topic = new_topic(broker, prefix="poison")
+    produce(broker, topic, [b"1,north", b"2,south," + str(2**70).encode(), b"3,east,2",
+                            b"4,west," + str(2**62).encode(), b"5,up," + str(2**31).encode(),
+                            b"6,down,2147483647"])
+    c = Circuit("kpoison")
+    customers = c.input("customers", "customer_id BIGINT, region STRING")
+    c.output("regions", customers.group_by("region").agg(n="count(*)"))
+    for attempt in range(2):  # a restart reads nothing twice and fails on nothing
+        with Pipeline(c, str(tmp_path), spark) as p:
+            source = KafkaSource(p, broker, [KafkaInput("customers", topic, format="csv")])
+            deadline = time.monotonic() + 30
+            while attempt == 0 and time.monotonic() < deadline:
+                polled = source.poll(timeout=1)
+                if sum(polled.pushed.values()) + sum(polled.rejected.values()):
+                    break
+            source.poll(timeout=1)
+            p.run()
+            assert view_rows(p, "regions") == {(("n", 1), ("region", "north")): 1,
+                                               (("n", 2), ("region", "east")): 1,
+                                               (("n", 2147483647), ("region", "down")): 1}
+            errors = ErrorsSink(p.spark, p.root).read().to_pylist()
+            assert [e["offset"] for e in errors] == [1, 3, 4]
+            assert all("weight field must be a non-zero integer of absolute value at most "
+                       "2147483647" in e["reason"] for e in errors)
+            source.close()
+
+
 def test_a_topic_feeds_one_input(spark, tmp_path, broker):
     with Pipeline(shop(), str(tmp_path), spark) as p:
         with pytest.raises(UsageError, match="one input only"):

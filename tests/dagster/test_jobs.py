@@ -191,3 +191,38 @@ def test_upgrade_job_reports_versions_and_refuses_a_changed_circuit(defs, root, 
     error = failed.failure_data_for_node("shop_upgrade_op").error
     assert error.cause.cls_name == "CircuitChangedError"
     assert "different circuit" in error.cause.message
+
+
+def test_a_failed_step_is_reported_and_quarantined_by_jobs(defs, root, instance, spark):
+    """Three orders of weight 2**31 - 1 joined with a customer of that weight: the group's
+    count overflows 64 bits, every time. The recover job names the step; the quarantine job
+    moves its records to the errors table; the pipeline goes on."""
+    w = 2**31 - 1
+    with Pipeline(shop_circuit(), root, spark) as p:
+        p.push("customers", [(1, "north")], weight=w)
+        p.push("orders", [(i, 1, 50.0) for i in range(3)], weight=w)
+    step = defs.resolve_job_def("shop_step").execute_in_process(instance=instance,
+                                                               raise_on_error=False)
+    assert not step.success
+    assert "step 0 of pipeline 'shop' failed" in \
+        step.failure_data_for_node("shop_views").error.to_string()
+    recover = defs.resolve_job_def("shop_recover").execute_in_process(instance=instance)
+    failed = metadata_of(recover, "shop_recover_op")["failed_step"]
+    assert failed["step"] == 0 and failed["error"]
+    quarantine = defs.resolve_job_def("shop_quarantine")
+    refused = quarantine.execute_in_process(
+        instance=instance, raise_on_error=False,
+        run_config={"ops": {"shop_quarantine_op": {"config": {"step": 0}}}})
+    assert "confirm: true" in refused.failure_data_for_node("shop_quarantine_op").error.message
+    done = quarantine.execute_in_process(instance=instance, run_config={
+        "ops": {"shop_quarantine_op": {"config": {"step": 0, "confirm": True}}}})
+    m = metadata_of(done, "shop_quarantine_op")
+    assert m["quarantined_step"] == 0 and m["records_moved_to_errors"] == {
+        "orders": 3, "customers": 1} and m["next_step"] == 1
+    with Pipeline(shop_circuit(), root, spark) as p:
+        assert p.failed_step is None
+        p.push("customers", [(2, "south")])
+        p.push("orders", [(9, 2, 5.0)])
+    assert defs.resolve_job_def("shop_step").execute_in_process(instance=instance).success
+    with Pipeline(shop_circuit(), root, spark) as p:
+        assert view_counter(p.view("regions")) == {("south",): 1}
