@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import dagster as dg
 
 from dbsp_pipeline import Circuit, Pipeline
+from dbsp_pipeline.connectors.inbox import SETTLE_SECONDS
 from dbsp_pipeline.connectors.kafka import KafkaInput, KafkaOutput
 from dbsp_pipeline.runtime.pipeline import DRIVER_STEP_ROWS
 from dbsp_pipeline.runtime.status import PipelineStatus, read_status
@@ -20,10 +21,13 @@ class PipelineStore(dg.ConfigurableResource):
 
     ``inbox`` (default ``<root>/../inbox``, i.e. beside the root) holds one folder per input;
     files dropped there (``.jsonl``, ``.csv``, ``.parquet``; a ``_weight`` column for deletes)
-    are pushed by the next ``step`` run."""
+    are pushed by the next ``step`` run once unchanged for ``inbox_settle_seconds`` (the input
+    sensor waits as long before it launches a run for them)."""
 
     root: str = "var/dagster/shop"
     inbox: str = ""
+    #: an inbox file is read once unchanged for this long (0: every writer renames)
+    inbox_settle_seconds: float = SETTLE_SECONDS
     retain_checkpoints: int = 2
     checkpoint_every: int = 1
     #: steps changing at most this many input rows run on the driver, bigger ones on Spark

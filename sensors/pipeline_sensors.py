@@ -2,17 +2,17 @@
 
 * ``<name>_input_arrival``: launches the step job when input waits: pushes not yet divided into
   a step (read from the logs without opening the pipeline, ``runtime/status.py``), complete
-  files in the inbox, or records in the bound Kafka topics beyond the offsets the input logs
-  recorded (lag). Never while a run of the pipeline is queued or in progress; the run key
-  names the step range (next step and input versions, plus inbox files), so the same work is
-  never launched twice. The cursor remembers the last key launched.
+  files in the inbox (unchanged for the store's ``inbox_settle_seconds``; ``inbox.py``), or
+  records in the bound Kafka topics beyond the offsets the input logs recorded (lag). Never
+  while a run of the pipeline is queued or in progress; the run key names the step range (next
+  step and input versions, plus inbox files), so the same work is never launched twice. The
+  cursor remembers the last key launched.
 * ``<name>_recover_on_failure``: when a run of the pipeline fails, launches the recover job
   (run key: the failed run's id).
 """
 
 import hashlib
 import json
-import os
 
 import dagster as dg
 
@@ -40,7 +40,8 @@ def input_arrival_sensor(ref: PipelineRef, step_job, interval: int = 5) -> dg.Se
     def sensor(context: dg.SensorEvaluationContext):
         store = ref.store(context)
         status = store.status(ref.circuit)
-        files = inbox.pending_files(store.inbox_folder, list(ref.circuit.inputs))
+        files = inbox.pending_files(store.inbox_folder, list(ref.circuit.inputs),
+                                    store.inbox_settle_seconds)
         lag = (topic_lag(context.resources.kafka.client_config(), store.root, ref.kafka_inputs)
                if ref.kafka_inputs else {})
         if not status.has_pending_input and not files and not any(lag.values()):
@@ -50,9 +51,7 @@ def input_arrival_sensor(ref: PipelineRef, step_job, interval: int = 5) -> dg.Se
             return dg.SkipReason(f"run {busy[0].run_id} of pipeline '{ref.name}' is active")
         key = status.run_key(ref.name)
         if files:  # named by the files and when they arrived (a name may come again)
-            folder = store.inbox_folder
-            arrivals = {n: [(f, os.path.getmtime(os.path.join(folder, n, f))) for f in fs]
-                        for n, fs in files.items()}
+            arrivals = {n: [(f.name, f.mtime) for f in fs] for n, fs in files.items()}
             key += ":inbox-" + hashlib.sha1(json.dumps(arrivals, sort_keys=True).encode()
                                             ).hexdigest()[:12]
         if any(lag.values()):  # named by how far the topics reach

@@ -4,20 +4,48 @@ Layout: ``<inbox>/<input>/<file>`` with ``<file>`` one of ``.jsonl`` (one JSON o
 ``.csv`` (with a header) or ``.parquet``. Columns are the input's; an optional ``_weight``
 column (a nonzero integer per record; missing or null means 1) makes the file a Z-set, so
 ``-1`` deletes a record.
-Writers must create a file under a name starting with ``.`` or ending with ``.tmp`` and rename
-it when complete: those names are never read.
 
-``ingest(p, folder)`` pushes every complete file, oldest first, then moves it to ``done/``. A
-file is pushed with the producer name ``inbox/<input>/<file>`` and sequence number 0, so if the
-process dies after the push and before the move, the next ingest pushes it again as a no-op:
-each file's records enter the input exactly once. A file that cannot be read or does not match
-the input is moved to ``rejected/`` beside a ``<file>.error.txt`` naming the problem; files
-already pushed are not affected.
+When a file is complete. A file is read once it has not changed for ``settle_seconds`` (its
+modification time is at least that old; default ``SETTLE_SECONDS``), and only if its size and
+modification time stay the same while it is read; otherwise it waits for a later ingest. Names
+starting with ``.`` or ending with ``.tmp`` are never read, so the safe way to write a file is
+under such a name, renamed when complete. The inbox cannot tell how a file arrived, so a
+renamed file waits out the interval too; with ``settle_seconds=0`` the inbox trusts every
+writer to rename. A writer that pauses longer than the interval in the middle of a file must
+rename.
+
+Only regular files are read. A symbolic link (followed never: not even its target's type is
+looked at), a FIFO, a socket, a device or a directory whose name has an inbox suffix is moved
+as it is (a link, not its target) to ``rejected/`` with an error file.
+
+Exactly once. ``ingest(p, folder)`` pushes every complete file, oldest first, then moves it to
+``done/``. A file's identity is its name and its content: it is read into memory once, and
+pushed with the producer name ``inbox/<input>/<file>@<sha256 of those bytes>`` and sequence
+number 0, parsed from the same bytes. So if the process dies after the push and before the
+move, the next ingest pushes it again as a no-op; a new file under a name used before (new
+content) is a new producer and is pushed; the same content under the same name again is not
+pushed twice (it lands in ``done/`` with 0 rows). A move takes only the file that was read:
+one renamed over it meanwhile stays for the next ingest.
+
+Rejection. A file that cannot be read or does not match the input is moved to ``rejected/``
+beside a ``<file>.error.txt`` (mode 0600) naming the file, the input, the record and the
+problem, with at most the offending record or line quoted and the message bounded to
+``MESSAGE_LIMIT`` characters; files already pushed are not affected.
+
+``done/`` and ``rejected/`` never overwrite a file: when the name is taken, the file lands as
+``<stem>.<first 12 hex digits of its sha256><suffix>`` and, if that is taken too (or for a file
+that was not read), ``<stem>[.<hash>].<n><suffix>`` with the smallest free ``n``.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import itertools
 import os
+import stat
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -31,6 +59,11 @@ from dbsp_pipeline.zset import WEIGHT
 SUFFIXES = (".jsonl", ".csv", ".parquet")
 DONE = "done"
 REJECTED = "rejected"
+ERROR_SUFFIX = ".error.txt"
+#: how long a file must stay unchanged before it is read, by default (seconds)
+SETTLE_SECONDS = 2.0
+#: the longest problem text written to an error file or reported (characters)
+MESSAGE_LIMIT = 500
 
 
 @dataclass
@@ -47,31 +80,95 @@ class IngestResult:
         return sum(n for files in self.pushed.values() for n in files.values())
 
 
-def pending_files(folder: str, inputs: list[str]) -> dict[str, list[str]]:
-    """Per input, the complete files waiting in the inbox, oldest first (by mtime, then name)."""
+@dataclass(frozen=True)
+class InboxFile:
+    """One entry of an input's inbox folder, as ``lstat`` saw it (links are not followed)."""
+
+    input: str
+    name: str
+    path: str
+    mode: int
+    size: int
+    mtime: float
+    inode: tuple[int, int]
+
+    @property
+    def regular(self) -> bool:
+        return stat.S_ISREG(self.mode)
+
+    @property
+    def kind(self) -> str:
+        """What the entry is, for error messages."""
+        for test, kind in ((stat.S_ISREG, "a regular file"), (stat.S_ISLNK, "a symbolic link"),
+                           (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                           (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                           (stat.S_ISBLK, "a block device")):
+            if test(self.mode):
+                return kind
+        return "not a regular file"
+
+
+def pending_files(folder: str, inputs: list[str], settle_seconds: float = SETTLE_SECONDS,
+                  ) -> dict[str, list[InboxFile]]:
+    """Per input, what the next ingest handles, oldest first (by mtime, then name): regular
+    files unchanged for ``settle_seconds``, and any other entry with an inbox suffix (a link, a
+    FIFO, a directory...), which it rejects."""
+    now = time.time()
     out = {}
     for name in inputs:
         d = os.path.join(folder, name)
-        if not os.path.isdir(d):
+        try:
+            entries = os.listdir(d)
+        except (FileNotFoundError, NotADirectoryError):
             continue
-        files = [f for f in os.listdir(d) if f.endswith(SUFFIXES) and not f.startswith(".")
-                 and os.path.isfile(os.path.join(d, f))]
+        files = []
+        for f in entries:
+            if not f.endswith(SUFFIXES) or f.startswith("."):
+                continue
+            path = os.path.join(d, f)
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:  # moved away meanwhile
+                continue
+            entry = InboxFile(name, f, path, st.st_mode, st.st_size, st.st_mtime,
+                              (st.st_dev, st.st_ino))
+            if entry.regular and settle_seconds > 0 and now - entry.mtime < settle_seconds:
+                continue  # may still be being written
+            files.append(entry)
         if files:
-            out[name] = sorted(files, key=lambda f: (os.path.getmtime(os.path.join(d, f)), f))
+            out[name] = sorted(files, key=lambda e: (e.mtime, e.name))
     return out
 
 
-def ingest(pipeline, folder: str) -> IngestResult:
+def ingest(pipeline, folder: str, settle_seconds: float = SETTLE_SECONDS) -> IngestResult:
     """Push every complete file of the inbox ``folder`` into ``pipeline``; see the module
-    docstring for the exactly-once and rejection rules."""
+    docstring for when a file is complete and for the exactly-once and rejection rules.
+
+    Durability: when a file is in ``done/``, its records are durable in the input's log (or
+    were already, pushed by an earlier ingest of the same name and content); a file still in
+    the inbox may or may not have been pushed, and the next ingest settles which, without
+    pushing it twice."""
     result = IngestResult()
-    for name, files in pending_files(folder, list(pipeline.circuit.inputs)).items():
-        for file in files:
-            path = os.path.join(folder, name, file)
-            arrived = os.path.getmtime(path)
+    for name, files in pending_files(folder, list(pipeline.circuit.inputs),
+                                     settle_seconds).items():
+        for entry in files:
+            file = entry.name
+            if not entry.regular:
+                _reject(result, entry, None, f"file {file}: input '{name}': is {entry.kind}, "
+                        "not a regular file; the inbox never follows or opens it (drop regular "
+                        "files only)")
+                continue
             try:
-                table = read_file(name, path)
-                producer = f"inbox/{name}/{file}"
+                data = read_settled(entry)
+            except InputError as e:
+                _reject(result, entry, None, f"file {file}: {e}")
+                continue
+            if data is None:  # changed or gone since it was listed: a later ingest takes it
+                continue
+            digest = hashlib.sha256(data).hexdigest()
+            try:
+                table = parse_file(name, file, data)
+                producer = f"inbox/{name}/{file}@{digest}"
                 if WEIGHT in table.column_names:
                     i = table.schema.get_field_index(WEIGHT)
                     weights = table.column(i)
@@ -81,36 +178,160 @@ def ingest(pipeline, folder: str) -> IngestResult:
                 else:
                     rows = pipeline.push(name, table, producer=producer, seq=0)
             except InputError as e:
-                problem = f"file {file}: {e}"
-                _move(path, REJECTED)
-                with open(os.path.join(folder, name, REJECTED, file + ".error.txt"), "w") as fh:
-                    fh.write(problem + "\n")
-                result.rejected.setdefault(name, {})[file] = problem
+                _reject(result, entry, digest, f"file {file}: {e}")
                 continue
-            _move(path, DONE)
+            move_unique(entry, DONE, digest)  # None: replaced since; a later ingest takes it
             result.pushed.setdefault(name, {})[file] = rows
-            if result.oldest_arrival is None or arrived < result.oldest_arrival:
-                result.oldest_arrival = arrived
+            if result.oldest_arrival is None or entry.mtime < result.oldest_arrival:
+                result.oldest_arrival = entry.mtime
     return result
 
 
-def read_file(input_name: str, path: str) -> pa.Table:
-    """The records of one inbox file as Arrow (types are fixed by the push that follows)."""
+def read_settled(entry: InboxFile) -> bytes | None:
+    """The bytes of the regular file ``entry``, read once without following a link, or None
+    if it changed (size, modification time, identity) since ``entry`` was listed or while it
+    was read, or is gone. Raises ``InputError`` if it cannot be opened or read."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
-        if path.endswith(".jsonl"):
-            return pa_json.read_json(path)
-        if path.endswith(".csv"):
-            return pa_csv.read_csv(path)
-        return pq.read_table(path)
+        fd = os.open(entry.path, flags)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # replaced by a link: the next listing rejects it
+            return None
+        raise InputError(entry.input, f"cannot be opened: {e.strerror}") from None
+    try:
+        if not _unchanged(entry, os.fstat(fd)):
+            return None
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        data = b"".join(chunks)
+        if len(data) != entry.size or not _unchanged(entry, os.fstat(fd)):
+            return None
+        return data
+    except OSError as e:
+        raise InputError(entry.input, f"cannot be read: {e.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def parse_file(input_name: str, file: str, data: bytes) -> pa.Table:
+    """The records of the inbox file ``file`` (its bytes ``data``) as Arrow (types are fixed by
+    the push that follows)."""
+    buffer = pa.BufferReader(data)
+    try:
+        if file.endswith(".jsonl"):
+            return pa_json.read_json(buffer)
+        if file.endswith(".csv"):
+            return pa_csv.read_csv(buffer)
+        return pq.read_table(buffer)
     except (pa.ArrowException, OSError) as e:
-        raise InputError(input_name, f"file {os.path.basename(path)} cannot be read: {e}") \
-            from None
+        raise InputError(input_name, f"cannot be parsed as {os.path.splitext(file)[1][1:]}: "
+                         f"{e}") from None
 
 
-def _move(path: str, sub: str) -> None:
-    target = os.path.join(os.path.dirname(path), sub)
+def move_unique(entry: InboxFile, sub: str, digest: str | None, error: str | None = None,
+                ) -> str | None:
+    """Move ``entry`` (a link itself, not its target) into the folder ``sub`` beside it, under
+    its name or the first free name of the module docstring's sequence, and return that name;
+    never replaces a file there. With ``error``, first write it to ``<name>.error.txt``
+    (created, never replaced, with mode 0600). Returns None, moving nothing, if the entry's
+    name no longer holds the file listed (gone, or replaced by a new file, which a later
+    ingest takes). A regular file or a link is moved by a hard link then an unlink: a crash in
+    between leaves it in both places, and the next ingest moves the inbox copy beside the
+    first (its push a no-op)."""
+    target = os.path.join(os.path.dirname(entry.path), sub)
     os.makedirs(target, exist_ok=True)
-    os.replace(path, os.path.join(target, os.path.basename(path)))
+    for name in _names(entry.name, digest):
+        dst = os.path.join(target, name)
+        if os.path.lexists(dst) or (error is not None and os.path.lexists(dst + ERROR_SUFFIX)):
+            continue
+        try:
+            if error is not None:
+                _write_private(dst + ERROR_SUFFIX, error + "\n")
+        except FileExistsError:
+            continue
+        try:
+            moved = _move_if_same(entry, dst)
+        except FileExistsError:
+            moved = None
+        if moved:
+            return name
+        if error is not None:
+            os.unlink(dst + ERROR_SUFFIX)
+        if moved is False:
+            return None
+    raise AssertionError("unreachable: the names are endless")
 
 
-__all__ = ["IngestResult", "ingest", "pending_files", "read_file"]
+def bounded(message: str, limit: int = MESSAGE_LIMIT) -> str:
+    """``message`` cut to ``limit`` characters, saying how much was left out."""
+    if len(message) <= limit:
+        return message
+    return message[:limit] + f"... ({len(message) - limit} more characters not shown)"
+
+
+def _reject(result: IngestResult, entry: InboxFile, digest: str | None, problem: str) -> None:
+    problem = bounded(problem)
+    move_unique(entry, REJECTED, digest, error=problem)
+    result.rejected.setdefault(entry.input, {})[entry.name] = problem
+
+
+def _unchanged(entry: InboxFile, st: os.stat_result) -> bool:
+    return (stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) == entry.inode
+            and st.st_size == entry.size and st.st_mtime == entry.mtime)
+
+
+def _names(file: str, digest: str | None) -> Iterator[str]:
+    """``file``, then ``<stem>.<hash><suffix>`` (with a digest), then numbered variants."""
+    suffix = next((s for s in SUFFIXES if file.endswith(s)), "")
+    stem = file[:len(file) - len(suffix)]
+    yield file
+    if digest is not None:
+        stem = f"{stem}.{digest[:12]}"
+        yield stem + suffix
+    for n in itertools.count(1):
+        yield f"{stem}.{n}{suffix}"
+
+
+def _move_if_same(entry: InboxFile, dst: str) -> bool:
+    """Rename ``entry`` (not following a link) to ``dst`` if its name still holds it; False if
+    not (nothing moved); FileExistsError if ``dst`` exists."""
+    try:
+        os.link(entry.path, dst, follow_symlinks=False)  # atomic: fails if dst exists
+    except FileExistsError:
+        raise
+    except FileNotFoundError:
+        return False
+    except OSError:  # directories, and file systems without hard links
+        if os.path.lexists(dst):
+            raise FileExistsError(errno.EEXIST, "exists", dst) from None
+        if not _same(entry, entry.path):
+            return False
+        os.rename(entry.path, dst)
+        return True
+    if not _same(entry, dst):  # the name was given to a new file meanwhile
+        os.unlink(dst)
+        return False
+    os.unlink(entry.path)
+    return True
+
+
+def _same(entry: InboxFile, path: str) -> bool:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return (st.st_dev, st.st_ino) == entry.inode
+
+
+def _write_private(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                 | getattr(os, "O_CLOEXEC", 0), 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+
+
+__all__ = ["SETTLE_SECONDS", "InboxFile", "IngestResult", "ingest", "move_unique", "parse_file",
+           "pending_files", "read_settled"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import dagster as dg
 import pytest
@@ -28,12 +29,16 @@ def instance():
         yield inst
 
 
-def drop(inbox: str, input_name: str, file: str, records: list[dict]) -> str:
-    """Write an inbox file the way a producer must: under a hidden name, then renamed."""
+def drop(inbox: str, input_name: str, file: str, records: list[dict],
+         age: float = 60.0) -> str:
+    """Write an inbox file the way a producer must: under a hidden name, then renamed; dated
+    ``age`` seconds ago (past the settle interval, as a file that arrived a while ago)."""
     folder = os.path.join(inbox, input_name)
     os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, "." + file)
+    tmp, path = os.path.join(folder, "." + file), os.path.join(folder, file)
     with open(tmp, "w") as fh:
         fh.writelines(json.dumps(r) + "\n" for r in records)
-    os.replace(tmp, os.path.join(folder, file))
-    return os.path.join(folder, file)
+    os.replace(tmp, path)
+    then = time.time() - age
+    os.utime(path, (then, then))
+    return path

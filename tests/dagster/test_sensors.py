@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import dagster as dg
 
@@ -72,6 +73,18 @@ def test_inbox_files_launch_a_step_keyed_by_the_files(defs, root, instance):
     drop(inbox, "customers", "c1.jsonl", [{"customer_id": 1, "region": "north"}])
     with open(os.path.join(inbox, "customers", ".c2.jsonl"), "w") as fh:  # still being written
         fh.write('{"customer_id": 2')
+    result, _ = evaluate(defs, instance, "shop_input_arrival")
+    (request,) = result.run_requests
+    assert ":inbox-" in request.run_key and request.tags["dbsp/inbox_files"] == "1"
+
+
+def test_an_inbox_file_launches_a_step_only_once_it_settled(defs, root, instance):
+    inbox = os.path.join(os.path.dirname(root), "inbox")
+    path = drop(inbox, "customers", "c1.jsonl", [{"customer_id": 1, "region": "north"}], age=0)
+    result, _ = evaluate(defs, instance, "shop_input_arrival")  # may still be being written
+    assert not result.run_requests and "no input waits" in result.skip_message
+    then = time.time() - 60
+    os.utime(path, (then, then))
     result, _ = evaluate(defs, instance, "shop_input_arrival")
     (request,) = result.run_requests
     assert ":inbox-" in request.run_key and request.tags["dbsp/inbox_files"] == "1"

@@ -1,0 +1,206 @@
+"""The inbox never loses a file silently: identity by content, files still being written wait,
+links and other non-regular entries are rejected unopened, done/ and rejected/ never overwrite,
+error files are private and bounded. Real pipeline (driver-path steps, Delta logs on disk)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+
+import pytest
+
+from dbsp_pipeline import Pipeline
+from dbsp_pipeline.connectors import inbox
+from dbsp_pipeline.examples.shop import shop_circuit
+
+AGE = 60.0  # how long ago a settled file was written (well past the default interval)
+
+
+@pytest.fixture
+def box(tmp_path):
+    return str(tmp_path / "inbox")
+
+
+@pytest.fixture
+def pipeline(spark, tmp_path):
+    with Pipeline(shop_circuit(), str(tmp_path / "shop"), spark) as p:
+        yield p
+
+
+def drop(box: str, input_name: str, file: str, text: str, age: float = AGE) -> str:
+    """Write ``file`` as a producer must (hidden name, then renamed), written ``age`` s ago."""
+    folder = os.path.join(box, input_name)
+    os.makedirs(folder, exist_ok=True)
+    tmp, path = os.path.join(folder, "." + file), os.path.join(folder, file)
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+    backdate(path, age)
+    return path
+
+
+def backdate(path: str, age: float) -> None:
+    t = time.time() - age
+    os.utime(path, (t, t))
+
+
+def jsonl(*records: dict) -> str:
+    return "".join(json.dumps(r) + "\n" for r in records)
+
+
+def regions(p) -> dict:
+    table = p.view_arrow("regions")
+    return dict(zip(table.column("region").to_pylist(), table.column("_weight").to_pylist()))
+
+
+def listing(box: str, input_name: str, sub: str) -> list[str]:
+    return sorted(os.listdir(os.path.join(box, input_name, sub)))
+
+
+def read(box: str, input_name: str, sub: str, name: str) -> str:
+    with open(os.path.join(box, input_name, sub, name)) as fh:
+        return fh.read()
+
+
+# -- identity: name and content ----------------------------------------------------------------
+def test_a_reused_name_with_new_content_is_pushed_and_both_files_stay_in_done(pipeline, box):
+    first = jsonl({"customer_id": 1, "region": "north"})
+    drop(box, "customers", "c.jsonl", first)
+    assert inbox.ingest(pipeline, box).pushed == {"customers": {"c.jsonl": 1}}
+    second = jsonl({"customer_id": 2, "region": "south"}, {"customer_id": 3, "region": "east"})
+    drop(box, "customers", "c.jsonl", second)
+    assert inbox.ingest(pipeline, box).pushed == {"customers": {"c.jsonl": 2}}
+    pipeline.step()
+    assert regions(pipeline) == {"north": 1, "south": 1, "east": 1}
+    (other,) = set(listing(box, "customers", "done")) - {"c.jsonl"}
+    assert other.startswith("c.") and other.endswith(".jsonl")  # c.<12 hex>.jsonl
+    assert read(box, "customers", "done", "c.jsonl") == first
+    assert read(box, "customers", "done", other) == second
+
+
+def test_the_same_content_under_the_same_name_is_pushed_once(pipeline, box):
+    # As after a crash between the push and the move: the pushed file is in the inbox again.
+    text = jsonl({"customer_id": 1, "region": "north"})
+    drop(box, "customers", "c.jsonl", text)
+    assert inbox.ingest(pipeline, box).pushed == {"customers": {"c.jsonl": 1}}
+    drop(box, "customers", "c.jsonl", text)
+    assert inbox.ingest(pipeline, box).pushed == {"customers": {"c.jsonl": 0}}
+    drop(box, "customers", "c.jsonl", text)  # a third time: a third distinct name in done/
+    assert inbox.ingest(pipeline, box).pushed == {"customers": {"c.jsonl": 0}}
+    assert pipeline.step().inputs["customers"] == 1
+    assert regions(pipeline) == {"north": 1}
+    done = listing(box, "customers", "done")
+    assert len(done) == 3 and all(read(box, "customers", "done", n) == text for n in done)
+    # the same content under another name is another file
+    drop(box, "customers", "c2.jsonl", text)
+    assert inbox.ingest(pipeline, box).pushed == {"customers": {"c2.jsonl": 1}}
+
+
+def test_a_file_is_read_once_and_its_bytes_are_what_is_hashed(box):
+    path = drop(box, "customers", "c.jsonl", jsonl({"customer_id": 1, "region": "north"}))
+    (entry,) = inbox.pending_files(box, ["customers"])["customers"]
+    with open(path, "rb") as fh:
+        assert inbox.read_settled(entry) == fh.read()
+    with open(path, "a") as fh:  # changed after it was listed: not read this time
+        fh.write(jsonl({"customer_id": 2, "region": "south"}))
+    assert inbox.read_settled(entry) is None
+
+
+def test_a_file_replaced_after_it_was_read_is_left_for_the_next_ingest(box):
+    drop(box, "customers", "c.jsonl", jsonl({"customer_id": 1, "region": "north"}))
+    (entry,) = inbox.pending_files(box, ["customers"])["customers"]
+    new = jsonl({"customer_id": 2, "region": "south"})
+    drop(box, "customers", "c.jsonl", new)  # a new file under the name, renamed over it
+    assert inbox.move_unique(entry, inbox.DONE, "0" * 64) is None
+    assert inbox.move_unique(entry, inbox.REJECTED, None, error="bad") is None
+    assert listing(box, "customers", inbox.DONE) == listing(box, "customers", inbox.REJECTED) == []
+    with open(os.path.join(box, "customers", "c.jsonl")) as fh:
+        assert fh.read() == new
+
+
+# -- files still being written -----------------------------------------------------------------
+def test_a_file_written_in_place_waits_until_it_settles(pipeline, box):
+    folder = os.path.join(box, "customers")
+    os.makedirs(folder)
+    path = os.path.join(folder, "c.jsonl")
+    with open(path, "w") as fh:  # not renamed: the writer is still at it
+        fh.write(jsonl({"customer_id": 1, "region": "north"}))
+        fh.flush()
+        assert inbox.pending_files(box, ["customers"], settle_seconds=5) == {}
+        assert inbox.ingest(pipeline, box, settle_seconds=5).pushed == {}
+        fh.write(jsonl({"customer_id": 2, "region": "south"}))
+    assert os.listdir(folder) == ["c.jsonl"]
+    backdate(path, 6)  # unchanged for longer than the interval
+    assert inbox.ingest(pipeline, box, settle_seconds=5).pushed == {"customers": {"c.jsonl": 2}}
+    pipeline.step()
+    assert regions(pipeline) == {"north": 1, "south": 1}
+
+
+def test_the_default_interval_applies_and_zero_trusts_the_writer(pipeline, box):
+    drop(box, "customers", "c.jsonl", jsonl({"customer_id": 1, "region": "north"}), age=0)
+    assert inbox.ingest(pipeline, box).pushed == {}
+    assert inbox.ingest(pipeline, box, settle_seconds=0).pushed == {"customers": {"c.jsonl": 1}}
+
+
+# -- links and other non-regular entries -------------------------------------------------------
+def test_a_symlink_is_rejected_without_reading_its_target(pipeline, box, tmp_path):
+    secret = tmp_path / "credentials"
+    secret.write_text("[default]\naws_secret_access_key = SECRET-hunter2, x\n")
+    secret.chmod(0o600)
+    folder = os.path.join(box, "customers")
+    os.makedirs(folder)
+    os.symlink(secret, os.path.join(folder, "creds.csv"))
+    os.symlink(tmp_path / "nowhere", os.path.join(folder, "dangling.jsonl"))
+    result = inbox.ingest(pipeline, box)
+    assert "SECRET" not in str(result.rejected)
+    assert result.pushed == {} and set(result.rejected["customers"]) == {"creds.csv",
+                                                                           "dangling.jsonl"}
+    rejected = os.path.join(folder, "rejected")
+    assert os.readlink(os.path.join(rejected, "creds.csv")) == str(secret)  # the link moved
+    assert os.readlink(os.path.join(rejected, "dangling.jsonl")) == str(tmp_path / "nowhere")
+    error = read(box, "customers", "rejected", "creds.csv.error.txt")
+    assert "file creds.csv: input 'customers': is a symbolic link" in error
+    assert "SECRET" not in error and "SECRET" not in result.rejected["customers"]["creds.csv"]
+    assert secret.read_text().startswith("[default]")  # the target is untouched
+    assert sorted(os.listdir(folder)) == ["rejected"]
+
+
+def test_a_fifo_and_a_directory_with_an_inbox_suffix_are_rejected(pipeline, box):
+    folder = os.path.join(box, "orders")
+    os.makedirs(os.path.join(folder, "batch.csv"))
+    os.mkfifo(os.path.join(folder, "pipe.jsonl"))  # opening it to read would block
+    assert {e.name for e in inbox.pending_files(box, ["orders"])["orders"]} == {
+        "batch.csv", "pipe.jsonl"}
+    result = inbox.ingest(pipeline, box)
+    assert "is a directory, not a regular file" in result.rejected["orders"]["batch.csv"]
+    assert "is a FIFO, not a regular file" in result.rejected["orders"]["pipe.jsonl"]
+    assert listing(box, "orders", "rejected") == [
+        "batch.csv", "batch.csv.error.txt", "pipe.jsonl", "pipe.jsonl.error.txt"]
+    assert stat.S_ISFIFO(os.lstat(os.path.join(folder, "rejected", "pipe.jsonl")).st_mode)
+
+
+# -- error files -------------------------------------------------------------------------------
+def test_error_files_are_private_bounded_and_never_overwritten(pipeline, box):
+    huge = "x" * 20_000
+    drop(box, "orders", "bad.csv", f"order_id,customer_id,amount\n1,1,2.0\n{huge},1,3.0\n")
+    result = inbox.ingest(pipeline, box)
+    mode = os.stat(os.path.join(box, "orders", "rejected", "bad.csv.error.txt")).st_mode
+    assert stat.S_IMODE(mode) == 0o600
+    problem = result.rejected["orders"]["bad.csv"]
+    error = read(box, "orders", "rejected", "bad.csv.error.txt")
+    assert error == problem + "\n"
+    assert "file bad.csv: input 'orders'" in error and "order_id" in error
+    assert len(error) < 600 and "more characters not shown" in error
+    # a parser error that quotes the line is bounded too
+    drop(box, "orders", "bad.csv", f"order_id,customer_id,amount\n1,1,2.0,{huge}\n")
+    second = inbox.ingest(pipeline, box).rejected["orders"]["bad.csv"]
+    assert "cannot be parsed as csv" in second and len(second) < 600
+    # the second bad.csv landed beside the first, each with its own error file
+    names = set(listing(box, "orders", "rejected"))
+    (other,) = {n for n in names if not n.endswith(".error.txt")} - {"bad.csv"}
+    assert names == {"bad.csv", "bad.csv.error.txt", other, other + ".error.txt"}
+    assert read(box, "orders", "rejected", other).endswith(f"2.0,{huge}\n")
+    assert read(box, "orders", "rejected", "bad.csv").endswith(f"{huge},1,3.0\n")
+    assert pipeline.step().inputs == {"orders": 0, "customers": 0}  # nothing of them pushed
