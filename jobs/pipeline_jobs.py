@@ -43,9 +43,12 @@ def _rescale_while_stepping(p, workers: int, sharding):
 
     thread = threading.Thread(target=rescale, name="dbsp-hot-rescale")
     thread.start()
-    while thread.is_alive():
-        p.run(max_seconds=1.0, idle_seconds=0.2)
-        thread.join(0.05)
+    try:
+        while thread.is_alive():
+            p.run(max_seconds=1.0, idle_seconds=0.2)
+            thread.join(0.05)
+    finally:
+        thread.join()  # a failed step abandons the change: the thread ends (and fails) soon
     if "error" in out:
         raise out["error"]
     return out["result"]

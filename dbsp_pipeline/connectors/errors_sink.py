@@ -5,12 +5,17 @@ One Delta table per pipeline, ``<root>/_errors``: ``input``, ``source`` (e.g. th
 ``rejected_at``. Writes are idempotent per source partition: each write records, as a Delta app
 transaction ``errors/<producer>``, the offset it covers up to, and records at or below the
 recorded offset are not written again (a source that re-reads after a crash).
+
+The records of a quarantined step (``Pipeline.quarantine_step``) land here too, whole (not cut):
+``source`` ``step <N>``, no partition or offset, the record as a JSON object of the input's
+columns and ``_weight``, written once per input and step (producer ``quarantine/<input>``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import os
+from collections.abc import Iterable
 
 import pyarrow as pa
 from pyspark.sql.types import (
@@ -60,6 +65,29 @@ class ErrorsSink:
         self.table.commit(self.table.write_arrow(table), app_id="errors/" + producer,
                           app_version=upto)
         return len(rows)
+
+    def rows(self, input_name: str, source: str, reason: str, records: list[str]) -> pa.Table:
+        """Rejects of ``input_name`` with one ``source`` and ``reason`` and no offsets, as a
+        table for ``record_tables``; records are kept whole."""
+        n = len(records)
+        now = dt.datetime.now(dt.timezone.utc)
+        return pa.Table.from_pydict({
+            "input": [input_name] * n, "source": [source] * n, "partition": [None] * n,
+            "offset": [None] * n, "reason": [reason] * n, "record": records,
+            "rejected_at": [now] * n}, schema=self.table.arrow_schema)
+
+    def record_tables(self, producer: str, upto: int, tables: Iterable[pa.Table]) -> int:
+        """Durably record every row of ``tables`` (built by ``rows``, written one by one as
+        they come, so a large batch never sits in memory whole) in one commit, as ``producer``'s
+        rejects through ``upto``; nothing if that is recorded already. Returns the rows."""
+        done = self.recorded_upto(producer)
+        if done is not None and upto <= done:
+            return 0
+        adds = [a for t in tables if t.num_rows for a in self.table.write_arrow(t)]
+        if not adds:
+            return 0
+        self.table.commit(adds, app_id="errors/" + producer, app_version=upto)
+        return sum(self.table.data_file(a).rows for a in adds)
 
     def read(self) -> pa.Table:
         """Every recorded reject."""

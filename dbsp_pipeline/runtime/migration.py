@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 from deltalake.transaction import AddAction
 
+from dbsp_pipeline.errors import UsageError
 from dbsp_pipeline.runtime.layout import Layout
 from dbsp_pipeline.storage import crash_points
 from dbsp_pipeline.storage.delta_table import DataFile
@@ -84,6 +85,13 @@ class ShardMigration:
         self.old, self.new = old, new
         self.stats = MigrationStats()
         self._traces = [_TraceMigration(t, []) for t in traces]
+        self._aborted: str | None = None
+
+    def abort(self, reason: str) -> None:
+        """Give the change up (the pipeline rolled its state back while the copy ran: the
+        traces being copied are no longer the state): ``finish`` refuses, nothing is committed,
+        the copies are garbage."""
+        self._aborted = reason
 
     def interrogate(self) -> None:
         """Take the snapshot: each trace's files at the committed version (file lists only:
@@ -105,6 +113,9 @@ class ShardMigration:
         """Hold and Done: split what steps changed since the snapshot, then swap every trace's
         split files for their copies (one rewrite commit per trace). The caller commits the
         new layout with the state right after."""
+        if self._aborted is not None:
+            raise UsageError(f"the layout change to {self.new.workers} workers was abandoned: "
+                             f"{self._aborted}; the layout is unchanged, rescale again")
         for tm in self._traces:
             current = tm.trace.files()
             snapshot = set(tm.snapshot)

@@ -275,7 +275,6 @@ class Pipeline:
         #: the next step, if its execution failed (see the module doc); None when it did not
         self.failed_step: FailedStep | None = None
         self._rolling_back = False  # a failed step's roll-back is executing steps again
-        self._finish_quarantines()
         #: the steps executed again at open: divided before a crash, not yet committed
         self.recovered_steps: list[StepResult] = self._recover()
 
@@ -296,19 +295,6 @@ class Pipeline:
                 log.error("%s", e)
                 break
         return replayed
-
-    def _finish_quarantines(self) -> None:
-        """Take out of the input logs the records of quarantined steps not executed yet (a
-        crash may have come between the quarantine record and their removal)."""
-        for step in sorted(self._divisions.quarantined_steps()):
-            if step >= self._db.get_step():
-                self._remove_input_of(step)
-
-    def _remove_input_of(self, step: int) -> None:
-        uppers = self._divisions.get(step) or {}
-        lowers = self._divisions.lower(step, list(self._inputs))
-        for name, log_ in self._inputs.items():
-            log_.remove_between(lowers[name], uppers.get(name, lowers[name]))
 
     # -- context manager -------------------------------------------------------------------
     def __enter__(self) -> Pipeline:
@@ -436,12 +422,13 @@ class Pipeline:
         it read what they would have read, and a Kafka source resumes after the offsets the
         step covered. Returns what moved and the step's result.
 
-        Crash-safe, in this order: (1) the records are written to the errors table, once per
-        input and step (a repeat skips them); (2) a second record of the step's division marks
-        it quarantined, the atomic point (``division_log.py``); (3) the records are taken out of
-        the input logs (reopening finishes this for a quarantined step not yet executed);
-        (4) the step executes. A crash before (2) leaves the step failed as it was; run the
-        quarantine again.
+        Refused for a step that is not the failed one, or whose output was written (it
+        succeeded once: retry it). Crash-safe: (1) a second record of the step's division marks
+        it quarantined (``division_log.py``): the atomic point; a crash before it leaves the
+        step failed as it was. Then, whenever the quarantined step executes (now, at reopen
+        after a crash, after a restore): (2) its records are written to the errors table, once
+        per input; (3) they are taken out of the input logs; (4) it executes with no input. If
+        it fails even with no input (the cause is in the state), it stays the failed step.
         """
         self._require_open()
         with self._lock, self._fenced():
@@ -453,28 +440,50 @@ class Pipeline:
                     f"{self._db.get_step()}, failed step: "
                     f"{'none' if failed is None else failed.step}); only the input of a "
                     "failed step can be quarantined")
+            written = [n for n, o in self._outputs.items() if o.last() > step]
+            if written:
+                raise UsageError(
+                    f"step {step} of pipeline '{self.circuit.name}' succeeded once (its output "
+                    f"to {written} is written): it is not quarantined; step again to retry it")
             reason = f"step {step} failed: {failed.error}"
-            moved = self._move_input_to_errors(step, reason)
             self._divisions.quarantine(step, reason)
-            self._remove_input_of(step)
-            return QuarantineResult(step, reason, moved, self._step())
+            return QuarantineResult(step, reason, self._input_rows(step), self._step())
 
-    def _move_input_to_errors(self, step: int, reason: str) -> dict[str, int]:
-        """Write the records of ``step``'s input to the errors table (one write per input,
-        recorded as the app transaction ``errors/quarantine/<input>`` at version ``step``)."""
+    def _input_rows(self, step: int) -> dict[str, int]:
+        """Per input, the records of ``step``'s division (from the log's file statistics)."""
+        uppers = self._divisions.get(step) or {}
+        lowers = self._divisions.lower(step, list(self._inputs))
+        return {n: sum(f.rows for f in log_.files_between(lowers[n], uppers.get(n, lowers[n])))
+                for n, log_ in self._inputs.items()}
+
+    def _complete_quarantine(self, step: int, reason: str) -> None:
+        """Before a quarantined step executes (the first time, or again after a crash or a
+        restore): its records are in the errors table and out of the input logs. Both parts
+        are idempotent, so whatever a crash interrupted is completed here."""
+        self._move_input_to_errors(step, reason)
+        uppers = self._divisions.get(step) or {}
+        lowers = self._divisions.lower(step, list(self._inputs))
+        for name, log_ in self._inputs.items():
+            log_.remove_between(lowers[name], uppers.get(name, lowers[name]))
+
+    def _move_input_to_errors(self, step: int, reason: str) -> None:
+        """Write the records of ``step``'s input to the errors table, whole (payload and
+        ``_weight`` as one JSON object each), once: one commit per input, recorded as the app
+        transaction ``errors/quarantine/<input>`` at version ``step``."""
         sink = ErrorsSink(self.spark, self.root)
         uppers = self._divisions.get(step) or {}
         lowers = self._divisions.lower(step, list(self._inputs))
-        moved = {}
         for name, log_ in self._inputs.items():
+            producer = QUARANTINE_PRODUCER + name
+            done = sink.recorded_upto(producer)
+            if done is not None and done >= step:
+                continue
             files = log_.files_between(lowers[name], uppers.get(name, lowers[name]))
-            rows = log_.table.read_arrow(files).to_pylist() if files else []
-            moved[name] = len(rows)
-            sink.record(QUARANTINE_PRODUCER + name, step, [
-                {"input": name, "source": f"step {step}", "partition": None, "offset": None,
-                 "reason": reason, "record": json.dumps(row, sort_keys=True, default=str)}
-                for row in rows])
-        return moved
+            sink.record_tables(producer, step, (
+                sink.rows(name, f"step {step}", reason,
+                          [json.dumps(r, sort_keys=True, default=str) for r in
+                           log_.table.read_arrow([f]).to_pylist()])
+                for f in files))
 
     def _step(self) -> StepResult:
         started = time.monotonic()
@@ -494,24 +503,34 @@ class Pipeline:
         result.rejected = {n: self._inputs[n].rejected_between(lowers[n], uppers.get(n, 0))
                            for n in self._tracked}
 
-        # 3-5. Read the input, evaluate the circuit, write every view's change as files. A
-        # failure here commits nothing: the step is rolled back and reported (module doc).
+        if result.quarantined is not None:
+            self._complete_quarantine(s, result.quarantined)
+
+        # 3-5. Read the input, evaluate the circuit, write every view's change as files, then
+        # commit them. Nothing of a step that fails here stays: the state goes back to the
+        # newest checkpoint (module doc); a failure of the computation is StepFailedError.
+        computed = False
         try:
             prepared = self._compute(s, lowers, uppers, result)
-        except (ConcurrentWriterError, NonDeterminismError):
-            raise
-        except Exception as e:  # noqa: BLE001 (any failure of the step's computation)
+            computed = True
+            for name, write in prepared.items():
+                result.outputs[name] = (None if write is None
+                                        else self._outputs[name].commit(write))
+        except ConcurrentWriterError:
+            raise  # fenced: this object is closed
+        except Exception as e:  # noqa: BLE001 (any failure of the step)
             if self._rolling_back:
                 raise
-            error = f"{type(e).__name__}: {e}".strip()
             self._roll_back(until=s)
+            if computed or isinstance(e, (NonDeterminismError, UsageError)):
+                raise  # not the computation's fault: the step is retried as it is
+            error = f"{type(e).__name__}: {e}".strip()
             self.failed_step = FailedStep(s, error)
             raise StepFailedError(self.circuit.name, s, error) from e
+        except BaseException:
+            self._abandon()  # interrupted half-way: reopen the root
+            raise
         self.failed_step = None
-
-        # 5. Commit each view's change (the write rules discarded a replayed step's).
-        for name, write in prepared.items():
-            result.outputs[name] = None if write is None else self._outputs[name].commit(write)
 
         # 6. Advance, and commit every checkpoint_every steps.
         self._db.set_step(s + 1)
@@ -552,6 +571,8 @@ class Pipeline:
         there up to ``until`` (they succeeded before; their outputs are verified, not written
         twice). If that fails too, this object is closed: reopen the root."""
         self._rolling_back = True
+        if self._migration is not None:  # its copy is of traces about to be rolled back
+            self._migration.abort(f"step {until} failed while the state was being copied")
         try:
             self._compactor.apply_finished(wait=True)
             self._db.open(self._db.version, retained=self.retain_checkpoints)
@@ -562,11 +583,16 @@ class Pipeline:
             while self._db.get_step() < until:
                 self._step()
         except BaseException:
-            self._closed = True
-            self._compactor.close()
+            self._abandon()
             raise
         finally:
             self._rolling_back = False
+
+    def _abandon(self) -> None:
+        """Close this object without committing (its state may hold half a step), as a dead
+        process would: reopening the root recovers from the newest checkpoint."""
+        self._closed = True
+        self._compactor.close()
 
     def run(self, max_steps: int | None = None, max_seconds: float | None = None,
             checkpoint_every: int | None = None, idle_seconds: float = 0.0) -> list[StepResult]:
