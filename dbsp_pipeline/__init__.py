@@ -9,6 +9,7 @@ from dbsp_pipeline.errors import (
     CircuitChangedError,
     CircuitError,
     ConcurrentWriterError,
+    CorruptStateError,
     DbspError,
     InputError,
     NonDeterminismError,
@@ -20,6 +21,8 @@ from dbsp_pipeline.errors import (
     UsageError,
 )
 from dbsp_pipeline.runtime.pipeline import Pipeline, StepInfo, StepResult
+from dbsp_pipeline.storage.verify import VerifyReport
+from dbsp_pipeline.storage.verify import verify_root as verify
 
 __version__ = "0.1.0"
 
@@ -27,5 +30,6 @@ __all__ = [
     "Circuit", "Collection", "GroupedCollection", "Pipeline", "StepInfo", "StepResult",
     "DbspError", "UsageError", "CircuitError", "InputError", "UnknownNameError",
     "PipelineClosedError", "PipelineFencedError", "CircuitChangedError", "StateFormatError",
-    "StorageError", "ConcurrentWriterError", "NonDeterminismError",
+    "StorageError", "ConcurrentWriterError", "NonDeterminismError", "CorruptStateError",
+    "verify", "VerifyReport",
 ]
