@@ -9,7 +9,7 @@ returns a ``dg.Definitions`` with:
   with lineage from the inputs it reads), all materialized by the step job; asset checks on
   every view (equal to recomputation from scratch; no non-positive multiplicity);
 * jobs: ``<name>_step``, ``<name>_checkpoint``, ``<name>_recover``, ``<name>_restore``,
-  ``<name>_rescale``, ``<name>_upgrade`` (``jobs/pipeline_jobs.py``);
+  ``<name>_rescale``, ``<name>_upgrade``, ``<name>_verify`` (``jobs/pipeline_jobs.py``);
 * sensors: ``<name>_input_arrival`` and ``<name>_recover_on_failure`` (``sensors/``);
 * a schedule: ``<name>_checkpoint_schedule`` (``schedules/``);
 * resources: ``spark`` (``SparkResource``) and ``<name>_pipeline`` (``PipelineStore``).
@@ -57,11 +57,11 @@ def build_definitions(circuit: Circuit, root: str, *, spark: SparkResource | Non
     views = views_asset(ref)
     checks = view_checks(ref)
     step = step_job(ref, views, checks if check_views else None)
-    checkpoint, recover, restore, rescale, upgrade = operation_jobs(ref)
+    checkpoint, recover, restore, rescale, upgrade, verify = operation_jobs(ref)
     return dg.Definitions(
         assets=[*input_assets(ref), views],
         asset_checks=[checks],
-        jobs=[step, checkpoint, recover, restore, rescale, upgrade],
+        jobs=[step, checkpoint, recover, restore, rescale, upgrade, verify],
         sensors=[input_arrival_sensor(ref, step, sensor_interval_seconds),
                  recover_on_failure_sensor(ref, [step, checkpoint], recover)],
         schedules=[checkpoint_schedule(ref, checkpoint, checkpoint_cron)],
