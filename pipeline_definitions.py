@@ -9,7 +9,7 @@ returns a ``dg.Definitions`` with:
   with lineage from the inputs it reads), all materialized by the step job; asset checks on
   every view (equal to recomputation from scratch; no non-positive multiplicity);
 * jobs: ``<name>_step``, ``<name>_checkpoint``, ``<name>_recover``, ``<name>_restore``,
-  ``<name>_rescale``, ``<name>_upgrade`` (``jobs/pipeline_jobs.py``);
+  ``<name>_rescale``, ``<name>_quarantine``, ``<name>_upgrade``, ``<name>_verify`` (``jobs/pipeline_jobs.py``);
 * sensors: ``<name>_input_arrival`` and ``<name>_recover_on_failure`` (``sensors/``);
 * a schedule: ``<name>_checkpoint_schedule`` (``schedules/``);
 * resources: ``spark`` (``SparkResource``) and ``<name>_pipeline`` (``PipelineStore``).

@@ -9,6 +9,7 @@ from dbsp_pipeline.errors import (
     CircuitChangedError,
     CircuitError,
     ConcurrentWriterError,
+    CorruptStateError,
     DbspError,
     InputError,
     NonDeterminismError,
@@ -27,6 +28,8 @@ from dbsp_pipeline.runtime.pipeline import (
     StepInfo,
     StepResult,
 )
+from dbsp_pipeline.storage.verify import VerifyReport
+from dbsp_pipeline.storage.verify import verify_root as verify
 
 __version__ = "0.1.0"
 
@@ -35,5 +38,6 @@ __all__ = [
     "FailedStep", "QuarantineResult", "StepFailedError",
     "DbspError", "UsageError", "CircuitError", "InputError", "UnknownNameError",
     "PipelineClosedError", "PipelineFencedError", "CircuitChangedError", "StateFormatError",
-    "StorageError", "ConcurrentWriterError", "NonDeterminismError",
+    "StorageError", "ConcurrentWriterError", "NonDeterminismError", "CorruptStateError",
+    "verify", "VerifyReport",
 ]

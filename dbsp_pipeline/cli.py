@@ -1,8 +1,12 @@
-"""Command line: ``python -m dbsp_pipeline demo`` runs the shop demo on embedded defaults."""
+"""Command line: ``python -m dbsp_pipeline demo`` runs the shop demo on embedded defaults;
+``python -m dbsp_pipeline verify --root ROOT`` checks a pipeline root's storage (every table,
+every retained checkpoint; ``storage/verify.py``) and exits 1 when it is damaged."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
 import sys
 import time
@@ -36,6 +40,19 @@ def demo(root: str, steps: int, batch: int, fresh: bool) -> None:
             truncate=False)
 
 
+def verify(root: str, retained: int, as_json: bool) -> int:
+    """Print the verification report of ``root``; 0 when it is intact, 1 when damaged, 2 when
+    there is no pipeline root there."""
+    from dbsp_pipeline.storage.verify import verify_root
+
+    if not os.path.isdir(root):
+        print(f"dbsp-pipeline verify: no pipeline root at {root}", file=sys.stderr)
+        return 2
+    report = verify_root(root, retained)
+    print(json.dumps(report.to_dict(), indent=2) if as_json else report.describe())
+    return 0 if report.ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dbsp-pipeline")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -44,7 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--steps", type=int, default=5)
     d.add_argument("--batch", type=int, default=500)
     d.add_argument("--keep", action="store_true", help="continue the pipeline at --root")
+    v = sub.add_parser("verify", help="check a pipeline root's tables and checkpoints for "
+                       "damaged storage (exit 1 if damaged)")
+    v.add_argument("--root", required=True)
+    v.add_argument("--retained", type=int, default=2,
+                   help="how many checkpoints the pipeline retains (retain_checkpoints)")
+    v.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
+    if args.command == "verify":
+        return verify(args.root, args.retained, args.json)
     if args.command == "demo":
         demo(args.root, args.steps, args.batch, fresh=not args.keep)
     return 0

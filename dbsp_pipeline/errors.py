@@ -8,6 +8,9 @@ Two families, as in persist's error tiers:
 * ``StorageError``: the storage location failed. ``definitely_failed`` says whether the write
   certainly did not happen (safe to retry as-is) or may have happened (the caller must find out,
   e.g. by reopening the pipeline, before retrying).
+
+And ``CorruptStateError``: what the storage holds is damaged (not by a crash); nothing was read
+from it. Restoring an intact checkpoint it names goes on; retrying does not.
 """
 
 from __future__ import annotations
@@ -114,6 +117,33 @@ class StepFailedError(DbspError):
             f"committed and it stays the next step: step again to retry, or quarantine its "
             f"input (Pipeline.quarantine_step({step}), the Dagster quarantine job) to move its "
             "records to the errors table and go on")
+
+
+class CorruptStateError(DbspError):
+    """The stored state of a pipeline root is damaged: a table's commit file is empty, cut off
+    or missing, or a data file is missing or not what its commit records (``storage/verify.py``).
+    A crash never does this (commits are written whole); the storage lost or changed data.
+    Nothing was read from the damage. Opening again fails the same way; restoring an intact
+    older checkpoint, if there is one, goes on from it.
+
+    Attributes:
+        root: the pipeline root.
+        table: the damaged table (its folder relative to the root), version: the version
+            checked (None for a side file), file: the file at fault, problem: what is wrong.
+        intact_checkpoint: the newest retained checkpoint that is intact (None if none is).
+    """
+
+    def __init__(self, root: str, table: str, version: int | None, file: str, problem: str, *,
+                 what: str, remedy: str, intact_checkpoint: int | None) -> None:
+        self.root = root
+        self.table = table
+        self.version = version
+        self.file = file
+        self.problem = problem
+        self.intact_checkpoint = intact_checkpoint
+        where = f"table '{table}'" + ("" if version is None else f", version {version}")
+        super().__init__(f"pipeline root {root}: {what}: {where}, file {file}: {problem}; "
+                         f"{remedy}")
 
 
 class NonDeterminismError(DbspError):

@@ -10,6 +10,11 @@ so the instance's run queue never runs two of them on one pipeline at once.
   checkpoint (their output is verified, not written twice), sends to Kafka the steps written
   but not yet sent, and reports both.
 * ``<name>_restore``: go back to a retained checkpoint (``version``); refuses unless ``confirm``.
+  It opens the pipeline at that checkpoint, so it also works when the newest state is damaged
+  (``CorruptStateError``): damaged commits after the checkpoint are set aside.
+* ``<name>_verify``: check the pipeline root's storage, every table and retained checkpoint
+  (``storage/verify.py``), without opening it; fails, with the report, when anything is
+  damaged. Metadata per table, per checkpoint (intact or not) and the newest intact one.
 * ``<name>_rescale``: a layout change to ``workers`` workers (``Pipeline.rescale``): cold
   (between steps) or, with ``hot``, while the op keeps executing the steps of the input already
   in the logs (the run queue holds the step job meanwhile).
@@ -28,6 +33,8 @@ import time
 import dagster as dg
 
 from dbsp_pipeline.connectors.kafka import KafkaSink
+from dbsp_pipeline.errors import UsageError
+from dbsp_pipeline.storage.verify import VerifyReport, verify_root
 from resources.pipeline_store import PipelineRef
 
 
@@ -161,16 +168,28 @@ def operation_jobs(ref: PipelineRef) -> dict[str, dg.JobDefinition]:
                              f"{config.version} re-executes every step since then: run again "
                              "with confirm: true")
         store = ref.store(context)
-        with store.open(circuit, context.resources.spark) as p:
-            available = [c.version for c in p.checkpoints()]
-            if config.version not in available:
-                raise dg.Failure(description=f"checkpoint {config.version} is not retained; "
-                                 f"available: {available}")
-            replayed = p.restore(config.version)
+        try:  # opened at the checkpoint: the newest state is never read (it may be damaged)
+            p = store.open(circuit, context.resources.spark, checkpoint=config.version)
+        except UsageError as e:
+            raise dg.Failure(description=f"checkpoint {config.version} cannot be restored: "
+                             f"{e}") from e
+        with p:
             context.add_output_metadata({
                 "restored_version": config.version,
-                "replayed_steps": [r.step for r in replayed],
+                "replayed_steps": [r.step for r in p.recovered_steps],
                 "state_version": p.state_version, "next_step": p.next_step})
+
+    @dg.op(name=ref.job_name("verify_op"), required_resource_keys={ref.store_key})
+    def verify(context: dg.OpExecutionContext) -> None:
+        store = ref.store(context)
+        started = time.monotonic()
+        report = verify_root(store.root, store.retain_checkpoints)
+        metadata = _verify_metadata(report, time.monotonic() - started)
+        if not report.ok:
+            raise dg.Failure(description=f"pipeline '{ref.name}' at {store.root} is damaged: "
+                             f"{report.damage[0]} ({len(report.damage)} problems)",
+                             metadata=metadata)
+        context.add_output_metadata(metadata)
 
     @dg.op(name=ref.job_name("rescale_op"), required_resource_keys=keys)
     def rescale(context: dg.OpExecutionContext, config: RescaleConfig) -> None:
@@ -219,5 +238,23 @@ def operation_jobs(ref: PipelineRef) -> dict[str, dg.JobDefinition]:
             "the errors table and go on"),
         job("upgrade", upgrade, f"open '{ref.name}' with this engine: migrate its state "
             "format, refuse a changed circuit"),
+        job("verify", verify, f"check the storage of '{ref.name}': every table and retained "
+            "checkpoint"),
     ]
     return {j.name.removeprefix(ref.job_name("")): j for j in jobs}
+
+
+def _verify_metadata(report: VerifyReport, seconds: float) -> dict:
+    """A verification report as run metadata: per table ``ok`` or its first problem, per
+    checkpoint whether it is intact, the newest intact one, and every problem."""
+    metadata: dict = {
+        "ok": report.ok,
+        "tables": {t.table: "ok" if t.ok else str(t.damage[0].problem) for t in report.tables},
+        "checkpoints": [{"version": c.version, "step": c.step, "intact": c.intact}
+                        for c in report.checkpoints],
+        "damage": [str(d) for d in report.damage],
+        "report": dg.MetadataValue.text(report.describe()),
+        "seconds": round(seconds, 3)}
+    if report.newest_intact is not None:
+        metadata["newest_intact_checkpoint"] = report.newest_intact
+    return metadata

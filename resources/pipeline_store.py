@@ -33,12 +33,14 @@ class PipelineStore(dg.ConfigurableResource):
     #: steps changing at most this many input rows run on the driver, bigger ones on Spark
     driver_step_rows: int = DRIVER_STEP_ROWS
 
-    def open(self, circuit: Circuit, spark: SparkResource) -> Pipeline:
-        """Open (or create, or recover) the pipeline of ``circuit`` at ``root``."""
+    def open(self, circuit: Circuit, spark: SparkResource,
+             checkpoint: int | None = None) -> Pipeline:
+        """Open (or create, or recover) the pipeline of ``circuit`` at ``root``; with
+        ``checkpoint``, at that retained checkpoint instead of the newest (a restore)."""
         return Pipeline(circuit, root=self.root, spark=spark.session(),
                         checkpoint_every=self.checkpoint_every,
                         retain_checkpoints=self.retain_checkpoints,
-                        driver_step_rows=self.driver_step_rows)
+                        driver_step_rows=self.driver_step_rows, checkpoint=checkpoint)
 
     def status(self, circuit: Circuit) -> PipelineStatus:
         """What the pipeline has pending, read without opening it (no Spark, no writes)."""

@@ -74,17 +74,18 @@ from dbsp_pipeline.runtime.input_log import InputLog
 from dbsp_pipeline.runtime.layout import LAYOUT_KEY, Layout
 from dbsp_pipeline.runtime.migration import ShardMigration
 from dbsp_pipeline.runtime.output_log import OutputLog, PreparedWrite
-from dbsp_pipeline.runtime.plan import Plan
+from dbsp_pipeline.runtime.plan import SCHEMA_CACHE_FILE, Plan
 from dbsp_pipeline.runtime.readers import DEFAULT_LEASE_SECONDS, LeaseRegistry, Reader
 from dbsp_pipeline.spark_session import LazySession, configure
 from dbsp_pipeline.storage import crash_points, garbage
 from dbsp_pipeline.storage.garbage import ORPHAN_GRACE_SECONDS
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.trace import COMPACT_FILE_THRESHOLD
+from dbsp_pipeline.storage.verify import VerifyReport, prepare_open, verify_root
 
 
 #: The file in a pipeline root caching the schemas Spark analysed for its circuit.
-PLAN_SCHEMAS_FILE = "_plan_schemas.json"
+PLAN_SCHEMAS_FILE = SCHEMA_CACHE_FILE
 #: Garbage is collected after every this many commits (and at close).
 GC_EVERY_COMMITS = 16
 #: Default of ``Pipeline(driver_step_rows=...)``.
@@ -217,6 +218,12 @@ class Pipeline:
         retain_checkpoints: how many state versions (checkpoints) stay readable; older files
             are deleted by ``collect_garbage`` (run every ``GC_EVERY_COMMITS`` commits and at
             close). At least 2: the seed's two-version database.
+        checkpoint: open this retained checkpoint instead of the newest, as ``restore`` does
+            (the way back when the newest state is damaged).
+
+    Opening checks what it reads first (``storage/verify.py``): damaged storage is
+    ``CorruptStateError``, naming the table, version and file, and an intact older checkpoint
+    to pass as ``checkpoint`` if there is one.
     """
 
     def __init__(self, circuit: Circuit, root: str, spark: SparkSession | LazySession | None = None, *,
@@ -224,7 +231,8 @@ class Pipeline:
                  driver_step_rows: int = DRIVER_STEP_ROWS,
                  compact_threshold: int = COMPACT_FILE_THRESHOLD,
                  retain_steps: int | None = None,
-                 retain_checkpoints: int = 2) -> None:
+                 retain_checkpoints: int = 2,
+                 checkpoint: int | None = None) -> None:
         if not circuit.outputs:
             raise UsageError(f"circuit '{circuit.name}' declares no output")
         if checkpoint_every < 1:
@@ -237,9 +245,10 @@ class Pipeline:
         self.checkpoint_every = checkpoint_every
         self.driver_step_rows = driver_step_rows
         self._sql = LocalSQL()
+        prepare_open(root, checkpoint, retain_checkpoints)  # damage: CorruptStateError
         self._db = StateDatabase(self.spark, root, circuit.fingerprint())
         with _fenced_at_open(circuit, root):  # opening rolls back and may commit: a race too
-            self._db.open()
+            self._db.open(checkpoint, retained=retain_checkpoints)
             #: what opening did about engine and state-format versions (``runtime/upgrade.py``)
             self.upgrade_info = upgrade.migrate(self._db)
             if self.upgrade_info.migrations:
@@ -740,8 +749,10 @@ class Pipeline:
         output logs verify it (``NonDeterminismError`` on a difference) and discard it, so
         consumers see nothing change. Returns the steps executed again.
 
-        Use it when the newest state is suspect (a bug, a bad deploy): the input divisions and
-        output logs are the source of truth, the state is rebuilt from them.
+        Use it when the newest state is suspect (a bug, a bad deploy, damaged storage): the
+        input divisions and output logs are the source of truth, the state is rebuilt from
+        them. Damaged commits after ``version`` in the state tables are set aside
+        (``storage/set_aside.py``); a damaged ``version`` itself is ``CorruptStateError``.
         """
         self._require_open()
         with self._lock, self._fenced():
@@ -749,6 +760,8 @@ class Pipeline:
             if self._uncommitted_steps:
                 self.commit(compact=False)  # so the outputs of executed steps are verified too
             self._compactor.apply_finished(wait=True)
+            if prepare_open(self.root, version, self.retain_checkpoints):  # set damage aside
+                self._db = StateDatabase(self.spark, self.root, self.circuit.fingerprint())
             self._db.open(version, retained=self.retain_checkpoints)
             self.layout = Layout.from_json(self._db.get(LAYOUT_KEY))
             self._db.put(LAYOUT_KEY, self.layout.to_json())
@@ -757,6 +770,13 @@ class Pipeline:
             if self._uncommitted_steps:
                 self.commit(compact=False)
             return replayed
+
+    def verify(self) -> VerifyReport:
+        """Check every table of this pipeline's root and its retained checkpoints, as opening
+        checks what it reads (``storage/verify.py``); reads only. See ``VerifyReport``."""
+        self._require_open()
+        with self._lock:
+            return verify_root(self.root, self.retain_checkpoints)
 
     def rescale(self, workers: int, sharding: str | None = None, *,
                 hot: bool = False) -> RescaleResult:

@@ -10,6 +10,7 @@ topological order (a node can only read nodes declared before it).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Sequence
@@ -35,6 +36,8 @@ from dbsp_pipeline.storage.small_files import write_atomically
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.trace import Trace
 
+#: The file in a pipeline root caching the schemas Spark analysed for its circuit.
+SCHEMA_CACHE_FILE = "_plan_schemas.json"
 
 class Plan:
     """A circuit compiled against Spark, with its operators bound to the state database."""
@@ -234,27 +237,55 @@ def _schema_cache_key(circuit: Circuit) -> str:
     return f"{circuit.fingerprint()}/pyspark-{pyspark.__version__}"
 
 
+def read_schema_cache(path: str) -> tuple[str, dict[int, StructType]]:
+    """The key and the schemas of the schema cache at ``path``; ``ValueError`` saying what is
+    wrong with it when it is not a cache this engine wrote (damaged, cut off, edited: its
+    digest no longer matches). ``OSError`` when it cannot be read."""
+    with open(path) as fh:
+        text = fh.read()
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"not valid JSON ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("key"), str) \
+            or not isinstance(data.get("schemas"), dict):
+        raise ValueError(f"not a schema cache (a {type(data).__name__} without 'key' and "
+                         "'schemas')")
+    if "digest" in data and data["digest"] != _schemas_digest(data["schemas"]):
+        raise ValueError("its digest does not match its schemas")
+    try:
+        schemas = {int(k): StructType.fromJson(v) for k, v in data["schemas"].items()}
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise ValueError(f"a schema in it is not valid ({type(e).__name__}: {e})") from None
+    return data["key"], schemas
+
+
 def _load_schemas(path: str | None, circuit: Circuit) -> dict[int, StructType] | None:
-    """The schemas Spark analysed for this circuit when it was first compiled here, if any."""
+    """The schemas Spark analysed for this circuit when it was first compiled here, if any. A
+    cache that cannot be read or is damaged is a miss: the circuit is analysed again and the
+    cache written anew (it holds nothing the circuit and Spark do not determine)."""
     if path is None or not os.path.exists(path):
         return None
     try:
-        with open(path) as fh:
-            data = json.load(fh)
+        key, schemas = read_schema_cache(path)
     except (OSError, ValueError):
         return None
-    if data.get("key") != _schema_cache_key(circuit):
+    if key != _schema_cache_key(circuit):
         return None
-    schemas = {int(k): StructType.fromJson(v) for k, v in data["schemas"].items()}
     return schemas if set(schemas) == {n.id for n in circuit.nodes} else None
 
 
 def _store_schemas(path: str | None, circuit: Circuit, schemas: dict[int, StructType]) -> None:
     if path is None:
         return
-    data = {"key": _schema_cache_key(circuit),
-            "schemas": {str(k): v.jsonValue() for k, v in schemas.items()}}
+    stored = {str(k): v.jsonValue() for k, v in schemas.items()}
+    data = {"key": _schema_cache_key(circuit), "schemas": stored,
+            "digest": _schemas_digest(stored)}
     write_atomically(path, json.dumps(data))
+
+
+def _schemas_digest(schemas: object) -> str:
+    return hashlib.sha256(json.dumps(schemas, sort_keys=True).encode()).hexdigest()
 
 
 def _describe(node: Node) -> str:

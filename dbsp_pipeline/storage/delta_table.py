@@ -39,6 +39,9 @@ from dbsp_pipeline.storage import crash_points
 from dbsp_pipeline.zset import quote
 
 DATA_DIR = "data"
+#: commit metadata of every commit the engine makes: how many actions (adds, removes and the
+#: app transaction) follow the commit information in the commit file
+ACTIONS_KEY = "dbsp.actions"
 _STATS_STRING_LIMIT = 32
 
 
@@ -228,6 +231,9 @@ class SparkDeltaTable:
         for p in removes:
             rel = os.path.relpath(p, self.uri)
             actions.append(RemoveAction(rel, data_change, now))
+        # How many actions besides the commit information this commit holds: a reader of the
+        # log (``storage/verify.py``) tells a commit file cut at a line end by it.
+        metadata = {**(metadata or {}), ACTIONS_KEY: len(actions) + (1 if app_id else 0)}
         props = CommitProperties(
             custom_metadata=metadata,
             app_transactions=[Transaction(app_id, app_version, now)] if app_id else None,

@@ -221,14 +221,19 @@ class StateDatabase:
             return None
         if manifest_version == 0:
             return _empty_entry()
-        files = self._manifest.files(manifest_version)
-        if not files:
-            return None
+        # The entry commit ``manifest_version`` added (not the version's files: were that commit
+        # damaged, they would be an older entry's). Damage ends the chain, as garbage does;
+        # opening checks the newest entry first (``verify.py``).
         try:
+            files = self._manifest.added_files(manifest_version - 1, manifest_version)
+            if len(files) != 1:
+                return None
             row = pq.read_table(files[0].path).to_pylist()[0]
+            return json.loads(row["entry"])
         except FileNotFoundError:
             return None  # beyond the retained versions: garbage-collected
-        return json.loads(row["entry"])
+        except (ValueError, OSError, IndexError, KeyError, pa.ArrowException):
+            return None  # damaged
 
     def _write_entry(self, entry: dict[str, Any]) -> None:
         if self._manifest_files is None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import glob
 import os
 
 import dagster as dg
+import pytest
 
-from dbsp_pipeline import Pipeline
+from dbsp_pipeline import CorruptStateError, Pipeline
 from dbsp_pipeline.examples.shop import shop_circuit
 from dbsp_pipeline.runtime.status import read_status
 from tests.conftest import view_counter
@@ -226,3 +228,37 @@ def test_a_failed_step_is_reported_and_quarantined_by_jobs(defs, root, instance,
     assert defs.resolve_job_def("shop_step").execute_in_process(instance=instance).success
     with Pipeline(shop_circuit(), root, spark) as p:
         assert view_counter(p.view("regions")) == {("south",): 1}
+
+
+def test_verify_names_damage_and_restore_gets_past_it(defs, root, instance, spark):
+    with Pipeline(shop_circuit(), root, spark) as p:
+        p.push("customers", [(1, "north")])
+        p.step()
+        p.push("orders", [(10, 1, 25.0)])
+        p.step()
+    verify_job = defs.resolve_job_def("shop_verify")
+    m = metadata_of(verify_job.execute_in_process(instance=instance), "shop_verify_op")
+    assert m["ok"] and m["newest_intact_checkpoint"] == 2 and m["damage"] == []
+    assert set(m["tables"]) >= {"_manifest", "_divisions", "inputs/orders", "outputs/regions"}
+    assert set(m["tables"].values()) == {"ok"}
+
+    # The newest checkpoint's manifest entry is lost: the root no longer opens ...
+    entry = max(glob.glob(os.path.join(root, "_manifest", "_delta_log", "*.json")))
+    open(entry, "w").close()
+    failed = verify_job.execute_in_process(instance=instance, raise_on_error=False)
+    assert not failed.success
+    failure = failed.failure_data_for_node("shop_verify_op").user_failure_data
+    assert "_manifest" in failure.description and entry in failure.description
+    failed_meta = {k: v.value for k, v in failure.metadata.items()}
+    assert failed_meta["newest_intact_checkpoint"] == 1 and not failed_meta["ok"]
+    with pytest.raises(CorruptStateError):
+        Pipeline(shop_circuit(), root, spark)
+
+    # ... and the restore job goes back to the intact one past the damage.
+    restored = defs.resolve_job_def("shop_restore").execute_in_process(instance=instance,
+        run_config={"ops": {"shop_restore_op": {"config": {"version": 1, "confirm": True}}}})
+    r = metadata_of(restored, "shop_restore_op")
+    assert r["restored_version"] == 1 and r["replayed_steps"] == [1]
+    assert metadata_of(verify_job.execute_in_process(instance=instance), "shop_verify_op")["ok"]
+    with Pipeline(shop_circuit(), root, spark) as p:
+        assert view_counter(p.view("revenue_by_region")) == {("north", 25.0, 1, 25.0): 1}

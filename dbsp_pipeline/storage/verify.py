@@ -1,0 +1,795 @@
+"""Verifying a pipeline root: damaged storage is detected before anything uses it.
+
+Why damage is not a crash. delta-rs commits a version by writing the whole commit file and
+then linking it into place, if absent; Parquet data files are written in full before the commit
+that names them. A process that dies therefore never leaves a partial commit: it loses at most
+what it had not committed, which recovery executes again. An empty, cut-off or missing commit
+file, or a data file that is missing or not what its commit records, is damage to the storage
+itself: a power loss before the operating system wrote the file out (the local object store
+does not ``fsync``), a disk fault, a hand edit. Delta readers do not notice most of it: an empty
+commit reads as a commit that changed nothing, so the table silently loses the files of that
+version (a division lost makes the next step read consumed input again; a trace commit lost
+leaves wrong state). So opening a root checks what it is about to read (``prepare_open``), and
+``verify_root`` checks a whole root the same way and reports per table and per checkpoint.
+
+What is checked, for a *snapshot* (one version) of a table:
+
+1. its log: the commit files a reader replays to build the version (from the newest Delta
+   checkpoint at or before it, whose Parquet footer must be readable) exist, are not empty, hold
+   one Delta action per line, and hold as many actions as the engine recorded in the commit's
+   information (``ACTIONS_KEY``), so a file cut at a line end is noticed too;
+2. its data files: each exists, has the size its add action records, and its Parquet footer
+   counts the rows the add action's statistics record.
+
+Which snapshots a checkpoint (a state version, ``state_db.py``) reads:
+
+* the state tables (``state/<trace>``) at the versions its manifest entry records, and the
+  commits after those, which opening it rolls back (``tail``: readable, or rolling back fails);
+* the manifest entry itself (the commit that added it and its one-row data file);
+* the logs, which are never rolled back, at their newest version: the division log, every input
+  log (and its commits after the input the checkpoint consumed, which steps read one by one),
+  every output log (and its commits of the steps from the checkpoint's on, which a replay
+  verifies against), the errors sink; and that they agree with the checkpoint: the division of
+  every step before it is recorded, its outputs are written, the inputs hold the versions the
+  divisions name.
+
+Damage in what a checkpoint reads makes it *not intact*. Damage after it in the state tables and
+the manifest (newer state, which restoring the checkpoint discards) does not: an explicit restore
+(``Pipeline(..., checkpoint=v)``, ``Pipeline.restore(v)``) sets those commits aside
+(``set_aside.py``) and rolls back as usual. A normal open refuses any damage it would read with
+``CorruptStateError``, which names the table, the version, the file and the problem, and the
+newest retained checkpoint that is intact, if one is.
+
+Cost: per table, the commit files since its newest Delta checkpoint (written every 50 commits),
+one ``stat`` and one Parquet footer per data file of the snapshots checked; no data is scanned
+(the division log's step numbers come from its files' statistics).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+
+from dbsp_pipeline.errors import CorruptStateError
+from dbsp_pipeline.runtime.plan import SCHEMA_CACHE_FILE, read_schema_cache
+from dbsp_pipeline.storage import set_aside
+from dbsp_pipeline.storage.delta_table import ACTIONS_KEY
+from dbsp_pipeline.storage.state_db import MANIFEST_DIR
+
+#: the tables of a pipeline root, by kind: (folder, kind, one table or a folder of tables)
+ROOT_TABLES = ((MANIFEST_DIR, "manifest", True), ("_divisions", "divisions", True),
+               ("_errors", "errors", True), ("inputs", "input", False),
+               ("outputs", "output", False), ("state", "state", False))
+#: side files an output log keeps beside its Delta log (``runtime/output_log.py``)
+OUTPUT_MARKERS = ("_dbsp_compacted_through",)
+_OUTPUT_APP_ID = "dbsp-output"  # runtime/output_log.py APP_ID
+_STEP_KEY = "dbsp.step"  # runtime/output_log.py STEP_KEY
+_COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
+_CHECKPOINT_FILE = re.compile(r"^(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet$")
+_MISSING = "the data file is missing"
+_LOCAL = pafs.LocalFileSystem()  # named once: pyarrow resolving it per file costs a third
+_ACTIONS = {"commitInfo", "add", "remove", "metaData", "protocol", "txn", "cdc",
+            "domainMetadata", "checkpointMetadata", "sidecar"}
+
+
+@dataclass(frozen=True)
+class Damage:
+    """One problem: the table (its folder relative to the root, or a side file's name), the
+    version checked (None for a side file), the file at fault and what is wrong with it."""
+
+    table: str
+    version: int | None
+    file: str
+    problem: str
+
+    def __str__(self) -> str:
+        version = "" if self.version is None else f", version {self.version}"
+        return f"{self.table}{version}, file {self.file}: {self.problem}"
+
+
+@dataclass(frozen=True)
+class TableReport:
+    """What verifying one table found: its kind (``manifest``, ``divisions``, ``errors``,
+    ``input``, ``output``, ``state``), its newest version, the versions checked, the data files
+    and rows of the newest version checked, and the damage."""
+
+    table: str
+    kind: str
+    newest: int | None
+    versions: tuple[int, ...]
+    files: int
+    rows: int
+    damage: tuple[Damage, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.damage
+
+
+@dataclass(frozen=True)
+class CheckpointReport:
+    """A retained checkpoint: ``damage`` in what it reads (it is ``intact`` without any), and
+    ``set_aside``: damage after it in the state tables and the manifest, which restoring it
+    sets aside."""
+
+    version: int
+    step: int
+    damage: tuple[Damage, ...]
+    set_aside: tuple[Damage, ...]
+
+    @property
+    def intact(self) -> bool:
+        return not self.damage
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """Every table of a root and every retained checkpoint, checked. ``lost_checkpoints``:
+    damage in the newest manifest commits, whose checkpoints cannot be read at all;
+    ``side_files``: damage the next open repairs by itself (the schema cache)."""
+
+    root: str
+    tables: tuple[TableReport, ...]
+    checkpoints: tuple[CheckpointReport, ...]
+    lost_checkpoints: tuple[Damage, ...] = ()
+    side_files: tuple[Damage, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return all(t.ok for t in self.tables) and not self.side_files \
+            and not self.lost_checkpoints and all(c.intact and not c.set_aside
+                                                  for c in self.checkpoints)
+
+    @property
+    def damage(self) -> list[Damage]:
+        """Every problem found, once."""
+        out: dict[Damage, None] = {}
+        for d in [*self.lost_checkpoints, *(d for t in self.tables for d in t.damage),
+                  *(d for c in self.checkpoints for d in (*c.damage, *c.set_aside)),
+                  *self.side_files]:
+            out[d] = None
+        return list(out)
+
+    @property
+    def newest_intact(self) -> int | None:
+        """The newest retained checkpoint that is intact (None if none is)."""
+        return next((c.version for c in self.checkpoints if c.intact), None)
+
+    def describe(self) -> str:
+        """The report as text: one line per table, then the checkpoints, then side files."""
+        lines = [f"pipeline root {self.root}: {'ok' if self.ok else 'DAMAGED'}"]
+        for t in self.tables:
+            versions = ",".join(str(v) for v in t.versions)
+            lines.append(f"  {t.table:<40} {t.kind:<9} newest {_text(t.newest):>5}  checked "
+                         f"{versions or '-':<9} files {t.files:>5}  rows {t.rows:>9}  "
+                         f"{'ok' if t.ok else 'DAMAGED'}")
+            lines += [f"      {d.problem} (version {_text(d.version)}, {d.file})"
+                      for d in t.damage]
+        for d in self.lost_checkpoints:
+            lines.append(f"  a newer checkpoint is unreadable: {d}")
+        for c in self.checkpoints:
+            state = "intact" if c.intact else "DAMAGED"
+            lines.append(f"  checkpoint {c.version} (step {c.step}): {state}")
+            lines += [f"      {d}" for d in c.damage]
+            lines += [f"      restoring it sets aside: {d}" for d in c.set_aside]
+        lines += [f"  {d} (rebuilt at the next open)" for d in self.side_files]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        def damage(ds) -> list[dict[str, Any]]:
+            return [{"table": d.table, "version": d.version, "file": d.file,
+                     "problem": d.problem} for d in ds]
+        return {
+            "root": self.root, "ok": self.ok, "newest_intact": self.newest_intact,
+            "tables": [{"table": t.table, "kind": t.kind, "newest": t.newest,
+                        "versions": list(t.versions), "files": t.files, "rows": t.rows,
+                        "ok": t.ok, "damage": damage(t.damage)} for t in self.tables],
+            "checkpoints": [{"version": c.version, "step": c.step, "intact": c.intact,
+                             "damage": damage(c.damage), "set_aside": damage(c.set_aside)}
+                            for c in self.checkpoints],
+            "lost_checkpoints": damage(self.lost_checkpoints),
+            "side_files": damage(self.side_files)}
+
+
+def verify_root(root: str, retained: int = 2) -> VerifyReport:
+    """Check every table of the pipeline root ``root`` and each of its newest ``retained``
+    checkpoints (see the module docstring). Reads only; needs neither Spark nor the circuit."""
+    scan = _RootScan(root, retained)
+    checkpoints = scan.checkpoints()
+    reports = [CheckpointReport(c.version, c.step, tuple(scan.checkpoint_damage(c)),
+                                tuple(d for ds in scan.tail_damage(c).values() for d in ds))
+               for c in checkpoints]
+    return VerifyReport(scan.root, tuple(scan.table_reports()), tuple(reports),
+                        tuple(scan.lost + scan.broken), tuple(scan.side_file_damage()))
+
+
+def prepare_open(root: str, checkpoint: int | None = None, retained: int = 2) -> bool:
+    """Check what opening ``root`` at ``checkpoint`` (default: the newest checkpoint) reads,
+    before anything reads it; raise ``CorruptStateError`` on damage. With an explicit
+    ``checkpoint``, damaged commits after it in the state tables and the manifest (state newer
+    than it, which opening it discards) are set aside first (``set_aside.py``); returns whether
+    anything was. A root without a manifest yet (new) passes.
+
+    Nothing may write the root meanwhile (as for opening it at all)."""
+    scan = _RootScan(root, retained)
+    if scan.manifest is None:
+        return False
+    checkpoints = scan.checkpoints()
+    if checkpoint is None:
+        if not checkpoints:
+            raise scan.error(scan.lost or [Damage(MANIFEST_DIR, scan.manifest.newest,
+                                                  scan.manifest.dir, "no entry is readable")],
+                             "no checkpoint can be read")
+        newest = checkpoints[0]
+        read = scan.checkpoint_damage(newest)
+        later = [d for ds in scan.tail_damage(newest).values() for d in ds]
+        if read:
+            raise scan.error(_unique(read + later),
+                             f"its newest checkpoint {newest.version} reads damaged storage")
+        if scan.lost:
+            raise scan.error(_unique(later), "its newest checkpoint cannot be read")
+        if later:
+            raise scan.error(later, f"the state written after its newest checkpoint "
+                             f"{newest.version} (by steps not yet committed) is damaged")
+        return False
+    target = next((c for c in checkpoints if c.version == checkpoint), None)
+    if target is None:
+        return False  # not retained: the state database refuses it by name
+    damage = scan.checkpoint_damage(target)
+    if damage:
+        raise scan.error(damage, f"checkpoint {checkpoint} cannot be restored: it reads "
+                         "damaged storage", target=checkpoint)
+    tails = scan.tail_damage(target)
+    for table, problems in tails.items():
+        keep = target.manifest_version if table == MANIFEST_DIR else target.version_of(table)
+        set_aside.set_aside_after(os.path.join(scan.root, table), keep,
+                                  f"restoring checkpoint {checkpoint} of {scan.root}: "
+                                  + "; ".join(str(d) for d in problems))
+    return bool(tails)
+
+
+# -- one table's log ------------------------------------------------------------------------
+
+class _Log:
+    """The ``_delta_log`` of one table as it is stored: its commit files and Delta
+    checkpoints, each commit read (and judged) at most once."""
+
+    def __init__(self, table: str, uri: str) -> None:
+        self.table = table
+        self.uri = uri
+        self.dir = os.path.join(uri, "_delta_log")
+        self.commits: dict[int, str] = {}
+        self.checkpoints: dict[int, list[str]] = {}
+        for name in sorted(os.listdir(self.dir)):
+            path = os.path.join(self.dir, name)
+            if m := _COMMIT_FILE.match(name):
+                self.commits[int(m[1])] = path
+            elif m := _CHECKPOINT_FILE.match(name):
+                self.checkpoints.setdefault(int(m[1]), []).append(path)
+        self.newest = max([*self.commits, *self.checkpoints], default=None)
+        self._read: dict[int, tuple[list[dict], Damage | None]] = {}
+
+    def path(self, version: int) -> str:
+        return self.commits.get(version, os.path.join(self.dir, f"{version:020d}.json"))
+
+    def commit(self, version: int) -> tuple[list[dict], Damage | None]:
+        """The actions of commit ``version``, or the damage that keeps them from being read."""
+        if version not in self._read:
+            self._read[version] = self._parse(version)
+        return self._read[version]
+
+    def _parse(self, version: int) -> tuple[list[dict], Damage | None]:
+        path = self.path(version)
+
+        def damaged(problem: str) -> tuple[list[dict], Damage | None]:
+            return [], Damage(self.table, version, path, problem)
+
+        if version not in self.commits:
+            return damaged(f"the commit file is missing (the log holds versions up to "
+                           f"{self.newest})")
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except OSError as e:
+            return damaged(f"the commit file cannot be read ({e})")
+        if not data.strip():
+            return damaged(f"the commit file is empty ({len(data)} bytes): the version's "
+                           "actions are lost")
+        actions = []
+        for i, line in enumerate(data.split(b"\n"), 1):
+            if not line.strip():
+                continue
+            try:
+                action = json.loads(line)
+            except ValueError as e:
+                return damaged(f"line {i} is not valid JSON ({e}): the file is cut off or "
+                               "damaged")
+            if not isinstance(action, dict) or len(action) != 1 or not _ACTIONS >= set(action):
+                return damaged(f"line {i} is not a Delta action")
+            actions.append(action)
+        info = next((a["commitInfo"] for a in actions if "commitInfo" in a), None)
+        recorded = info.get(ACTIONS_KEY) if isinstance(info, dict) else None
+        held = sum(1 for a in actions if "commitInfo" not in a)
+        if isinstance(recorded, int) and recorded != held:
+            return damaged(f"the commit holds {held} actions but {recorded} were written: "
+                           "the file is cut off")
+        if version == 0 and not {"protocol", "metaData"} <= {k for a in actions for k in a}:
+            return damaged("the table's first commit lacks its protocol or schema")
+        return actions, None
+
+    def damage(self, lower: int, upper: int) -> list[Damage]:
+        """The damage in commits ``lower .. upper``."""
+        return [d for v in range(max(lower, 0), upper + 1)
+                if (d := self.commit(v)[1]) is not None]
+
+    def segment_damage(self, version: int) -> list[Damage]:
+        """The damage in what a reader replays to build ``version``: the newest Delta
+        checkpoint at or before it, and the commits after that checkpoint up to ``version``."""
+        start = max((v for v in self.checkpoints if v <= version), default=-1)
+        out = []
+        for path in self.checkpoints.get(start, []):
+            try:
+                pq.read_metadata(path)
+            except Exception as e:  # noqa: BLE001 - any unreadable footer is damage
+                out.append(Damage(self.table, start, path,
+                                  f"the Delta checkpoint is unreadable ({_first_line(e)})"))
+        return out + self.damage(start + 1, version)
+
+
+@dataclass
+class _Snapshot:
+    """One version of a table as delta-rs reads it, with its data files checked."""
+
+    files: int = 0
+    rows: int = 0
+    damage: list[Damage] = field(default_factory=list)
+    #: per data file (path relative to the table), its columns' minimum and maximum values
+    bounds: dict[str, tuple[dict, dict]] = field(default_factory=dict)
+    table: DeltaTable | None = None
+
+
+@dataclass(frozen=True)
+class _Checkpoint:
+    """A manifest entry read from the manifest's log: the state version, its next step, the
+    manifest version holding it, and the entry itself."""
+
+    version: int
+    step: int
+    manifest_version: int
+    entry: dict
+
+    def version_of(self, table: str) -> int:
+        """The version of state table ``state/<name>`` this checkpoint records (0: none)."""
+        return int(self.entry.get("traces", {}).get(table.split("/", 1)[1], 0))
+
+
+# -- a whole root ---------------------------------------------------------------------------
+
+class _RootScan:
+    """The tables of one root, discovered from its folders, and the checks on them (each
+    computed once)."""
+
+    def __init__(self, root: str, retained: int) -> None:
+        self.root = os.path.abspath(root)
+        self.retained = max(1, retained)
+        self.kinds: dict[str, str] = {}
+        for folder, kind, single in ROOT_TABLES:
+            path = os.path.join(self.root, folder)
+            names = [""] if single else sorted(os.listdir(path)) if os.path.isdir(path) else []
+            for name in names:
+                table = os.path.join(folder, name) if name else folder
+                log = os.path.join(self.root, table, "_delta_log")
+                if os.path.isdir(log) and any(_COMMIT_FILE.match(n) for n in os.listdir(log)):
+                    self.kinds[table] = kind
+        self._logs: dict[str, _Log] = {}
+        self._snapshots: dict[tuple[str, int], _Snapshot] = {}
+        self._checked: dict[str, set[int]] = {}
+        self._checkpoints: list[_Checkpoint] | None = None
+        self._log_damage: list[Damage] | None = None
+        #: damage in the newest manifest commits, whose checkpoints cannot be read
+        self.lost: list[Damage] = []
+        #: damage in an older manifest entry, where the chain of retained checkpoints ends
+        self.broken: list[Damage] = []
+        self.manifest = self.log(MANIFEST_DIR) if MANIFEST_DIR in self.kinds else None
+
+    def log(self, table: str) -> _Log:
+        if table not in self._logs:
+            self._logs[table] = _Log(table, os.path.join(self.root, table))
+        return self._logs[table]
+
+    def tables(self, kind: str) -> list[str]:
+        return [t for t, k in self.kinds.items() if k == kind]
+
+    # -- snapshots --------------------------------------------------------------------------
+    def snapshot(self, table: str, version: int) -> _Snapshot:
+        """Version ``version`` of ``table`` with its log and data files checked."""
+        key = (table, version)
+        if key in self._snapshots:
+            return self._snapshots[key]
+        self._checked.setdefault(table, set()).add(version)
+        log = self.log(table)
+        snap = _Snapshot(damage=log.segment_damage(version))
+        self._snapshots[key] = snap
+        if snap.damage:
+            return snap  # delta-rs would misread or refuse it
+        try:
+            snap.table = DeltaTable(log.uri, version=version)
+            adds = pa.table(snap.table.get_add_actions(flatten=False)).to_pydict()
+        except Exception as e:  # noqa: BLE001 - whatever delta-rs refuses is damage
+            snap.damage.append(Damage(table, version, log.dir,
+                                      f"delta-rs cannot read the version ({_first_line(e)})"))
+            return snap
+        paths = adds.get("path", [])
+        none = [None] * len(paths)
+        for rel, size, rows, lo, hi in zip(paths, adds.get("size_bytes", none),
+                                           adds.get("num_records", none),
+                                           adds.get("min", none), adds.get("max", none)):
+            snap.files += 1
+            snap.rows += int(rows or 0)
+            snap.bounds[rel] = (lo or {}, hi or {})
+            problem = _data_file_problem(os.path.join(log.uri, rel), size, rows)
+            if problem is not None:
+                snap.damage.append(Damage(table, version, os.path.join(log.uri, rel), problem))
+        return snap
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def checkpoints(self) -> list[_Checkpoint]:
+        """The newest ``retained`` checkpoints, newest first, read from the manifest's log.
+        Damaged newest manifest commits are skipped (and kept in ``lost``): the chain starts at
+        the newest readable entry."""
+        if self._checkpoints is not None:
+            return self._checkpoints
+        out: list[_Checkpoint] = []
+        self._checkpoints = out
+        if self.manifest is None or self.manifest.newest is None:
+            return out
+        head = self.manifest.newest
+        while head >= 0:
+            cp, damage, _ = self._entry_at(head)
+            if cp is not None:
+                break
+            self.lost += damage
+            head -= 1
+        else:
+            return out
+        m: int | None = head
+        while m is not None and len(out) < self.retained:
+            cp, damage, collected = self._entry_at(m)
+            if cp is None:
+                # The end of the chain: an older entry collected as garbage (the retention was
+                # smaller once), or damaged (a checkpoint lost).
+                if not collected:
+                    self.broken += damage
+                break
+            out.append(cp)
+            base = cp.entry.get("manifest_base")
+            m = int(base) if isinstance(base, int) else None
+        return out
+
+    def _entry_at(self, m: int) -> tuple[_Checkpoint | None, list[Damage], bool]:
+        """The checkpoint manifest version ``m`` added, read from its commit and data file;
+        else the damage, and whether it is only that the entry's data file is gone."""
+        if m == 0:
+            return _Checkpoint(0, 0, 0, {"version": 0, "step": 0, "traces": {}}), [], False
+        assert self.manifest is not None
+        actions, damage = self.manifest.commit(m)
+        if damage is not None:
+            return None, [damage], False
+        adds = [a["add"] for a in actions if "add" in a]
+        commit = self.manifest.path(m)
+        if len(adds) != 1 or not isinstance(adds[0], dict) or "path" not in adds[0]:
+            return None, [Damage(MANIFEST_DIR, m, commit, f"the commit adds {len(adds)} files; "
+                                 "a manifest commit adds one entry")], False
+        add = adds[0]
+        path = os.path.join(self.manifest.uri, add["path"])
+        problem = _data_file_problem(path, add.get("size"), _num_records(add.get("stats")))
+        if problem is not None:
+            return None, [Damage(MANIFEST_DIR, m, path, f"the checkpoint's entry: {problem}")], \
+                problem == _MISSING
+        try:
+            rows = pq.read_table(path).to_pylist()
+            entry = json.loads(rows[0]["entry"])
+            cp = _Checkpoint(int(entry["version"]), int(entry.get("step", 0)), m, entry)
+            if not isinstance(entry.get("traces", {}), dict):
+                raise ValueError("'traces' is not an object")
+        except Exception as e:  # noqa: BLE001 - an entry that cannot be read is damage
+            return None, [Damage(MANIFEST_DIR, m, path, f"the entry cannot be read "
+                                 f"({type(e).__name__}: {_first_line(e)})")], False
+        return cp, [], False
+
+    def checkpoint_damage(self, cp: _Checkpoint) -> list[Damage]:
+        """The damage in what checkpoint ``cp`` reads (see the module docstring)."""
+        damage = [] if self.manifest is None else \
+            self.manifest.segment_damage(cp.manifest_version)
+        for table in self._state_tables(cp):
+            recorded = cp.version_of(table)
+            if table not in self.kinds:
+                damage.append(Damage(table, recorded, os.path.join(self.root, table),
+                                     f"the table is missing; checkpoint {cp.version} records "
+                                     f"its version {recorded}"))
+                continue
+            newest = self.log(table).newest
+            if newest is None or recorded > newest:
+                damage.append(Damage(table, recorded, self.log(table).path(recorded),
+                                     f"checkpoint {cp.version} records version {recorded} but "
+                                     f"the log ends at version {newest}"))
+                continue
+            damage += self.snapshot(table, recorded).damage
+        damage += self._log_tables_damage()
+        damage += self._consistency_damage(cp)
+        return _unique(damage)
+
+    def tail_damage(self, cp: _Checkpoint) -> dict[str, list[Damage]]:
+        """Per state table (and the manifest), the damage in its commits after the version
+        checkpoint ``cp`` records: state that opening ``cp`` discards."""
+        out = {}
+        for table in self._state_tables(cp):
+            if table in self.kinds:
+                log = self.log(table)
+                newest = log.newest if log.newest is not None else -1
+                damage = log.damage(cp.version_of(table) + 1, newest)
+                if damage:
+                    out[table] = damage
+        if self.manifest is not None and self.manifest.newest is not None:
+            newer = self.manifest.damage(cp.manifest_version + 1, self.manifest.newest)
+            newer += [d for d in self.lost if d not in newer]
+            if newer:
+                out[MANIFEST_DIR] = newer
+        return out
+
+    def _state_tables(self, cp: _Checkpoint) -> list[str]:
+        recorded = [os.path.join("state", name) for name in cp.entry.get("traces", {})]
+        return sorted({*self.tables("state"), *recorded})
+
+    # -- the logs -----------------------------------------------------------------------------
+    def _log_tables_damage(self) -> list[Damage]:
+        """The damage in the newest version of every log (divisions, inputs, outputs, errors),
+        which every checkpoint reads; output logs also their compaction marker.
+
+        Read in the order the step protocol writes them backwards (outputs, then divisions,
+        then inputs), after the manifest: a step committing meanwhile (another process, which
+        then loses the race for the root) cannot make them look inconsistent."""
+        if self._log_damage is None:
+            self._log_damage = []
+            for kind in ("output", "errors", "divisions", "input"):
+                for table in self.tables(kind):
+                    newest = self.log(table).newest
+                    assert newest is not None
+                    self._log_damage += self.snapshot(table, newest).damage
+                    if kind == "output":
+                        self._log_damage += _marker_damage(table,
+                                                           os.path.join(self.root, table))
+        return self._log_damage
+
+    def _consistency_damage(self, cp: _Checkpoint) -> list[Damage]:
+        """Whether the logs agree with checkpoint ``cp``, and the damage in the log commits its
+        replays and next steps read one by one."""
+        damage: list[Damage] = []
+        steps = self._divided_steps()
+        if steps is None:
+            if cp.step > 0:
+                damage.append(Damage("_divisions", None, os.path.join(self.root, "_divisions"),
+                                     f"the division log is missing; checkpoint {cp.version} "
+                                     f"executed steps up to {cp.step - 1}"))
+            return damage
+        divisions = os.path.join(self.root, "_divisions")
+        divided = max(steps, default=-1)
+        missing = sorted(set(range(divided + 1)) - set(steps))
+        if missing or len(steps) != len(set(steps)):
+            damage.append(Damage("_divisions", self.log("_divisions").newest, divisions,
+                                 f"the divisions of steps {missing[:10]} are missing"
+                                 if missing else "a step's division is recorded twice"))
+        if cp.step - 1 > divided:
+            damage.append(Damage("_divisions", self.log("_divisions").newest, divisions,
+                                 f"checkpoint {cp.version} executed steps up to {cp.step - 1} "
+                                 f"but divisions are recorded up to step {divided}"))
+        lower = self._division(cp.step - 1) if cp.step > 0 else {}
+        newest_uppers = self._division(divided) if divided >= 0 else {}
+        for table in self.tables("input"):
+            name = table.split("/", 1)[1]
+            log = self.log(table)
+            assert log.newest is not None
+            damage += log.damage(int((lower or {}).get(name, 0)) + 1, log.newest)
+            wanted = int((newest_uppers or {}).get(name, 0))
+            if wanted > log.newest:
+                damage.append(Damage(table, log.newest, log.path(wanted),
+                                     f"the division of step {divided} read it up to version "
+                                     f"{wanted} but the log ends at version {log.newest}"))
+        for table in self.tables("output"):
+            log = self.log(table)
+            assert log.newest is not None
+            snap = self.snapshot(table, log.newest)
+            if snap.table is None:
+                continue
+            written = snap.table.transaction_version(_OUTPUT_APP_ID)
+            last = 0 if written is None else written + 1
+            if last < cp.step:
+                damage.append(Damage(table, log.newest, log.path(log.newest),
+                                     f"checkpoint {cp.version} executed steps up to "
+                                     f"{cp.step - 1} but the log holds steps up to {last - 1}"))
+            if last > divided + 1:
+                damage.append(Damage(table, log.newest, log.path(log.newest),
+                                     f"the log holds steps up to {last - 1} but divisions are "
+                                     f"recorded up to step {divided}"))
+            damage += self._output_commits_damage(log, cp.step)
+        return damage
+
+    def _output_commits_damage(self, log: _Log, step: int) -> list[Damage]:
+        """The damage in an output log's commits of steps ``step ..`` (which a replay verifies
+        against), read from the newest back."""
+        assert log.newest is not None
+        out = []
+        for v in range(log.newest, 0, -1):
+            if v not in log.commits:
+                break  # cleaned up with the log's history: nothing reads it
+            actions, damage = log.commit(v)
+            if damage is not None:
+                out.append(damage)
+                continue
+            info: object = next((a["commitInfo"] for a in actions if "commitInfo" in a), None)
+            written = info.get(_STEP_KEY) if isinstance(info, dict) else None
+            if isinstance(written, int) and written < step:
+                break
+        return out
+
+    def _divided_steps(self) -> list[int] | None:
+        """The steps the division log holds (from its files' statistics), None without one."""
+        if "_divisions" not in self.kinds:
+            return None
+        log = self.log("_divisions")
+        assert log.newest is not None
+        snap = self.snapshot("_divisions", log.newest)
+        steps: list[int] = []
+        for rel, (lo, hi) in snap.bounds.items():
+            first, last = lo.get("step"), hi.get("step")
+            if isinstance(first, int) and isinstance(last, int):
+                steps += range(first, last + 1)
+            else:  # a file without statistics: its step column
+                try:
+                    steps += pq.read_table(os.path.join(log.uri, rel),
+                                           columns=["step"]).column(0).to_pylist()
+                except Exception:  # noqa: BLE001 - a damaged file was reported by its check
+                    continue
+        return steps
+
+    def _division(self, step: int) -> dict | None:
+        """The uppers recorded for ``step`` (read from its one file), None if not found."""
+        log = self.log("_divisions")
+        snap = self.snapshot("_divisions", log.newest or 0)
+        for rel, (lo, hi) in snap.bounds.items():
+            if lo.get("step") is not None and lo["step"] <= step <= hi.get("step", step):
+                path = os.path.join(log.uri, rel)
+                try:
+                    for row in pq.read_table(path).to_pylist():
+                        if row["step"] == step:
+                            data = json.loads(row["uppers"])
+                            uppers = data.get("uppers", data)
+                            return uppers if isinstance(uppers, dict) else None
+                except Exception:  # noqa: BLE001 - a damaged file was reported by its check
+                    return None
+        return None
+
+    # -- reports ------------------------------------------------------------------------------
+    def table_reports(self) -> list[TableReport]:
+        """One report per table, after the checkpoints were checked (whose damage it holds)."""
+        for table in self.kinds:  # every table at least at its newest version
+            newest = self.log(table).newest
+            if newest is not None and not self._checked.get(table):
+                self.snapshot(table, newest)
+        reports = []
+        for table, kind in self.kinds.items():
+            log = self.log(table)
+            versions = tuple(sorted(self._checked.get(table, ())))
+            damage: list[Damage] = []
+            for v in versions:
+                damage += self._snapshots[(table, v)].damage
+            if log.newest is not None:
+                damage += log.damage(max(versions, default=-1) + 1, log.newest)
+            damage += [d for d in self.lost + self.broken if d.table == table]
+            damage += [d for d in self._log_damage or [] if d.table == table]
+            for c in self.checkpoints():
+                damage += [d for d in self.checkpoint_damage(c) if d.table == table]
+            last = self._snapshots[(table, versions[-1])] if versions else _Snapshot()
+            reports.append(TableReport(table, kind, log.newest, versions, last.files,
+                                       last.rows, tuple(_unique(damage))))
+        return reports
+
+    def side_file_damage(self) -> list[Damage]:
+        path = os.path.join(self.root, SCHEMA_CACHE_FILE)
+        if not os.path.exists(path):
+            return []
+        try:
+            read_schema_cache(path)
+        except (OSError, ValueError) as e:
+            return [Damage(SCHEMA_CACHE_FILE, None, path, f"the schema cache is damaged: {e}")]
+        return []
+
+    def error(self, damage: list[Damage], what: str,
+              target: int | None = None) -> CorruptStateError:
+        """The error for ``damage`` (the first is named) found doing ``what``, saying which
+        retained checkpoint is intact; ``target``: the checkpoint a restore asked for."""
+        first = damage[0]
+        intact = None
+        for c in self.checkpoints():
+            if c.version != target and not self.checkpoint_damage(c):
+                intact = c
+                break
+        more = f" (and {len(damage) - 1} more problems)" if len(damage) > 1 else ""
+        if intact is not None:
+            remedy = (f"checkpoint {intact.version} (step {intact.step}) is intact: restore it "
+                      f"with Pipeline(..., checkpoint={intact.version}) or the restore job; "
+                      "the damaged newer state is set aside and the steps since are executed "
+                      "again from their recorded input")
+        else:
+            checked = ", ".join(str(c.version) for c in self.checkpoints()) or "none readable"
+            remedy = (f"no retained checkpoint is intact (checked: {checked}); repair the "
+                      "table from a copy, or start a new root")
+        return CorruptStateError(self.root, first.table, first.version, first.file,
+                                 first.problem + more, what=what, remedy=remedy,
+                                 intact_checkpoint=None if intact is None else intact.version)
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+def _data_file_problem(path: str, size: int | None, rows: int | None) -> str | None:
+    """What is wrong with the data file at ``path`` that its add action records with ``size``
+    bytes and ``rows`` rows, or None."""
+    try:
+        actual = os.stat(path).st_size
+    except FileNotFoundError:
+        return _MISSING
+    except OSError as e:
+        return f"the data file cannot be read ({e})"
+    if size is not None and actual != size:
+        return f"the data file has {actual} bytes but its commit records {size}"
+    try:
+        meta = pq.read_metadata(path, filesystem=_LOCAL)
+    except Exception as e:  # noqa: BLE001 - any unreadable footer is damage
+        return f"the data file's Parquet footer is unreadable ({_first_line(e)})"
+    if rows is not None and meta.num_rows != rows:
+        return f"the data file holds {meta.num_rows} rows but its commit records {rows}"
+    return None
+
+
+def _num_records(stats: object) -> int | None:
+    try:
+        value = json.loads(stats).get("numRecords") if isinstance(stats, str) else None
+    except ValueError:
+        return None
+    return value if isinstance(value, int) else None
+
+
+def _marker_damage(table: str, uri: str) -> list[Damage]:
+    out = []
+    for name in OUTPUT_MARKERS:
+        path = os.path.join(uri, name)
+        try:
+            with open(path) as fh:
+                int(fh.read().strip())
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as e:
+            out.append(Damage(table, None, path, f"the history-compaction marker is not a "
+                              f"step number ({_first_line(e)})"))
+    return out
+
+
+def _unique(damage: list[Damage]) -> list[Damage]:
+    return list(dict.fromkeys(damage))
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _text(value: object) -> str:
+    return "-" if value is None else str(value)

@@ -1,0 +1,40 @@
+"""The command line: ``verify`` reports a root per table and exits 1 when it is damaged."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+from dbsp_pipeline import Circuit, Pipeline
+from dbsp_pipeline.cli import main
+
+
+def test_verify_reports_each_table_and_exits_1_on_damage(spark, tmp_path, capsys):
+    c = Circuit("cli")
+    x = c.input("x", "k BIGINT")
+    c.output("n", x.group_by("k").agg(n="count(*)"))
+    root = str(tmp_path / "root")
+    with Pipeline(c, root, spark) as p:
+        p.push("x", [(1,), (2,)])
+        p.step()
+    assert main(["verify", "--root", root]) == 0
+    out = capsys.readouterr().out
+    assert "ok" in out.splitlines()[0]
+    assert all(t in out for t in ("_manifest", "_divisions", "inputs/x", "outputs/n", "state/"))
+
+    commit = max(glob.glob(os.path.join(root, "_divisions", "_delta_log", "*.json")))
+    open(commit, "w").close()
+    done = subprocess.run([sys.executable, "-m", "dbsp_pipeline", "verify", "--root", root,
+                           "--json"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    assert not report["ok"] and report["newest_intact"] is None
+    [divisions] = [t for t in report["tables"] if t["table"] == "_divisions"]
+    assert divisions["damage"][0]["file"] == commit
+    assert "empty" in divisions["damage"][0]["problem"]
+
+    assert main(["verify", "--root", str(tmp_path / "nothing")]) == 2
