@@ -3,7 +3,8 @@ changes back into records.
 
 JSON (the default format), one object per record:
 
-* ``{"insert": {<row>}}`` adds the row, ``{"delete": {<row>}}`` retracts it;
+* ``{"insert": {<row>}}`` adds the row, ``{"delete": {<row>}}`` retracts it; an optional
+  ``"weight": n`` beside the envelope (1 to 2**31 - 1) makes it ``n`` copies;
 * a plain row ``{<column>: <value>, ...}`` is an insert.
 
 CSV, one line per record: the input's columns in declaration order; one extra last field, if
@@ -32,6 +33,8 @@ from dbsp_pipeline.zset import MAX_WEIGHT, WEIGHT
 
 FORMATS = ("json", "csv")
 ENVELOPES = {"insert": 1, "delete": -1}
+#: the optional field of an envelope saying how many copies of the row it inserts or deletes
+COPIES = "weight"
 
 
 class DecodeError(ValueError):
@@ -57,14 +60,20 @@ def _decode_json(text: str, columns: Sequence[str]) -> tuple[dict, int]:
     if not isinstance(data, dict):
         raise DecodeError(f"a record must be a JSON object, got {type(data).__name__}")
     weight = 1
-    if len(data) == 1 and next(iter(data)) not in columns:
-        (key, row), = data.items()
+    envelope = [k for k in data if k != COPIES and k not in columns]
+    if len(envelope) == 1 and len(data) == 1 + (COPIES in data and COPIES not in columns):
+        key, row = envelope[0], data[envelope[0]]
         if key not in ENVELOPES:
             raise DecodeError(f"unknown envelope '{key}' (expected 'insert' or 'delete', or a "
                               f"plain row of ({', '.join(columns)}))")
         if not isinstance(row, dict):
             raise DecodeError(f"'{key}' must hold a JSON object, got {type(row).__name__}")
-        data, weight = row, ENVELOPES[key]
+        copies = data.get(COPIES, 1)
+        if isinstance(copies, bool) or not isinstance(copies, int) or not \
+                0 < copies <= MAX_WEIGHT:
+            raise DecodeError(f"'{COPIES}' must be an integer from 1 to {MAX_WEIGHT}, got "
+                              f"{copies!r}")
+        data, weight = row, ENVELOPES[key] * copies
     unknown = [k for k in data if k not in columns]
     missing = [c for c in columns if c not in data]
     if unknown or missing:
@@ -143,8 +152,11 @@ class Batch:
                                 arrow_schema.field(WEIGHT), weights)
 
 
-def encode_change(row: dict, weight: int) -> list[bytes]:
-    """A view's change row as records: ``|weight|`` copies of ``{"insert"|"delete": row}``."""
-    key = "insert" if weight > 0 else "delete"
-    record = json.dumps({key: row}, sort_keys=True, default=str).encode()
-    return [record] * abs(weight)
+def encode_change(row: dict, weight: int) -> bytes:
+    """A view's change row as one record: ``{"insert": row}`` or ``{"delete": row}``, with
+    ``"weight": |weight|`` when the row changed by more than one copy (a view's weights reach
+    2**62, far too many copies to send one by one)."""
+    record: dict[str, Any] = {"insert" if weight > 0 else "delete": row}
+    if abs(weight) != 1:
+        record["weight"] = abs(weight)
+    return json.dumps(record, sort_keys=True, default=str).encode()

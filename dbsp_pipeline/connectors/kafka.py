@@ -19,7 +19,8 @@ the step that consumes the batch reports the count (``StepResult.rejected``).
 producer per pipeline and worker (``transactional.id`` = ``dbsp-<circuit>-<pipeline id>-w<n>``):
 starting it fences any older producer with the same id, so a second process running as the same
 pipeline stops the first one's output. Step ``s`` of every view is written in one transaction:
-each changed row as ``|weight|`` records ``{"insert": row}`` or ``{"delete": row}`` (key: the
+each changed row as one record ``{"insert": row}`` or ``{"delete": row}`` (with ``"weight": n``
+when it changed by ``n > 1`` copies) (key: the
 row), with headers ``dbsp.step``, ``dbsp.worker`` and ``dbsp.pipeline``, plus one record on the
 side topic ``<topic>.steps`` (one partition): ``{"step": s, "rows": n, "offsets": {...}}``,
 where ``offsets`` maps each input fed by Kafka to the partition offsets ``(after, upto]`` the
@@ -300,9 +301,8 @@ class KafkaSink:
                 for row in rows:
                     weight = row.pop("_weight")
                     key = json.dumps(row, sort_keys=True, default=str).encode()
-                    for value in encode_change(row, weight):
-                        self._produce(b.topic, value, key, headers)
-                        count += 1
+                    self._produce(b.topic, encode_change(row, weight), key, headers)
+                    count += 1
                 side = {"step": step, "view": b.view, "rows": count, "offsets": offsets}
                 self._produce(b.topic + STEPS_SUFFIX, json.dumps(side).encode(), None, headers,
                               partition=0)

@@ -50,6 +50,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +60,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from dbsp_pipeline.errors import CorruptStateError
+from dbsp_pipeline.runtime import division_log
 from dbsp_pipeline.runtime.plan import SCHEMA_CACHE_FILE, read_schema_cache
 from dbsp_pipeline.storage import set_aside
 from dbsp_pipeline.storage.delta_table import ACTIONS_KEY
@@ -641,23 +643,43 @@ class _RootScan:
         return out
 
     def _divided_steps(self) -> list[int] | None:
-        """The steps the division log holds (from its files' statistics), None without one."""
+        """The steps the division log holds (from its files' statistics), None without one. A
+        quarantined step's second record (``runtime/division_log.py``) is not a second
+        division when it repeats the step's versions."""
         if "_divisions" not in self.kinds:
             return None
         log = self.log("_divisions")
         assert log.newest is not None
         snap = self.snapshot("_divisions", log.newest)
-        steps: list[int] = []
+        by_file: dict[str, list[int]] = {}
         for rel, (lo, hi) in snap.bounds.items():
             first, last = lo.get("step"), hi.get("step")
             if isinstance(first, int) and isinstance(last, int):
-                steps += range(first, last + 1)
+                by_file[rel] = list(range(first, last + 1))
             else:  # a file without statistics: its step column
                 try:
-                    steps += pq.read_table(os.path.join(log.uri, rel),
-                                           columns=["step"]).column(0).to_pylist()
+                    by_file[rel] = pq.read_table(os.path.join(log.uri, rel),
+                                                 columns=["step"]).column(0).to_pylist()
                 except Exception:  # noqa: BLE001 - a damaged file was reported by its check
                     continue
+        steps = [step for found in by_file.values() for step in found]
+        if len(steps) == len(set(steps)):
+            return steps
+        twice = {step for step, n in Counter(steps).items() if n > 1}
+        records: dict[int, list[str]] = {}
+        for rel, found in by_file.items():
+            if twice.intersection(found):
+                try:
+                    for row in pq.read_table(os.path.join(log.uri, rel)).to_pylist():
+                        records.setdefault(row["step"], []).append(row["uppers"])
+                except Exception:  # noqa: BLE001 - a damaged file was reported by its check
+                    continue
+        for step in twice:
+            plain = [t for t in records.get(step, []) if division_log.quarantine_reason(t) is None]
+            marks = [t for t in records.get(step, []) if division_log.quarantine_reason(t)]
+            if len(plain) == 1 and len(marks) == 1 and \
+                    division_log.parse(plain[0]) == division_log.parse(marks[0]):
+                steps.remove(step)  # the quarantine record of a divided step
         return steps
 
     def _division(self, step: int) -> dict | None:

@@ -36,8 +36,10 @@ def kafka_changes(config, topic) -> Counter:
     """The consolidated changes a read_committed consumer sees on ``topic``."""
     out: Counter = Counter()
     for _, _, _, value in consume_all(config, topic):
-        (kind, row), = json.loads(value).items()
-        out[tuple(sorted(row.items()))] += 1 if kind == "insert" else -1
+        record = json.loads(value)
+        copies = record.pop("weight", 1)
+        (kind, row), = record.items()
+        out[tuple(sorted(row.items()))] += copies if kind == "insert" else -copies
     return Counter({k: v for k, v in out.items() if v})
 
 

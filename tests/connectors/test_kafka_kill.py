@@ -52,9 +52,11 @@ def steps_seen(config, topic) -> dict[int, Counter]:
     """Per step header, the consolidated change a read_committed consumer sees."""
     out: dict[int, Counter] = defaultdict(Counter)
     for _, _, headers, value in consume_all(config, topic):
-        (kind, row), = json.loads(value).items()
-        out[int(headers["dbsp.step"])][tuple(sorted(row.items()))] += 1 if kind == "insert" \
-            else -1
+        record = json.loads(value)
+        copies = record.pop("weight", 1)
+        (kind, row), = record.items()
+        out[int(headers["dbsp.step"])][tuple(sorted(row.items()))] += copies \
+            if kind == "insert" else -copies
     return {s: +c for s, c in out.items() if +c}
 
 
