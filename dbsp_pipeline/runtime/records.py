@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import NumericType, StructType
 
 from dbsp_pipeline.errors import InputError
-from dbsp_pipeline.zset import WEIGHT
+from dbsp_pipeline.zset import WEIGHT, quote
 
 
 def check_weight(input_name: str, weight: object) -> int:
@@ -78,7 +78,7 @@ def check_spark(input_name: str, df: SparkDataFrame, schema: StructType, weight:
         if t != f.dataType and not (isinstance(t, NumericType) and isinstance(f.dataType, NumericType)):
             raise InputError(input_name, f"column is {t.simpleString()}, expected "
                              f"{f.dataType.simpleString()}", column=f.name)
-        cols.append(F.col("`" + f.name + "`").cast(f.dataType).alias(f.name))
+        cols.append(F.col(quote(f.name)).cast(f.dataType).alias(f.name))
     return df.select(*cols, F.lit(weight).cast("long").alias(WEIGHT))
 
 
