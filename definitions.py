@@ -11,7 +11,9 @@ ones (local Spark, Delta tables under ``var/dagster``):
 * ``DBSP_KAFKA_BOOTSTRAP``: when set, the demo is fed by Kafka too: topics ``shop.orders`` and
   ``shop.customers`` (JSON) feed the inputs, and the views go to ``shop.<view>`` (with
   ``shop.<view>.steps``). For a secured broker, ``DBSP_KAFKA_USER`` / ``DBSP_KAFKA_PASSWORD``
-  (read through ``dg.EnvVar``, never stored in configuration).
+  (read through ``dg.EnvVar``, never stored in configuration), sent over ``SASL_SSL`` unless
+  ``DBSP_KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT`` chooses plaintext. Without credentials the
+  protocol is ``PLAINTEXT`` (the local broker) or ``SSL``.
 """
 
 from __future__ import annotations
@@ -29,14 +31,31 @@ from resources.pipeline_store import PipelineStore
 from resources.spark import SparkResource
 
 
-def _kafka() -> KafkaResource:
+#: ``DBSP_KAFKA_SECURITY_PROTOCOL`` values, with credentials (the first is the default) and without
+SASL_PROTOCOLS = ("SASL_SSL", "SASL_PLAINTEXT")
+PLAIN_PROTOCOLS = ("PLAINTEXT", "SSL")
+
+
+def kafka_resource() -> KafkaResource:
+    """The ``kafka`` resource of this deployment, from the environment (see the module
+    docstring). Credentials go over TLS unless plaintext is chosen by name."""
+    chosen = os.environ.get("DBSP_KAFKA_SECURITY_PROTOCOL", "").strip().upper()
     if os.environ.get("DBSP_KAFKA_USER"):
+        protocol = chosen or SASL_PROTOCOLS[0]
+        if protocol not in SASL_PROTOCOLS:
+            raise ValueError(f"DBSP_KAFKA_SECURITY_PROTOCOL={chosen!r} with DBSP_KAFKA_USER set: "
+                             f"credentials need one of {', '.join(SASL_PROTOCOLS)}")
         return KafkaResource(bootstrap_servers=dg.EnvVar("DBSP_KAFKA_BOOTSTRAP"),
-                             security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
+                             security_protocol=protocol, sasl_mechanism="PLAIN",
                              sasl_username=dg.EnvVar("DBSP_KAFKA_USER"),
                              sasl_password=dg.EnvVar("DBSP_KAFKA_PASSWORD"))
+    protocol = chosen or PLAIN_PROTOCOLS[0]
+    if protocol not in PLAIN_PROTOCOLS:
+        raise ValueError(f"DBSP_KAFKA_SECURITY_PROTOCOL={chosen!r} without DBSP_KAFKA_USER: "
+                         f"expected one of {', '.join(PLAIN_PROTOCOLS)} (SASL needs credentials)")
     return KafkaResource(bootstrap_servers=os.environ.get("DBSP_KAFKA_BOOTSTRAP",
-                                                          "127.0.0.1:9092"))
+                                                          "127.0.0.1:9092"),
+                         security_protocol=protocol)
 
 
 ROOT = os.environ.get("DBSP_ROOT", "var/dagster/shop")
@@ -56,5 +75,5 @@ defs = build_definitions(
         mode=os.environ.get("DBSP_SPARK_MODE", "local"),
         connect_url=os.environ.get("DBSP_SPARK_CONNECT_URL", "sc://127.0.0.1:15002"),
         master=os.environ.get("DBSP_SPARK_MASTER", "spark://127.0.0.1:7077")),
-    resources={"kafka": _kafka()},
+    resources={"kafka": kafka_resource()},
 )

@@ -23,15 +23,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dbsp_pipeline.errors import CircuitError, UnknownNameError
+from dbsp_pipeline.zset import quote
 
 #: Primitive operators. Linear ones work on the change alone; the others keep traces.
 LINEAR_OPS = frozenset({"select", "filter", "union", "negate", "conform"})
 STATEFUL_OPS = frozenset({"distinct", "join", "aggregate", "integrate", "differentiate", "delay"})
 
 AGGREGATE_FUNCTIONS = ("count", "sum", "avg", "min", "max")
+#: ``fn(arg)``: arg is ``*``, a plain name, or a backticked name (a backtick inside doubled, as
+#: in Spark SQL). Used with ``fullmatch`` (``$`` would accept a final newline).
 _AGG_RE = re.compile(
-    r"^\s*(?P<fn>[A-Za-z]+)\s*\(\s*(?P<arg>\*|[A-Za-z][A-Za-z0-9_]*|`[^`]+`)\s*\)\s*$")
-_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+    r"\s*(?P<fn>[A-Za-z]+)\s*\(\s*(?P<arg>\*|[A-Za-z][A-Za-z0-9_]*|`(?:[^`]|``)+`)\s*\)\s*")
+#: circuit, input, output and aggregate names (input and output names also name folders)
+_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -217,7 +221,7 @@ class Collection:
     def semijoin(self, other: Collection, on: str | list[str]) -> Collection:
         """The rows of this collection whose key has a match in ``other`` (multiplicity kept)."""
         keys = _keys(on, "semijoin")
-        other_keys = other.select(*[_quote(k) for k in keys]).distinct()
+        other_keys = other.select(*[quote(k) for k in keys]).distinct()
         joined = self.join(other_keys, keys)
         return joined._derive("conform", (), like=self.node_id)
 
@@ -286,7 +290,7 @@ def node_collection(circuit: Circuit, node_id: int) -> Collection:
 def _parse_aggregate(name: str, text: str) -> Aggregate:
     if not isinstance(text, str):
         raise CircuitError(f"aggregate '{name}': expected a string like 'sum(amount)', got {text!r}")
-    m = _AGG_RE.match(text)
+    m = _AGG_RE.fullmatch(text)
     if not m or m.group("fn").lower() not in AGGREGATE_FUNCTIONS:
         raise CircuitError(
             f"aggregate '{name}': '{text}' is not one of "
@@ -297,7 +301,9 @@ def _parse_aggregate(name: str, text: str) -> Aggregate:
         if fn != "count":
             raise CircuitError(f"aggregate '{name}': only count takes '*', got '{text}'")
         return Aggregate(name, fn, None)
-    return Aggregate(name, fn, arg.strip("`"))
+    if arg.startswith("`"):
+        arg = arg[1:-1].replace("``", "`")
+    return Aggregate(name, fn, arg)
 
 
 def _keys(on: str | list[str], op: str) -> list[str]:
@@ -315,10 +321,7 @@ def _check_name(name: object, what: str) -> None:
     if name.startswith("_"):
         raise CircuitError(
             f"{what} name '{name}' is reserved: names starting with '_' belong to the engine")
-    if not _NAME_RE.match(name):
+    if not _NAME_RE.fullmatch(name):
         raise CircuitError(
             f"{what} name '{name}' must start with a letter and use only letters, digits and '_'")
 
-
-def _quote(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"

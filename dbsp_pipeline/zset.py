@@ -42,7 +42,7 @@ def shard_of(columns: Sequence[str]) -> Column:
     """The stable shard (0..SHARD_COUNT) of the key made of ``columns``."""
     if not columns:
         return F.lit(0).cast("int")
-    hashed = F.xxhash64(*[F.col(_quote(c)) for c in columns])
+    hashed = F.xxhash64(*[F.col(quote(c)) for c in columns])
     return F.shiftrightunsigned(hashed, 64 - SHARD_BITS).cast("int")
 
 
@@ -53,7 +53,7 @@ def consolidate(df: DataFrame, columns: Sequence[str] | None = None) -> DataFram
     dropped unless named.
     """
     cols = list(columns) if columns is not None else payload_columns(df)
-    grouped = df.groupBy(*[F.col(_quote(c)) for c in cols]).agg(F.sum(WEIGHT).alias(WEIGHT))
+    grouped = df.groupBy(*[F.col(quote(c)) for c in cols]).agg(F.sum(WEIGHT).alias(WEIGHT))
     return grouped.where(F.col(WEIGHT) != 0)
 
 
@@ -66,7 +66,7 @@ def null_safe_equal(left: DataFrame, right: DataFrame, columns: Sequence[str]) -
     """Join condition: ``left.c <=> right.c`` for every column (NULL equals NULL)."""
     cond = None
     for c in columns:
-        term = left[_quote(c)].eqNullSafe(right[_quote(c)])
+        term = left[quote(c)].eqNullSafe(right[quote(c)])
         cond = term if cond is None else cond & term
     return cond if cond is not None else F.lit(True)
 
@@ -78,8 +78,8 @@ def positive_zeros(df: DataFrame) -> DataFrame:
     floats = {f.name for f in df.schema.fields if isinstance(f.dataType, (DoubleType, FloatType))}
     if not floats:
         return df
-    return df.select(*[F.when(F.col(_quote(c)) == 0, F.lit(0).cast(df.schema[c].dataType))
-                       .otherwise(F.col(_quote(c))).alias(c) if c in floats else F.col(_quote(c))
+    return df.select(*[F.when(F.col(quote(c)) == 0, F.lit(0).cast(df.schema[c].dataType))
+                       .otherwise(F.col(quote(c))).alias(c) if c in floats else F.col(quote(c))
                        for c in df.columns])
 
 
@@ -92,9 +92,9 @@ def positive_zeros_arrow(table: pa.Table) -> pa.Table:
     return table
 
 
-def _quote(name: str) -> str:
-    """Backtick-quote a column name for use in ``F.col`` (names may contain dots or spaces)."""
+def quote(name: str) -> str:
+    """``name`` as a Spark SQL identifier: in backticks, a backtick inside doubled. Every column
+    name the engine hands to Spark as text (``F.col``, ``groupBy``, ``select`` by string) goes
+    through here, so a name may hold any character (dots, spaces, backticks, newlines). The
+    DuckDB counterpart is ``dbsp_pipeline.driver.sql.ident``."""
     return "`" + name.replace("`", "``") + "`"
-
-
-quote = _quote

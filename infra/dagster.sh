@@ -5,6 +5,7 @@
 #
 #   infra/dagster.sh run   [port]   in the foreground (Ctrl-C stops it)   = make ui
 #   infra/dagster.sh start [port]   in the background; waits until the webserver answers
+#                                   (refuses while one started here runs or the port is taken)
 #   infra/dagster.sh stop           stops what `start` started (by its process group)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +30,7 @@ case "${1:-run}" in
     exec "$VENV/bin/dagster" dev -w workspace.yaml -h 127.0.0.1 -p "$PORT"
     ;;
   start)
+    refuse_to_restart "dagster dev" "$PIDFILE" "$PORT"
     instance
     # In its own session (so `stop` can reach every process it starts), with SIGINT at its
     # default: a background job of a script starts with SIGINT ignored, and dagster dev shuts

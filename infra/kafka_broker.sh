@@ -4,7 +4,8 @@
 # read_committed. Production points at a real Kafka cluster through configuration only.
 #
 #   infra/kafka_broker.sh start [port]   in the background, data in $DBSP_VAR/kafka-data; waits
-#                                        until the broker answers a metadata request
+#                                        until the broker answers a metadata request; refuses
+#                                        while one started here runs or the port is taken
 #   infra/kafka_broker.sh status         running or not, and where
 #   infra/kafka_broker.sh stop           stops what `start` started (SIGTERM; data is kept)
 set -euo pipefail
@@ -31,6 +32,7 @@ PY
 
 case "${1:-status}" in
   start)
+    refuse_to_restart "the Kafka broker" "$PIDFILE" "$PORT"
     "$BROKER" start --data-dir "$VAR/kafka-data" --host 127.0.0.1 --only kafka \
       --kafka-port "$PORT" >"$VAR/kafka-broker.log" 2>&1 &
     echo $! >"$PIDFILE"

@@ -4,6 +4,7 @@
 # DBSP_SPARK_MODE=standalone DBSP_SPARK_MASTER=spark://127.0.0.1:<port>.
 #
 #   infra/spark_cluster.sh start [workers] [port]  master + workers; waits until all are ALIVE
+#                                                  (refuses while any started here runs)
 #   infra/spark_cluster.sh add-worker              one more worker (scale out)
 #   infra/spark_cluster.sh stop-worker N           stop worker N (scale in)
 #   infra/spark_cluster.sh kill-worker N           SIGKILL worker N (a crash, for tests)
@@ -58,6 +59,10 @@ wait_alive() {
 case "${1:-status}" in
   start)
     N="${2:-2}"
+    for f in "$VAR"/worker-*.pid; do
+      if [ -f "$f" ]; then refuse_to_restart "Spark $(basename "$f" .pid)" "$f"; fi
+    done
+    refuse_to_restart "the Spark master" "$VAR/master.pid" ${3:+"$3"}
     echo "${3:-$(free_port)}" >"$VAR/master.port"
     free_port >"$VAR/master.ui-port"
     "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.master.Master --host 127.0.0.1 \

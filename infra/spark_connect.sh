@@ -3,6 +3,8 @@
 # launched by Dagster (DBSP_SPARK_MODE=connect) do not start a JVM each.
 #
 #   infra/spark_connect.sh start [port]   in the background; waits until it accepts connections
+#                                         (refuses while one started here runs or the port is
+#                                         taken)
 #   infra/spark_connect.sh stop           stops what `start` started (by its pid)
 #   infra/spark_connect.sh run   [port]   in the foreground
 set -euo pipefail
@@ -46,6 +48,7 @@ case "${1:-run}" in
     server
     ;;
   start)
+    refuse_to_restart "the Spark Connect server" "$PIDFILE" "$PORT"
     ( server ) >"$VAR/spark-connect.log" 2>&1 &
     echo $! >"$PIDFILE"
     for _ in $(seq 1 120); do

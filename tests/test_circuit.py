@@ -19,6 +19,10 @@ def test_declaration_builds_a_dag_with_composites_expanded():
     (lambda c: c.input("_hidden", "a INT"), "reserved"),
     (lambda c: c.output("_out", c.input("x", "a INT")), "reserved"),
     (lambda c: c.input("bad name", "a INT"), "letters"),
+    (lambda c: c.input("ok\n", "a INT"), "letters"),  # `$` would match before the newline
+    (lambda c: c.output("ok\n", c.input("x", "a INT")), "letters"),
+    (lambda c: c.input("x", "a INT").group_by("a").agg(**{"n\n": "count(*)"}), "letters"),
+    (lambda c: c.input("x", "a INT").group_by("a").agg(s="sum(`a`b`)"), "is not one of"),
     (lambda c: (c.input("x", "a INT"), c.input("x", "a INT")), "declared twice"),
     (lambda c: c.input("x", "a INT").group_by("a").agg(m="median(a)"), "median"),
     (lambda c: c.input("x", "a INT").group_by("a").agg(s="sum(*)"), "only count"),
@@ -30,6 +34,19 @@ def test_declaration_builds_a_dag_with_composites_expanded():
 def test_bad_declarations_are_rejected_with_a_clear_error(declare, message):
     with pytest.raises(CircuitError, match=message):
         declare(Circuit("c"))
+
+
+def test_circuit_names_end_at_the_end_of_the_text():
+    with pytest.raises(CircuitError, match="letters"):
+        Circuit("c\n")
+
+
+def test_aggregate_columns_are_backticked_as_in_spark_sql():
+    c = Circuit("c")
+    x = c.input("x", "k INT, `a``b c` INT")
+    g = x.group_by("k").agg(s="sum(`a``b c`)", n=" count( v_1 ) ")
+    assert c.node(g.node_id).params["aggregates"] == [
+        {"name": "s", "fn": "sum", "arg": "a`b c"}, {"name": "n", "fn": "count", "arg": "v_1"}]
 
 
 def test_collections_of_another_circuit_are_rejected():

@@ -14,8 +14,8 @@ Spark gives (Spark 4, ANSI mode, the engine's UTC session). This module is the g
 How: the text is parsed with sqlglot (``read="spark"``), every node is checked against a
 whitelist of node classes (exact classes, not subclasses) and of argument slots, with a small
 type inference over the input schema, and DuckDB SQL is generated bottom-up with explicit
-parentheses around every operand (identifiers and string literals rendered by sqlglot's
-``duckdb`` dialect, numbers re-rendered from their parsed values). Nothing of the input is
+parentheses around every operand (identifiers quoted by ``sql.ident``, string literals rendered by
+sqlglot's ``duckdb`` dialect, numbers re-rendered from their parsed values). Nothing of the input is
 copied through unchecked. Before the walk, the token stream is checked for what sqlglot's tree
 would hide or read differently from Spark: a unary ``+`` (sqlglot drops it) and two comparisons
 or predicates in one operand without parentheses (``a = b < c`` is ``(a = b) < c`` in Spark,
@@ -99,6 +99,8 @@ from pyspark.sql.types import (
 from sqlglot import exp
 from sqlglot.tokens import TokenType
 
+from dbsp_pipeline.driver.sql import ident
+
 __all__ = ["translate_predicate", "translate_projection"]
 
 _INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
@@ -153,7 +155,7 @@ def translate_projection(exprs: Sequence[str], input_schema: StructType,
             sql, typ = _bare_column(node, columns) or _translate(node, columns)
             if typ == NULL:
                 raise _Refuse("untyped NULL result")
-            items.append(f"{sql} AS {_ident(name)}")
+            items.append(f"{sql} AS {ident(name)}")
     except Exception:  # _Refuse, RecursionError on absurdly deep input, anything unforeseen
         return None
     return ", ".join(items)
@@ -291,10 +293,6 @@ def _only(node: exp.Expression, *allowed: str) -> None:
             raise _Refuse(f"{type(node).__name__}.{key}")
 
 
-def _ident(name: str) -> str:
-    return exp.to_identifier(name, quoted=True).sql(dialect="duckdb")
-
-
 def _unparen(node: exp.Expression) -> exp.Expression:
     while type(node) is exp.Paren:
         _only(node, "this")
@@ -312,14 +310,14 @@ def _bare_column(node: exp.Expression, columns) -> tuple[str, str] | None:
 
 def _column(node: exp.Column, columns) -> tuple[str, str]:
     _only(node, "this")
-    ident = node.this
-    if type(ident) is not exp.Identifier:
+    name = node.this
+    if type(name) is not exp.Identifier:
         raise _Refuse("column form")  # e.g. a star
-    _only(ident, "this", "quoted")
-    hit = columns.get(ident.name.lower())
+    _only(name, "this", "quoted")
+    hit = columns.get(name.name.lower())
     if hit is None or hit[1] is None:
-        raise _Refuse(f"unknown or unsupported column {ident.name!r}")
-    return _ident(hit[0]), hit[1]
+        raise _Refuse(f"unknown or unsupported column {name.name!r}")
+    return ident(hit[0]), hit[1]
 
 
 def _translate(node: exp.Expression, columns) -> tuple[str, str]:

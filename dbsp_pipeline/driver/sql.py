@@ -23,7 +23,9 @@ from dbsp_pipeline.zset import WEIGHT
 
 
 def ident(name: str) -> str:
-    """A DuckDB identifier for a column or table name."""
+    """``name`` as a DuckDB identifier: in double quotes, a double quote inside doubled. Every
+    column name the driver path writes into DuckDB SQL goes through here (the Spark counterpart
+    is ``dbsp_pipeline.zset.quote``)."""
     return '"' + name.replace('"', '""') + '"'
 
 

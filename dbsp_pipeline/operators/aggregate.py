@@ -143,7 +143,7 @@ class Aggregate(Operator):
                 g = g.withColumn(_O + f.name, F.lit(None).cast(f.dataType))
 
         # 4. New state.
-        n_new = F.coalesce(F.col(_O + _N), F.lit(0)) + F.col("_dn")
+        n_new = F.coalesce(F.col(quote(_O + _N)), F.lit(0)) + F.col("_dn")
         exprs: dict[str, Column] = {}
         for a in self.aggs:
             i, fn = a["i"], a["fn"]
@@ -181,14 +181,15 @@ class Aggregate(Operator):
 
         # 5. Emit -old/+new for changed groups and record the new state.
         state_cols = self.state_schema.fieldNames()
-        old_rows = g.where(F.col(_O + _N).isNotNull()).select(
-            *[F.col(_O + c).alias(c) for c in state_cols], F.lit(-1).cast("long").alias(WEIGHT))
+        old_rows = g.where(F.col(quote(_O + _N)).isNotNull()).select(
+            *[F.col(quote(_O + c)).alias(c) for c in state_cols],
+            F.lit(-1).cast("long").alias(WEIGHT))
         new_rows = g.where(F.col(_N) != 0).select(
             *[quote(c) for c in state_cols], F.lit(1).cast("long").alias(WEIGHT))
         self.groups.append(old_rows.unionByName(new_rows))
         visible = [quote(f.name) for f in self.schema.fields]
-        out_old = g.where(F.col(_O + _N) > 0).select(
-            *[F.col(_O + f.name).alias(f.name) for f in self.schema.fields],
+        out_old = g.where(F.col(quote(_O + _N)) > 0).select(
+            *[F.col(quote(_O + f.name)).alias(f.name) for f in self.schema.fields],
             F.lit(-1).cast("long").alias(WEIGHT))
         out_new = g.where(F.col(_N) > 0).select(*visible, F.lit(1).cast("long").alias(WEIGHT))
         out = out_old.unionByName(out_new)
@@ -329,7 +330,7 @@ class Aggregate(Operator):
         """Add ``_mm<i>``: the new min/max of aggregate ``a`` for every touched group."""
         i, name = a["i"], a["name"]
         is_min = a["fn"] == "min"
-        old = F.col(_O + name)
+        old = F.col(quote(_O + name))
         if f"_cand{i}" not in g.columns:  # no value changed in this step
             return g.withColumn(f"_mm{i}", F.when(F.col(f"_c{i}") > 0, old))
         cand, deleted = F.col(f"_cand{i}"), F.col(f"_del{i}")
@@ -358,11 +359,20 @@ class Aggregate(Operator):
 
 
 def _fold_exact_spark(g: DataFrame, specs: Sequence[FoldSpec]) -> DataFrame:
-    """``exact_sum.fold_arrow`` on Spark: the same Python code as the driver path, per batch."""
-    schema = StructType([*g.schema.fields,
-                         *[f for s in specs for f in (StructField(s.state, StringType()),
-                                                      StructField(s.result, DoubleType()))]])
-    return g.mapInArrow(partial(fold_batches, specs=list(specs)), schema)
+    """``exact_sum.fold_arrow`` on Spark: the same Python code as the driver path, per batch.
+
+    PySpark's ``mapInArrow`` looks each column up by its unquoted name, which a name with a dot
+    or a backtick breaks; so every column the fold does not read goes through under a
+    positional name and gets its own name back afterwards."""
+    names = g.columns
+    read = {c for s in specs for c in (s.old, s.pairs, s.count)}
+    inner = [c if c in read else f"_m{j}" for j, c in enumerate(names)]
+    added = [f for s in specs for f in (StructField(s.state, StringType()),
+                                        StructField(s.result, DoubleType()))]
+    schema = StructType([StructField(n, f.dataType, f.nullable)
+                         for n, f in zip(inner, g.schema.fields)] + added)
+    folded = g.toDF(*inner).mapInArrow(partial(fold_batches, specs=list(specs)), schema)
+    return folded.toDF(*names, *[f.name for f in added])
 
 
 def _sum_type(input_type, output_type):

@@ -35,6 +35,7 @@ from dbsp_pipeline.spark_session import LazySession
 from dbsp_pipeline.storage.small_files import write_atomically
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.trace import Trace
+from dbsp_pipeline.zset import quote
 
 #: The file in a pipeline root caching the schemas Spark analysed for its circuit.
 SCHEMA_CACHE_FILE = "_plan_schemas.json"
@@ -187,9 +188,9 @@ class Plan:
                 raise CircuitError(f"{what}: aggregate '{a['name']}' = {a['fn']}({a['arg']}) "
                                    f"needs a numeric column, '{a['arg']}' is {dtype.simpleString()}")
             fn = {"count": F.count, "sum": F.sum, "avg": F.avg, "min": F.min, "max": F.max}
-            exprs.append(fn[a["fn"]](F.col("`" + a["arg"] + "`")).alias(a["name"]))
+            exprs.append(fn[a["fn"]](F.col(quote(a["arg"]))).alias(a["name"]))
         return self._analyse(what, lambda: self._empty(src).groupBy(
-            *["`" + k + "`" for k in keys]).agg(*exprs))
+            *[quote(k) for k in keys]).agg(*exprs))
 
     # -- operators -------------------------------------------------------------------------
     def _operator(self, node: Node, db: StateDatabase) -> Operator:

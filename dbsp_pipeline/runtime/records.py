@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import NumericType, StructType
 
 from dbsp_pipeline.errors import InputError
-from dbsp_pipeline.zset import MAX_WEIGHT, WEIGHT
+from dbsp_pipeline.zset import MAX_WEIGHT, WEIGHT, quote
 
 #: what a weight must be, said in errors
 WEIGHT_RULE = f"a non-zero integer of absolute value at most {MAX_WEIGHT} (2**31 - 1)"
@@ -85,7 +85,7 @@ def check_spark(input_name: str, df: SparkDataFrame, schema: StructType, weight:
         if t != f.dataType and not (isinstance(t, NumericType) and isinstance(f.dataType, NumericType)):
             raise InputError(input_name, f"column is {t.simpleString()}, expected "
                              f"{f.dataType.simpleString()}", column=f.name)
-        cols.append(F.col("`" + f.name + "`").cast(f.dataType).alias(f.name))
+        cols.append(F.col(quote(f.name)).cast(f.dataType).alias(f.name))
     return df.select(*cols, F.lit(weight).cast("long").alias(WEIGHT))
 
 

@@ -3,7 +3,10 @@ and check the console needs, with lineage from the inputs."""
 
 from __future__ import annotations
 
+import socket
+
 import dagster as dg
+import pytest
 
 from dbsp_pipeline.examples.shop import shop_circuit
 
@@ -45,3 +48,59 @@ def test_secrets_come_from_the_environment(monkeypatch):
                         sasl_username="u", sasl_password=dg.EnvVar("SECRET_PW"))
     # EnvVar is resolved when the resource is initialised for a run, not stored as text
     assert res.process_config_and_initialize().client_config()["sasl.password"] == "s3cret"
+
+
+def first_bytes_a_client_sends(monkeypatch, env: dict[str, str]) -> bytes:
+    """What a Kafka client built from the deployment's ``kafka`` resource (``env`` set) sends
+    first to its broker: a real librdkafka client connecting to a listening socket."""
+    from confluent_kafka import Producer
+
+    from definitions import kafka_resource
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.settimeout(20)
+        for name, value in {**env, "DBSP_KAFKA_BOOTSTRAP":
+                            f"127.0.0.1:{server.getsockname()[1]}"}.items():
+            monkeypatch.setenv(name, value)
+        config = kafka_resource().process_config_and_initialize().client_config()
+        producer = Producer(config)  # connects to the bootstrap server at once
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(20)
+            data = conn.recv(4096)
+        del producer
+    return data
+
+
+CREDENTIALS = {"DBSP_KAFKA_USER": "dbsp", "DBSP_KAFKA_PASSWORD": "pw-in-the-clear?"}
+
+
+def test_kafka_credentials_go_over_tls_by_default(monkeypatch):
+    monkeypatch.delenv("DBSP_KAFKA_SECURITY_PROTOCOL", raising=False)
+    sent = first_bytes_a_client_sends(monkeypatch, CREDENTIALS)
+    assert sent[:1] == b"\x16"  # a TLS handshake record (the ClientHello)
+    assert b"pw-in-the-clear?" not in sent and b"dbsp" not in sent
+
+
+def test_kafka_plaintext_credentials_only_when_chosen(monkeypatch):
+    sent = first_bytes_a_client_sends(
+        monkeypatch, {**CREDENTIALS, "DBSP_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT"})
+    assert sent[:1] != b"\x16" and b"rdkafka" in sent  # a Kafka request in the clear
+
+
+@pytest.mark.parametrize("env, match", [
+    ({**CREDENTIALS, "DBSP_KAFKA_SECURITY_PROTOCOL": "PLAINTEXT"},
+     r"DBSP_KAFKA_SECURITY_PROTOCOL='PLAINTEXT' with DBSP_KAFKA_USER set: credentials need one "
+     r"of SASL_SSL, SASL_PLAINTEXT"),
+    ({"DBSP_KAFKA_SECURITY_PROTOCOL": "SASL_SSL"}, r"without DBSP_KAFKA_USER.*SASL needs"),
+])
+def test_kafka_security_protocol_must_fit_the_credentials(monkeypatch, env, match):
+    from definitions import kafka_resource
+
+    monkeypatch.delenv("DBSP_KAFKA_USER", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=match):
+        kafka_resource()

@@ -252,3 +252,48 @@ def test_steps_alternate_between_spark_and_driver(spark, tmp_path):
             assert p.step().on_driver == (i % 2 == 0)
             check_step(spark, p, w, i)
         assert sum(w.orders.values()) > 5 and sum(w.customers.values()) > 3
+
+
+#: a column name with every character a dialect must quote: Spark's dot and backtick, DuckDB's
+#: double quote, and space, newline, tab and the ``,;{}()=`` some Parquet writers refuse
+ODD = 'a.b`c"d e\nf,;{}()=\tg'
+
+
+def _backticked(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+@ENGINES
+def test_column_names_with_any_character(spark, tmp_path, driver_step_rows):
+    """Every operator and both ways of running a step quote column names (Spark with backticks,
+    DuckDB with double quotes), including an input pushed as a Spark DataFrame."""
+    k, v, r = "k " + ODD, "v " + ODD, "r " + ODD
+    qk, qv, qr = _backticked(k), _backticked(v), _backticked(r)
+    c = Circuit("names")
+    x = c.input("x", f"{qk} BIGINT, {qv} DOUBLE")
+    y = c.input("y", f"{qk} BIGINT, {qr} STRING")
+    c.output("agg", x.group_by(k).agg(s=f"sum({qv})", lo=f"min({qv})", hi=f"max({qv})",
+                                      n=f"count({qv})"))
+    c.output("join", x.join(y, on=k))
+    c.output("left_join", x.left_join(y, on=k))
+    c.output("antijoin", y.antijoin(x, on=k))
+    c.output("distinct", y.select(qr).distinct())
+    c.output("select", x.select(qk, f"{qv} * 2 AS dbl").filter(f"{qk} > 1"))
+    with Pipeline(c, str(tmp_path), spark, driver_step_rows=driver_step_rows) as p:
+        p.push("x", [(1, 2.0), (1, 3.0), (2, 5.0)])
+        p.push("y", [(1, "n"), (4, "s")])
+        assert p.step().on_driver == bool(driver_step_rows)
+        p.push("x", [(1, 2.0)], weight=-1)  # deletes group 1's minimum
+        p.push("x", spark.createDataFrame([(3, 1.0)], f"{qk} BIGINT, {qv} DOUBLE"))
+        p.step()
+        assert p.view_arrow("agg").column_names == [k, "s", "lo", "hi", "n", "_weight"]
+        expected = {
+            "agg": [(1, 3.0, 3.0, 3.0, 1), (2, 5.0, 5.0, 5.0, 1), (3, 1.0, 1.0, 1.0, 1)],
+            "join": [(1, 3.0, "n")],
+            "left_join": [(1, 3.0, "n"), (2, 5.0, None), (3, 1.0, None)],
+            "antijoin": [(4, "s")],
+            "distinct": [("n",), ("s",)],
+            "select": [(2, 10.0), (3, 2.0)],
+        }
+        for view, rows in expected.items():
+            assert view_counter(p.view(view)) == Counter(rows), view
