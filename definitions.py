@@ -7,7 +7,9 @@ ones (local Spark, Delta tables under ``var/dagster``):
   ``DBSP_INBOX`` (default: ``inbox`` beside the root). ``DBSP_DRIVER_STEP_ROWS``: steps
   changing more input rows than this run on Spark (default 200000; 0: every step).
 * ``DBSP_SPARK_MODE``: ``local`` (default), ``connect`` (``DBSP_SPARK_CONNECT_URL``, default
-  ``sc://127.0.0.1:15002``) or ``standalone`` (``DBSP_SPARK_MASTER``).
+  ``sc://127.0.0.1:15002``, and ``DBSP_SPARK_CONNECT_TOKEN``, the server's token: the content of
+  the ``spark-connect.token`` file ``infra/spark_connect.sh`` writes) or ``standalone``
+  (``DBSP_SPARK_MASTER``).
 * ``DBSP_KAFKA_BOOTSTRAP``: when set, the demo is fed by Kafka too: topics ``shop.orders`` and
   ``shop.customers`` (JSON) feed the inputs, and the views go to ``shop.<view>`` (with
   ``shop.<view>.steps``). For a secured broker, ``DBSP_KAFKA_USER`` / ``DBSP_KAFKA_PASSWORD``
@@ -74,6 +76,8 @@ defs = build_definitions(
     spark=SparkResource(
         mode=os.environ.get("DBSP_SPARK_MODE", "local"),
         connect_url=os.environ.get("DBSP_SPARK_CONNECT_URL", "sc://127.0.0.1:15002"),
+        connect_token=(dg.EnvVar("DBSP_SPARK_CONNECT_TOKEN")
+                       if os.environ.get("DBSP_SPARK_CONNECT_TOKEN") else ""),
         master=os.environ.get("DBSP_SPARK_MASTER", "spark://127.0.0.1:7077")),
     resources={"kafka": kafka_resource()},
 )

@@ -9,6 +9,7 @@ given (``configure``): Parquet timestamps as TIMESTAMP_MICROS (what Delta reader
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from pyspark.sql import SparkSession
@@ -77,6 +78,41 @@ def cluster_session(master: str, app_name: str = "dbsp-pipeline",
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def connect_session(url: str, token: str | None = None) -> SparkSession:
+    """The process's client of the Spark Connect server at ``url`` (``sc://host:port``),
+    configured for the engine.
+
+    ``token``: the server's pre-shared authentication token (``spark.connect.authenticate.token``;
+    ``infra/spark_connect.sh`` makes one per start), sent as a bearer token with every call. A
+    server that has a token refuses a client without it, or with another, as UNAUTHENTICATED.
+    The token goes to the gRPC channel, never into the URL (which shows in logs and the UI).
+    PySpark sends a token over plain TCP only to a host spelled ``localhost`` (gRPC local
+    credentials: the peer must be on this machine) and otherwise over TLS; so a loopback address
+    in ``url`` is spelled ``localhost`` here, and a remote server needs TLS (``;use_ssl=true``).
+    """
+    if token:
+        from pyspark.sql.connect.client import DefaultChannelBuilder
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+        # What ``SparkSession.builder.remote()`` does first: from now on this process speaks
+        # Spark Connect (``StructType.fromDDL`` and the functions then use the remote session).
+        os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+        channel = DefaultChannelBuilder(_LOOPBACK_HOST.sub("sc://localhost", url))
+        channel.set(DefaultChannelBuilder.PARAM_TOKEN, token)
+        session = ConnectSession.builder.channelBuilder(channel).getOrCreate()
+    else:
+        session = SparkSession.builder.remote(url).getOrCreate()
+    try:
+        return configure(session)  # type: ignore[arg-type]  # the Connect flavour of SparkSession
+    except Exception:
+        session.stop()  # a refused client must not stay the process's session
+        raise
+
+
+#: ``sc://`` followed by a loopback address (see ``connect_session``)
+_LOOPBACK_HOST = re.compile(r"\Asc://(?:127\.0\.0\.1|\[::1\])(?=[:/]|\Z)")
 
 
 def _python_workers_run_this_interpreter() -> None:

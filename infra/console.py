@@ -51,6 +51,7 @@ class Console:
     def start(self) -> None:
         if self.spark_mode == "connect":
             self._script("spark_connect.sh", "start", str(self.connect_port))
+            self.env["DBSP_SPARK_CONNECT_TOKEN"] = self.connect_token()
         self._script("dagster.sh", "start", str(self.port))
 
     def stop(self) -> None:
@@ -66,6 +67,11 @@ class Console:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+    def connect_token(self) -> str:
+        """The running Spark Connect server's token (``infra/spark_connect.sh`` writes it)."""
+        with open(os.path.join(self.var, "spark-connect.token")) as fh:
+            return fh.read().strip()
 
     def _script(self, name: str, *args: str) -> None:
         subprocess.run(["bash", os.path.join("infra", name), *args], cwd=REPO, env=self.env,

@@ -6,6 +6,8 @@ Three deployments, chosen by configuration (``definitions.py`` reads them from t
   Spark (a step small enough for the driver never starts it; see ``Pipeline``).
 * ``connect``: a client of a long-lived Spark Connect server (``connect_url``, e.g.
   ``sc://127.0.0.1:15002``; ``infra/spark_connect.sh`` starts one): no JVM in the run process.
+  ``connect_token`` is the server's authentication token (give it as
+  ``dg.EnvVar("DBSP_SPARK_CONNECT_TOKEN")``: read in the run process, masked in the UI).
 * ``standalone``: a driver in the run process attached to a Spark standalone master
   (``master``, e.g. ``spark://127.0.0.1:7077``).
 """
@@ -17,7 +19,7 @@ from typing import Literal
 import dagster as dg
 from pyspark.sql import SparkSession
 
-from dbsp_pipeline.spark_session import LazySession, cluster_session, configure
+from dbsp_pipeline.spark_session import LazySession, cluster_session, connect_session
 
 
 class SparkResource(dg.ConfigurableResource):
@@ -28,6 +30,8 @@ class SparkResource(dg.ConfigurableResource):
     cores: int = 2
     #: connect mode: the server's URL
     connect_url: str = "sc://127.0.0.1:15002"
+    #: connect mode: the server's authentication token ("": the server asks for none)
+    connect_token: str = ""
     #: standalone mode: the master's URL
     master: str = "spark://127.0.0.1:7077"
     shuffle_partitions: int = 4
@@ -38,5 +42,5 @@ class SparkResource(dg.ConfigurableResource):
             return LazySession(app_name="dbsp-dagster", cores=self.cores,
                                shuffle_partitions=self.shuffle_partitions)
         if self.mode == "connect":
-            return configure(SparkSession.builder.remote(self.connect_url).getOrCreate())
+            return connect_session(self.connect_url, self.connect_token or None)
         return cluster_session(self.master, "dbsp-dagster", self.shuffle_partitions)

@@ -2,7 +2,8 @@
 ``infra/dagster.sh`` on 127.0.0.1 over a fresh instance and pipeline root. Input dropped in the
 inbox makes the sensor launch a step run, the view assets update, GraphQL lists the jobs,
 sensors, schedules and assets, and headless Chromium renders the asset graph and a run page.
-A second test runs the steps on a long-lived Spark Connect server (``infra/spark_connect.sh``).
+A second test runs the steps on a long-lived Spark Connect server (``infra/spark_connect.sh``),
+which serves only clients holding the token it was started with.
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
+import sys
 
 import pytest
 
-from infra.console import Console, wait_for
+from infra.console import REPO, Console, wait_for
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -27,6 +30,28 @@ def render(url: str, out: str) -> str:
     assert os.path.getsize(out) > 10_000
     return subprocess.run([*base, "--dump-dom", url], capture_output=True, text=True,
                           timeout=120).stdout
+
+
+#: tries each token (one a line on stdin, "" for none) as a Connect client; prints one line each
+CONNECT_CLIENT = """
+import sys
+from dbsp_pipeline.spark_session import connect_session
+for token in sys.stdin.read().split("\\n"):
+    try:
+        print(connect_session(sys.argv[1], token or None).range(5).count())
+    except Exception as e:
+        print(type(e).__name__, " ".join(str(e).split()))
+"""
+
+
+def connect_clients(url: str, tokens: list[str]) -> list[str]:
+    """What a Spark Connect client of ``url`` gets with each of ``tokens`` (in a process of its
+    own: a Connect client switches its process's PySpark to Spark Connect)."""
+    out = subprocess.run([sys.executable, "-c", CONNECT_CLIENT, url], input="\n".join(tokens),
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    answers = out.stdout.splitlines()
+    assert len(answers) == len(tokens), out.stdout + out.stderr
+    return answers
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is installed by infra/setup.sh")
@@ -84,5 +109,17 @@ def test_steps_run_on_a_long_lived_spark_connect_server(tmp_path):
         log = open(os.path.join(str(tmp_path), "spark-connect.log")).read()
         assert "ExecutePlan" in log or "SparkConnect" in log
         memory = console.stack_rss_mib()
+
+        # The runs above held the token (DBSP_SPARK_CONNECT_TOKEN); a client without it, or
+        # with another, is refused.
+        token_file = os.path.join(str(tmp_path), "spark-connect.token")
+        assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
+        token = console.connect_token()
+        assert len(token) >= 32 and token not in log
+        answers = connect_clients(console.env["DBSP_SPARK_CONNECT_URL"],
+                                  ["", "not-" + token, token])
+        assert "UNAUTHENTICATED" in answers[0] and "No authentication token" in answers[0]
+        assert "UNAUTHENTICATED" in answers[1] and "Invalid authentication token" in answers[1]
+        assert answers[2] == "5"
     print(json.dumps({"figure": "console_rss_mib", "spark": "connect",
                       **{k: round(v) for k, v in memory.items()}}))
