@@ -28,7 +28,6 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
 
 #: every finite double is an integer multiple of 2**-SCALE_BITS
@@ -173,9 +172,3 @@ def fold_batches(batches: Iterator[pa.RecordBatch],
     """:func:`fold_arrow` over a stream of batches (Spark's ``mapInArrow``)."""
     for batch in batches:
         yield fold_arrow(batch, specs)
-
-
-def canonical_floats(values: np.ndarray) -> np.ndarray:
-    """``values`` with -0.0 as 0.0 (equal values, one representation: grouping by a float
-    column must not depend on which of the two a engine met first)."""
-    return np.where(values == 0, 0.0, values)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter
 
@@ -39,3 +40,19 @@ def view_counter(df) -> Counter:
 def rows_counter(df) -> Counter:
     """A plain DataFrame (a bag of rows) as ``Counter{row tuple: multiplicity}``."""
     return Counter(tuple(r) for r in df.collect())
+
+
+def sql_sum(values: list[float]) -> float:
+    """SQL's sum of ``values`` (the oracle of exact sums): NaN wins, then both infinities make
+    NaN, then an infinity, then the correctly rounded finite sum (``math.fsum``)."""
+    if any(math.isnan(v) for v in values) or (math.inf in values and -math.inf in values):
+        return math.nan
+    if math.inf in values:
+        return math.inf
+    if -math.inf in values:
+        return -math.inf
+    try:
+        return math.fsum(values)
+    except OverflowError:  # the exact sum is beyond the double range
+        return math.copysign(math.inf, sum(math.copysign(1, v) * min(abs(v), 1e300)
+                                           for v in values))

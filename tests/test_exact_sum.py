@@ -12,24 +12,11 @@ from hypothesis import strategies as st
 
 from dbsp_pipeline import exact_sum
 from dbsp_pipeline.exact_sum import ExactSum, FoldSpec, decode, encode, of_pairs
+from tests.conftest import sql_sum
 
 finite = st.floats(allow_nan=False, allow_infinity=False)
 any_float = st.one_of(finite, st.sampled_from([math.nan, math.inf, -math.inf, 0.0, -0.0,
                                                5e-324, 1e308, -1e308, 0.1, 1e17]))
-
-
-def _sql_sum(values: list[float]) -> float:
-    if any(math.isnan(v) for v in values) or (math.inf in values and -math.inf in values):
-        return math.nan
-    if math.inf in values:
-        return math.inf
-    if -math.inf in values:
-        return -math.inf
-    try:
-        return math.fsum(values)
-    except OverflowError:  # the exact sum is beyond the double range
-        return math.copysign(math.inf, sum(math.copysign(1, v) * min(abs(v), 1e300)
-                                           for v in values))
 
 
 def _same(a: float, b: float) -> bool:
@@ -43,7 +30,7 @@ def test_value_is_fsum_of_what_is_present_after_inserts_and_deletes(kept, remove
     total = ExactSum()
     for v, w in ops:  # one at a time, through the encoding, as steps would
         total = decode(encode(total + of_pairs([v], [w])))
-    expected = _sql_sum(kept) if kept else 0.0
+    expected = sql_sum(kept) if kept else 0.0
     if not (math.isinf(expected) and not any(math.isinf(v) for v in kept)):
         assert _same(total.value(), expected), (kept, total, expected)
 

@@ -92,13 +92,15 @@ class InputLog:
         self.table.commit(adds, [f.path for f in files], data_change=False)
         return True
 
-    def remove_between(self, lower: int, upper: int) -> int:
-        """Take the records appended by log versions ``lower+1 .. upper`` out of the log (a
-        quarantined step's input, already copied to the errors table), in one commit: the
-        integrated input no longer holds them. Files already taken out are skipped, so a repeat
-        after a crash is a no-op. Returns how many files were taken out."""
+    def remove(self, files: list[DataFile]) -> int:
+        """Take the records of ``files`` (from ``files_between``: a quarantined step's input,
+        already copied to the errors table) out of the log, in one commit: the integrated input
+        no longer holds them. Files already taken out are skipped, so a repeat after a crash is
+        a no-op. Returns how many files were taken out."""
+        if not files:
+            return 0
         current = {f.path for f in self.table.files()}
-        gone = [f.path for f in self.files_between(lower, upper) if f.path in current]
+        gone = [f.path for f in files if f.path in current]
         if gone:
             self.table.commit([], gone)
         return len(gone)

@@ -78,6 +78,7 @@ from dbsp_pipeline.runtime.plan import SCHEMA_CACHE_FILE, Plan
 from dbsp_pipeline.runtime.readers import DEFAULT_LEASE_SECONDS, LeaseRegistry, Reader
 from dbsp_pipeline.spark_session import LazySession, configure
 from dbsp_pipeline.storage import crash_points, garbage
+from dbsp_pipeline.storage.delta_table import DataFile
 from dbsp_pipeline.storage.garbage import ORPHAN_GRACE_SECONDS
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.trace import COMPACT_FILE_THRESHOLD
@@ -458,41 +459,42 @@ class Pipeline:
             self._divisions.quarantine(step, reason)
             return QuarantineResult(step, reason, self._input_rows(step), self._step())
 
-    def _input_rows(self, step: int) -> dict[str, int]:
-        """Per input, the records of ``step``'s division (from the log's file statistics)."""
+    def _division_files(self, step: int) -> dict[str, list[DataFile]]:
+        """Per input, the log files the division of ``step`` covers (its pushes)."""
         uppers = self._divisions.get(step) or {}
         lowers = self._divisions.lower(step, list(self._inputs))
-        return {n: sum(f.rows for f in log_.files_between(lowers[n], uppers.get(n, lowers[n])))
+        return {n: log_.files_between(lowers[n], uppers.get(n, lowers[n]))
                 for n, log_ in self._inputs.items()}
+
+    def _input_rows(self, step: int) -> dict[str, int]:
+        """Per input, the records of ``step``'s division (from the log's file statistics)."""
+        return {n: sum(f.rows for f in files) for n, files in self._division_files(step).items()}
 
     def _complete_quarantine(self, step: int, reason: str) -> None:
         """Before a quarantined step executes (the first time, or again after a crash or a
         restore): its records are in the errors table and out of the input logs. Both parts
         are idempotent, so whatever a crash interrupted is completed here."""
-        self._move_input_to_errors(step, reason)
-        uppers = self._divisions.get(step) or {}
-        lowers = self._divisions.lower(step, list(self._inputs))
+        files = self._division_files(step)
+        self._move_input_to_errors(step, reason, files)
         for name, log_ in self._inputs.items():
-            log_.remove_between(lowers[name], uppers.get(name, lowers[name]))
+            log_.remove(files[name])
 
-    def _move_input_to_errors(self, step: int, reason: str) -> None:
-        """Write the records of ``step``'s input to the errors table, whole (payload and
-        ``_weight`` as one JSON object each), once: one commit per input, recorded as the app
-        transaction ``errors/quarantine/<input>`` at version ``step``."""
+    def _move_input_to_errors(self, step: int, reason: str,
+                              files: dict[str, list[DataFile]]) -> None:
+        """Write the records of ``step``'s input (``files``, per input) to the errors table,
+        whole (payload and ``_weight`` as one JSON object each), once: one commit per input,
+        recorded as the app transaction ``errors/quarantine/<input>`` at version ``step``."""
         sink = ErrorsSink(self.spark, self.root)
-        uppers = self._divisions.get(step) or {}
-        lowers = self._divisions.lower(step, list(self._inputs))
         for name, log_ in self._inputs.items():
             producer = QUARANTINE_PRODUCER + name
             done = sink.recorded_upto(producer)
             if done is not None and done >= step:
                 continue
-            files = log_.files_between(lowers[name], uppers.get(name, lowers[name]))
             sink.record_tables(producer, step, (
                 sink.rows(name, f"step {step}", reason,
                           [json.dumps(r, sort_keys=True, default=str) for r in
                            log_.table.read_arrow([f]).to_pylist()])
-                for f in files))
+                for f in files[name]))
 
     def _step(self) -> StepResult:
         started = time.monotonic()

@@ -13,6 +13,7 @@ from collections import Counter
 import pytest
 
 from dbsp_pipeline import Circuit, Pipeline
+from tests.conftest import sql_sum
 
 ENGINES = pytest.mark.parametrize("driver_step_rows", [0, 10**9], ids=["spark", "driver"])
 
@@ -24,18 +25,6 @@ def _circuit() -> Circuit:
         n="count(*)", s="sum(amount)", a="avg(amount)", hi="max(amount)"))
     c.output("amounts", o.select("amount").distinct())
     return c
-
-
-def _expected_sum(values: list[float]) -> float:
-    """SQL's sum of ``values``: NaN wins, then both infinities make NaN, then an infinity, then
-    the correctly rounded finite sum."""
-    if any(math.isnan(v) for v in values) or (math.inf in values and -math.inf in values):
-        return math.nan
-    if math.inf in values:
-        return math.inf
-    if -math.inf in values:
-        return -math.inf
-    return math.fsum(values)
 
 
 def _same(a: float | None, b: float | None) -> bool:
@@ -54,7 +43,7 @@ def _check(p: Pipeline, live: Counter) -> None:
     for region, values in by_region.items():
         row = got[region]
         assert row["_weight"] == 1 and row["n"] == len(values)
-        s = _expected_sum(values)
+        s = sql_sum(values)
         assert _same(row["s"], s), (region, values, row["s"], s)
         assert _same(row["a"], s / len(values)), (region, values, row["a"])
 

@@ -26,17 +26,27 @@ def rewrite_newest_entry(root: str, spark, **changes) -> None:
     db._write_entry(entry)
 
 
-def test_format_1_state_is_migrated_and_runs_on(spark, tmp_path):
+def _reference_view(spark, tmp_path) -> dict:
+    """The consumer view of every round played by an engine of this version."""
     reference = str(tmp_path / "reference")
     with workload.open_pipeline(reference, spark) as p:
         for r, pushes in enumerate(ROUNDS):
             workload.play_round(p, r, pushes)
-    expected = workload.consumer_view(spark, reference)
+    return workload.consumer_view(spark, reference)
 
+
+def _first_rounds(spark, tmp_path) -> str:
+    """A root that played the first 3 rounds (closed: committed); the root's path."""
     root = str(tmp_path / "old")
     with workload.open_pipeline(root, spark) as p:
         for r, pushes in enumerate(ROUNDS[:3]):
             workload.play_round(p, r, pushes)
+    return root
+
+
+def test_format_1_state_is_migrated_and_runs_on(spark, tmp_path):
+    expected = _reference_view(spark, tmp_path)
+    root = _first_rounds(spark, tmp_path)
     # as the previous engine wrote it: format 1, no layout record
     rewrite_newest_entry(root, spark, state_format=1, engine_version="0.0.9",
                          drop_meta=(LAYOUT_KEY,))
@@ -130,17 +140,8 @@ def _spark_schema(root: str, name: str):
 def test_format_2_double_sums_are_migrated_to_exact_sums(spark, tmp_path):
     """State of the engine that kept sums as DOUBLE: opened, migrated once to exact sums (the
     old sums as they were) and runs on to the same output as a run that never was format 2."""
-    reference = str(tmp_path / "reference")
-    with workload.open_pipeline(reference, spark) as p:
-        for r, pushes in enumerate(ROUNDS):
-            workload.play_round(p, r, pushes)
-    expected = workload.consumer_view(spark, reference)
-
-    root = str(tmp_path / "old")
-    with workload.open_pipeline(root, spark) as p:
-        for r, pushes in enumerate(ROUNDS[:3]):
-            workload.play_round(p, r, pushes)
-        p.commit()
+    expected = _reference_view(spark, tmp_path)
+    root = _first_rounds(spark, tmp_path)
     _as_format_2(root, spark)
     with workload.open_pipeline(root, spark) as p:
         assert p.upgrade_info.migrations == [(2, 3)]
