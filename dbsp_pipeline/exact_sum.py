@@ -139,7 +139,8 @@ def fold_arrow(batch: pa.RecordBatch, specs: Sequence[FoldSpec]) -> pa.RecordBat
         present = pairs.is_valid().to_pylist()
         values = pairs.values.field("_v").to_pylist()
         weights = pairs.values.field("_w").to_pylist()
-        states, results = [], []
+        states: list[str] = []
+        results: list[float | None] = []
         for row, (old, count) in enumerate(zip(olds, counts)):
             total = decode(old)
             if present[row]:

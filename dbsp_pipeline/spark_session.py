@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -103,7 +104,7 @@ def connect_session(url: str, token: str | None = None) -> SparkSession:
         channel.set(DefaultChannelBuilder.PARAM_TOKEN, token)
         session = ConnectSession.builder.channelBuilder(channel).getOrCreate()
     else:
-        session = SparkSession.builder.remote(url).getOrCreate()
+        session = SparkSession.builder.remote(url).getOrCreate()  # type: ignore[assignment]
     try:
         return configure(session)  # type: ignore[arg-type]  # the Connect flavour of SparkSession
     except Exception:
@@ -133,7 +134,7 @@ class LazySession:
     """Stands for the process's local session (``local_session(**options)``), started on first
     use: a pipeline whose steps all run on the driver never pays the JVM's start."""
 
-    def __init__(self, **options) -> None:
+    def __init__(self, **options: Any) -> None:
         self._options = options
         self._session: SparkSession | None = None
 
@@ -146,5 +147,5 @@ class LazySession:
     def started(self) -> bool:
         return self._session is not None
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.get(), name)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+from pyspark.sql.types import StructType
 
 from dbsp_pipeline.errors import InputError
 from dbsp_pipeline.runtime import records
@@ -41,7 +42,7 @@ class DecodeError(ValueError):
     """Why one record cannot be a row of the input."""
 
 
-def decode(value: bytes | None, columns: Sequence[str], fmt: str = "json") -> tuple[dict, int]:
+def decode(value: bytes | None, columns: Sequence[str], fmt: str = "json") -> tuple[dict[str, Any], int]:
     """One record → ``(row, weight)``; raises ``DecodeError`` naming the problem."""
     if value is None:
         raise DecodeError("empty record (no value)")
@@ -52,7 +53,7 @@ def decode(value: bytes | None, columns: Sequence[str], fmt: str = "json") -> tu
     return _decode_json(text, columns) if fmt == "json" else _decode_csv(text, columns)
 
 
-def _decode_json(text: str, columns: Sequence[str]) -> tuple[dict, int]:
+def _decode_json(text: str, columns: Sequence[str]) -> tuple[dict[str, Any], int]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
@@ -83,7 +84,7 @@ def _decode_json(text: str, columns: Sequence[str]) -> tuple[dict, int]:
     return data, weight
 
 
-def _decode_csv(text: str, columns: Sequence[str]) -> tuple[dict, int]:
+def _decode_csv(text: str, columns: Sequence[str]) -> tuple[dict[str, Any], int]:
     try:
         (fields,) = list(csv.reader(io.StringIO(text.rstrip("\r\n"))))
     except (csv.Error, ValueError) as e:
@@ -113,7 +114,7 @@ class Batch:
     input_name: str
     columns: list[str]
     fmt: str = "json"
-    rows: list[tuple[Any, dict, int]] = field(default_factory=list)
+    rows: list[tuple[Any, dict[str, Any], int]] = field(default_factory=list)
     bad: list[tuple[Any, str]] = field(default_factory=list)
 
     def add(self, position: Any, value: bytes | None) -> None:
@@ -124,7 +125,7 @@ class Batch:
             return
         self.rows.append((position, row, weight))
 
-    def to_zset(self, schema, arrow_schema: pa.Schema) -> pa.Table:
+    def to_zset(self, schema: StructType, arrow_schema: pa.Schema) -> pa.Table:
         """The valid rows as an Arrow Z-set of the input (payload + ``_weight``)."""
         try:
             return self._convert(self.rows, schema, arrow_schema)
@@ -141,7 +142,8 @@ class Batch:
         self.rows = good
         return self._convert(good, schema, arrow_schema)
 
-    def _convert(self, items, schema, arrow_schema: pa.Schema) -> pa.Table:
+    def _convert(self, items: list[tuple[Any, dict[str, Any], int]], schema: StructType,
+                 arrow_schema: pa.Schema) -> pa.Table:
         rows: Any = [row for _, row, _ in items]
         if self.fmt == "csv":  # text fields: Arrow casts them to the column types
             rows = pa.table({c: pa.array([r[c] for r in rows], pa.string())
@@ -152,7 +154,7 @@ class Batch:
                                 arrow_schema.field(WEIGHT), weights)
 
 
-def encode_change(row: dict, weight: int) -> bytes:
+def encode_change(row: dict[str, Any], weight: int) -> bytes:
     """A view's change row as one record: ``{"insert": row}`` or ``{"delete": row}``, with
     ``"weight": |weight|`` when the row changed by more than one copy (a view's weights reach
     2**62, far too many copies to send one by one)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql.types import (
@@ -28,6 +29,9 @@ from pyspark.sql.types import (
 )
 
 from dbsp_pipeline.storage.delta_table import SparkDeltaTable
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 ERRORS_DIR = "_errors"
 RECORD_LIMIT = 4096
@@ -43,14 +47,14 @@ SCHEMA = StructType([
 
 
 class ErrorsSink:
-    def __init__(self, spark, root: str) -> None:
+    def __init__(self, spark: SparkSession, root: str) -> None:
         self.table = SparkDeltaTable(spark, os.path.join(root, ERRORS_DIR), SCHEMA, role="errors")
 
     def recorded_upto(self, producer: str) -> int | None:
         """The offset through which ``producer``'s rejected records are recorded (None: none)."""
         return self.table.transaction_version("errors/" + producer)
 
-    def record(self, producer: str, upto: int, rejected: list[dict]) -> int:
+    def record(self, producer: str, upto: int, rejected: list[dict[str, Any]]) -> int:
         """Durably record ``rejected`` (dicts of the schema's columns but ``rejected_at``), the
         rejects of ``producer``'s records through offset ``upto``; those at or below an offset
         already recorded are skipped. Returns how many were written."""

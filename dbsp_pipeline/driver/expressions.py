@@ -76,6 +76,7 @@ from __future__ import annotations
 import datetime
 import re
 from collections.abc import Sequence
+from typing import Any, TypeAlias, cast
 from decimal import Decimal
 
 import sqlglot
@@ -97,9 +98,12 @@ from pyspark.sql.types import (
     TimestampType,
 )
 from sqlglot import exp
-from sqlglot.tokens import TokenType
+from sqlglot.tokenizer_core import Token, TokenType
 
 from dbsp_pipeline.driver.sql import ident
+
+#: lower-cased column name -> (exact name, type tag; None: a type expressions cannot use)
+Columns: TypeAlias = dict[str, tuple[str, str | None]]
 
 __all__ = ["translate_predicate", "translate_projection"]
 
@@ -118,8 +122,8 @@ NULL, OTHER = "null", "other"
 
 _NUMERIC = {INT, BIGINT, DOUBLE, DECIMAL_LIT, DECIMAL_WIDE}
 _ARITH = {INT, BIGINT, DOUBLE}
-_DUCKDB_ARITH = {exp.Add: "add", exp.Sub: "subtract", exp.Mul: "multiply"}
-_COMPARISONS = {exp.EQ: "=", exp.NEQ: "<>", exp.LT: "<", exp.LTE: "<=", exp.GT: ">",
+_DUCKDB_ARITH: dict[type[exp.Expression], str] = {exp.Add: "add", exp.Sub: "subtract", exp.Mul: "multiply"}
+_COMPARISONS: dict[type[exp.Expression], str] = {exp.EQ: "=", exp.NEQ: "<>", exp.LT: "<", exp.LTE: "<=", exp.GT: ">",
                 exp.GTE: ">=", exp.NullSafeEQ: "IS NOT DISTINCT FROM",
                 exp.NullSafeNEQ: "IS DISTINCT FROM"}
 
@@ -193,7 +197,7 @@ def _parse(text: str) -> exp.Expression:
         raise _Refuse(f"parse: {e}") from None
     if len(trees) != 1 or trees[0] is None:
         raise _Refuse("not one expression")
-    tree = trees[0]
+    tree: exp.Expression = cast(exp.Expression, trees[0])
     # sqlglot drops a unary plus (``+s`` parses as ``s``); Spark's unary plus is a typed function
     # (it rejects or casts some types), so every '+' must be a binary addition.
     pluses = sum(1 for t in tokens if t.token_type == TokenType.PLUS)
@@ -211,7 +215,7 @@ _SEGMENT_BREAKS = {TokenType.AND, TokenType.OR, TokenType.COMMA, TokenType.WHEN,
 _OPENERS = {TokenType.L_PAREN: TokenType.R_PAREN, TokenType.CASE: TokenType.END}
 
 
-def _check_one_comparison_per_operand(tokens) -> None:
+def _check_one_comparison_per_operand(tokens: Sequence[Token]) -> None:
     """Refuse two comparisons/predicates in one operand of AND/OR/NOT unless parenthesized.
 
     Spark puts every comparison operator on one left-associative level, with IS NULL, IN,
@@ -223,7 +227,7 @@ def _check_one_comparison_per_operand(tokens) -> None:
     THEN ELSE END`` at one nesting depth, at most one comparison operator or predicate keyword.
     With one, sqlglot's tree and Spark's agree (arithmetic precedence is the same in both).
     """
-    stack: list[list] = [[0, False, None]]  # per depth: [count, inside BETWEEN, closing token]
+    stack: list[list[Any]] = [[0, False, None]]  # per depth: [count, inside BETWEEN, closing token]
     prev = None
     for tok in tokens:
         tt = tok.token_type
@@ -248,11 +252,11 @@ def _check_one_comparison_per_operand(tokens) -> None:
         prev = tt
 
 
-def _columns(schema: StructType) -> dict[str, tuple[str, str]] | None:
+def _columns(schema: StructType) -> Columns | None:
     """Lower-cased column name -> (exact name, type tag); None if names clash case-insensitively."""
     if not isinstance(schema, StructType):
         return None
-    out: dict[str, tuple[str, str]] = {}
+    out: Columns = {}
     for field in schema.fields:
         key = field.name.lower()
         if key in out:
@@ -300,7 +304,7 @@ def _unparen(node: exp.Expression) -> exp.Expression:
     return node
 
 
-def _bare_column(node: exp.Expression, columns) -> tuple[str, str] | None:
+def _bare_column(node: exp.Expression, columns: Columns) -> tuple[str, str] | None:
     """A bare column reference of any supported type (pass-through types included), or None."""
     node = _unparen(node)
     if type(node) is exp.Column:
@@ -308,7 +312,7 @@ def _bare_column(node: exp.Expression, columns) -> tuple[str, str] | None:
     return None
 
 
-def _column(node: exp.Column, columns) -> tuple[str, str]:
+def _column(node: exp.Column, columns: Columns) -> tuple[str, str]:
     _only(node, "this")
     name = node.this
     if type(name) is not exp.Identifier:
@@ -320,20 +324,20 @@ def _column(node: exp.Column, columns) -> tuple[str, str]:
     return ident(hit[0]), hit[1]
 
 
-def _translate(node: exp.Expression, columns) -> tuple[str, str]:
+def _translate(node: exp.Expression, columns: Columns) -> tuple[str, str]:
     """(DuckDB SQL, type tag) of a whitelisted expression; raises _Refuse otherwise.
 
     Pass-through ("other") columns come back typed OTHER; every caller but IS NULL refuses them.
     """
-    t = type(node)
+    t: type[exp.Expression] = type(node)
     if t is exp.Paren:
         return _translate(_unparen(node), columns)
     if t is exp.Column:
-        return _column(node, columns)
+        return _column(cast(exp.Column, node), columns)
     if t in (exp.Literal, exp.Boolean, exp.Null) or (t is exp.Neg and _is_number(node.this)):
         return _literal(node)
     if t is exp.Cast:
-        return _date_literal(node)
+        return _date_literal(cast(exp.Cast, node))
     if t is exp.Neg:
         _only(node, "this")
         sql, typ = _typed(node.this, columns, _ARITH)
@@ -367,7 +371,7 @@ def _translate(node: exp.Expression, columns) -> tuple[str, str]:
         a, _ = _translate(node.this, columns)  # any type, pass-through columns included
         return f"({a} IS NULL)", BOOLEAN
     if t is exp.In:
-        return _in(node, columns)
+        return _in(cast(exp.In, node), columns)
     if t is exp.Between:
         _only(node, "this", "low", "high")
         _no_bare_predicate(node.this, node.args["low"], node.args["high"])
@@ -379,7 +383,7 @@ def _translate(node: exp.Expression, columns) -> tuple[str, str]:
         _comparable(tlo, thi)
         return f"({x} BETWEEN {lo} AND {hi})", BOOLEAN
     if t is exp.Case:
-        return _case(node, columns)
+        return _case(cast(exp.Case, node), columns)
     if t is exp.Coalesce:
         _only(node, "this", "expressions", "is_nvl", "is_null")
         args = [node.this, *node.expressions]
@@ -410,14 +414,14 @@ def _no_bare_predicate(*operands: exp.Expression) -> None:
             raise _Refuse("unparenthesized comparison or predicate as an operand")
 
 
-def _typed(node: exp.Expression, columns, allowed: set[str]) -> tuple[str, str]:
+def _typed(node: exp.Expression, columns: Columns, allowed: set[str]) -> tuple[str, str]:
     sql, typ = _translate(node, columns)
     if typ not in allowed:
         raise _Refuse(f"operand type {typ}")
     return sql, typ
 
 
-def _arithmetic(fn: str, left: exp.Expression, right: exp.Expression, columns) -> tuple[str, str]:
+def _arithmetic(fn: str, left: exp.Expression, right: exp.Expression, columns: Columns) -> tuple[str, str]:
     a, ta = _typed(left, columns, _ARITH | {DECIMAL_LIT, NULL})
     b, tb = _typed(right, columns, _ARITH | {DECIMAL_LIT, NULL})
     kinds = {ta, tb}
@@ -464,7 +468,7 @@ def _unify(types: Sequence[str]) -> str:
     raise _Refuse(f"branch types {sorted(real)}")
 
 
-def _in(node: exp.In, columns) -> tuple[str, str]:
+def _in(node: exp.In, columns: Columns) -> tuple[str, str]:
     _only(node, "this", "expressions")
     items = node.expressions
     if not items:
@@ -484,7 +488,7 @@ def _in(node: exp.In, columns) -> tuple[str, str]:
     return f"({x} IN ({', '.join(sqls)}))", BOOLEAN
 
 
-def _case(node: exp.Case, columns) -> tuple[str, str]:
+def _case(node: exp.Case, columns: Columns) -> tuple[str, str]:
     _only(node, "this", "ifs", "default")
     ifs = node.args.get("ifs") or []
     if not ifs:
@@ -564,20 +568,21 @@ def _literal(node: exp.Expression) -> tuple[str, str]:
         return (f"({value})" if value < 0 else str(value)), typ
     if _DEC_RE.fullmatch(text):
         d = Decimal(sign + text)
-        digits = d.as_tuple().digits
-        if len(digits) > 18 or -d.as_tuple().exponent > 18:
+        digits, exponent = d.as_tuple().digits, d.as_tuple().exponent
+        assert isinstance(exponent, int)  # a finite literal (the pattern has no NaN or Infinity)
+        if len(digits) > 18 or -exponent > 18:
             raise _Refuse("long decimal literal")
         # Exact in both; both compare it with integers exactly and with doubles as a double.
         plain = format(d, "f")
         plain = plain if "." in plain else plain + ".0"  # keep it a DECIMAL for DuckDB
-        typ = DECIMAL_LIT if len(digits) <= 15 and -d.as_tuple().exponent <= 15 else DECIMAL_WIDE
+        typ = DECIMAL_LIT if len(digits) <= 15 and -exponent <= 15 else DECIMAL_WIDE
         return (f"({plain})" if negative else plain), typ
     if _DBL_RE.fullmatch(text):
-        value = float(sign + text)
-        if value in (float("inf"), float("-inf")) or (value == 0.0 and Decimal(text) != 0):
+        real = float(sign + text)
+        if real in (float("inf"), float("-inf")) or (real == 0.0 and Decimal(text) != 0):
             raise _Refuse("double literal out of range")
         # repr round-trips exactly; the exponent keeps DuckDB from reading it as a DECIMAL.
-        return f"({value!r}e0)" if "e" not in repr(value) else f"({value!r})", DOUBLE
+        return f"({real!r}e0)" if "e" not in repr(real) else f"({real!r})", DOUBLE
     raise _Refuse(f"numeric literal {text!r}")
 
 

@@ -144,7 +144,7 @@ def _double_bits(arr: pa.Array) -> np.ndarray:
     return np.where(np.isnan(v), _DOUBLE_NAN_BITS, bits)
 
 
-def _bytes_hashes(data, offsets: np.ndarray, seeds: np.ndarray, valid: np.ndarray | None,
+def _bytes_hashes(data: pa.Buffer | None, offsets: np.ndarray, seeds: np.ndarray, valid: np.ndarray | None,
                   n: int) -> np.ndarray:
     """XXH64 of ``data[offsets[i]:offsets[i+1]]`` with ``seeds[i]``, NULL rows keep their seed."""
     view = memoryview(data) if data is not None else memoryview(b"")
@@ -186,7 +186,7 @@ def _decimal_wide_hashes(arr: pa.Array, seeds: np.ndarray, valid: np.ndarray | N
 def _arrow_supported(t: pa.DataType) -> bool:
     if pa.types.is_dictionary(t):
         return _arrow_supported(t.value_type)
-    return (pa.types.is_null(t) or pa.types.is_boolean(t) or pa.types.is_int8(t)
+    return bool(pa.types.is_null(t) or pa.types.is_boolean(t) or pa.types.is_int8(t)
             or pa.types.is_int16(t) or pa.types.is_int32(t) or pa.types.is_int64(t)
             or pa.types.is_float32(t) or pa.types.is_float64(t) or pa.types.is_decimal128(t)
             or pa.types.is_decimal256(t) or pa.types.is_string(t) or pa.types.is_large_string(t)

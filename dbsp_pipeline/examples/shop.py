@@ -7,6 +7,7 @@ max), the set of regions (distinct), and customers who never ordered (antijoin).
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from dbsp_pipeline.circuit import Circuit
 
@@ -43,7 +44,8 @@ class ShopData:
     def customers(self) -> list[tuple[int, str]]:
         return [(i, self.rng.choice(REGIONS)) for i in range(1, self.customer_count + 1)]
 
-    def order_batch(self, n: int, delete_fraction: float = 0.1):
+    def order_batch(self, n: int, delete_fraction: float = 0.1
+                    ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
         """``n`` changes: ``(inserts, deletes)`` with about ``delete_fraction`` deletions."""
         deletes = []
         n_del = min(len(self.live_orders), int(n * delete_fraction))

@@ -23,13 +23,14 @@ group whose row changed. Work per step is proportional to the number of groups t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 from functools import partial, reduce
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import (DecimalType, DoubleType, LongType, StringType, StructField,
+from pyspark.sql.types import (DataType, DecimalType, DoubleType, LongType, StringType, StructField,
                                StructType)
 
 from dbsp_pipeline.driver.sql import conform, ident, idents, null_safe_on
@@ -46,7 +47,7 @@ _O = "_o_"  # prefix of the old state's columns
 
 class Aggregate(Operator):
     def __init__(self, db: StateDatabase, name: str, keys: Sequence[str],
-                 aggregates: Sequence[dict], input_schema: StructType, schema: StructType) -> None:
+                 aggregates: Sequence[dict[str, Any]], input_schema: StructType, schema: StructType) -> None:
         self.keys = list(keys)
         self.aggs = [dict(a) for a in aggregates]
         self.schema = schema
@@ -208,7 +209,7 @@ class Aggregate(Operator):
         (d,) = changes
         if d is None or d.num_rows == 0:
             return None
-        sql, w = ctx.sql, ident(WEIGHT)
+        sql, w = ctx.local, ident(WEIGHT)
         keys = idents(self.keys)
         keys_sel = keys + ", " if self.keys else ""
         group_by = f"GROUP BY {keys}" if self.keys else ""
@@ -310,23 +311,23 @@ class Aggregate(Operator):
             f"HAVING sum({w}) <> 0", c=state_change.filter(pc.field(_N) > 0))
         return conform(out, self.schema) if out.num_rows else None
 
-    def _redo_extreme_local(self, ctx: StepContext, g: pa.Table, a: dict) -> pa.Table:
+    def _redo_extreme_local(self, ctx: StepContext, g: pa.Table, a: dict[str, Any]) -> pa.Table:
         """Set ``_mm<i>`` of the groups flagged ``_redo<i>`` from their live values."""
         i = a["i"]
         redo = g.filter(pc.field(f"_redo{i}"))
         if redo.num_rows == 0:
             return g
-        values = self.values[i].lookup_arrow(ctx.sql, redo)
+        values = self.values[i].lookup_arrow(ctx.local, redo)
         best = "min" if a["fn"] == "min" else "max"
         keys = idents(self.keys)
-        return ctx.sql.query(
+        return ctx.local.query(
             f"WITH live AS (SELECT {keys}, _v FROM v GROUP BY {keys}, _v "
             f"HAVING sum({ident(WEIGHT)}) > 0), "
             f"rec AS (SELECT {keys}, {best}(_v) AS _rec FROM live GROUP BY {keys}) "
             f"SELECT g.* REPLACE (CASE WHEN g._redo{i} THEN rec._rec ELSE g._mm{i} END AS _mm{i}) "
             f"FROM g LEFT JOIN rec ON {null_safe_on('g', 'rec', self.keys)}", g=g, v=values)
 
-    def _extreme(self, ctx: StepContext, g: DataFrame, a: dict) -> DataFrame:
+    def _extreme(self, ctx: StepContext, g: DataFrame, a: dict[str, Any]) -> DataFrame:
         """Add ``_mm<i>``: the new min/max of aggregate ``a`` for every touched group."""
         i, name = a["i"], a["name"]
         is_min = a["fn"] == "min"
@@ -375,7 +376,7 @@ def _fold_exact_spark(g: DataFrame, specs: Sequence[FoldSpec]) -> DataFrame:
     return folded.toDF(*names, *[f.name for f in added])
 
 
-def _sum_type(input_type, output_type):
+def _sum_type(input_type: DataType, output_type: DataType) -> DataType:
     if isinstance(input_type, DecimalType):
         return output_type if isinstance(output_type, DecimalType) else DecimalType(38, input_type.scale)
     if isinstance(output_type, LongType):

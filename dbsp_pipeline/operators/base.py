@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -29,8 +30,10 @@ from pyspark.sql.types import StructType
 from dbsp_pipeline.driver.sql import LocalSQL
 from dbsp_pipeline.storage.trace import Trace
 
-Delta = DataFrame | None
-LocalDelta = pa.Table | None
+#: one operator's change on the Spark path (None: no change)
+Delta: TypeAlias = DataFrame | None
+#: one operator's change on the driver path: payload + ``_weight`` (None: no change)
+LocalDelta: TypeAlias = "pa.Table | None"
 
 
 @dataclass
@@ -57,6 +60,14 @@ class StepContext:
     @property
     def on_driver(self) -> bool:
         return self.sql is not None
+
+    @property
+    def local(self) -> LocalSQL:
+        """The driver-side engine, for ``step_local``: only a step that runs on the driver
+        calls it, so its absence is a bug in the engine, not in the circuit."""
+        if self.sql is None:
+            raise AssertionError(f"step {self.step} runs on Spark: no driver-side engine")
+        return self.sql
 
     def release(self) -> None:
         for df in self._cached:

@@ -53,12 +53,12 @@ class Distinct(Operator):
         if d is None:
             return None
         old_files = self.trace.files()
-        new = self.trace.append_arrow(ctx.sql, d)
+        new = self.trace.append_arrow(ctx.local, d)
         if new is None:
             return None
-        old = self.trace.lookup_arrow(ctx.sql, new, old_files)
+        old = self.trace.lookup_arrow(ctx.local, new, old_files)
         cols, w = idents(self.columns), ident(WEIGHT)
-        out = ctx.sql.query(f"""
+        out = ctx.local.query(f"""
             WITH o AS (SELECT {cols}, sum({w}) AS _old FROM old GROUP BY ALL),
                  b AS (SELECT {idents(self.columns, 'n.')}, coalesce(o._old, 0) AS _before,
                               coalesce(o._old, 0) + n.{w} AS _after

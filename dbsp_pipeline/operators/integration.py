@@ -43,10 +43,10 @@ class Integrate(Operator):
     def step_local(self, ctx: StepContext, changes: Sequence[LocalDelta]) -> LocalDelta:
         (d,) = changes
         if d is not None:
-            self.trace.append_arrow(ctx.sql, d)
+            self.trace.append_arrow(ctx.local, d)
         if not self.trace.files():
             return None
-        value = ctx.sql.consolidate(self.trace.read_arrow(), self.schema.fieldNames())
+        value = ctx.local.consolidate(self.trace.read_arrow(), self.schema.fieldNames())
         return conform(value, self.schema) if value.num_rows else None
 
     def traces(self) -> list[Trace]:
@@ -72,7 +72,7 @@ class Delay(Operator):
         (d,) = changes
         before = self.previous.files()
         if d is not None or before:
-            current = ctx.sql.consolidate(d, self.schema.fieldNames()) if d is not None else None
+            current = ctx.local.consolidate(d, self.schema.fieldNames()) if d is not None else None
             self.previous.replace_arrow(current)
         if not before:
             return None

@@ -78,16 +78,16 @@ class Join(Operator):
         if d_left is None and d_right is None:
             return None
         old_left = self.left.files()
-        new_left = self.left.append_arrow(ctx.sql, d_left) if d_left is not None else None
-        new_right = self.right.append_arrow(ctx.sql, d_right) if d_right is not None else None
+        new_left = self.left.append_arrow(ctx.local, d_left) if d_left is not None else None
+        new_right = self.right.append_arrow(ctx.local, d_right) if d_right is not None else None
         terms = []
         if new_left is not None:
             # dA ⋈ (B + dB): the right trace now includes dB.
-            right = self.right.lookup_arrow(ctx.sql, new_left)
+            right = self.right.lookup_arrow(ctx.local, new_left)
             terms.append(self._join_local(ctx, new_left, right))
         if new_right is not None and old_left:
             # A ⋈ dB, with A as before the step.
-            left = self.left.lookup_arrow(ctx.sql, new_right, old_left)
+            left = self.left.lookup_arrow(ctx.local, new_right, old_left)
             terms.append(self._join_local(ctx, left, new_right))
         terms = [t for t in terms if t.num_rows]
         return pa.concat_tables(terms) if terms else None
@@ -96,7 +96,7 @@ class Join(Operator):
         if left.num_rows == 0 or right.num_rows == 0:
             return empty_zset(self.schema)
         on = " AND ".join(f"l.{ident(k)} = r.{ident(k)}" for k in self.on)
-        out = ctx.sql.query(
+        out = ctx.local.query(
             f"SELECT {idents(self.on, 'l.')}"
             f"{', ' + idents(self.left_rest, 'l.') if self.left_rest else ''}"
             f"{', ' + idents(self.right_rest, 'r.') if self.right_rest else ''}, "

@@ -45,7 +45,7 @@ class _UserSQL(Operator):
             return None
         if self.local_sql is not None:
             try:
-                return positive_zeros_arrow(conform(ctx.sql.query(self.local_sql, d=d),
+                return positive_zeros_arrow(conform(ctx.local.query(self.local_sql, d=d),
                                                     self.schema))
             except duckdb.Error:
                 pass  # e.g. an overflow in a branch Spark would not evaluate: Spark decides

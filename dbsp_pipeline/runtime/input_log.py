@@ -16,8 +16,10 @@ input's table, which ``Pipeline.input_view`` reads and a recomputation from scra
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pyarrow as pa
+from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import LongType, StructField, StructType
 
@@ -57,7 +59,7 @@ class InputLog:
         adds = self.table.write_arrow(positive_zeros_arrow(table))
         if adds or producer is not None:
             self._commit(adds, producer, seq, {REJECTED_KEY: rejected} if rejected else None)
-        return table.num_rows
+        return int(table.num_rows)
 
     def append_spark(self, df: DataFrame, producer: str | None = None,
                      seq: int | None = None) -> int:
@@ -117,8 +119,8 @@ class InputLog:
         """The newest sequence number recorded for ``producer`` (None if none)."""
         return self.table.transaction_version(PRODUCER_APP_PREFIX + producer)
 
-    def _commit(self, adds: list, producer: str | None, seq: int | None,
-                metadata: dict | None = None) -> None:
+    def _commit(self, adds: list[AddAction], producer: str | None, seq: int | None,
+                metadata: dict[str, Any] | None = None) -> None:
         if producer is None:
             self.table.commit(adds, metadata=metadata)
         else:  # two processes pushing as one producer at once: ConcurrentWriterError

@@ -87,7 +87,8 @@ class Layout:
                 raise UsageError("modulo sharding needs the keys' full hashes")
             return (hashes.astype(np.uint64) % np.uint64(self.workers)).astype(np.int64)
         table = np.asarray(self.assignment, dtype=np.int64)
-        return table[np.asarray(shard, dtype=np.int64) >> (SHARD_BITS - self._bits())]
+        owners: np.ndarray = table[np.asarray(shard, dtype=np.int64) >> (SHARD_BITS - self._bits())]
+        return owners
 
     def owners_of_range(self, lo: int, hi: int) -> set[int]:
         """The workers owning some ``_shard`` in ``lo..hi`` (inclusive); None-free only for

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, FloatType, LongType, StructField, StructType
@@ -63,7 +64,7 @@ class PreparedWrite:
     crash before ``OutputLog.commit`` leaves them to garbage collection)."""
 
     step: int
-    adds: list
+    adds: list[AddAction]
     rows: int
     digest: str
 
@@ -128,10 +129,12 @@ class OutputLog:
                                     DIGEST_KEY: prepared.digest})
         return prepared.rows
 
-    def _consolidated(self, step: int, change, sql: LocalSQL | None):
+    def _consolidated(self, step: int, change: pa.Table | DataFrame | None,
+                      sql: LocalSQL | None) -> pa.Table | DataFrame | None:
         """The change as the log stores it: consolidated, with ``_step``, in table order."""
         cols = self.schema.fieldNames()
         if isinstance(change, pa.Table):
+            assert sql is not None, "a change computed on the driver is written on the driver"
             rows = sql.consolidate(change, cols)
             rows = rows.append_column(STEP, pa.array([step] * rows.num_rows, pa.int64()))
             return rows.select(self.table.arrow_schema.names).cast(self.table.arrow_schema)
@@ -139,7 +142,7 @@ class OutputLog:
             return consolidate(change, cols).withColumn(STEP, F.lit(step).cast("long"))
         return None
 
-    def _verify(self, step: int, rows) -> None:
+    def _verify(self, step: int, rows: pa.Table | DataFrame | None) -> None:
         """Compare a replayed step with the record of its first write (rows and digest)."""
         recorded = self.table.commit_metadata(STEP_KEY, step)
         if recorded is None or not ({DIGEST_KEY, LEGACY_DIGEST_KEY} & set(recorded)):
@@ -221,7 +224,8 @@ class OutputLog:
         files whose ``_step`` range holds ``step`` are opened."""
         self._check_retained(step - 1, "the change of step")
         files = [f for f in self.table.files()
-                 if f.step_min is not None and f.step_min <= step <= f.step_max]
+                 if f.step_min is not None and f.step_max is not None
+                 and f.step_min <= step <= f.step_max]
         rows = self.table.read_arrow(files, where=pc.field(STEP) == step)
         return rows.select([*self.schema.fieldNames(), WEIGHT])
 

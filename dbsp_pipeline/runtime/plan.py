@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pyspark
 
@@ -89,11 +89,14 @@ class Plan:
         """Whether small steps can run on the driver: every key a trace is sharded by has a
         type whose Spark hash the driver reproduces, and every aggregate has a driver path."""
         for node in self.circuit.nodes:
-            schema = self.schemas[node.inputs[0]] if node.inputs else None
+            if not node.inputs:
+                continue
+            schema = self.schemas[node.inputs[0]]
+            operator = self.operators[node.id]
             if node.op == "join":
                 keys = [schema[k].dataType for k in node.params["on"]]
             elif node.op == "aggregate":
-                if not self.operators[node.id].runs_on_driver:
+                if not (isinstance(operator, Aggregate) and operator.runs_on_driver):
                     return False
                 keys = [schema[k].dataType for k in node.params["keys"]]
             elif node.op in ("distinct", "integrate", "delay", "differentiate"):
@@ -117,11 +120,14 @@ class Plan:
         what = _describe(node)
         if node.op == "input":
             try:
-                schema = StructType.fromDDL(node.params["schema"])
+                parsed = StructType.fromDDL(node.params["schema"])
             except Exception as e:
                 raise CircuitError(f"{what}: schema '{node.params['schema']}' is not valid "
                                    f"Spark DDL: {_first_line(e)}") from None
-            return _check_columns(schema, what)
+            if not isinstance(parsed, StructType):  # fromDDL of one bare type
+                raise CircuitError(f"{what}: schema '{node.params['schema']}' is not a list "
+                                   "of columns")
+            return _check_columns(parsed, what)
         inputs = [self.schemas[i] for i in node.inputs]
         src = inputs[0]
         if node.op == "select":
@@ -226,9 +232,10 @@ class Plan:
     def _empty(self, schema: StructType) -> DataFrame:
         return self.spark.createDataFrame([], schema)
 
-    def _analyse(self, what: str, build) -> StructType:
+    def _analyse(self, what: str, build: Callable[[], DataFrame]) -> StructType:
         try:
-            return build().schema
+            schema: StructType = build().schema
+            return schema
         except PySparkException as e:
             raise CircuitError(f"{what}: {_first_line(e)}") from None
 

@@ -90,9 +90,9 @@ def check_spark(input_name: str, df: SparkDataFrame, schema: StructType, weight:
 
 
 # -- python rows ---------------------------------------------------------------------------
-def _from_python(input_name: str, rows: list, schema: StructType, arrow: pa.Schema) -> pa.Table:
+def _from_python(input_name: str, rows: list[Any], schema: StructType, arrow: pa.Schema) -> pa.Table:
     names = schema.fieldNames()
-    columns: list[list] = [[] for _ in names]
+    columns: list[list[Any]] = [[] for _ in names]
     for i, row in enumerate(rows):
         if isinstance(row, Mapping):
             keys = list(row.keys())
@@ -159,7 +159,7 @@ def _value_problem(v: object, field: pa.Field) -> str | None:
     return None
 
 
-def _first_bad(values: list, t: pa.DataType) -> int | None:
+def _first_bad(values: list[Any], t: pa.DataType) -> int | None:
     for i, v in enumerate(values):
         try:
             pa.array([v], t)
