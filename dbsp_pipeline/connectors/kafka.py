@@ -6,7 +6,7 @@ durable log with the producer name ``kafka/<topic>/<partition>`` and, as sequenc
 offset of the batch's last record: the records and the offset are committed together, so after
 a crash the source resumes at the recorded offset + 1 and no record enters twice or is lost. The
 pipeline tracks these producers, so every step's division records the offsets it reaches
-(``Pipeline.step_info(s).offsets``): the seed's ``input-step`` record, written before any output
+(``Pipeline.step_info(s).offsets``; ``docs/recovery.md``, section 4), written before any output
 of the step. Replay after a crash re-reads those records from the input log, where they are
 durable whatever the topic's retention. Records are read with ``isolation.level=read_committed``.
 
@@ -25,7 +25,7 @@ row), with headers ``dbsp.step``, ``dbsp.worker`` and ``dbsp.pipeline``, plus on
 side topic ``<topic>.steps`` (one partition): ``{"step": s, "rows": n, "offsets": {...}}``,
 where ``offsets`` maps each input fed by Kafka to the partition offsets ``(after, upto]`` the
 step consumed. That side topic is how a consumer maps output back to input, and how the sink
-finds ``last`` at start: the step after the newest one committed there. The seed's write rules
+finds ``last`` at start: the step after the newest one committed there. The output write rules
 follow: steps below ``last`` are already out and are skipped; ``last`` is appended. The changes
 come from the view's durable output log (never recomputed), which a lease (``Pipeline.reader``)
 keeps from being compacted before they are out. A consumer with ``isolation.level=

@@ -1,14 +1,14 @@
-"""The division of input into steps (the seed's ``input-step`` record).
+"""The division of input into steps (``docs/recovery.md``, section 4).
 
 For each executed step, the division log records the input-log version every input was read up
 to. It is written, durably, before any output of that step exists, so recovery that replays the
-step reads exactly the same input (``distributed-dbsp-design.md``, "Input/output
-synchronization"). A step's recorded division is never changed.
+step reads exactly the same input (``docs/recovery.md``, section 4, "The division
+log"). A step's recorded division is never changed.
 
 With the versions it records the source offsets they correspond to: for each input, the newest
 sequence number of every tracked producer (a Kafka partition's producer ``kafka/<topic>/<p>``
 records the partition offset), so the offsets each step consumed are known from the division
-alone (the seed's ``input-step`` record).
+alone (``Pipeline.step_info``).
 
 A step whose execution failed deterministically (``Pipeline.quarantine_step``) is *quarantined*:
 a second record of the step, with the same versions and offsets and the reason, says that the

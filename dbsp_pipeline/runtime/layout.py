@@ -2,9 +2,9 @@
 
 Every row of a trace carries its key's stable shard (``_shard``, the 10 most significant bits of
 ``xxhash64(key)``, see ``dbsp_pipeline.zset``). A layout maps each key to a worker by one of three
-sharding functions (``distributed-dbsp-design.md``, "Scaling state"):
+sharding functions (``docs/rescaling.md``, section 2):
 
-* ``modulo``: ``xxhash64(key) mod W``. The seed's worst case, kept as a baseline: from ``W`` to
+* ``modulo``: ``xxhash64(key) mod W``. The worst case, kept as a baseline: from ``W`` to
   ``W+1`` workers, ``W/(W+1)`` of the state changes owner.
 * ``fixed``: ``S`` shards (default 1024, the full ``_shard``), assigned to workers as contiguous
   slices. A change of ``W`` reassigns only the surplus of each worker (contiguous-range

@@ -1,4 +1,4 @@
-"""Hot layout changes: ICADD (``icadd-rescaling.md``) over shards kept in Delta tables.
+"""Hot layout changes: ICADD (``docs/rescaling.md``, section 5) over shards kept in Delta tables.
 
 A cold layout change (``Pipeline.rescale``) stops the steps while it splits the state. A hot one
 keeps them running: the state is copied as of a committed version while steps go on under the

@@ -1,7 +1,7 @@
 """The output log of one view: its change of every step, in the Delta table ``outputs/<name>``.
 
-Rows are the view's payload, ``_step`` and ``_weight``. ``write(step, change)`` follows the seed's
-rules (``distributed-dbsp-design.md``, "Output"), with ``last`` the next step the log expects:
+Rows are the view's payload, ``_step`` and ``_weight``. ``write(step, change)`` follows the write
+rules (``docs/recovery.md``, section 6), with ``last`` the next step the log expects:
 
 * ``step < last``: the step was written before (recovery replayed it): discard it, after
   verifying it against the write's record (row count and content digest, kept in the commit's

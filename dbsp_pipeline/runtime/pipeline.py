@@ -218,7 +218,7 @@ class Pipeline:
             checkpoint, never past what a live reader's ``since`` needs; ``None`` keeps all.
         retain_checkpoints: how many state versions (checkpoints) stay readable; older files
             are deleted by ``collect_garbage`` (run every ``GC_EVERY_COMMITS`` commits and at
-            close). At least 2: the seed's two-version database.
+            close). At least 2: the two-version database (``docs/recovery.md``, section 5).
         checkpoint: open this retained checkpoint instead of the newest, as ``restore`` does
             (the way back when the newest state is damaged).
 

@@ -1,11 +1,11 @@
-"""The two-version state database of the seed (``distributed-dbsp-design.md``, "Database").
+"""The two-version state database (``docs/recovery.md``, section 5).
 
 State is the set of operator traces (Delta tables, see ``trace.py``) plus small metadata. A
 **manifest** (a tiny Delta table holding one entry per database version) ties them together:
 entry ``v`` records, for every trace table, the Delta version that belongs to database version
 ``v``, plus the step, the metadata written with ``put``, and the circuit fingerprint.
 
-Contract (the seed's interface):
+Contract (DBSP's two-version database interface):
 
 * A new database has one version, 0, which is empty.
 * ``open(v)`` makes ``v`` the base: every trace is rolled back to the Delta version entry ``v``
@@ -61,9 +61,9 @@ class StateDatabase:
         self._meta: dict[str, Any] = {}
         self._step = 0
 
-    # -- the seed's interface --------------------------------------------------------------
+    # -- the two-version interface -------------------------------------------------------
     def versions(self, retained: int = 2) -> range:
-        """The versions ``open`` accepts: the newest ``retained`` committed versions (the seed's
+        """The versions ``open`` accepts: the newest ``retained`` committed versions (DBSP's
         two by default; a pipeline that keeps more checkpoints passes its retention)."""
         entries = self.retained_entries(max(1, retained))
         return range(entries[-1][1]["version"], entries[0][1]["version"] + 1)
