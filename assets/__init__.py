@@ -1,1 +1,1 @@
-"""Dagster assets: the output views of the pipelines."""
+"""The shop demo's pipelines (``shop.py``)."""

@@ -28,16 +28,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from infra.console import Console  # noqa: E402
 
+#: (deployment, steps, the deployment's driver_step_rows: None for the default)
 CONFIGS = [
-    ("local", "driver steps", {}),
-    ("local", "spark steps", {"DBSP_DRIVER_STEP_ROWS": "0"}),
-    ("connect", "spark steps", {"DBSP_DRIVER_STEP_ROWS": "0"}),
+    ("local", "driver steps", None),
+    ("local", "spark steps", 0),
+    ("connect", "spark steps", 0),
 ]
 
 
-def measure(mode: str, steps: str, env: dict, batches: int, orders: int) -> dict:
+def measure(mode: str, steps: str, driver_step_rows: int | None, batches: int,
+            orders: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="dbsp-console-") as var:
-        with Console(var, spark_mode=mode, env=env) as console:
+        with Console(var, spark_mode=mode, driver_step_rows=driver_step_rows) as console:
             dropped = console.drop_batch(orders)
             mat = console.wait_for_view_update("revenue_by_region", 1, timeout=600)
             first = int(mat["timestamp"]) / 1000 - dropped
@@ -61,8 +63,8 @@ def main() -> None:
     parser.add_argument("--orders", type=int, default=200, help="order changes per batch")
     args = parser.parse_args()
     rows = []
-    for mode, steps, env in CONFIGS:
-        row = measure(mode, steps, env, args.batches, args.orders)
+    for mode, steps, driver_step_rows in CONFIGS:
+        row = measure(mode, steps, driver_step_rows, args.batches, args.orders)
         print(json.dumps(row), flush=True)
         rows.append(row)
     print(f"\n{'spark':>8} | {'steps':>12} | {'first batch s':>13} | {'median s':>8} | "

@@ -22,12 +22,15 @@ from dbsp_pipeline.errors import (
     UsageError,
 )
 from dbsp_pipeline.runtime.pipeline import (
+    DRIVER_STEP_ROWS,
     FailedStep,
     Pipeline,
     QuarantineResult,
     StepInfo,
     StepResult,
 )
+from dbsp_pipeline.runtime.recompute import STREAM_OPS, ViewCheck, check_views
+from dbsp_pipeline.runtime.status import PipelineStatus, read_status
 from dbsp_pipeline.storage.verify import VerifyReport
 from dbsp_pipeline.storage.verify import verify_root as verify
 
@@ -40,4 +43,6 @@ __all__ = [
     "PipelineClosedError", "PipelineFencedError", "CircuitChangedError", "StateFormatError",
     "StorageError", "ConcurrentWriterError", "NonDeterminismError", "CorruptStateError",
     "verify", "VerifyReport",
+    "DRIVER_STEP_ROWS", "check_views", "ViewCheck", "STREAM_OPS",
+    "read_status", "PipelineStatus",
 ]

@@ -35,17 +35,39 @@ def wait_for(predicate, timeout: float, what: str, every: float = 0.5):
 
 class Console:
     """``dagster dev`` over ``var`` (instance in ``var/home``, pipeline at ``var/shop``, inbox
-    ``var/inbox``) on ``port``; ``spark_mode="connect"`` also starts a Spark Connect server."""
+    ``var/inbox``) on ``port``, serving the shop demo's code location in the deployment named
+    ``spark_mode``; ``connect`` also starts a Spark Connect server. With ``driver_step_rows``
+    (0: every step on Spark) it serves a code location of its own, written to
+    ``var/location``: the shop demo's, with that deployment option."""
 
     def __init__(self, var: str, port: int | None = None, spark_mode: str = "local",
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, driver_step_rows: int | None = None) -> None:
         self.var, self.port, self.spark_mode = var, port or free_port(), spark_mode
         self.connect_port = free_port()
         self.env = {**os.environ, "DBSP_VAR": var, "DAGSTER_HOME": os.path.join(var, "home"),
-                    "DBSP_ROOT": os.path.join(var, "shop"), "DBSP_SPARK_MODE": spark_mode,
+                    "DBSP_DEPLOYMENT": spark_mode,
                     "DBSP_SPARK_CONNECT_URL": f"sc://127.0.0.1:{self.connect_port}",
                     "VENV": os.path.dirname(os.path.dirname(sys.executable)), **(env or {})}
         self.inbox = os.path.join(var, "inbox")
+        if driver_step_rows is not None:
+            self.env["DBSP_WORKSPACE"] = self._write_location(driver_step_rows)
+
+    def _write_location(self, driver_step_rows: int) -> str:
+        """A code location serving the shop demo with ``driver_step_rows``; its workspace."""
+        folder = os.path.join(self.var, "location")
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "location.py"), "w") as fh:
+            fh.write("import dataclasses\n"
+                     "from definitions import shop_definitions\n"
+                     "from resources.deployments import shop_deployment\n"
+                     f"deployment = shop_deployment({self.spark_mode!r}, {self.var!r})\n"
+                     "defs = shop_definitions(dataclasses.replace(\n"
+                     f"    deployment, driver_step_rows={driver_step_rows}))\n")
+        workspace = os.path.join(folder, "workspace.yaml")
+        with open(workspace, "w") as fh:
+            fh.write(f"load_from:\n  - python_file:\n      relative_path: location.py\n"
+                     f"      location_name: dbsp_pipeline\n      working_directory: {REPO}\n")
+        return workspace
 
     # -- processes -------------------------------------------------------------------------
     def start(self) -> None:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The operator's console: Dagster's webserver and daemon (`dagster dev`) on 127.0.0.1, over the
 # instance in $DAGSTER_HOME (default var/dagster/home, configured by infra/dagster.yaml) and the
-# code location of workspace.yaml.
+# code location of $DBSP_WORKSPACE (default workspace.yaml: the shop demo, its pipeline under
+# $DBSP_VAR, in the deployment $DBSP_DEPLOYMENT names; see definitions.py).
 #
 #   infra/dagster.sh run   [port]   in the foreground (Ctrl-C stops it)   = make ui
 #   infra/dagster.sh start [port]   in the background; waits until the webserver answers
@@ -14,7 +15,9 @@ VAR="${DBSP_VAR:-var/dagster}"
 PORT="${2:-${DAGSTER_PORT:-3000}}"
 mkdir -p "$VAR"
 VAR="$(cd "$VAR" && pwd)"  # absolute, whether DBSP_VAR was given relative or absolute
+export DBSP_VAR="$VAR"     # the shop demo's pipeline and inbox live here too
 export DAGSTER_HOME="${DAGSTER_HOME:-$VAR/home}"
+WORKSPACE="${DBSP_WORKSPACE:-workspace.yaml}"
 export SPARK_LOCAL_IP=127.0.0.1
 PIDFILE="$VAR/dagster.pid"
 . infra/processes.sh
@@ -27,7 +30,7 @@ case "${1:-run}" in
   run)
     instance
     echo "Dagster UI: http://127.0.0.1:$PORT (instance $DAGSTER_HOME)"
-    exec "$VENV/bin/dagster" dev -w workspace.yaml -h 127.0.0.1 -p "$PORT"
+    exec "$VENV/bin/dagster" dev -w "$WORKSPACE" -h 127.0.0.1 -p "$PORT"
     ;;
   start)
     refuse_to_restart "dagster dev" "$PIDFILE" "$PORT"
@@ -38,7 +41,7 @@ case "${1:-run}" in
     "$VENV/bin/python" -c 'import os, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_DFL)
 os.setsid()
-os.execv(sys.argv[1], sys.argv[1:])' "$VENV/bin/dagster" dev -w workspace.yaml -h 127.0.0.1 \
+os.execv(sys.argv[1], sys.argv[1:])' "$VENV/bin/dagster" dev -w "$WORKSPACE" -h 127.0.0.1 \
       -p "$PORT" >"$VAR/dagster.log" 2>&1 &
     echo $! >"$PIDFILE"
     for _ in $(seq 1 120); do

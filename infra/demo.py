@@ -9,18 +9,41 @@ no servers are needed) with the sensor's run key and tags; then the checkpoint j
 run, materialization and check lands in the instance, so ``make ui`` shows them afterwards.
 The views go to Kafka too (``shop.<view>``, in transactions); the demo reads one back with
 ``read_committed`` at the end. ``--no-kafka`` feeds everything through the inbox instead.
+
+The demo's code location is the repository's (``definitions.shop_definitions``) in a local
+deployment it builds itself. It prints its own table; Dagster's run logs (and anything else
+written to standard error while the runs execute) go to ``var/dagster/demo.log``, named at the
+end.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+
+
+@contextlib.contextmanager
+def stderr_to(path: str) -> Iterator[None]:
+    """Standard error (file descriptor 2: Dagster's console logger, the JVM, warnings) appended
+    to ``path`` inside the block, restored after it, also when the block raises."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "a") as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def prepare_instance(home: str) -> None:
@@ -43,10 +66,10 @@ def main() -> int:
     if args.fresh:
         shutil.rmtree(var, ignore_errors=True)
     prepare_instance(os.path.join(var, "home"))
-    os.environ.setdefault("DBSP_ROOT", os.path.join(var, "shop"))
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    log = os.path.join(var, "demo.log")
     if args.no_kafka:
-        return run_demo(args, kafka=None)
+        return run_demo(args, var, log, kafka=None)
     broker_env = {**os.environ, "DBSP_VAR": os.path.join(var, "kafka"),
                   "VENV": os.path.dirname(os.path.dirname(sys.executable))}
     from infra.console import free_port
@@ -54,20 +77,23 @@ def main() -> int:
     port = free_port()
     subprocess.run(["bash", "infra/kafka_broker.sh", "start", str(port)], env=broker_env,
                    check=True)
-    os.environ["DBSP_KAFKA_BOOTSTRAP"] = f"127.0.0.1:{port}"
     try:
-        return run_demo(args, kafka={"bootstrap.servers": f"127.0.0.1:{port}"})
+        return run_demo(args, var, log, kafka={"bootstrap.servers": f"127.0.0.1:{port}"})
     finally:
         subprocess.run(["bash", "infra/kafka_broker.sh", "stop"], env=broker_env, check=True)
 
 
-def run_demo(args, kafka: dict | None) -> int:
-    """Feed, sense, step, check, checkpoint; print what happened."""
+def run_demo(args: argparse.Namespace, var: str, log: str, kafka: dict[str, str] | None) -> int:
+    """Feed, sense, step, check, checkpoint in the pipeline under ``var``; print what happened,
+    Dagster's logs to ``log``."""
     import dagster as dg
 
-    from definitions import defs
+    from dbsp_pipeline.dagster import Deployment, KafkaResource
+    from definitions import shop_definitions
     from demo_data import ShopFeed
 
+    broker = None if kafka is None else KafkaResource(bootstrap_servers=kafka["bootstrap.servers"])
+    defs = shop_definitions(Deployment.local(var, kafka=broker))
     instance = dg.DagsterInstance.get()
     store = defs.resources["shop_pipeline"]
     feed = ShopFeed(store.inbox_folder)
@@ -82,12 +108,14 @@ def run_demo(args, kafka: dict | None) -> int:
         feed.next_batch(args.batch, kafka=kafka)
         context = dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
                                           resources=defs.resources)
-        tick = sensor.evaluate_tick(context)
+        with stderr_to(log):
+            tick = sensor.evaluate_tick(context)
         cursor = tick.cursor or cursor
         for request in tick.run_requests:
-            result = step_job.execute_in_process(instance=instance, tags={
-                **request.tags, "dagster/run_key": request.run_key,
-                "dagster/sensor_name": sensor.name})
+            with stderr_to(log):
+                result = step_job.execute_in_process(instance=instance, tags={
+                    **request.tags, "dagster/run_key": request.run_key,
+                    "dagster/sensor_name": sensor.name})
             mats = {e.asset_key.to_user_string(): e.step_materialization_data.materialization
                     for e in result.get_asset_materialization_events()}
             m = {k: v.value for k, v in mats["shop/revenue_by_region"].metadata.items()}
@@ -97,19 +125,22 @@ def run_demo(args, kafka: dict | None) -> int:
                   f"{m['steps_executed']:>5} | {m['input_rows']:>7} | "
                   f"{m['seconds_per_step']:>6.3f} | {m['lag_seconds']:>6.2f} | "
                   f"{passed}/{len(checks)} passed")
-    checkpoint = defs.resolve_job_def("shop_checkpoint").execute_in_process(instance=instance)
+    with stderr_to(log):
+        checkpoint = defs.resolve_job_def("shop_checkpoint").execute_in_process(
+            instance=instance)
     print(f"\ncheckpoint run {checkpoint.run_id}: {'ok' if checkpoint.success else 'FAILED'}")
 
     from dbsp_pipeline.examples.shop import shop_circuit
 
-    with store.open(shop_circuit(), defs.resources["spark"]) as p:
+    with stderr_to(log), store.open(shop_circuit(), defs.resources["spark"]) as p:
         view = p.view_arrow("revenue_by_region").sort_by("region").to_pylist()
     print("\nrevenue_by_region (region, total, orders, largest):")
     for row in view:
         print(f"  {row['region']:<8} {row['total']:>12.2f} {row['n']:>6} {row['top']:>8.2f}")
     if kafka is not None:
         print_topic(kafka, "shop.revenue_by_region")
-    print("\nOpen the operator's console on this instance: make ui  "
+    print(f"\nDagster's logs of these runs: {log}")
+    print("Open the operator's console on this instance: make ui  "
           "(dagster dev, http://127.0.0.1:3000)")
     return 0
 

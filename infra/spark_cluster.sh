@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A Spark standalone cluster on 127.0.0.1: a master and N workers as separate processes, from
 # the pyspark package's own spark-class (no Spark download). A pipeline runs on it with
-# DBSP_SPARK_MODE=standalone DBSP_SPARK_MASTER=spark://127.0.0.1:<port>.
+# DBSP_DEPLOYMENT=standalone DBSP_SPARK_MASTER=spark://127.0.0.1:<port>.
 #
 #   infra/spark_cluster.sh start [workers] [port]  master + workers; waits until all are ALIVE
 #                                                  (refuses while any started here runs)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A long-lived Spark Connect server on 127.0.0.1, from the pyspark package's own jars, so runs
-# launched by Dagster (DBSP_SPARK_MODE=connect) do not start a JVM each.
+# launched by Dagster (DBSP_DEPLOYMENT=connect) do not start a JVM each.
 #
 # Only clients holding its token are served: every run/start makes a fresh random token, writes it
 # to $DBSP_VAR/spark-connect.token (mode 0600) and hands it to the server in its environment

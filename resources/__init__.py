@@ -1,1 +1,1 @@
-"""Dagster resources: the Spark session and the store of pipelines."""
+"""The shop demo's deployments, by name (``deployments.py``)."""

@@ -9,8 +9,8 @@ import time
 import dagster as dg
 import pytest
 
+from dbsp_pipeline.dagster import Deployment, build_definitions
 from dbsp_pipeline.examples.shop import shop_circuit
-from pipeline_definitions import build_definitions
 
 
 @pytest.fixture
@@ -19,8 +19,14 @@ def root(tmp_path):
 
 
 @pytest.fixture
-def defs(root, spark):  # spark: the test session, which the local SparkResource then uses
-    return build_definitions(shop_circuit(), root=root)
+def deployment(root):
+    """A local deployment whose data folder holds the shop pipeline at ``root``."""
+    return Deployment.local(os.path.dirname(root))
+
+
+@pytest.fixture
+def defs(deployment, spark):  # spark: the test session, which the local SparkResource then uses
+    return build_definitions(shop_circuit(), deployment)
 
 
 @pytest.fixture

@@ -97,9 +97,8 @@ def test_the_console_runs_steps_from_sensors_and_shows_the_assets(tmp_path):
 
 
 def test_steps_run_on_a_long_lived_spark_connect_server(tmp_path):
-    # Every step on Spark (DBSP_DRIVER_STEP_ROWS=0), and Spark is the Connect server.
-    with Console(str(tmp_path), spark_mode="connect",
-                 env={"DBSP_DRIVER_STEP_ROWS": "0"}) as console:
+    # Every step on Spark (driver_step_rows=0), and Spark is the Connect server.
+    with Console(str(tmp_path), spark_mode="connect", driver_step_rows=0) as console:
         console.drop_batch()
         mat = console.wait_for_view_update("revenue_by_region", 1)
         assert mat["metadata"]["rows"] > 0

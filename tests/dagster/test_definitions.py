@@ -1,30 +1,41 @@
-"""The code location loads and ``build_definitions`` gives every job, sensor, schedule, asset
-and check the console needs, with lineage from the inputs."""
+"""``build_definitions`` gives every job, sensor, schedule, asset and check the console needs,
+with lineage from the inputs, for one pipeline or several, and refuses what would collide."""
 
 from __future__ import annotations
-
-import socket
 
 import dagster as dg
 import pytest
 
-from dbsp_pipeline.examples.shop import shop_circuit
+from dbsp_pipeline import Circuit, UsageError
+from dbsp_pipeline.dagster import (
+    Deployment,
+    KafkaResource,
+    PipelineSpec,
+    PipelineStore,
+    build_definitions,
+)
+from dbsp_pipeline.examples.shop import CUSTOMERS, shop_circuit
+
+SHOP_JOBS = {"shop_step", "shop_checkpoint", "shop_recover", "shop_restore", "shop_rescale",
+             "shop_quarantine", "shop_upgrade", "shop_verify"}
 
 
-def test_code_location_loads():
-    from definitions import defs
+def regions_circuit() -> Circuit:
+    """A second pipeline, ``regions``, reading an input of the same name as the shop's."""
+    c = Circuit("regions")
+    c.output("known", c.input("customers", CUSTOMERS).select("region").distinct())
+    return c
 
+
+def test_one_pipeline_gives_every_job_sensor_schedule_and_resource(tmp_path):
+    defs = build_definitions(shop_circuit(), Deployment.local(str(tmp_path)))
     dg.Definitions.validate_loadable(defs)
-    graph = defs.resolve_asset_graph()
-    keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
-    assert keys == {f"shop/{v}" for v in shop_circuit().outputs} | {
-        "shop/inputs/orders", "shop/inputs/customers"}
-    assert {j.name for j in defs.resolve_all_job_defs()} >= {
-        "shop_step", "shop_checkpoint", "shop_recover", "shop_restore", "shop_rescale",
-        "shop_upgrade"}
+    assert {j.name for j in defs.resolve_all_job_defs()} - {"__ASSET_JOB"} == SHOP_JOBS
     assert {s.name for s in defs.sensors} == {"shop_input_arrival", "shop_recover_on_failure"}
     assert {s.name for s in defs.schedules} == {"shop_checkpoint_schedule"}
-    assert {"spark", "shop_pipeline", "kafka"} <= set(defs.resources)
+    assert set(defs.resources) == {"spark", "shop_pipeline"}  # no broker: no kafka resource
+    store = defs.resources["shop_pipeline"]
+    assert store.root == f"{tmp_path}/shop" and store.inbox_folder == str(tmp_path / "inbox")
 
 
 def test_views_name_the_inputs_they_read_and_carry_checks(defs):
@@ -40,67 +51,43 @@ def test_views_name_the_inputs_they_read_and_carry_checks(defs):
     assert len(checks) == 6
 
 
-def test_secrets_come_from_the_environment(monkeypatch):
-    from resources.kafka import KafkaResource
-
-    monkeypatch.setenv("SECRET_PW", "s3cret")
-    res = KafkaResource(bootstrap_servers="127.0.0.1:1", sasl_mechanism="PLAIN",
-                        sasl_username="u", sasl_password=dg.EnvVar("SECRET_PW"))
-    # EnvVar is resolved when the resource is initialised for a run, not stored as text
-    assert res.process_config_and_initialize().client_config()["sasl.password"] == "s3cret"
-
-
-def first_bytes_a_client_sends(monkeypatch, env: dict[str, str]) -> bytes:
-    """What a Kafka client built from the deployment's ``kafka`` resource (``env`` set) sends
-    first to its broker: a real librdkafka client connecting to a listening socket."""
-    from confluent_kafka import Producer
-
-    from definitions import kafka_resource
-
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen()
-        server.settimeout(20)
-        for name, value in {**env, "DBSP_KAFKA_BOOTSTRAP":
-                            f"127.0.0.1:{server.getsockname()[1]}"}.items():
-            monkeypatch.setenv(name, value)
-        config = kafka_resource().process_config_and_initialize().client_config()
-        producer = Producer(config)  # connects to the bootstrap server at once
-        conn, _ = server.accept()
-        with conn:
-            conn.settimeout(20)
-            data = conn.recv(4096)
-        del producer
-    return data
+def test_several_pipelines_share_spark_and_keep_their_own_stores(tmp_path):
+    deployment = Deployment.local(str(tmp_path), driver_step_rows=7)
+    defs = build_definitions([shop_circuit(), PipelineSpec(regions_circuit(),
+                                                           inbox=str(tmp_path / "rin"))],
+                             deployment)
+    dg.Definitions.validate_loadable(defs)
+    assert {j.name for j in defs.resolve_all_job_defs()} - {"__ASSET_JOB"} == SHOP_JOBS | {
+        j.replace("shop_", "regions_") for j in SHOP_JOBS}
+    assert set(defs.resources) == {"spark", "shop_pipeline", "regions_pipeline"}
+    shop, regions = defs.resources["shop_pipeline"], defs.resources["regions_pipeline"]
+    assert (shop.root, regions.root) == (f"{tmp_path}/shop", f"{tmp_path}/regions")
+    assert regions.inbox_folder == str(tmp_path / "rin")
+    assert shop.driver_step_rows == regions.driver_step_rows == 7
+    keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
+    assert {"regions/known", "regions/inputs/customers", "shop/inputs/customers"} <= keys
 
 
-CREDENTIALS = {"DBSP_KAFKA_USER": "dbsp", "DBSP_KAFKA_PASSWORD": "pw-in-the-clear?"}
+def test_resources_given_override_the_built_ones(tmp_path):
+    other = PipelineStore(root=str(tmp_path / "elsewhere"), retain_checkpoints=5)
+    defs = build_definitions(shop_circuit(), Deployment.local(str(tmp_path)),
+                             resources={"shop_pipeline": other})
+    assert defs.resources["shop_pipeline"] is other
 
 
-def test_kafka_credentials_go_over_tls_by_default(monkeypatch):
-    monkeypatch.delenv("DBSP_KAFKA_SECURITY_PROTOCOL", raising=False)
-    sent = first_bytes_a_client_sends(monkeypatch, CREDENTIALS)
-    assert sent[:1] == b"\x16"  # a TLS handshake record (the ClientHello)
-    assert b"pw-in-the-clear?" not in sent and b"dbsp" not in sent
+def test_two_pipelines_of_one_name_are_refused(tmp_path):
+    with pytest.raises(UsageError, match=r"pipeline 'shop': two pipelines of that name"):
+        build_definitions([shop_circuit(), shop_circuit(extra_views=False)],
+                          Deployment.local(str(tmp_path)))
 
 
-def test_kafka_plaintext_credentials_only_when_chosen(monkeypatch):
-    sent = first_bytes_a_client_sends(
-        monkeypatch, {**CREDENTIALS, "DBSP_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT"})
-    assert sent[:1] != b"\x16" and b"rdkafka" in sent  # a Kafka request in the clear
+def test_kafka_bindings_need_a_broker(tmp_path):
+    from dbsp_pipeline.connectors.kafka import KafkaInput
 
-
-@pytest.mark.parametrize("env, match", [
-    ({**CREDENTIALS, "DBSP_KAFKA_SECURITY_PROTOCOL": "PLAINTEXT"},
-     r"DBSP_KAFKA_SECURITY_PROTOCOL='PLAINTEXT' with DBSP_KAFKA_USER set: credentials need one "
-     r"of SASL_SSL, SASL_PLAINTEXT"),
-    ({"DBSP_KAFKA_SECURITY_PROTOCOL": "SASL_SSL"}, r"without DBSP_KAFKA_USER.*SASL needs"),
-])
-def test_kafka_security_protocol_must_fit_the_credentials(monkeypatch, env, match):
-    from definitions import kafka_resource
-
-    monkeypatch.delenv("DBSP_KAFKA_USER", raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    with pytest.raises(ValueError, match=match):
-        kafka_resource()
+    spec = PipelineSpec(shop_circuit(), kafka_inputs=[KafkaInput("orders", "shop.orders")])
+    with pytest.raises(UsageError, match=r"pipeline 'shop' binds Kafka topics, but deployment "
+                                         r"'local' has no Kafka broker"):
+        build_definitions(spec, Deployment.local(str(tmp_path)))
+    broker = KafkaResource(bootstrap_servers="127.0.0.1:1")
+    defs = build_definitions(spec, Deployment.local(str(tmp_path), kafka=broker))
+    assert defs.resources["kafka"] is broker

@@ -8,9 +8,17 @@ import os
 import dagster as dg
 import pytest
 
-from dbsp_pipeline import CorruptStateError, Pipeline
+from dbsp_pipeline import CorruptStateError, Pipeline, read_status
+from dbsp_pipeline.dagster import (
+    PipelineRef,
+    PipelineSpec,
+    PipelineStore,
+    SparkResource,
+    build_definitions,
+    view_checks,
+    views_asset,
+)
 from dbsp_pipeline.examples.shop import shop_circuit
-from dbsp_pipeline.runtime.status import read_status
 from tests.conftest import view_counter
 from tests.dagster.conftest import drop
 
@@ -66,12 +74,8 @@ def test_a_bad_inbox_file_is_rejected_by_name_and_the_good_ones_land(defs, root,
         assert p.next_step == 1
 
 
-def test_checkpoint_recover_and_restore(root, instance, spark):
-    from pipeline_definitions import build_definitions
-    from resources.pipeline_store import PipelineStore
-
-    defs = build_definitions(shop_circuit(), root, resources={
-        "shop_pipeline": PipelineStore(root=root, retain_checkpoints=3)})
+def test_checkpoint_recover_and_restore(root, deployment, instance, spark):
+    defs = build_definitions(PipelineSpec(shop_circuit(), retain_checkpoints=3), deployment)
     with Pipeline(shop_circuit(), root, spark, retain_checkpoints=3) as p:
         for i in range(4):
             p.push("orders", [(i, 1, 20.0 + i)])
@@ -99,11 +103,6 @@ def test_checkpoint_recover_and_restore(root, instance, spark):
 
 
 def test_resources_can_be_overridden_in_materialize(root, spark, tmp_path):
-    from assets.checks import view_checks
-    from assets.views import views_asset
-    from resources.pipeline_store import PipelineRef, PipelineStore
-    from resources.spark import SparkResource
-
     ref = PipelineRef(shop_circuit())
     elsewhere = str(tmp_path / "elsewhere")
     with Pipeline(shop_circuit(), elsewhere, spark) as p:
@@ -117,11 +116,6 @@ def test_resources_can_be_overridden_in_materialize(root, spark, tmp_path):
 
 def test_a_drifted_view_fails_its_check(root, instance, spark):
     import pyarrow as pa
-
-    from assets.checks import view_checks
-    from assets.views import views_asset
-    from resources.pipeline_store import PipelineRef, PipelineStore
-    from resources.spark import SparkResource
 
     with Pipeline(shop_circuit(), root, spark) as p:
         p.push("customers", [(1, "north")])
@@ -173,7 +167,8 @@ def test_hot_rescale_job_executes_pending_steps_while_it_copies(defs, root, inst
         assert not p.input_pending()
 
 
-def test_upgrade_job_reports_versions_and_refuses_a_changed_circuit(defs, root, instance, spark):
+def test_upgrade_job_reports_versions_and_refuses_a_changed_circuit(defs, root, deployment,
+                                                                    instance, spark):
     from dbsp_pipeline.storage.state_db import ENGINE_VERSION, STATE_FORMAT
 
     with Pipeline(shop_circuit(), root, spark) as p:
@@ -184,9 +179,7 @@ def test_upgrade_job_reports_versions_and_refuses_a_changed_circuit(defs, root, 
     assert (m["to_engine"], m["to_format"], m["migrations"]) == (ENGINE_VERSION, STATE_FORMAT, [])
     assert m["replayed_steps"] == [] and m["next_step"] == 1
 
-    from pipeline_definitions import build_definitions
-
-    changed = build_definitions(shop_circuit(extra_views=False), root)
+    changed = build_definitions(shop_circuit(extra_views=False), deployment)
     failed = changed.resolve_job_def("shop_upgrade").execute_in_process(
         instance=instance, raise_on_error=False)
     assert not failed.success

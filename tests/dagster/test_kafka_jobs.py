@@ -7,20 +7,21 @@ import dagster as dg
 
 from dbsp_pipeline import Pipeline
 from dbsp_pipeline.connectors.kafka import KafkaInput, KafkaOutput
+from dbsp_pipeline.dagster import Deployment, KafkaResource, PipelineSpec, build_definitions
 from dbsp_pipeline.examples.shop import shop_circuit
-from pipeline_definitions import build_definitions
-from resources.kafka import KafkaResource
 from tests.kafka_helpers import consume_all, new_topic, produce
 
 
-def test_kafka_lag_starts_a_step_that_sends_the_views(root, instance, spark, broker):
+def test_kafka_lag_starts_a_step_that_sends_the_views(root, deployment, instance, spark, broker):
     orders, customers = new_topic(broker, 2, "dorders"), new_topic(broker, 1, "dcust")
     out = f"dout-{orders}"
-    defs = build_definitions(
-        shop_circuit(), root,
+    spec = PipelineSpec(
+        shop_circuit(),
         kafka_inputs=[KafkaInput("orders", orders), KafkaInput("customers", customers)],
-        kafka_outputs=[KafkaOutput("regions", out)],
-        resources={"kafka": KafkaResource(bootstrap_servers=broker["bootstrap.servers"])})
+        kafka_outputs=[KafkaOutput("regions", out)])
+    with_broker = Deployment.local(
+        deployment.data, kafka=KafkaResource(bootstrap_servers=broker["bootstrap.servers"]))
+    defs = build_definitions(spec, with_broker)
     sensor = next(s for s in defs.sensors if s.name == "shop_input_arrival")
 
     def tick(cursor=None):

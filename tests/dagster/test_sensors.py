@@ -7,9 +7,8 @@ import time
 
 import dagster as dg
 
-from dbsp_pipeline import Pipeline
+from dbsp_pipeline import Pipeline, read_status
 from dbsp_pipeline.examples.shop import shop_circuit
-from dbsp_pipeline.runtime.status import read_status
 from tests.dagster.conftest import drop
 
 

@@ -1,9 +1,9 @@
-"""The operator's jobs for one pipeline. Every job runs in one process (the in-process
+"""The operator's jobs of one pipeline. Every job runs in one process (the in-process
 executor: a multiprocess executor would start a JVM per op) and carries the pipeline's run tag,
 so the instance's run queue never runs two of them on one pipeline at once.
 
-* ``<name>_step``: materializes the views (``assets/views.py``): ingest, steps, commit; with
-  ``check_views`` also the view checks (``assets/checks.py``).
+* ``<name>_step``: materializes the views (``assets.py``): ingest, steps, commit; with
+  ``check_views`` also the view checks (``checks.py``).
 * ``<name>_checkpoint``: commit, compact every trace due, collect garbage (and collapse view
   history beyond ``retain_steps``, if the store sets it).
 * ``<name>_recover``: reopen after a failure: replays the steps divided after the newest
@@ -13,7 +13,7 @@ so the instance's run queue never runs two of them on one pipeline at once.
   It opens the pipeline at that checkpoint, so it also works when the newest state is damaged
   (``CorruptStateError``): damaged commits after the checkpoint are set aside.
 * ``<name>_verify``: check the pipeline root's storage, every table and retained checkpoint
-  (``storage/verify.py``), without opening it; fails, with the report, when anything is
+  (``dbsp_pipeline.verify``), without opening it; fails, with the report, when anything is
   damaged. Metadata per table, per checkpoint (intact or not) and the newest intact one.
 * ``<name>_rescale``: a layout change to ``workers`` workers (``Pipeline.rescale``): cold
   (between steps) or, with ``hot``, while the op keeps executing the steps of the input already
@@ -24,23 +24,29 @@ so the instance's run queue never runs two of them on one pipeline at once.
   unless ``confirm`` and ``step`` names the failed step.
 * ``<name>_upgrade``: run after deploying a new engine (and rolling the Spark workers,
   ``infra/spark_cluster.sh roll``): opens the pipeline, which migrates an older state format
-  and refuses a changed circuit (``runtime/upgrade.py``), and reports what it did.
+  and refuses a changed circuit (``CircuitChangedError``), and reports what it did.
 """
 
+# no ``from __future__ import annotations``: Dagster reads the decorated functions' annotations
 import threading
 import time
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
-from dbsp_pipeline.connectors.kafka import KafkaSink
-from dbsp_pipeline.errors import UsageError
-from dbsp_pipeline.storage.verify import VerifyReport, verify_root
-from resources.pipeline_store import PipelineRef
+from dbsp_pipeline import Pipeline, UsageError, VerifyReport
+from dbsp_pipeline import verify as verify_root
+from dbsp_pipeline.dagster.ref import PipelineRef
+
+if TYPE_CHECKING:  # what define_asset_job returns (Dagster does not export its name)
+    from dagster._core.definitions.unresolved_asset_job_definition import (
+        UnresolvedAssetJobDefinition as AssetJob,
+    )
 
 
-def _rescale_while_stepping(p, workers: int, sharding):
+def _rescale_while_stepping(p: Pipeline, workers: int, sharding: str | None) -> Any:
     """A hot rescale in a thread while this one executes the pending steps."""
-    out: dict = {}
+    out: dict[str, Any] = {}
 
     def rescale() -> None:
         try:
@@ -61,7 +67,7 @@ def _rescale_while_stepping(p, workers: int, sharding):
     return out["result"]
 
 
-def _failed_step(p) -> dict | None:
+def _failed_step(p: Pipeline) -> dict[str, Any] | None:
     failed = p.failed_step
     return None if failed is None else {"step": failed.step, "error": failed.error}
 
@@ -93,7 +99,9 @@ class QuarantineConfig(dg.Config):
     confirm: bool = False
 
 
-def step_job(ref: PipelineRef, views: dg.AssetsDefinition, checks=None):
+def step_job(ref: PipelineRef, views: dg.AssetsDefinition,
+             checks: dg.AssetChecksDefinition | None = None) -> "AssetJob":
+    """``<name>_step``: materializes ``views`` (and runs ``checks`` with them, if given)."""
     selection = dg.AssetSelection.assets(views)
     selection = selection if checks is not None else selection.without_checks()
     return dg.define_asset_job(ref.job_name("step"), selection=selection, tags=ref.tags,
@@ -131,6 +139,8 @@ def operation_jobs(ref: PipelineRef) -> dict[str, dg.JobDefinition]:
             context.log.info(f"replayed steps {[r.step for r in replayed]}")
             sent = []
             if ref.kafka_outputs:  # steps whose output was written but not yet sent
+                from dbsp_pipeline.connectors.kafka import KafkaSink
+
                 sink = KafkaSink(p, context.resources.kafka.client_config(), ref.kafka_outputs)
                 sent = sink.emit()
                 sink.close()
@@ -222,10 +232,10 @@ def operation_jobs(ref: PipelineRef) -> dict[str, dg.JobDefinition]:
                 "replayed_steps": [r.step for r in p.recovered_steps],
                 "state_version": p.state_version, "next_step": p.next_step})
 
-    def job(name: str, op, description: str) -> dg.JobDefinition:
+    def job(name: str, op: dg.OpDefinition, description: str) -> dg.JobDefinition:
         @dg.job(name=ref.job_name(name), tags=ref.tags, executor_def=dg.in_process_executor,
                 description=description)
-        def _job():
+        def _job() -> None:
             op()
         return _job
 
@@ -244,10 +254,10 @@ def operation_jobs(ref: PipelineRef) -> dict[str, dg.JobDefinition]:
     return {j.name.removeprefix(ref.job_name("")): j for j in jobs}
 
 
-def _verify_metadata(report: VerifyReport, seconds: float) -> dict:
+def _verify_metadata(report: VerifyReport, seconds: float) -> dict[str, Any]:
     """A verification report as run metadata: per table ``ok`` or its first problem, per
     checkpoint whether it is intact, the newest intact one, and every problem."""
-    metadata: dict = {
+    metadata: dict[str, Any] = {
         "ok": report.ok,
         "tables": {t.table: "ok" if t.ok else str(t.damage[0].problem) for t in report.tables},
         "checkpoints": [{"version": c.version, "step": c.step, "intact": c.intact}

@@ -3,18 +3,21 @@
 Each input is an asset of its own (its log, a Delta table under ``<root>/inputs``, written by
 pushes, not by Dagster) and each output view is an asset (its change log under
 ``<root>/outputs``) whose lineage names the inputs it is computed from. One multi-asset, the
-pipeline's step, materializes every view: it ingests the inbox, executes steps while input is
-pending (bounded by ``max_steps`` and ``max_seconds``), commits, and records per view the step,
-the rows of the view, the rows changed and the lag from the oldest input's arrival.
+pipeline's step, materializes every view: it ingests the inbox (and polls the Kafka inputs),
+executes steps while input is pending (bounded by ``max_steps`` and ``max_seconds``), commits,
+and records per view the step, the rows of the view, the rows changed and the lag from the
+oldest input's arrival. Everything it reports was committed before it is reported.
 """
 
+# no ``from __future__ import annotations``: Dagster reads the decorated functions' annotations
 import time
+from collections.abc import Iterator
 
 import dagster as dg
 
+from dbsp_pipeline import Pipeline, StepResult
 from dbsp_pipeline.connectors import inbox
-from dbsp_pipeline.connectors.kafka import KafkaRunner
-from resources.pipeline_store import PipelineRef
+from dbsp_pipeline.dagster.ref import PipelineRef
 
 
 class StepConfig(dg.Config):
@@ -46,7 +49,8 @@ def views_asset(ref: PipelineRef) -> dg.AssetsDefinition:
 
     @dg.multi_asset(name=ref.job_name("views"), specs=specs, can_subset=False,
                     required_resource_keys=ref.resource_keys, op_tags=ref.tags)
-    def step_views(context: dg.AssetExecutionContext, config: StepConfig):
+    def step_views(context: dg.AssetExecutionContext,
+                   config: StepConfig) -> Iterator[dg.MaterializeResult]:
         """Ingest the inbox (and Kafka), execute the pending steps, commit, send the output to
         Kafka; one materialization per view."""
         store = ref.store(context)
@@ -61,16 +65,9 @@ def views_asset(ref: PipelineRef) -> dg.AssetsDefinition:
             if ingested.oldest_arrival is not None:
                 arrived = min(arrived or ingested.oldest_arrival, ingested.oldest_arrival)
             if ref.uses_kafka:
-                runner = KafkaRunner(pipeline, context.resources.kafka.client_config(),
-                                     ref.kafka_inputs, ref.kafka_outputs)
-                try:
-                    results = runner.run(max_steps=config.max_steps,
-                                         max_seconds=config.max_seconds,
-                                         idle_seconds=config.kafka_idle_seconds)
-                finally:
-                    runner.close()
-                if runner.oldest_arrival is not None:
-                    arrived = min(arrived or runner.oldest_arrival, runner.oldest_arrival)
+                results, kafka_arrival = _run_with_kafka(ref, pipeline, context, config)
+                if kafka_arrival is not None:
+                    arrived = min(arrived or kafka_arrival, kafka_arrival)
             else:
                 results = pipeline.run(max_steps=config.max_steps,
                                        max_seconds=config.max_seconds)
@@ -101,3 +98,19 @@ def views_asset(ref: PipelineRef) -> dg.AssetsDefinition:
                 metadata={"rejected": {n: list(f) for n, f in ingested.rejected.items()}})
 
     return step_views
+
+
+def _run_with_kafka(ref: PipelineRef, pipeline: Pipeline, context: dg.AssetExecutionContext,
+                    config: StepConfig) -> tuple[list[StepResult], float | None]:
+    """Poll the Kafka inputs, execute the steps, send the views in transactions; the results
+    and the arrival time of the oldest record read."""
+    from dbsp_pipeline.connectors.kafka import KafkaRunner
+
+    runner = KafkaRunner(pipeline, context.resources.kafka.client_config(),
+                         ref.kafka_inputs, ref.kafka_outputs)
+    try:
+        results = runner.run(max_steps=config.max_steps, max_seconds=config.max_seconds,
+                             idle_seconds=config.kafka_idle_seconds)
+    finally:
+        runner.close()
+    return results, runner.oldest_arrival

@@ -1,13 +1,13 @@
 """The Spark session as a Dagster resource: one session per run process.
 
-Three deployments, chosen by configuration (``definitions.py`` reads them from the environment):
+Three modes (a ``Deployment`` picks one, ``deployment.py``):
 
 * ``local`` (the default): a local-mode JVM in the run process, started only when a step needs
   Spark (a step small enough for the driver never starts it; see ``Pipeline``).
 * ``connect``: a client of a long-lived Spark Connect server (``connect_url``, e.g.
   ``sc://127.0.0.1:15002``; ``infra/spark_connect.sh`` starts one): no JVM in the run process.
-  ``connect_token`` is the server's authentication token (give it as
-  ``dg.EnvVar("DBSP_SPARK_CONNECT_TOKEN")``: read in the run process, masked in the UI).
+  ``connect_token`` is the server's authentication token; give it as ``dg.EnvVar("NAME")`` (read
+  in the run process, masked in the UI), never as text.
 * ``standalone``: a driver in the run process attached to a Spark standalone master
   (``master``, e.g. ``spark://127.0.0.1:7077``).
 """
@@ -20,6 +20,9 @@ import dagster as dg
 from pyspark.sql import SparkSession
 
 from dbsp_pipeline.spark_session import LazySession, cluster_session, connect_session
+
+#: the names of the modes, in the order the module docstring describes them
+SPARK_MODES = ("local", "connect", "standalone")
 
 
 class SparkResource(dg.ConfigurableResource):

@@ -1,22 +1,26 @@
 """Asset checks of the output views.
 
 * ``matches_recomputation``: the view equals the same circuit computed from scratch over the
-  integrated inputs (``dbsp_pipeline.runtime.recompute``). A circuit whose views depend on the
-  order of input (stream operators) has no such check.
+  integrated inputs (``dbsp_pipeline.check_views``). A circuit whose views depend on the order
+  of input (stream operators) has no such check.
 * ``positive_multiplicities``: no row of the view has a multiplicity of zero or less (a
   relational view is a set or a bag: a negative count means an update was lost or doubled).
 """
 
+# no ``from __future__ import annotations``: Dagster reads the decorated functions' annotations
+from collections.abc import Iterator
+
 import dagster as dg
 
-from dbsp_pipeline.runtime.recompute import STREAM_OPS, check_views
-from resources.pipeline_store import PipelineRef
+from dbsp_pipeline import STREAM_OPS, check_views
+from dbsp_pipeline.dagster.ref import PipelineRef
 
 MATCHES = "matches_recomputation"
 POSITIVE = "positive_multiplicities"
 
 
 def view_checks(ref: PipelineRef) -> dg.AssetChecksDefinition:
+    """The checks of every view of ``ref``'s pipeline, run by one op that opens it once."""
     circuit = ref.circuit
     recomputable = not ({n.op for n in circuit.nodes} & STREAM_OPS)
     specs = []
@@ -30,7 +34,7 @@ def view_checks(ref: PipelineRef) -> dg.AssetChecksDefinition:
 
     @dg.multi_asset_check(name=ref.job_name("view_checks"), specs=specs, can_subset=True,
                           required_resource_keys={ref.store_key, "spark"}, op_tags=ref.tags)
-    def check(context: dg.AssetCheckExecutionContext):
+    def check(context: dg.AssetCheckExecutionContext) -> Iterator[dg.AssetCheckResult]:
         store = ref.store(context)
         with store.open(circuit, context.resources.spark) as pipeline:
             checks = check_views(pipeline) if recomputable else {}

@@ -1,1 +1,0 @@
-"""Dagster jobs of a pipeline: step (an asset job), checkpoint, recover, restore."""

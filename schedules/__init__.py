@@ -1,1 +1,0 @@
-"""Dagster schedules of a pipeline."""

@@ -1,1 +1,0 @@
-"""Dagster sensors of a pipeline: input arrival and recovery after a failed run."""
