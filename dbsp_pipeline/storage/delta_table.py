@@ -42,6 +42,17 @@ from dbsp_pipeline.zset import quote
 
 __all__ = ["ACTIONS_KEY", "DATA_DIR", "DataFile", "SparkDeltaTable", "spark_to_arrow_schema"]
 
+#: what Spark needs to read and write the files of an ``s3://`` table (as ``s3a://``)
+SPARK_S3_NEEDS = (
+    "Spark reaches s3:// tables through Hadoop's S3A filesystem, which is not on its classpath: "
+    "start Spark with the jars org.apache.hadoop:hadoop-aws (the version of Spark's Hadoop, "
+    "3.5.0 for pyspark 4.3) and the AWS SDK v2 bundle it depends on "
+    "(software.amazon.awssdk:bundle), e.g. spark.jars.packages="
+    "org.apache.hadoop:hadoop-aws:3.5.0, and set spark.hadoop.fs.s3a.endpoint, "
+    "fs.s3a.access.key, fs.s3a.secret.key and fs.s3a.path.style.access=true for a store other "
+    "than AWS; or run the steps on the driver (the driver path needs no jars)")
+_NO_S3A = ("S3AFileSystem", "No FileSystem for scheme \"s3a\"", "No FileSystem for scheme s3a")
+
 
 class SparkDeltaTable:
     """A Delta table at ``uri`` with a fixed Spark schema. See the module docstring."""
@@ -120,8 +131,10 @@ class SparkDeltaTable:
         if sort_by:
             ordered = ordered.sortWithinPartitions(*[quote(c) for c in sort_by])
         try:
-            ordered.write.parquet(folder)  # the default mode: fail if the folder exists
+            # the default mode: fail if the folder exists
+            ordered.write.parquet(spark_path(folder))
         except Exception as e:
+            self._raise_if_spark_lacks_s3(folder, e)
             raise StorageError(f"writing data files to {folder} failed: {e}",
                                definitely_failed=True) from e
         return self.store.describe_folder(folder_rel)
@@ -153,10 +166,14 @@ class SparkDeltaTable:
     # -- reading ---------------------------------------------------------------------------
     def read(self, files: Sequence[DataFile] | Sequence[str]) -> DataFrame:
         """A DataFrame over the given data files (an empty one for no files)."""
-        paths = [f.path if isinstance(f, DataFile) else f for f in files]
+        paths = [spark_path(f.path if isinstance(f, DataFile) else f) for f in files]
         if not paths:
             return self.spark.createDataFrame([], self.schema)
-        return self.spark.read.schema(self.schema).parquet(*paths)
+        try:
+            return self.spark.read.schema(self.schema).parquet(*paths)
+        except Exception as e:
+            self._raise_if_spark_lacks_s3(self.uri, e)
+            raise
 
     def read_arrow(self, files: Sequence[DataFile] | Sequence[str],
                    where: pc.Expression | None = None,
@@ -168,6 +185,17 @@ class SparkDeltaTable:
 
     def read_version(self, version: int | None = None) -> DataFrame:
         return self.read(self.files(version))
+
+    def _raise_if_spark_lacks_s3(self, where: str, error: Exception) -> None:
+        """A ``StorageError`` saying what Spark needs, if ``error`` is Spark not knowing s3a."""
+        if where.startswith(("s3://", "s3a://")) and any(m in str(error) for m in _NO_S3A):
+            raise StorageError(f"Spark cannot reach {where}: {SPARK_S3_NEEDS}",
+                               definitely_failed=True) from None
+
+
+def spark_path(path: str) -> str:
+    """The path Spark (Hadoop) knows a table file by: ``s3a://`` for ``s3://``."""
+    return "s3a://" + path[len("s3://"):] if path.startswith("s3://") else path
 
 
 def spark_to_arrow_schema(schema: StructType) -> pa.Schema:
