@@ -27,6 +27,7 @@ Contracts every implementation keeps:
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -158,6 +159,14 @@ class TableStore(Protocol):
         ``version``). With ``expected_version`` the rollback commit lands at exactly that version
         or raises ``ConcurrentWriterError``. Durable when it returns."""
         ...
+
+
+def root_uri(root: str) -> str:
+    """The one spelling of a root (or table) location: an absolute local path, or an object
+    URI as given without a trailing slash (``s3://bucket/prefix``)."""
+    if "://" in root and not root.startswith("file://"):
+        return root.rstrip("/")
+    return os.path.abspath(root.removeprefix("file://"))
 
 
 def open_table_store(uri: str, schema: pa.Schema,
