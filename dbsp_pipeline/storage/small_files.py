@@ -79,8 +79,15 @@ def _key(path: str) -> str:
     return path.split("://", 1)[1]
 
 
-@functools.cache
 def _s3() -> pafs.S3FileSystem:
-    from dbsp_pipeline.storage.s3_store import s3_filesystem, s3_options
+    """The filesystem of the store the ``AWS_*`` environment names now."""
+    from dbsp_pipeline.storage.s3_store import s3_options
 
-    return s3_filesystem(s3_options("s3://"))
+    return _s3_for(tuple(sorted(s3_options("s3://").items())))
+
+
+@functools.cache
+def _s3_for(options: tuple[tuple[str, str], ...]) -> pafs.S3FileSystem:
+    from dbsp_pipeline.storage.s3_store import s3_filesystem
+
+    return s3_filesystem(dict(options))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -32,7 +33,7 @@ def s3_bucket(object_store: dict[str, str]) -> str:
 
 
 @pytest.fixture(params=["local", "s3", "fault_injecting"])
-def open_store(request: pytest.FixtureRequest, tmp_path) -> Opener:
+def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Opener:
     """Opens (a new handle on) one fresh table in the backend under test."""
     if request.param == "s3":
         settings = request.getfixturevalue("object_store")
@@ -56,6 +57,7 @@ def keys_of(store: TableStore, version: int | None = None) -> list[str]:
 
 def test_create_then_reopen_sees_an_empty_table(open_store: Opener) -> None:
     store = open_store()
+    assert isinstance(store, TableStore)
     assert store.version() == 0
     assert store.files() == []
     again = open_store()
