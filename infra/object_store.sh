@@ -68,8 +68,12 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))')"
       -volume.port="${P[2]}" -volume.port.grpc="${P[3]}" -volume.max=0 -volume.preStopSeconds=0 \
       -filer.port="${P[4]}" -filer.port.grpc="${P[5]}" \
       -s3 -s3.port="$PORT" -s3.port.grpc="${P[6]}" -s3.port.iceberg="${P[7]}" \
-      -s3.port.lance="${P[8]}" -s3.config="$VAR/s3.json" >"$VAR/object-store.log" 2>&1 &
+      -s3.port.lance="${P[8]}" -s3.config="$VAR/s3.json" \
+      -filer.localSocket="$VAR/filer.sock" -s3.localSocket="$VAR/s3.sock" >"$VAR/object-store.log" 2>&1 &
     echo $! >"$PIDFILE"
+    # weed also serves gRPC on unix sockets at fixed places in /tmp: `stop` removes these
+    printf '/tmp/seaweedfs-%s-grpc-%s.sock\n' master "${P[1]}" volume "${P[3]}" filer "${P[5]}" \
+      s3 "${P[6]}" >"$VAR/object-store.sockets"
     for _ in $(seq 1 120); do
       if ready 2>/dev/null; then
         echo "object store: http://127.0.0.1:$PORT (pid $(cat "$PIDFILE"), data $VAR/data, credentials $ENVFILE)"
@@ -96,6 +100,10 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))')"
     SIGNAL=TERM
     if [ "${2:-}" = now ]; then SIGNAL=KILL; fi
     if [ -f "$PIDFILE" ]; then stop_started "$SIGNAL" "$(cat "$PIDFILE")" "$PIDFILE"; fi
+    if [ -f "$VAR/object-store.sockets" ]; then
+      xargs rm -f <"$VAR/object-store.sockets"
+      rm -f "$VAR/object-store.sockets"
+    fi
     ;;
   *)
     echo "usage: $0 start [s3-port] | status | stop [now]" >&2
