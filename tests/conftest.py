@@ -28,6 +28,15 @@ def broker(tmp_path_factory):
     yield from start_broker(tmp_path_factory)
 
 
+@pytest.fixture(scope="session")
+def object_store(tmp_path_factory):
+    """A real S3-compatible object store on 127.0.0.1 for the session (started on first use):
+    its ``AWS_*`` settings (credentials, endpoint, region)."""
+    from tests.object_store_helpers import start_object_store
+
+    yield from start_object_store(tmp_path_factory)
+
+
 def view_counter(df) -> Counter:
     """A Z-set DataFrame (payload + ``_weight``) as ``Counter{payload tuple: weight}``."""
     cols = [c for c in df.columns if not c.startswith("_")]

@@ -30,7 +30,7 @@ from dbsp_pipeline.driver import hashing
 from dbsp_pipeline.driver.sql import LocalSQL, zset_arrow_schema
 from dbsp_pipeline.errors import NonDeterminismError, UsageError
 from dbsp_pipeline.storage.delta_table import SparkDeltaTable
-from dbsp_pipeline.storage.small_files import write_atomically
+from dbsp_pipeline.storage.small_files import read_text, write_atomically
 from dbsp_pipeline.zset import STEP, WEIGHT, consolidate, quote
 
 APP_ID = "dbsp-output"
@@ -164,11 +164,8 @@ class OutputLog:
         """The step through which history is collapsed (-1: none): the log's rows of steps up to
         it are consolidated into rows stamped with this step, so the view is exact as of any
         step from it on, and the changes of single steps exist only after it."""
-        try:
-            with open(os.path.join(self.table.uri, COMPACTED_MARKER)) as fh:
-                return int(fh.read().strip())
-        except FileNotFoundError:
-            return -1
+        text = read_text(os.path.join(self.table.uri, COMPACTED_MARKER))
+        return -1 if text is None else int(text.strip())
 
     def compact_history(self, through: int, sql: LocalSQL) -> bool:
         """Collapse the changes of steps ``.. through`` into their consolidated sum, stamped

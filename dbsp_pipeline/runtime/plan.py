@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Callable, Sequence
 
 import pyspark
@@ -32,7 +31,7 @@ from dbsp_pipeline.operators.integration import Delay, Differentiate, Integrate
 from dbsp_pipeline.operators.join import Join
 from dbsp_pipeline.operators.linear import Conform, Filter, Negate, Select, Union
 from dbsp_pipeline.spark_session import LazySession
-from dbsp_pipeline.storage.small_files import write_atomically
+from dbsp_pipeline.storage.small_files import read_text, write_atomically
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.trace import Trace
 from dbsp_pipeline.zset import quote
@@ -249,8 +248,9 @@ def read_schema_cache(path: str) -> tuple[str, dict[int, StructType]]:
     """The key and the schemas of the schema cache at ``path``; ``ValueError`` saying what is
     wrong with it when it is not a cache this engine wrote (damaged, cut off, edited: its
     digest no longer matches). ``OSError`` when it cannot be read."""
-    with open(path) as fh:
-        text = fh.read()
+    text = read_text(path)
+    if text is None:
+        raise FileNotFoundError(path)
     try:
         data = json.loads(text)
     except ValueError as e:
@@ -272,7 +272,7 @@ def _load_schemas(path: str | None, circuit: Circuit) -> dict[int, StructType] |
     """The schemas Spark analysed for this circuit when it was first compiled here, if any. A
     cache that cannot be read or is damaged is a miss: the circuit is analysed again and the
     cache written anew (it holds nothing the circuit and Spark do not determine)."""
-    if path is None or not os.path.exists(path):
+    if path is None:
         return None
     try:
         key, schemas = read_schema_cache(path)

@@ -22,7 +22,13 @@ from dataclasses import asdict, dataclass
 from pyspark.sql import DataFrame
 
 from dbsp_pipeline.errors import UsageError
-from dbsp_pipeline.storage.small_files import write_atomically
+from dbsp_pipeline.storage.small_files import (
+    list_names,
+    make_folder,
+    read_text,
+    remove,
+    write_atomically,
+)
 from dbsp_pipeline.zset import STEP
 
 READERS_DIR = "_readers"
@@ -46,30 +52,24 @@ class LeaseRegistry:
 
     def __init__(self, root: str) -> None:
         self.folder = os.path.join(root, READERS_DIR)
-        os.makedirs(self.folder, exist_ok=True)
+        make_folder(self.folder)
 
     def write(self, lease: Lease) -> None:
         write_atomically(os.path.join(self.folder, f"{lease.reader_id}.json"),
                          json.dumps(asdict(lease)))
 
     def read(self, reader_id: str) -> Lease | None:
-        try:
-            with open(os.path.join(self.folder, f"{reader_id}.json")) as fh:
-                return Lease(**json.load(fh))
-        except FileNotFoundError:
-            return None
+        text = read_text(os.path.join(self.folder, f"{reader_id}.json"))
+        return None if text is None else Lease(**json.loads(text))
 
     def remove(self, reader_id: str) -> None:
-        try:
-            os.remove(os.path.join(self.folder, f"{reader_id}.json"))
-        except FileNotFoundError:
-            pass
+        remove(os.path.join(self.folder, f"{reader_id}.json"))
 
     def live(self, view: str, now: float | None = None) -> list[Lease]:
         """The unexpired leases on ``view`` (expired ones are removed)."""
         now = time.time() if now is None else now
         out = []
-        for name in sorted(os.listdir(self.folder)):
+        for name in list_names(self.folder):
             if not name.endswith(".json"):
                 continue
             lease = self.read(name[:-5])

@@ -1,6 +1,8 @@
 """Named crash points at every durable action, for fault-injection tests.
 
-Every Delta commit the engine makes (and every rollback of a state table) passes two points,
+Every Delta commit the engine makes (and every rollback of a state table) passes two points
+(passed by ``dbsp_pipeline.testing.FaultInjectingTableStore``, which wraps every table store;
+``dbsp_pipeline.testing`` is the public face of this module),
 ``<role>.<action>.before`` and ``<role>.<action>.after``, where ``role`` names the table's part in
 the protocol (``input``, ``division``, ``trace``, ``output``, ``manifest``) and ``action`` is
 ``commit`` (a data change), ``rewrite`` (a compaction: same content, other files) or ``restore``

@@ -12,10 +12,9 @@ by the oldest retained state version; for logs, their newest version.
 
 from __future__ import annotations
 
-import os
 import time
 
-from dbsp_pipeline.storage.delta_table import DATA_DIR, SparkDeltaTable
+from dbsp_pipeline.storage.delta_table import SparkDeltaTable
 
 #: files younger than this are never deleted: their write may still be going to commit
 ORPHAN_GRACE_SECONDS = 3600.0
@@ -30,16 +29,7 @@ def collect(table: SparkDeltaTable, keep_version: int,
     referenced = {f.path for f in table.files(keep_version)}
     referenced |= {f.path for f in table.added_files(keep_version, current)}
     cutoff = time.time() - grace_seconds
-    deleted = 0
-    data_root = os.path.join(table.uri, DATA_DIR)
-    for folder, _, names in os.walk(data_root, topdown=False):
-        for name in names:
-            path = os.path.join(folder, name)
-            if path in referenced or not name.endswith(".parquet"):
-                continue
-            if os.path.getmtime(path) <= cutoff:
-                os.remove(path)
-                deleted += 1
-        if folder != data_root and not os.listdir(folder):
-            os.rmdir(folder)
-    return deleted
+    garbage = [f.path for f in table.store.stored_data_files()
+               if f.path not in referenced and f.modified <= cutoff]
+    table.store.delete_data_files(garbage)
+    return len(garbage)

@@ -1,16 +1,93 @@
-"""Small side files of a pipeline root (schema cache, leases, markers), replaced atomically."""
+"""Small side files of a pipeline root (schema cache, leases, markers), on any store.
+
+A path is local, or an object URI (``s3://bucket/key``) of the store the ``AWS_*`` environment
+names (``storage/s3_store.py``). A file is replaced atomically either way: locally by a write to
+a temporary file, ``fsync`` and rename; on S3 by one PUT, which a reader sees whole or not at all.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
+
+import pyarrow.fs as pafs
+
+_REMOTE = ("s3://", "s3a://")
+
+
+def is_remote(path: str) -> bool:
+    """Whether ``path`` is an object URI rather than a local path."""
+    return path.startswith(_REMOTE)
 
 
 def write_atomically(path: str, text: str) -> None:
     """Replace ``path`` with ``text``: a reader (or a crash) sees the old file or the new one,
     never a partial one."""
+    if is_remote(path):
+        with _s3().open_output_stream(_key(path)) as out:
+            out.write(text.encode())
+        return
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as fh:
         fh.write(text)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def read_text(path: str) -> str | None:
+    """The text of ``path`` (None if there is no such file)."""
+    try:
+        if is_remote(path):
+            with _s3().open_input_stream(_key(path)) as src:
+                return src.read().decode()
+        with open(path) as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return None
+
+
+def remove(path: str) -> None:
+    """Delete the file ``path`` if it is there."""
+    try:
+        if is_remote(path):
+            _s3().delete_file(_key(path))
+        else:
+            os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def list_names(folder: str) -> list[str]:
+    """The names of the files in ``folder``, sorted (none if there is no such folder)."""
+    if is_remote(folder):
+        infos = _s3().get_file_info(pafs.FileSelector(_key(folder), allow_not_found=True))
+        return sorted(i.base_name for i in infos if i.type == pafs.FileType.File)
+    try:
+        return sorted(os.listdir(folder))
+    except FileNotFoundError:
+        return []
+
+
+def make_folder(folder: str) -> None:
+    """Make ``folder`` exist (an object store has no folders: nothing to do there)."""
+    if not is_remote(folder):
+        os.makedirs(folder, exist_ok=True)
+
+
+def _key(path: str) -> str:
+    return path.split("://", 1)[1]
+
+
+def _s3() -> pafs.S3FileSystem:
+    """The filesystem of the store the ``AWS_*`` environment names now."""
+    from dbsp_pipeline.storage.s3_store import s3_options
+
+    return _s3_for(tuple(sorted(s3_options("s3://").items())))
+
+
+@functools.cache
+def _s3_for(options: tuple[tuple[str, str], ...]) -> pafs.S3FileSystem:
+    from dbsp_pipeline.storage.s3_store import s3_filesystem
+
+    return s3_filesystem(dict(options))

@@ -35,6 +35,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from dbsp_pipeline.errors import CircuitChangedError, UsageError
 from dbsp_pipeline.storage import garbage
 from dbsp_pipeline.storage.delta_table import SparkDeltaTable
+from dbsp_pipeline.storage.table_store import root_uri
 
 MANIFEST_DIR = "_manifest"
 STATE_FORMAT = 3  # see runtime/upgrade.py for what each format adds
@@ -50,7 +51,7 @@ class StateDatabase:
 
     def __init__(self, spark: SparkSession, root: str, fingerprint: str) -> None:
         self.spark = spark
-        self.root = os.path.abspath(root)
+        self.root = root_uri(root)
         self.fingerprint = fingerprint
         self._manifest = SparkDeltaTable(spark, os.path.join(self.root, MANIFEST_DIR),
                                          _MANIFEST_SCHEMA, role="manifest",

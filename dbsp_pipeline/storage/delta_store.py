@@ -1,0 +1,345 @@
+"""A Delta table kept by delta-rs, its files reached through a pyarrow filesystem.
+
+The part of a ``TableStore`` (``storage/table_store.py``) every backend shares: delta-rs commits,
+restores and answers snapshot questions (files of a version, app transactions); the commit files
+of ``_delta_log`` are read directly (``<version>.json``, one action a line), so asking about a
+range of versions costs one read a commit, not a replay of the table's history. A backend
+(``LocalTableStore``, ``S3TableStore``) says how to reach its files: the pyarrow filesystem, the
+delta-rs storage options, and how a table URI maps to a filesystem path.
+
+Durability: a version exists once ``commit`` (or ``restore``) returns. delta-rs creates the
+version's commit file with put-if-absent (a hard link on a local disk, a conditional put on an
+object store), so of two writers racing for one version exactly one wins; with
+``expected_version`` the loser gets ``ConcurrentWriterError`` and nothing of its commit is
+visible. Data files written but not committed are invisible to every Delta reader and are removed
+by garbage collection (``storage/garbage.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.transaction import AddAction
+
+from dbsp_pipeline.errors import ConcurrentWriterError, StorageError
+from dbsp_pipeline.storage.table_store import ACTIONS_KEY, DATA_DIR, DataFile, StoredFile
+
+LOG_DIR = "_delta_log"
+#: Delta configuration of every table the engine creates (a caller's configuration wins)
+DEFAULT_CONFIGURATION = {"delta.checkpointInterval": "50"}
+_STATS_STRING_LIMIT = 32
+
+
+class DeltaTableStore:
+    """A Delta table at ``uri`` reached through ``filesystem``. Subclasses choose the filesystem
+    and the mapping from URIs to its paths; see the module docstring for the contracts."""
+
+    def __init__(self, uri: str, schema: pa.Schema, configuration: Mapping[str, str] | None,
+                 *, filesystem: pafs.FileSystem,
+                 storage_options: Mapping[str, str] | None = None) -> None:
+        self.uri = uri
+        self.schema = schema
+        self._fs = filesystem
+        self._options: dict[str, str] | None = dict(storage_options) if storage_options else None
+        self._table = self._open_or_create(configuration)
+
+    # -- what a backend says -----------------------------------------------------------------
+    def fs_path(self, path: str) -> str:
+        """The filesystem path of ``path`` (an absolute path or object URI of this store)."""
+        return path
+
+    def _make_folder(self, fs_path: str) -> None:
+        """Make the folder ``fs_path`` exist before files are written into it."""
+
+    def _remove_empty_folders(self) -> None:
+        """Remove data folders that hold no file (after garbage collection)."""
+
+    # -- versions and the log ----------------------------------------------------------------
+    def version(self, *, refresh: bool = True) -> int:
+        if refresh:
+            self._refresh()
+        return self._table.version()
+
+    def files(self, version: int | None = None, *, refresh: bool = True) -> list[DataFile]:
+        if version is None:
+            table = self._table
+            if refresh:
+                self._refresh()
+        else:
+            table = self._delta(version)
+        actions = pa.table(table.get_add_actions(flatten=True)).to_pydict()
+        paths = actions.get("path", [])
+        none = [None] * len(paths)
+        rows = actions.get("num_records", none)
+        lo, hi = actions.get("min._shard", none), actions.get("max._shard", none)
+        slo, shi = actions.get("min._step", none), actions.get("max._step", none)
+        return [DataFile(self.path(p), int(n or 0), a, b, c, d)
+                for p, n, a, b, c, d in zip(paths, rows, lo, hi, slo, shi)]
+
+    def added_files(self, lower: int, upper: int, data_only: bool = False) -> list[DataFile]:
+        if upper <= lower:
+            return []
+        out = []
+        for v in range(lower + 1, upper + 1):
+            actions = self._commit_actions(v)
+            if actions is None:
+                if data_only:
+                    raise StorageError(f"commit {v} of {self.uri} was cleaned up: the data "
+                                       "changes it made cannot be told apart from rewrites",
+                                       definitely_failed=True)
+                before = {f.path for f in self.files(lower)}
+                return [f for f in self.files(upper) if f.path not in before]
+            for action in actions:
+                add = action.get("add")
+                if add is not None and (add.get("dataChange", True) or not data_only):
+                    out.append(DataFile.from_stats(self.path(add["path"]),
+                                                   add.get("stats") or "{}"))
+        return out
+
+    def commit_infos(self, lower: int, upper: int) -> list[dict]:
+        out = []
+        for v in range(lower + 1, upper + 1):
+            actions = self._commit_actions(v)
+            if actions is not None:
+                out.extend(a["commitInfo"] for a in actions if a.get("commitInfo") is not None)
+        return out
+
+    def commit_metadata(self, key: str, value: object) -> dict | None:
+        for v in range(self.version(), 0, -1):
+            actions = self._commit_actions(v)
+            if actions is None:
+                return None
+            for action in actions:
+                info = action.get("commitInfo")
+                if info is not None and info.get(key) == value:
+                    return info
+        return None
+
+    def transaction_version(self, app_id: str) -> int | None:
+        self._refresh()
+        return self._table.transaction_version(app_id)
+
+    # -- data files --------------------------------------------------------------------------
+    def path(self, relative: str) -> str:
+        return f"{self.uri}/{relative}"
+
+    def write_arrow(self, table: pa.Table) -> list[AddAction]:
+        if table.num_rows == 0:
+            return []
+        folder = f"{DATA_DIR}/{uuid.uuid4().hex}"
+        target = self.fs_path(self.path(f"{folder}/part-00000.parquet"))
+        try:
+            self._make_folder(self.fs_path(self.path(folder)))
+            pq.write_table(table.cast(self.schema), target, filesystem=self._fs)
+        except OSError as e:
+            raise StorageError(f"writing a data file to {self.path(folder)} failed: {e}",
+                               definitely_failed=True) from e
+        return self.describe_folder(folder)
+
+    def describe_folder(self, relative: str) -> list[AddAction]:
+        adds = []
+        infos = self._fs.get_file_info(pafs.FileSelector(self.fs_path(self.path(relative))))
+        for info in sorted(infos, key=lambda i: i.base_name):
+            if info.type != pafs.FileType.File or not info.base_name.endswith(".parquet"):
+                continue
+            meta = pq.read_metadata(info.path, filesystem=self._fs)
+            if meta.num_rows == 0:
+                self._fs.delete_file(info.path)
+                continue
+            adds.append(AddAction(
+                path=f"{relative}/{info.base_name}", size=info.size, partition_values={},
+                modification_time=_millis(info), data_change=True,
+                stats=json.dumps(file_stats(meta))))
+        return adds
+
+    def read_arrow(self, paths: Sequence[str], where: pc.Expression | None = None,
+                   columns: Sequence[str] | None = None) -> pa.Table:
+        if not paths:
+            empty = self.schema.empty_table()
+            return empty.select(list(columns)) if columns is not None else empty
+        dataset = ds.dataset([self.fs_path(p) for p in paths], schema=self.schema,
+                             format="parquet", filesystem=self._fs)
+        return dataset.to_table(filter=where, columns=list(columns) if columns else None)
+
+    def stored_data_files(self) -> list[StoredFile]:
+        selector = pafs.FileSelector(self.fs_path(self.path(DATA_DIR)), recursive=True,
+                                     allow_not_found=True)
+        prefix = self.fs_path(self.path(""))
+        return [StoredFile(self.path(info.path[len(prefix):]), _millis(info) / 1000)
+                for info in self._fs.get_file_info(selector)
+                if info.type == pafs.FileType.File and info.base_name.endswith(".parquet")]
+
+    def delete_data_files(self, paths: Sequence[str]) -> None:
+        for p in paths:
+            self._fs.delete_file(self.fs_path(p))
+        self._remove_empty_folders()
+
+    # -- durable actions ---------------------------------------------------------------------
+    def commit(self, adds: Sequence[AddAction] = (), removes: Sequence[str] = (), *,
+               app_id: str | None = None, app_version: int | None = None,
+               metadata: Mapping[str, object] | None = None, data_change: bool = True,
+               expected_version: int | None = None) -> int:
+        from deltalake._internal import RemoveAction  # re-exported privately in deltalake 1.x
+
+        now = int(time.time() * 1000)
+        actions: list = list(adds) if data_change else [
+            dataclasses.replace(a, data_change=False) for a in adds]
+        actions.extend(RemoveAction(self._relative(p), data_change, now) for p in removes)
+        # How many actions besides the commit information this commit holds: a reader of the
+        # log (``storage/verify.py``) tells a commit file cut at a line end by it.
+        custom = {**(metadata or {}), ACTIONS_KEY: len(actions) + (1 if app_id else 0)}
+        props = CommitProperties(
+            custom_metadata=custom,
+            app_transactions=[Transaction(app_id, app_version, now)] if app_id else None,
+            max_commit_retries=0 if expected_version is not None else None)
+        if expected_version is not None:
+            self._base_on(expected_version)
+        try:
+            self._table.create_write_transaction(
+                actions, mode="append", schema=self.schema, commit_properties=props)
+        except CommitFailedError as e:
+            if expected_version is not None:
+                raise ConcurrentWriterError(
+                    f"another writer committed version {expected_version} of {self.uri} "
+                    "first") from e
+            if app_id is not None:  # the same app transaction twice at once: two writers
+                raise ConcurrentWriterError(
+                    f"another writer committed as '{app_id}' to {self.uri} at the same "
+                    "time") from e
+            raise StorageError(f"commit to {self.uri} failed: {e}", definitely_failed=True) from e
+        except (DeltaError, OSError) as e:
+            raise StorageError(f"commit to {self.uri} failed: {e}", definitely_failed=False) from e
+        self._refresh()
+        if expected_version is not None and self._table.version() != expected_version:
+            raise ConcurrentWriterError(f"another writer committed to {self.uri} after version "
+                                        f"{expected_version}")
+        return self._table.version()
+
+    def restore(self, version: int, *, expected_version: int | None = None) -> None:
+        props = CommitProperties(max_commit_retries=0) if expected_version is not None else None
+        if expected_version is not None:
+            self._base_on(expected_version)
+        try:
+            self._table.restore(version, commit_properties=props)
+        except CommitFailedError as e:
+            if expected_version is not None:
+                raise ConcurrentWriterError(
+                    f"another writer committed to {self.uri} during its rollback") from e
+            raise StorageError(f"rollback of {self.uri} failed: {e}",
+                               definitely_failed=True) from e
+        except (DeltaError, OSError) as e:
+            raise StorageError(f"rollback of {self.uri} failed: {e}",
+                               definitely_failed=False) from e
+        self._refresh()
+
+    # -- internals ---------------------------------------------------------------------------
+    def _open_or_create(self, configuration: Mapping[str, str] | None) -> DeltaTable:
+        try:
+            if DeltaTable.is_deltatable(self.uri, storage_options=self._options):
+                return DeltaTable(self.uri, storage_options=self._options)
+            self._make_folder(self.fs_path(self.uri))
+            return DeltaTable.create(
+                self.uri, self.schema, mode="ignore",
+                configuration={**DEFAULT_CONFIGURATION, **(configuration or {})},
+                storage_options=self._options)
+        except (DeltaError, OSError) as e:
+            raise StorageError(f"cannot open or create the Delta table {self.uri}: {e}",
+                               definitely_failed=False) from e
+
+    def _delta(self, version: int) -> DeltaTable:
+        return DeltaTable(self.uri, version=version, storage_options=self._options)
+
+    def _refresh(self) -> None:
+        try:
+            self._table.update_incremental()
+        except (DeltaError, OSError) as e:
+            raise StorageError(f"reading the log of {self.uri} failed: {e}",
+                               definitely_failed=True) from e
+
+    def _base_on(self, expected_version: int) -> None:
+        """Load the version before ``expected_version``, so the next commit (with no retries)
+        lands at ``expected_version`` or fails."""
+        loaded = self._table.version()
+        if loaded >= expected_version:
+            raise ConcurrentWriterError(f"version {expected_version} of {self.uri} is already "
+                                        f"committed (this handle has loaded {loaded})")
+        if loaded != expected_version - 1:
+            self._table.load_as_version(expected_version - 1)
+
+    def _commit_actions(self, version: int) -> list[dict] | None:
+        """The actions of the commit file of ``version`` (None if it was cleaned up)."""
+        log = self.fs_path(self.path(f"{LOG_DIR}/{version:020d}.json"))
+        try:
+            with self._fs.open_input_stream(log) as fh:
+                text = fh.read().decode()
+        except FileNotFoundError:
+            return None
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def _relative(self, path: str) -> str:
+        prefix = self.uri + "/"
+        if not path.startswith(prefix):
+            raise StorageError(f"file {path!r} is not inside the table {self.uri}",
+                               definitely_failed=True)
+        return path[len(prefix):]
+
+
+def _millis(info: pafs.FileInfo) -> int:
+    """A file's modification time in milliseconds since the epoch (0 if the store gives none)."""
+    ns = info.mtime_ns
+    return int(ns // 1_000_000) if ns is not None else 0
+
+
+def file_stats(meta: pq.FileMetaData) -> dict:
+    """Delta per-file statistics (numRecords, minValues, maxValues, nullCount) from a footer."""
+    mins: dict = {}
+    maxs: dict = {}
+    nulls: dict = {}
+    schema = meta.schema.to_arrow_schema()
+    for ci, field in enumerate(schema):
+        lo = hi = None
+        null_count = 0
+        ok = True
+        for rg in range(meta.num_row_groups):
+            st = meta.row_group(rg).column(ci).statistics
+            if st is None:
+                ok = False
+                break
+            null_count += st.null_count or 0
+            if st.has_min_max:
+                lo = st.min if lo is None else min(lo, st.min)
+                hi = st.max if hi is None else max(hi, st.max)
+        if not ok:
+            continue
+        nulls[field.name] = null_count
+        lo, hi = _json_stat(lo), _json_stat(hi)
+        if lo is not None and hi is not None:
+            mins[field.name] = lo
+            maxs[field.name] = hi
+    return {"numRecords": meta.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+
+
+def _json_stat(v: object) -> object:
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, (int, float)):
+        return v if v == v and v not in (float("inf"), float("-inf")) else None
+    if isinstance(v, str):
+        return v if len(v) <= _STATS_STRING_LIMIT else None
+    if isinstance(v, _dt.datetime):
+        return v.isoformat()
+    if isinstance(v, _dt.date):
+        return v.isoformat()
+    return None

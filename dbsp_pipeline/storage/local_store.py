@@ -1,0 +1,43 @@
+"""A Delta table on a local (or mounted) filesystem: the ``TableStore`` of local roots.
+
+delta-rs creates each commit file with a hard link that fails if the file exists, so commits
+are atomic and two writers racing for one version cannot both win (see
+``storage/delta_store.py`` for the contracts every store keeps).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from dbsp_pipeline.storage.delta_store import DeltaTableStore
+from dbsp_pipeline.storage.table_store import DATA_DIR
+
+
+def local_path(uri: str) -> str:
+    """The absolute local path of ``uri`` (a path, relative or absolute, or ``file://``)."""
+    return os.path.abspath(uri.removeprefix("file://"))
+
+
+class LocalTableStore(DeltaTableStore):
+    """The Delta table at the local path (or ``file://`` URI) ``uri``."""
+
+    def __init__(self, uri: str, schema: pa.Schema,
+                 configuration: Mapping[str, str] | None = None) -> None:
+        super().__init__(local_path(uri), schema, configuration,
+                         filesystem=pafs.LocalFileSystem())
+
+    def path(self, relative: str) -> str:
+        return os.path.join(self.uri, relative)
+
+    def _make_folder(self, fs_path: str) -> None:
+        os.makedirs(fs_path, exist_ok=True)
+
+    def _remove_empty_folders(self) -> None:
+        data_root = os.path.join(self.uri, DATA_DIR)
+        for folder, _, _ in os.walk(data_root, topdown=False):
+            if folder != data_root and not os.listdir(folder):
+                os.rmdir(folder)

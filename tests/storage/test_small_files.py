@@ -1,0 +1,36 @@
+"""Small side files of a root, the same on a local disk and on S3 (a real SeaweedFS)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dbsp_pipeline.storage import small_files
+from tests.object_store_helpers import new_bucket
+
+
+@pytest.fixture(params=["local", "s3"])
+def folder(request: pytest.FixtureRequest, tmp_path: Path,
+           monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "local":
+        return str(tmp_path / "root" / "_readers")
+    settings = request.getfixturevalue("object_store")
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+    return f"s3://{new_bucket(settings, 'small')}/root/_readers"
+
+
+def test_write_read_list_and_remove(folder: str) -> None:
+    small_files.make_folder(folder)
+    assert small_files.list_names(folder) == []
+    assert small_files.read_text(f"{folder}/a.json") is None
+    small_files.write_atomically(f"{folder}/b.json", "old")
+    small_files.write_atomically(f"{folder}/b.json", "new")
+    small_files.write_atomically(f"{folder}/a.json", "{}")
+    assert small_files.list_names(folder) == ["a.json", "b.json"]
+    assert small_files.read_text(f"{folder}/b.json") == "new"
+    small_files.remove(f"{folder}/b.json")
+    small_files.remove(f"{folder}/b.json")  # gone already: nothing to do
+    assert small_files.list_names(folder) == ["a.json"]
+    assert small_files.is_remote(folder) == folder.startswith("s3://")
