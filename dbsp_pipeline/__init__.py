@@ -21,6 +21,7 @@ from dbsp_pipeline.errors import (
     UnknownNameError,
     UsageError,
 )
+from dbsp_pipeline.root import PipelineStatus, read_status
 from dbsp_pipeline.runtime.pipeline import (
     FailedStep,
     Pipeline,
@@ -39,5 +40,5 @@ __all__ = [
     "DbspError", "UsageError", "CircuitError", "InputError", "UnknownNameError",
     "PipelineClosedError", "PipelineFencedError", "CircuitChangedError", "StateFormatError",
     "StorageError", "ConcurrentWriterError", "NonDeterminismError", "CorruptStateError",
-    "verify", "VerifyReport",
+    "verify", "VerifyReport", "read_status", "PipelineStatus",
 ]

@@ -15,12 +15,12 @@ input's table, which ``Pipeline.input_view`` reads and a recomputation from scra
 
 from __future__ import annotations
 
-import os
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import LongType, StructField, StructType
 
+from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.driver.sql import LocalSQL
 from dbsp_pipeline.storage.delta_table import DataFile, SparkDeltaTable
 from dbsp_pipeline.storage.trace import DRIVER_MERGE_ROWS
@@ -38,7 +38,7 @@ class InputLog:
         self.name = name
         self.schema = schema
         full = StructType([*schema.fields, StructField(WEIGHT, LongType(), False)])
-        self.table = SparkDeltaTable(spark, os.path.join(root, "inputs", name), full,
+        self.table = SparkDeltaTable(spark, root_layout.input_log(root, name), full,
                                      role="input")
 
     @property

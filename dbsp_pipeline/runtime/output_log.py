@@ -25,6 +25,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, FloatType, LongType, StructField, StructType
 
+from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.driver import hashing
 from dbsp_pipeline.driver.sql import LocalSQL, zset_arrow_schema
 from dbsp_pipeline.errors import NonDeterminismError, UsageError
@@ -74,7 +75,7 @@ class OutputLog:
         self.schema = schema
         full = StructType([*schema.fields, StructField(STEP, LongType(), False),
                            StructField(WEIGHT, LongType(), False)])
-        self.table = SparkDeltaTable(spark, os.path.join(root, "outputs", name), full,
+        self.table = SparkDeltaTable(spark, root_layout.output_log(root, name), full,
                                      role="output")
         self.spark = spark
 

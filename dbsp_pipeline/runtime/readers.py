@@ -21,11 +21,12 @@ from dataclasses import asdict, dataclass
 
 from pyspark.sql import DataFrame
 
+from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.errors import UsageError
 from dbsp_pipeline.storage.small_files import write_atomically
 from dbsp_pipeline.zset import STEP
 
-READERS_DIR = "_readers"
+READERS_DIR = root_layout.READERS
 DEFAULT_LEASE_SECONDS = 300.0
 
 
@@ -45,7 +46,7 @@ class LeaseRegistry:
     """The leases of one pipeline root."""
 
     def __init__(self, root: str) -> None:
-        self.folder = os.path.join(root, READERS_DIR)
+        self.folder = root_layout.readers(root)
         os.makedirs(self.folder, exist_ok=True)
 
     def write(self, lease: Lease) -> None:

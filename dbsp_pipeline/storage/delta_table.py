@@ -18,6 +18,7 @@ import dataclasses
 import datetime as _dt
 import json
 import os
+import re
 import time
 import uuid
 from collections.abc import Sequence
@@ -367,3 +368,73 @@ def _json_stat(v: object) -> object:
         return v.isoformat()
     return None
 
+
+
+# -- reading a table's log without a handle (no Spark): for readers of a root that is not open --
+
+def table_version(uri: str) -> int:
+    """The newest version of the Delta table at ``uri`` (0 when there is no table yet). Loads
+    the table from its newest Delta checkpoint on."""
+    return DeltaTable(uri).version() if DeltaTable.is_deltatable(uri) else 0
+
+
+def table_id(uri: str) -> str:
+    """The id of the Delta table at ``uri`` (its metadata's; "" when there is no table yet)."""
+    return DeltaTable(uri).metadata().id if DeltaTable.is_deltatable(uri) else ""
+
+
+def data_commit_times(uri: str, lower: int, upper: int) -> list[float]:
+    """The commit times (seconds since the epoch) of the versions ``lower+1 .. upper`` of the
+    table at ``uri`` that added data (a push; not a rewrite), in version order. Reads those
+    commit files alone, so the cost follows ``upper - lower``; a commit no longer on disk (its
+    log was cleaned up) is left out."""
+    out = []
+    for version in range(lower + 1, upper + 1):
+        try:
+            with open(os.path.join(uri, "_delta_log", f"{version:020d}.json")) as fh:
+                actions = [json.loads(line) for line in fh if line.strip()]
+        except FileNotFoundError:
+            continue
+        if not any(a.get("add", {}).get("dataChange", False) for a in actions):
+            continue
+        info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+        out.append(info.get("timestamp", 0) / 1000.0)
+    return out
+
+
+_VERSIONED_LOG_FILE = re.compile(r"^(\d{20})\.(json|crc|checkpoint(\.\d+\.\d+)?\.parquet)$")
+_CHECKPOINT_LOG_FILE = re.compile(r"^(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet$")
+
+
+def clean_log_below(uri: str, version: int) -> int:
+    """Delete the commit files (and older Delta checkpoints) of the table at ``uri`` below its
+    newest readable Delta checkpoint at or before ``version``; returns how many files went.
+
+    Afterwards every version from that checkpoint on still loads (delta-rs starts from the
+    checkpoint), and the log's listing is bounded by the checkpoint interval plus the commits
+    after ``version``; versions below the checkpoint can no longer be loaded, so ``version`` must
+    be the oldest version any reader still needs. Files are deleted oldest first: a crash leaves
+    a log that starts later, which loads the same, and the next call deletes the rest."""
+    log = os.path.join(uri, "_delta_log")
+    names = sorted(os.listdir(log))
+    checkpoints = sorted({int(m[1]) for n in names if (m := _CHECKPOINT_LOG_FILE.match(n))
+                          and int(m[1]) <= version}, reverse=True)
+    keep = None
+    for candidate in checkpoints:
+        parts = [n for n in names if n.startswith(f"{candidate:020d}.checkpoint")]
+        try:
+            for part in parts:
+                pq.read_metadata(os.path.join(log, part))
+        except Exception:  # noqa: BLE001 - an unreadable checkpoint is not one to start from
+            continue
+        keep = candidate
+        break
+    if keep is None:
+        return 0
+    deleted = 0
+    for name in names:
+        m = _VERSIONED_LOG_FILE.match(name)
+        if m is not None and int(m[1]) < keep:
+            os.remove(os.path.join(log, name))
+            deleted += 1
+    return deleted

@@ -32,11 +32,12 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.errors import CircuitChangedError, UsageError
 from dbsp_pipeline.storage import garbage
 from dbsp_pipeline.storage.delta_table import SparkDeltaTable
 
-MANIFEST_DIR = "_manifest"
+MANIFEST_DIR = root_layout.MANIFEST
 STATE_FORMAT = 3  # see runtime/upgrade.py for what each format adds
 ENGINE_VERSION = "0.1.0"
 _MANIFEST_SCHEMA = StructType([
@@ -52,7 +53,7 @@ class StateDatabase:
         self.spark = spark
         self.root = os.path.abspath(root)
         self.fingerprint = fingerprint
-        self._manifest = SparkDeltaTable(spark, os.path.join(self.root, MANIFEST_DIR),
+        self._manifest = SparkDeltaTable(spark, root_layout.manifest(self.root),
                                          _MANIFEST_SCHEMA, role="manifest",
                                          single_writer=True)
         self._tables: dict[str, SparkDeltaTable] = {}
@@ -168,7 +169,7 @@ class StateDatabase:
     def table(self, name: str, schema: StructType) -> SparkDeltaTable:
         """The state table ``name`` (created empty if new), rolled back to the open version."""
         if name not in self._tables:
-            table = SparkDeltaTable(self.spark, os.path.join(self.root, "state", name), schema,
+            table = SparkDeltaTable(self.spark, root_layout.state_table(self.root, name), schema,
                                     role="trace", single_writer=True)
             self._tables[name] = table
             if self._base is not None:
