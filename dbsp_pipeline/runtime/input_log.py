@@ -22,7 +22,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 
 from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.driver.sql import LocalSQL
-from dbsp_pipeline.storage.delta_table import DataFile, SparkDeltaTable
+from dbsp_pipeline.storage.delta_table import DataFile, SparkDeltaTable, clean_log_below
 from dbsp_pipeline.storage.trace import DRIVER_MERGE_ROWS
 from dbsp_pipeline.zset import WEIGHT, consolidate, positive_zeros, positive_zeros_arrow
 
@@ -73,9 +73,14 @@ class InputLog:
         rewrite commit, which steps never read as new input (``data_change=False``). The log so
         stays the size of the live input plus the pushes not yet consumed, not of every push
         ever made. Size-tiered: a consumed file bigger than all the others together (an earlier
-        sum) is left alone. Returns whether it rewrote anything."""
+        sum) is left alone. Returns whether it rewrote anything.
+
+        The log's commits below its newest Delta checkpoint at or before ``upper`` are deleted
+        too (``clean_log_below``): no replay, status read or check reads a version before the
+        consumed one, and the log opening lists stays bounded."""
         if upper <= 0:
             return False
+        clean_log_below(self.table.uri, upper)
         consumed = {f.path for f in self.table.files(upper)}
         files = sorted((f for f in self.table.files() if f.path in consumed),
                        key=lambda f: f.rows, reverse=True)

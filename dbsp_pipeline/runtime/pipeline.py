@@ -900,6 +900,8 @@ class Pipeline:
             for name, log in self._inputs.items():
                 log.consolidate_consumed((consumed or {}).get(name, 0), self._sql)
             self._divisions.compact_below(oldest_step)  # division_log.py: crash-safe, bounded
+            for out in self._outputs.values():
+                out.clean_log_before(oldest_step)
             deleted = self._db.collect_garbage(self.retain_checkpoints, grace_seconds)
             for log in [*self._outputs.values(), *self._inputs.values(), self._divisions]:
                 deleted += garbage.collect(log.table, log.table.version(), grace_seconds)

@@ -35,7 +35,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.errors import CircuitChangedError, UsageError
 from dbsp_pipeline.storage import garbage
-from dbsp_pipeline.storage.delta_table import SparkDeltaTable
+from dbsp_pipeline.storage.delta_table import SparkDeltaTable, clean_log_below
 
 MANIFEST_DIR = root_layout.MANIFEST
 STATE_FORMAT = 3  # see runtime/upgrade.py for what each format adds
@@ -156,13 +156,18 @@ class StateDatabase:
 
     def collect_garbage(self, retain_versions: int, grace_seconds: float) -> int:
         """Delete the files of the manifest and of every state table that none of the newest
-        ``retain_versions`` state versions (nor anything newer) refers to; returns how many."""
+        ``retain_versions`` state versions (nor anything newer) refers to; returns how many.
+        Their Delta logs lose the commits below the newest Delta checkpoint at or before the
+        oldest version a retained state version reads (``clean_log_below``), so opening lists
+        a log bounded by the retained history, not by every commit ever made."""
         retained = self.retained_entries(max(1, retain_versions))
         oldest_manifest = min(v for v, _ in retained)
         deleted = garbage.collect(self._manifest, oldest_manifest, grace_seconds)
+        clean_log_below(self._manifest.uri, oldest_manifest)
         for name, table in self._tables.items():
             keep = min(entry.get("traces", {}).get(name, 0) for _, entry in retained)
             deleted += garbage.collect(table, keep, grace_seconds)
+            clean_log_below(table.uri, keep)
         return deleted
 
     # -- tables ----------------------------------------------------------------------------

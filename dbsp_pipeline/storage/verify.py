@@ -484,6 +484,8 @@ class _RootScan:
         if m == 0:
             return _Checkpoint(0, 0, 0, {"version": 0, "step": 0, "traces": {}}), [], False
         assert self.manifest is not None
+        if m not in self.manifest.commits and m < min(self.manifest.commits, default=m + 1):
+            return None, [], True  # below the log's start: cleaned up with collected history
         actions, damage = self.manifest.commit(m)
         if damage is not None:
             return None, [damage], False

@@ -58,6 +58,11 @@ def test_open_and_status_read_a_bounded_log_and_retained_steps_still_work(spark,
     files, entries = read_at_open(root)
     assert files <= 3 and entries <= MAX_LOG_ENTRIES, (files, entries)  # after close's collection
     assert after_20[0] <= MAX_DIVISION_FILES  # between two collections
+    # Every other table's Delta log is cleaned below what the retained checkpoints read too.
+    for folder in (root_layout.MANIFEST, "inputs/a", "outputs/n", "outputs/abd",
+                   *[f"state/{t}" for t in os.listdir(os.path.join(root, root_layout.STATE))]):
+        entries = len(os.listdir(os.path.join(root, folder, "_delta_log")))
+        assert entries <= MAX_LOG_ENTRIES, (folder, entries)
 
     status = read_status(root, INPUTS)
     assert status.divided_steps == STEPS and not status.has_pending_input
