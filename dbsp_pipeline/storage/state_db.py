@@ -29,6 +29,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from deltalake.exceptions import DeltaError
 from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
@@ -236,8 +237,8 @@ class StateDatabase:
                 return None
             row = pq.read_table(files[0].path).to_pylist()[0]
             return json.loads(row["entry"])
-        except FileNotFoundError:
-            return None  # beyond the retained versions: garbage-collected
+        except (FileNotFoundError, DeltaError):
+            return None  # beyond the retained versions: garbage-collected (or its log cleaned)
         except (ValueError, OSError, IndexError, KeyError, pa.ArrowException):
             return None  # damaged
 
