@@ -136,7 +136,9 @@ def read_status(root: str, inputs: list[str]) -> PipelineStatus:
     root = os.path.abspath(root)
     last = read_last(divisions(root))
     divided_steps, divided = (0, {}) if last is None else (last[0] + 1, last[1])
-    versions, pending, oldest = {}, {}, None
+    versions: dict[str, int] = {}
+    pending: dict[str, int] = {}
+    oldest: float | None = None
     for name in inputs:
         uri = input_log(root, name)
         version = table_version(uri)
@@ -155,7 +157,7 @@ def read_lag(root: str, inputs: list[str], now: float) -> dict[str, float]:
     root = os.path.abspath(root)
     last = read_last(divisions(root))
     divided = {} if last is None else last[1]
-    out = {}
+    out: dict[str, float] = {}
     for name in inputs:
         uri = input_log(root, name)
         pushes = data_commit_times(uri, divided.get(name, 0), table_version(uri))

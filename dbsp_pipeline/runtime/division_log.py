@@ -59,7 +59,7 @@ class DivisionLog:
         self._file_steps: dict[str, int] = {}
         self._compacted_below = 0
         for f in self.table.files():
-            steps = []
+            steps: list[int] = []
             for row in pq.read_table(f.path).to_pylist():
                 step, text = int(row["step"]), str(row["uppers"])
                 steps.append(step)

@@ -388,7 +388,7 @@ def data_commit_times(uri: str, lower: int, upper: int) -> list[float]:
     table at ``uri`` that added data (a push; not a rewrite), in version order. Reads those
     commit files alone, so the cost follows ``upper - lower``; a commit no longer on disk (its
     log was cleaned up) is left out."""
-    out = []
+    out: list[float] = []
     for version in range(lower + 1, upper + 1):
         try:
             with open(os.path.join(uri, "_delta_log", f"{version:020d}.json")) as fh:
@@ -419,7 +419,7 @@ def clean_log_below(uri: str, version: int) -> int:
     names = sorted(os.listdir(log))
     checkpoints = sorted({int(m[1]) for n in names if (m := _CHECKPOINT_LOG_FILE.match(n))
                           and int(m[1]) <= version}, reverse=True)
-    keep = None
+    keep: int | None = None
     for candidate in checkpoints:
         parts = [n for n in names if n.startswith(f"{candidate:020d}.checkpoint")]
         try:
