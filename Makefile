@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: setup demo demo-engine ui test bench bench-recovery bench-console bench-kafka bench-rescale clean
+.PHONY: setup demo demo-engine ui test bench bench-recovery bench-console bench-kafka bench-rescale bench-open clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml infra/setup.sh
@@ -37,6 +37,9 @@ bench-kafka: setup    ## records/s through Kafka (pass-through, join+aggregate) 
 
 bench-rescale: setup  ## rescale: state rows moved and rewritten per sharding function; cold vs hot seconds and step pauses
 	$(PY) benchmarks/rescale_bench.py $(BENCH_ARGS)
+
+bench-open: setup     ## open and status seconds, _divisions files and _delta_log entries after 10 / 1,000 / 10,000 tiny steps
+	$(PY) benchmarks/open_bench.py $(BENCH_ARGS)
 
 clean:
 	rm -rf var .pytest_cache .hypothesis

@@ -21,6 +21,7 @@ from dbsp_pipeline.errors import (
     UnknownNameError,
     UsageError,
 )
+from dbsp_pipeline.root import PipelineStatus, read_status
 from dbsp_pipeline.runtime.pipeline import (
     DRIVER_STEP_ROWS,
     FailedStep,

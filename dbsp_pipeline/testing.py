@@ -72,6 +72,9 @@ class FaultInjectingTableStore:
         hit(f"{self.role}.restore.after")
 
     # -- everything else: the inner store's ----------------------------------------------------
+    def clean_log_below(self, version: int) -> int:
+        return self.inner.clean_log_below(version)
+
     def version(self, *, refresh: bool = True) -> int:
         return self.inner.version(refresh=refresh)
 

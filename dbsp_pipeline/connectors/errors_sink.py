@@ -14,7 +14,6 @@ columns and ``_weight``, written once per input and step (producer ``quarantine/
 from __future__ import annotations
 
 import datetime as dt
-import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -28,12 +27,13 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.storage.delta_table import SparkDeltaTable
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-ERRORS_DIR = "_errors"
+ERRORS_DIR = root_layout.ERRORS
 RECORD_LIMIT = 4096
 SCHEMA = StructType([
     StructField("input", StringType(), False),
@@ -48,7 +48,7 @@ SCHEMA = StructType([
 
 class ErrorsSink:
     def __init__(self, spark: SparkSession, root: str) -> None:
-        self.table = SparkDeltaTable(spark, os.path.join(root, ERRORS_DIR), SCHEMA, role="errors")
+        self.table = SparkDeltaTable(spark, root_layout.errors(root), SCHEMA, role="errors")
 
     def recorded_upto(self, producer: str) -> int | None:
         """The offset through which ``producer``'s rejected records are recorded (None: none)."""

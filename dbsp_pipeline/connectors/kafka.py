@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.connectors.codec import FORMATS, Batch, encode_change
 from dbsp_pipeline.connectors.errors_sink import ErrorsSink
 from dbsp_pipeline.errors import (
@@ -53,7 +54,6 @@ from dbsp_pipeline.errors import (
     StorageError,
     UsageError,
 )
-from dbsp_pipeline.runtime.status import read_status
 from dbsp_pipeline.storage import crash_points
 
 #: suffix of the side topic that records, per step, what a view's output came from
@@ -215,8 +215,6 @@ def topic_lag(config: dict, root: str, inputs: Sequence[KafkaInput]) -> dict[str
     recorded, read without opening the pipeline (for a sensor): the partitions' high
     watermarks minus the offsets recorded in the input logs. (Transaction markers count as
     offsets, so a topic written transactionally may show a small lag with nothing to read.)"""
-    import os
-
     from deltalake import DeltaTable
 
     from dbsp_pipeline.runtime.input_log import PRODUCER_APP_PREFIX
@@ -226,7 +224,7 @@ def topic_lag(config: dict, root: str, inputs: Sequence[KafkaInput]) -> dict[str
         meta = consumer.list_topics(timeout=10)
         out = {}
         for b in inputs:
-            uri = os.path.join(root, "inputs", b.input)
+            uri = root_layout.input_log(root, b.input)
             log = DeltaTable(uri) if DeltaTable.is_deltatable(uri) else None
             info = meta.topics.get(b.topic)
             lag = 0
@@ -256,7 +254,7 @@ class KafkaSink:
         self.worker = worker
         self.config = dict(config)
         self.timeout = transaction_timeout
-        pipeline_id = read_status(pipeline.root, []).pipeline_id[:8]
+        pipeline_id = pipeline.pipeline_id[:8]
         self.transactional_id = transactional_id or (
             f"dbsp-{pipeline.circuit.name}-{pipeline_id}-w{worker}")
         self._ensure_topics()

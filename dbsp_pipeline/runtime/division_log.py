@@ -15,15 +15,23 @@ a second record of the step, with the same versions and offsets and the reason, 
 step executes with no input (its records were moved to the errors table). That record is the
 atomic point of a quarantine; it never changes where the step's input ends, so the steps after
 it read exactly what they read before.
+
+Compaction (``compact_below``) keeps the log's size bounded by the retained history, not by the
+number of steps ever run: the records of steps below the oldest retained checkpoint's step are
+collapsed into one record, the division of the step just below it, which is all that the
+retained steps need (where the first of them starts, and the offsets it starts after). What a
+step below that consumed is no longer known (``compacted_below``); its input was consolidated
+and its records, if quarantined, are in the errors table. A status reader (``read_last``) reads
+the same bounded set of files.
 """
 
 from __future__ import annotations
 
 import json
-import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
@@ -31,23 +39,49 @@ from dbsp_pipeline.storage.delta_table import SparkDeltaTable
 
 _SCHEMA = StructType([StructField("step", LongType(), False),
                       StructField("uppers", StringType(), False)])
+#: the key of a compacted record: the steps below this one were collapsed into the record
+COMPACTED_KEY = "compacted_below"
+
+Offsets = dict[str, dict[str, int | None]]
 
 
 class DivisionLog:
-    def __init__(self, spark: SparkSession, root: str) -> None:
-        self.table = SparkDeltaTable(spark, os.path.join(root, "_divisions"), _SCHEMA,
-                                     role="division", single_writer=True)
+    """The division log table at ``uri`` (``root.divisions(root)``), read whole at open: after
+    compaction, one file for the steps below the oldest retained checkpoint and one per step
+    (and quarantine) since."""
+
+    def __init__(self, spark: SparkSession, uri: str) -> None:
+        self.table = SparkDeltaTable(spark, uri, _SCHEMA, role="division", single_writer=True)
         self._uppers: dict[int, dict[str, int]] = {}
-        self._offsets: dict[int, dict[str, dict[str, int | None]]] = {}
+        self._offsets: dict[int, Offsets] = {}
         self._quarantined: dict[int, str] = {}
+        #: per data file of the newest version, the newest step it holds
+        self._file_steps: dict[str, int] = {}
+        self._compacted_below = 0
         for f in self.table.files():
+            steps: list[int] = []
             for row in pq.read_table(f.path).to_pylist():
-                step, text = row["step"], row["uppers"]
-                reason = quarantine_reason(text)
-                if reason is not None:
-                    self._quarantined[step] = reason
-                else:
-                    self._uppers[step], self._offsets[step] = parse(text)
+                step, text = int(row["step"]), str(row["uppers"])
+                steps.append(step)
+                self._load(step, text)
+            if steps:
+                self._file_steps[f.path] = max(steps)
+
+    def _load(self, step: int, text: str) -> None:
+        reason = quarantine_reason(text)
+        if reason is not None:
+            self._quarantined[step] = reason
+            return
+        self._uppers[step], self._offsets[step] = parse(text)
+        below = compacted_below(text)
+        if below is not None:
+            self._compacted_below = max(self._compacted_below, below)
+
+    @property
+    def compacted_below(self) -> int:
+        """The steps below this one were compacted: their divisions are no longer known (0: no
+        step was)."""
+        return self._compacted_below
 
     def get(self, step: int) -> dict[str, int] | None:
         """The recorded upper log version of each input for ``step`` (None if not recorded)."""
@@ -58,30 +92,28 @@ class DivisionLog:
         prev = self._uppers.get(step - 1, {}) if step > 0 else {}
         return {name: prev.get(name, 0) for name in inputs}
 
-    def offsets(self, step: int) -> dict[str, dict[str, int | None]]:
+    def offsets(self, step: int) -> Offsets:
         """Per input, the newest sequence number of each tracked producer as of ``step``'s
         division (empty if none was tracked or the step is not divided)."""
         return self._offsets.get(step, {})
 
     def record(self, step: int, uppers: dict[str, int],
-               offsets: dict[str, dict[str, int | None]] | None = None) -> dict[str, int]:
+               offsets: Offsets | None = None) -> dict[str, int]:
         """Durably record ``step``'s division (and the source offsets it reaches); returns it."""
         if step in self._uppers:
             raise RuntimeError(f"the division of step {step} is already recorded")
         text = json.dumps({"uppers": uppers, "offsets": offsets or {}}, sort_keys=True)
-        data = pa.table({"step": [step], "uppers": [text]}, schema=self.table.arrow_schema)
-        self.table.commit(self.table.write_arrow(data))
+        self._commit_row(step, text)
         self._uppers[step] = dict(uppers)
         self._offsets[step] = dict(offsets or {})
         return dict(uppers)
-
 
     def quarantined(self, step: int) -> str | None:
         """Why ``step``'s input was quarantined (None: it was not): the step reads no input."""
         return self._quarantined.get(step)
 
     def quarantined_steps(self) -> dict[int, str]:
-        """Every quarantined step and its reason."""
+        """Every quarantined step at or above ``compacted_below`` and its reason."""
         return dict(self._quarantined)
 
     def quarantine(self, step: int, reason: str) -> None:
@@ -93,9 +125,75 @@ class DivisionLog:
             return
         text = json.dumps({"uppers": self._uppers[step], "offsets": self._offsets[step],
                            "quarantined": reason}, sort_keys=True)
-        data = pa.table({"step": [step], "uppers": [text]}, schema=self.table.arrow_schema)
-        self.table.commit(self.table.write_arrow(data))
+        self._commit_row(step, text)
         self._quarantined[step] = reason
+
+    def compact_below(self, step: int) -> int:
+        """Collapse the records of the steps below ``step`` (the oldest retained checkpoint's
+        next step) into one: the division of ``step - 1``, marked as the compacted record.
+        Returns how many files left the log (0: nothing to collapse).
+
+        What stays is what the steps from ``step`` on need: ``lower(step)`` (where the first
+        retained step starts, for a restore to any retained checkpoint and for recovery),
+        ``get(step - 1)`` (the input every retained state version consumed, for garbage
+        collection), ``offsets(step - 1)`` (what the first retained step's offsets start
+        after) and every record of the steps from ``step`` on, quarantines included. A step
+        below ``step`` is never executed again: no retained checkpoint precedes it.
+
+        Crash-safe: the compacted record is written to a new file, then one Delta commit (a
+        rewrite, crash points ``division.rewrite.before/after``) adds it and removes the files
+        it replaces. Before that commit returns the log is as it was (the new file is an orphan
+        garbage collection deletes); after it, the log holds the same divisions for every step
+        from ``step - 1`` on. Afterwards the Delta log's commits below its newest Delta
+        checkpoint are deleted (no reader needs an older version of this log); a crash
+        there leaves some of them, which the next compaction deletes.
+        """
+        base = step - 1
+        if base not in self._uppers or min(self._uppers) >= base:
+            return 0
+        replaced = [path for path, last in self._file_steps.items() if last <= base]
+        text = json.dumps({"uppers": self._uppers[base], "offsets": self._offsets[base],
+                           COMPACTED_KEY: step}, sort_keys=True)
+        data = pa.table({"step": [base], "uppers": [text]}, schema=self.table.arrow_schema)
+        adds = self.table.write_arrow(data)
+        self.table.commit(adds, replaced, data_change=False)
+        for path in replaced:
+            del self._file_steps[path]
+        for add in adds:
+            self._file_steps[self.table.data_file(add).path] = base
+        for old in [s for s in self._uppers if s < base]:
+            del self._uppers[old], self._offsets[old]
+        for old in [s for s in self._quarantined if s < step]:
+            del self._quarantined[old]
+        self._compacted_below = step
+        self.table.clean_log_below(self.table.loaded_version())
+        return len(replaced)
+
+    def files(self) -> int:
+        """How many data files the log's newest version holds (what opening reads)."""
+        return len(self._file_steps)
+
+    def _commit_row(self, step: int, text: str) -> None:
+        data = pa.table({"step": [step], "uppers": [text]}, schema=self.table.arrow_schema)
+        adds = self.table.write_arrow(data)
+        self.table.commit(adds)
+        for add in adds:
+            self._file_steps[self.table.data_file(add).path] = step
+
+
+def read_last(uri: str) -> tuple[int, dict[str, int]] | None:
+    """The newest divided step of the division log at ``uri`` and its uppers (None: no step is
+    divided, or no log yet). Read-only, without Spark: reads the files of the log's newest
+    version, which compaction keeps few."""
+    if not DeltaTable.is_deltatable(uri):
+        return None
+    last: tuple[int, dict[str, int]] | None = None
+    for path in DeltaTable(uri).file_uris():
+        for row in pq.read_table(path.removeprefix("file://")).to_pylist():
+            step = int(row["step"])
+            if last is None or step > last[0]:
+                last = step, parse(row["uppers"])[0]
+    return last
 
 
 def quarantine_reason(text: str) -> str | None:
@@ -105,7 +203,15 @@ def quarantine_reason(text: str) -> str | None:
     return reason if isinstance(reason, str) else None
 
 
-def parse(text: str) -> tuple[dict[str, int], dict[str, dict[str, int | None]]]:
+def compacted_below(text: str) -> int | None:
+    """For the compacted record (``DivisionLog.compact_below``): the step below which records
+    were collapsed; None for any other record."""
+    data = json.loads(text)
+    below = data.get(COMPACTED_KEY) if isinstance(data, dict) else None
+    return below if isinstance(below, int) else None
+
+
+def parse(text: str) -> tuple[dict[str, int], Offsets]:
     """A stored division: (uppers, offsets). Divisions written before offsets were recorded
     hold the uppers alone."""
     data = json.loads(text)

@@ -15,7 +15,6 @@ input's table, which ``Pipeline.input_view`` reads and a recomputation from scra
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pyarrow as pa
@@ -23,6 +22,7 @@ from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import LongType, StructField, StructType
 
+from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.driver.sql import LocalSQL
 from dbsp_pipeline.storage.delta_table import DataFile, SparkDeltaTable
 from dbsp_pipeline.storage.trace import DRIVER_MERGE_ROWS
@@ -40,7 +40,7 @@ class InputLog:
         self.name = name
         self.schema = schema
         full = StructType([*schema.fields, StructField(WEIGHT, LongType(), False)])
-        self.table = SparkDeltaTable(spark, os.path.join(root, "inputs", name), full,
+        self.table = SparkDeltaTable(spark, root_layout.input_log(root, name), full,
                                      role="input")
 
     @property
@@ -75,9 +75,14 @@ class InputLog:
         rewrite commit, which steps never read as new input (``data_change=False``). The log so
         stays the size of the live input plus the pushes not yet consumed, not of every push
         ever made. Size-tiered: a consumed file bigger than all the others together (an earlier
-        sum) is left alone. Returns whether it rewrote anything."""
+        sum) is left alone. Returns whether it rewrote anything.
+
+        The log's commits below its newest Delta checkpoint at or before ``upper`` are deleted
+        too (``clean_log_below``): no replay, status read or check reads a version before the
+        consumed one, and the log opening lists stays bounded."""
         if upper <= 0:
             return False
+        self.table.clean_log_below(upper)
         consumed = {f.path for f in self.table.files(upper)}
         files = sorted((f for f in self.table.files() if f.path in consumed),
                        key=lambda f: f.rows, reverse=True)

@@ -26,6 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, FloatType, LongType, StructField, StructType
 
+from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.driver import hashing
 from dbsp_pipeline.driver.sql import LocalSQL, zset_arrow_schema
 from dbsp_pipeline.errors import NonDeterminismError, UsageError
@@ -75,7 +76,7 @@ class OutputLog:
         self.schema = schema
         full = StructType([*schema.fields, StructField(STEP, LongType(), False),
                            StructField(WEIGHT, LongType(), False)])
-        self.table = SparkDeltaTable(spark, os.path.join(root, "outputs", name), full,
+        self.table = SparkDeltaTable(spark, root_layout.output_log(root, name), full,
                                      role="output")
         self.spark = spark
 
@@ -186,6 +187,21 @@ class OutputLog:
         adds = self.table.write_arrow(merged.select(self.table.arrow_schema.names))
         self.table.commit(adds, [f.path for f in files], data_change=False)
         return True
+
+    def clean_log_before(self, step: int) -> int:
+        """Delete the log's commits below its newest Delta checkpoint at or before the commit
+        that wrote the newest step below ``step`` (the oldest retained checkpoint's step):
+        replays of steps from ``step`` on still find the record of their first write
+        (``_verify``), and the log opening lists stays bounded. Reads the commits of the steps
+        from ``step`` on, newest first. Returns how many files went."""
+        for version in range(self.table.version(), 0, -1):
+            infos = self.table.commit_infos(version - 1, version)
+            if not infos:
+                return 0  # cleaned up already below here
+            written = infos[0].get(STEP_KEY)
+            if isinstance(written, int) and written < step:
+                return self.table.clean_log_below(version)
+        return 0
 
     def _check_retained(self, step: int, what: str) -> None:
         through = self.compacted_through()

@@ -54,6 +54,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
+from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.circuit import Circuit
 from dbsp_pipeline.connectors.errors_sink import ErrorsSink
 from dbsp_pipeline.driver.sql import LocalSQL
@@ -262,7 +263,7 @@ class Pipeline:
                         for name in circuit.inputs}
         self._outputs = {name: OutputLog(self.spark, root, name, self._plan.output_schema(name))
                          for name in circuit.outputs}
-        self._divisions = DivisionLog(self.spark, root)
+        self._divisions = DivisionLog(self.spark, root_layout.divisions(root))
         if retain_steps is not None and retain_steps < 0:
             raise UsageError("retain_steps must be at least 0")
         self.retain_steps = retain_steps
@@ -706,6 +707,11 @@ class Pipeline:
         Every executed (or divided) step can be mapped back to its input this way.
         """
         self._require_open()
+        if step < self._divisions.compacted_below:
+            raise UsageError(f"the division of step {step} of pipeline '{self.circuit.name}' "
+                             f"was compacted: divisions are kept from step "
+                             f"{self._divisions.compacted_below} on (the oldest retained "
+                             "checkpoint's step)")
         uppers = self._divisions.get(step)
         if uppers is None:
             raise UsageError(f"step {step} of pipeline '{self.circuit.name}' has not been "
@@ -893,8 +899,11 @@ class Pipeline:
             consumed = self._divisions.get(oldest_step - 1) if oldest_step > 0 else None
             for name, log in self._inputs.items():
                 log.consolidate_consumed((consumed or {}).get(name, 0), self._sql)
+            self._divisions.compact_below(oldest_step)  # division_log.py: crash-safe, bounded
+            for out in self._outputs.values():
+                out.clean_log_before(oldest_step)
             deleted = self._db.collect_garbage(self.retain_checkpoints, grace_seconds)
-            for log in [*self._outputs.values(), *self._inputs.values()]:
+            for log in [*self._outputs.values(), *self._inputs.values(), self._divisions]:
                 deleted += garbage.collect(log.table, log.table.version(), grace_seconds)
             return deleted
 
@@ -972,6 +981,12 @@ class Pipeline:
     def changes(self, name: str, since: int = 0) -> DataFrame:
         """Every change of output ``name`` from step ``since`` on: payload + ``_step`` + ``_weight``."""
         return self._output(name).changes(since)
+
+    @property
+    def pipeline_id(self) -> str:
+        """The id of this pipeline's state (``root.read_pipeline_id``): a root deleted and
+        created again is another pipeline."""
+        return root_layout.read_pipeline_id(self.root)
 
     @property
     def next_step(self) -> int:

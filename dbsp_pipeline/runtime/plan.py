@@ -21,6 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, NumericType, StructType
 
+from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.circuit import Circuit, Node
 from dbsp_pipeline.errors import CircuitError
 from dbsp_pipeline.operators.aggregate import Aggregate
@@ -37,7 +38,7 @@ from dbsp_pipeline.storage.trace import Trace
 from dbsp_pipeline.zset import quote
 
 #: The file in a pipeline root caching the schemas Spark analysed for its circuit.
-SCHEMA_CACHE_FILE = "_plan_schemas.json"
+SCHEMA_CACHE_FILE = root_layout.PLAN_SCHEMAS
 
 class Plan:
     """A circuit compiled against Spark, with its operators bound to the state database."""

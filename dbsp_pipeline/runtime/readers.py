@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 
 from pyspark.sql import DataFrame
 
+from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.errors import UsageError
 from dbsp_pipeline.storage.small_files import (
     list_names,
@@ -31,7 +32,7 @@ from dbsp_pipeline.storage.small_files import (
 )
 from dbsp_pipeline.zset import STEP
 
-READERS_DIR = "_readers"
+READERS_DIR = root_layout.READERS
 DEFAULT_LEASE_SECONDS = 300.0
 
 
@@ -51,7 +52,7 @@ class LeaseRegistry:
     """The leases of one pipeline root."""
 
     def __init__(self, root: str) -> None:
-        self.folder = os.path.join(root, READERS_DIR)
+        self.folder = root_layout.readers(root)
         make_folder(self.folder)
 
     def write(self, lease: Lease) -> None:

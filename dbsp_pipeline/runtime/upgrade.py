@@ -19,7 +19,6 @@ of floating-point values are kept exactly (``dbsp_pipeline/exact_sum.py``) in an
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from dbsp_pipeline import root as root_layout
 from dbsp_pipeline import exact_sum
 from dbsp_pipeline.errors import StateFormatError
 from dbsp_pipeline.runtime.layout import LAYOUT_KEY, Layout
@@ -53,7 +53,7 @@ def _exact_float_sums(db: StateDatabase) -> None:
     for name, version in db.recorded_traces().items():
         if not name.endswith("_groups") or f"{name}_exact" in db.recorded_traces():
             continue
-        old = DeltaTable(os.path.join(db.root, "state", name), version=version)
+        old = DeltaTable(root_layout.state_table(db.root, name), version=version)
         schema = old.schema().to_arrow()
         schema = pa.schema(schema) if not isinstance(schema, pa.Schema) else schema
         sums = [f.name for f in schema if _FLOAT_SUM.fullmatch(f.name)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import json
+import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -244,6 +245,33 @@ class DeltaTableStore:
                                definitely_failed=False) from e
         self._refresh()
 
+    def clean_log_below(self, version: int) -> int:
+        log = self.fs_path(self.path(LOG_DIR))
+        names = sorted(info.base_name for info in self._fs.get_file_info(
+            pafs.FileSelector(log, allow_not_found=True)) if info.type == pafs.FileType.File)
+        checkpoints = sorted({int(m[1]) for n in names if (m := _CHECKPOINT_LOG_FILE.match(n))
+                              and int(m[1]) <= version}, reverse=True)
+        keep: int | None = None
+        for candidate in checkpoints:
+            parts = [n for n in names if n.startswith(f"{candidate:020d}.checkpoint")]
+            try:
+                for part in parts:
+                    with self._fs.open_input_file(f"{log}/{part}") as fh:
+                        pq.read_metadata(fh)
+            except Exception:  # noqa: BLE001 - an unreadable checkpoint is not one to start from
+                continue
+            keep = candidate
+            break
+        if keep is None:
+            return 0
+        deleted = 0
+        for name in names:
+            m = _VERSIONED_LOG_FILE.match(name)
+            if m is not None and int(m[1]) < keep:
+                self._fs.delete_file(f"{log}/{name}")
+                deleted += 1
+        return deleted
+
     # -- internals ---------------------------------------------------------------------------
     def _open_or_create(self, configuration: Mapping[str, str] | None) -> DeltaTable:
         try:
@@ -294,6 +322,10 @@ class DeltaTableStore:
             raise StorageError(f"file {path!r} is not inside the table {self.uri}",
                                definitely_failed=True)
         return path[len(prefix):]
+
+
+_VERSIONED_LOG_FILE = re.compile(r"^(\d{20})\.(json|crc|checkpoint(\.\d+\.\d+)?\.parquet)$")
+_CHECKPOINT_LOG_FILE = re.compile(r"^(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet$")
 
 
 def _millis(info: pafs.FileInfo) -> int:

@@ -20,6 +20,8 @@ version cannot both win.
 
 from __future__ import annotations
 
+import json
+import os
 import uuid
 from collections.abc import Mapping, Sequence
 
@@ -163,6 +165,11 @@ class SparkDeltaTable:
         expected = self.store.version(refresh=False) + 1 if self.single_writer else None
         self.store.restore(version, expected_version=expected)
 
+    def clean_log_below(self, version: int) -> int:
+        """Delete the log below the newest Delta checkpoint at or before ``version``, the
+        oldest version any reader still needs (``TableStore.clean_log_below``)."""
+        return self.store.clean_log_below(version)
+
     # -- reading ---------------------------------------------------------------------------
     def read(self, files: Sequence[DataFile] | Sequence[str]) -> DataFrame:
         """A DataFrame over the given data files (an empty one for no files)."""
@@ -201,3 +208,36 @@ def spark_path(path: str) -> str:
 def spark_to_arrow_schema(schema: StructType) -> pa.Schema:
     """The Arrow schema Delta records for a Spark schema (timestamps in UTC microseconds)."""
     return to_arrow_schema(schema, timezone="UTC", prefers_large_types=False)
+
+
+# -- reading a table's log without a handle (no Spark): for readers of a root that is not open --
+# (local roots: status of an s3:// root is not read yet, see README)
+
+def table_version(uri: str) -> int:
+    """The newest version of the Delta table at ``uri`` (0 when there is no table yet). Loads
+    the table from its newest Delta checkpoint on."""
+    return DeltaTable(uri).version() if DeltaTable.is_deltatable(uri) else 0
+
+
+def table_id(uri: str) -> str:
+    """The id of the Delta table at ``uri`` (its metadata's; "" when there is no table yet)."""
+    return DeltaTable(uri).metadata().id if DeltaTable.is_deltatable(uri) else ""
+
+
+def data_commit_times(uri: str, lower: int, upper: int) -> list[float]:
+    """The commit times (seconds since the epoch) of the versions ``lower+1 .. upper`` of the
+    table at ``uri`` that added data (a push; not a rewrite), in version order. Reads those
+    commit files alone, so the cost follows ``upper - lower``; a commit no longer on disk (its
+    log was cleaned up) is left out."""
+    out: list[float] = []
+    for version in range(lower + 1, upper + 1):
+        try:
+            with open(os.path.join(uri, "_delta_log", f"{version:020d}.json")) as fh:
+                actions = [json.loads(line) for line in fh if line.strip()]
+        except FileNotFoundError:
+            continue
+        if not any(a.get("add", {}).get("dataChange", False) for a in actions):
+            continue
+        info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+        out.append(info.get("timestamp", 0) / 1000.0)
+    return out

@@ -29,15 +29,17 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from deltalake.exceptions import DeltaError
 from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.errors import CircuitChangedError, UsageError
 from dbsp_pipeline.storage import garbage
 from dbsp_pipeline.storage.delta_table import SparkDeltaTable
 from dbsp_pipeline.storage.table_store import root_uri
 
-MANIFEST_DIR = "_manifest"
+MANIFEST_DIR = root_layout.MANIFEST
 STATE_FORMAT = 3  # see runtime/upgrade.py for what each format adds
 ENGINE_VERSION = "0.1.0"
 _MANIFEST_SCHEMA = StructType([
@@ -53,7 +55,7 @@ class StateDatabase:
         self.spark = spark
         self.root = root_uri(root)
         self.fingerprint = fingerprint
-        self._manifest = SparkDeltaTable(spark, os.path.join(self.root, MANIFEST_DIR),
+        self._manifest = SparkDeltaTable(spark, root_layout.manifest(self.root),
                                          _MANIFEST_SCHEMA, role="manifest",
                                          single_writer=True)
         self._tables: dict[str, SparkDeltaTable] = {}
@@ -156,20 +158,25 @@ class StateDatabase:
 
     def collect_garbage(self, retain_versions: int, grace_seconds: float) -> int:
         """Delete the files of the manifest and of every state table that none of the newest
-        ``retain_versions`` state versions (nor anything newer) refers to; returns how many."""
+        ``retain_versions`` state versions (nor anything newer) refers to; returns how many.
+        Their Delta logs lose the commits below the newest Delta checkpoint at or before the
+        oldest version a retained state version reads (``clean_log_below``), so opening lists
+        a log bounded by the retained history, not by every commit ever made."""
         retained = self.retained_entries(max(1, retain_versions))
         oldest_manifest = min(v for v, _ in retained)
         deleted = garbage.collect(self._manifest, oldest_manifest, grace_seconds)
+        self._manifest.clean_log_below(oldest_manifest)
         for name, table in self._tables.items():
             keep = min(entry.get("traces", {}).get(name, 0) for _, entry in retained)
             deleted += garbage.collect(table, keep, grace_seconds)
+            table.clean_log_below(keep)
         return deleted
 
     # -- tables ----------------------------------------------------------------------------
     def table(self, name: str, schema: StructType) -> SparkDeltaTable:
         """The state table ``name`` (created empty if new), rolled back to the open version."""
         if name not in self._tables:
-            table = SparkDeltaTable(self.spark, os.path.join(self.root, "state", name), schema,
+            table = SparkDeltaTable(self.spark, root_layout.state_table(self.root, name), schema,
                                     role="trace", single_writer=True)
             self._tables[name] = table
             if self._base is not None:
@@ -231,8 +238,8 @@ class StateDatabase:
                 return None
             row = pq.read_table(files[0].path).to_pylist()[0]
             return json.loads(row["entry"])
-        except FileNotFoundError:
-            return None  # beyond the retained versions: garbage-collected
+        except (FileNotFoundError, DeltaError):
+            return None  # beyond the retained versions: garbage-collected (or its log cleaned)
         except (ValueError, OSError, IndexError, KeyError, pa.ArrowException):
             return None  # damaged
 

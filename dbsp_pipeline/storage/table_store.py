@@ -160,6 +160,17 @@ class TableStore(Protocol):
         or raises ``ConcurrentWriterError``. Durable when it returns."""
         ...
 
+    def clean_log_below(self, version: int) -> int:
+        """Delete the commit files (and older Delta checkpoints) of the table's log below its
+        newest readable Delta checkpoint at or before ``version``; returns how many went.
+
+        Afterwards every version from that checkpoint on still loads (delta-rs starts from the
+        checkpoint) and the log's listing is bounded by the checkpoint interval plus the commits
+        after ``version``; versions below the checkpoint no longer load, so ``version`` must be
+        the oldest version any reader still needs. Files go oldest first: a crash leaves a log
+        that starts later, which loads the same, and the next call deletes the rest."""
+        ...
+
 
 def root_uri(root: str) -> str:
     """The one spelling of a root (or table) location: an absolute local path, or an object

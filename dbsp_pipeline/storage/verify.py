@@ -59,6 +59,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
+from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.errors import CorruptStateError
 from dbsp_pipeline.runtime import division_log
 from dbsp_pipeline.runtime.plan import SCHEMA_CACHE_FILE, read_schema_cache
@@ -67,9 +68,10 @@ from dbsp_pipeline.storage.delta_table import ACTIONS_KEY
 from dbsp_pipeline.storage.state_db import MANIFEST_DIR
 
 #: the tables of a pipeline root, by kind: (folder, kind, one table or a folder of tables)
-ROOT_TABLES = ((MANIFEST_DIR, "manifest", True), ("_divisions", "divisions", True),
-               ("_errors", "errors", True), ("inputs", "input", False),
-               ("outputs", "output", False), ("state", "state", False))
+ROOT_TABLES = ((root_layout.MANIFEST, "manifest", True),
+               (root_layout.DIVISIONS, "divisions", True),
+               (root_layout.ERRORS, "errors", True), (root_layout.INPUTS, "input", False),
+               (root_layout.OUTPUTS, "output", False), (root_layout.STATE, "state", False))
 #: side files an output log keeps beside its Delta log (``runtime/output_log.py``)
 OUTPUT_MARKERS = ("_dbsp_compacted_through",)
 _OUTPUT_APP_ID = "dbsp-output"  # runtime/output_log.py APP_ID
@@ -482,6 +484,8 @@ class _RootScan:
         if m == 0:
             return _Checkpoint(0, 0, 0, {"version": 0, "step": 0, "traces": {}}), [], False
         assert self.manifest is not None
+        if m not in self.manifest.commits and m < min(self.manifest.commits, default=m + 1):
+            return None, [], True  # below the log's start: cleaned up with collected history
         actions, damage = self.manifest.commit(m)
         if damage is not None:
             return None, [damage], False
@@ -548,7 +552,7 @@ class _RootScan:
         return out
 
     def _state_tables(self, cp: _Checkpoint) -> list[str]:
-        recorded = [os.path.join("state", name) for name in cp.entry.get("traces", {})]
+        recorded = [os.path.join(root_layout.STATE, name) for name in cp.entry.get("traces", {})]
         return sorted({*self.tables("state"), *recorded})
 
     # -- the logs -----------------------------------------------------------------------------
@@ -578,19 +582,20 @@ class _RootScan:
         steps = self._divided_steps()
         if steps is None:
             if cp.step > 0:
-                damage.append(Damage("_divisions", None, os.path.join(self.root, "_divisions"),
+                damage.append(Damage(root_layout.DIVISIONS, None, os.path.join(self.root, root_layout.DIVISIONS),
                                      f"the division log is missing; checkpoint {cp.version} "
                                      f"executed steps up to {cp.step - 1}"))
             return damage
-        divisions = os.path.join(self.root, "_divisions")
+        divisions = os.path.join(self.root, root_layout.DIVISIONS)
         divided = max(steps, default=-1)
-        missing = sorted(set(range(divided + 1)) - set(steps))
+        first = self._first_kept_step(steps)
+        missing = sorted(set(range(first, divided + 1)) - set(steps))
         if missing or len(steps) != len(set(steps)):
-            damage.append(Damage("_divisions", self.log("_divisions").newest, divisions,
+            damage.append(Damage(root_layout.DIVISIONS, self.log(root_layout.DIVISIONS).newest, divisions,
                                  f"the divisions of steps {missing[:10]} are missing"
                                  if missing else "a step's division is recorded twice"))
         if cp.step - 1 > divided:
-            damage.append(Damage("_divisions", self.log("_divisions").newest, divisions,
+            damage.append(Damage(root_layout.DIVISIONS, self.log(root_layout.DIVISIONS).newest, divisions,
                                  f"checkpoint {cp.version} executed steps up to {cp.step - 1} "
                                  f"but divisions are recorded up to step {divided}"))
         lower = self._division(cp.step - 1) if cp.step > 0 else {}
@@ -646,11 +651,11 @@ class _RootScan:
         """The steps the division log holds (from its files' statistics), None without one. A
         quarantined step's second record (``runtime/division_log.py``) is not a second
         division when it repeats the step's versions."""
-        if "_divisions" not in self.kinds:
+        if root_layout.DIVISIONS not in self.kinds:
             return None
-        log = self.log("_divisions")
+        log = self.log(root_layout.DIVISIONS)
         assert log.newest is not None
-        snap = self.snapshot("_divisions", log.newest)
+        snap = self.snapshot(root_layout.DIVISIONS, log.newest)
         by_file: dict[str, list[int]] = {}
         for rel, (lo, hi) in snap.bounds.items():
             first, last = lo.get("step"), hi.get("step")
@@ -682,19 +687,41 @@ class _RootScan:
                 steps.remove(step)  # the quarantine record of a divided step
         return steps
 
+    def _first_kept_step(self, steps: list[int]) -> int:
+        """The first step whose division the log must hold: 0, or the step of the compacted
+        record (``DivisionLog.compact_below``) when the lowest recorded step is one; the steps
+        below it were collapsed on purpose and are not missing."""
+        if not steps or min(steps) == 0:
+            return 0
+        first = min(steps)
+        text = self._division_record(first)
+        return first if text is not None and division_log.compacted_below(text) else 0
+
     def _division(self, step: int) -> dict | None:
         """The uppers recorded for ``step`` (read from its one file), None if not found."""
-        log = self.log("_divisions")
-        snap = self.snapshot("_divisions", log.newest or 0)
+        text = self._division_record(step)
+        if text is None:
+            return None
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return None
+        uppers = data.get("uppers", data) if isinstance(data, dict) else None
+        return uppers if isinstance(uppers, dict) else None
+
+    def _division_record(self, step: int) -> str | None:
+        """The text recorded for ``step`` (its plain record, read from its file), None if not
+        found."""
+        log = self.log(root_layout.DIVISIONS)
+        snap = self.snapshot(root_layout.DIVISIONS, log.newest or 0)
         for rel, (lo, hi) in snap.bounds.items():
             if lo.get("step") is not None and lo["step"] <= step <= hi.get("step", step):
                 path = os.path.join(log.uri, rel)
                 try:
                     for row in pq.read_table(path).to_pylist():
-                        if row["step"] == step:
-                            data = json.loads(row["uppers"])
-                            uppers = data.get("uppers", data)
-                            return uppers if isinstance(uppers, dict) else None
+                        if row["step"] == step and \
+                                division_log.quarantine_reason(row["uppers"]) is None:
+                            return str(row["uppers"])
                 except Exception:  # noqa: BLE001 - a damaged file was reported by its check
                     return None
         return None

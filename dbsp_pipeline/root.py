@@ -1,0 +1,165 @@
+"""A pipeline root: every folder and file in it named once, and the root read without opening it.
+
+Layout of a pipeline root (every name below is spelled only here)::
+
+    _manifest/              the state database's manifest (one entry per state version)
+    _divisions/             the division of input into steps (``runtime/division_log.py``)
+    _errors/                records left out of the input (bad records, quarantined steps)
+    _readers/               the leases of live readers (``runtime/readers.py``)
+    _plan_schemas.json      the schemas Spark analysed for the circuit (``runtime/plan.py``)
+    inputs/<name>/          the durable log of each input (one Delta version per push)
+    state/<trace>/          the traces of the stateful operators
+    outputs/<name>/         the change log of each output view (``_step`` and ``_weight``)
+
+Inside every table are Delta's ``_delta_log/``, the engine's data files (``data/``, named in
+``storage/delta_table.py``) and, after damage was set aside, ``_dbsp_set_aside/``
+(``storage/set_aside.py``): those belong to the table code, which knows nothing of roots.
+
+This module sits below storage, runtime and connectors as far as names go (each of them builds
+its paths with the functions here); its readers use the table code and the division log's
+read-only reader, neither of which imports this module.
+
+The readers here (``read_status``, ``read_lag``, ``read_pipeline_id``) never open the pipeline:
+no Spark, no writes, no fencing of a running process. A sensor calls them every few seconds, so
+their cost is bounded by what compaction keeps (``DivisionLog.compact_below``), not by the
+number of steps ever run. Their figures are a snapshot: a push or a step may commit right after,
+so a caller uses them to decide whether to start a step, never to decide what a step reads (the
+step's own division, recorded durably, does that).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from dbsp_pipeline.runtime.division_log import read_last
+from dbsp_pipeline.storage.delta_table import data_commit_times, table_id, table_version
+
+#: the state database's manifest table
+MANIFEST = "_manifest"
+#: the division log table
+DIVISIONS = "_divisions"
+#: the errors table
+ERRORS = "_errors"
+#: the folder of reader leases
+READERS = "_readers"
+#: the file caching the schemas Spark analysed for the circuit
+PLAN_SCHEMAS = "_plan_schemas.json"
+#: the folder of the input logs (one table per input)
+INPUTS = "inputs"
+#: the folder of the state tables (one table per trace)
+STATE = "state"
+#: the folder of the output logs (one table per output view)
+OUTPUTS = "outputs"
+
+
+def manifest(root: str) -> str:
+    """The manifest table of the root ``root``."""
+    return os.path.join(root, MANIFEST)
+
+
+def divisions(root: str) -> str:
+    """The division log table of ``root``."""
+    return os.path.join(root, DIVISIONS)
+
+
+def errors(root: str) -> str:
+    """The errors table of ``root``."""
+    return os.path.join(root, ERRORS)
+
+
+def readers(root: str) -> str:
+    """The folder of reader leases of ``root``."""
+    return os.path.join(root, READERS)
+
+
+def plan_schemas(root: str) -> str:
+    """The plan schema cache file of ``root``."""
+    return os.path.join(root, PLAN_SCHEMAS)
+
+
+def input_log(root: str, name: str) -> str:
+    """The log table of input ``name``."""
+    return os.path.join(root, INPUTS, name)
+
+
+def output_log(root: str, name: str) -> str:
+    """The change log table of output view ``name``."""
+    return os.path.join(root, OUTPUTS, name)
+
+
+def state_table(root: str, name: str) -> str:
+    """The state table of trace ``name``."""
+    return os.path.join(root, STATE, name)
+
+
+# -- reading a root without opening it ------------------------------------------------------
+
+@dataclass(frozen=True)
+class PipelineStatus:
+    """``divided_steps`` steps have their input fixed (the next step to divide is that number);
+    per input, ``versions`` is the log's newest version, ``divided`` the version the last
+    division read up to, ``pending`` how many pushes since then, and ``oldest_pending`` the
+    commit time (seconds since the epoch) of the oldest of them."""
+
+    root: str
+    #: the id of this pipeline's state (its manifest table's): a root deleted and created
+    #: again is another pipeline, whose steps are other work ("" before the first open)
+    pipeline_id: str
+    divided_steps: int
+    versions: dict[str, int]
+    divided: dict[str, int]
+    pending: dict[str, int]
+    oldest_pending: float | None
+
+    @property
+    def has_pending_input(self) -> bool:
+        return any(self.pending.values())
+
+    def run_key(self, pipeline: str) -> str:
+        """A key naming the step range a run would cover: the next step and the input versions
+        it would read up to (equal keys: the same work)."""
+        versions = ",".join(f"{n}={v}" for n, v in sorted(self.versions.items()))
+        return f"{pipeline}@{self.pipeline_id[:8]}:from-step-{self.divided_steps}:{versions}"
+
+
+def read_pipeline_id(root: str) -> str:
+    """The id of the pipeline at ``root`` (its manifest table's id; "" before the first open).
+    A root deleted and created again has another id."""
+    return table_id(manifest(os.path.abspath(root)))
+
+
+def read_status(root: str, inputs: list[str]) -> PipelineStatus:
+    """The status of the pipeline at ``root`` with inputs ``inputs`` (a root that does not exist
+    yet has nothing divided and nothing pending). Reads the division log's newest records
+    (bounded by its compaction) and, per input, the commits not yet divided."""
+    root = os.path.abspath(root)
+    last = read_last(divisions(root))
+    divided_steps, divided = (0, {}) if last is None else (last[0] + 1, last[1])
+    versions: dict[str, int] = {}
+    pending: dict[str, int] = {}
+    oldest: float | None = None
+    for name in inputs:
+        uri = input_log(root, name)
+        version = table_version(uri)
+        lower = divided.get(name, 0)
+        pushes = data_commit_times(uri, lower, version)
+        versions[name], pending[name] = version, len(pushes)
+        if pushes:
+            oldest = min(pushes) if oldest is None else min(oldest, *pushes)
+    return PipelineStatus(root, read_pipeline_id(root), divided_steps, versions,
+                          {n: divided.get(n, 0) for n in inputs}, pending, oldest)
+
+
+def read_lag(root: str, inputs: list[str], now: float) -> dict[str, float]:
+    """Per input, how long (seconds before ``now``, since the epoch) its oldest push not yet
+    divided into a step has waited (0.0: nothing waits)."""
+    root = os.path.abspath(root)
+    last = read_last(divisions(root))
+    divided = {} if last is None else last[1]
+    out: dict[str, float] = {}
+    for name in inputs:
+        uri = input_log(root, name)
+        pushes = data_commit_times(uri, divided.get(name, 0), table_version(uri))
+        out[name] = max(0.0, now - min(pushes)) if pushes else 0.0
+    return out
