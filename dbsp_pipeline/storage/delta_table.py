@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake import DeltaTable
 from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema

@@ -47,8 +47,9 @@ def test_commits_below_the_checkpoint_before_the_needed_version_go(tmp_path):
 def test_a_damaged_checkpoint_is_not_started_from(tmp_path):
     uri = str(tmp_path / "t")
     make_table(uri, 105)
+    store = open_table_store(uri, pa.schema([("v", pa.int64())]))  # the engine's open handle
     with open(os.path.join(uri, "_delta_log", f"{99:020d}.checkpoint.parquet"), "wb") as fh:
         fh.write(b"not parquet")
-    clean_log_below(uri, 105)  # starts from the checkpoint at 49, the newest readable one
+    store.clean_log_below(105)  # starts from the checkpoint at 49, the newest readable one
     assert int(entries(uri)[0][:20]) == 49
     assert DeltaTable(uri, version=80).version() == 80
