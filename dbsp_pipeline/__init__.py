@@ -11,7 +11,9 @@ from dbsp_pipeline.errors import (
     ConcurrentWriterError,
     CorruptStateError,
     DbspError,
+    DivisionRecordError,
     InputError,
+    LeaseExpiredError,
     NonDeterminismError,
     PipelineClosedError,
     PipelineFencedError,
@@ -21,10 +23,13 @@ from dbsp_pipeline.errors import (
     UnknownNameError,
     UsageError,
 )
-from dbsp_pipeline.runtime.pipeline import (
+from dbsp_pipeline.runtime.pipeline import Pipeline
+from dbsp_pipeline.runtime.readers import Reader
+from dbsp_pipeline.runtime.results import (
+    Checkpoint,
     FailedStep,
-    Pipeline,
     QuarantineResult,
+    RescaleResult,
     StepInfo,
     StepResult,
 )
@@ -35,9 +40,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Circuit", "Collection", "GroupedCollection", "Pipeline", "StepInfo", "StepResult",
-    "FailedStep", "QuarantineResult", "StepFailedError",
+    "FailedStep", "QuarantineResult", "RescaleResult", "Checkpoint", "Reader", "StepFailedError",
     "DbspError", "UsageError", "CircuitError", "InputError", "UnknownNameError",
     "PipelineClosedError", "PipelineFencedError", "CircuitChangedError", "StateFormatError",
     "StorageError", "ConcurrentWriterError", "NonDeterminismError", "CorruptStateError",
+    "LeaseExpiredError", "DivisionRecordError",
     "verify", "VerifyReport",
 ]

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from dbsp_pipeline.errors import DivisionRecordError
 from dbsp_pipeline.storage.delta_table import SparkDeltaTable
 
 _SCHEMA = StructType([StructField("step", LongType(), False),
@@ -67,7 +68,8 @@ class DivisionLog:
                offsets: dict[str, dict[str, int | None]] | None = None) -> dict[str, int]:
         """Durably record ``step``'s division (and the source offsets it reaches); returns it."""
         if step in self._uppers:
-            raise RuntimeError(f"the division of step {step} is already recorded")
+            raise DivisionRecordError(f"{self.table.uri}: the division of step {step} is "
+                                      "already recorded")
         text = json.dumps({"uppers": uppers, "offsets": offsets or {}}, sort_keys=True)
         data = pa.table({"step": [step], "uppers": [text]}, schema=self.table.arrow_schema)
         self.table.commit(self.table.write_arrow(data))
@@ -88,7 +90,8 @@ class DivisionLog:
         """Durably mark ``step`` (divided) as executing with no input, for ``reason``; a step
         already quarantined stays as it is."""
         if step not in self._uppers:
-            raise RuntimeError(f"step {step} is not divided; only a divided step is quarantined")
+            raise DivisionRecordError(f"{self.table.uri}: step {step} is not divided; only a "
+                                      "divided step is quarantined")
         if step in self._quarantined:
             return
         text = json.dumps({"uppers": self._uppers[step], "offsets": self._offsets[step],

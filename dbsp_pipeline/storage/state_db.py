@@ -29,6 +29,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
@@ -60,6 +61,7 @@ class StateDatabase:
         self._base: dict[str, Any] | None = None  # the opened entry
         self._meta: dict[str, Any] = {}
         self._step = 0
+        self._state_id: str | None = None
 
     # -- the seed's interface --------------------------------------------------------------
     def versions(self, retained: int = 2) -> range:
@@ -178,6 +180,15 @@ class StateDatabase:
     @property
     def version(self) -> int:
         return self._require_open()["version"]
+
+    @property
+    def state_id(self) -> str:
+        """The id of this state: its manifest table's Delta metadata id, fixed when the root's
+        state was created (what ``read_status(root).pipeline_id`` reports). A root deleted and
+        created again has another id; opening, committing and restoring never change it."""
+        if self._state_id is None:
+            self._state_id = DeltaTable(self._manifest.uri).metadata().id
+        return self._state_id
 
     @property
     def recorded_format(self) -> int:
