@@ -112,7 +112,7 @@ def test_traces_are_compacted_in_the_background(spark, tmp_path):
                 if i > 1:
                     p.push("x", [(7, i - 2)], weight=-1)
                 p.step()
-                p.engine.compactor.apply_finished(wait=True)  # deterministic: the merge has finished
+                p.engine.compactor.apply_finished(wait=True)  # deterministic: the merge is done
             files = max(len(t.files()) for t in p.engine.plan.traces())
             return files, {n: view_counter(p.view(n)) for n in ("d", "g")}
 
