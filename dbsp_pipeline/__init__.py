@@ -11,7 +11,9 @@ from dbsp_pipeline.errors import (
     ConcurrentWriterError,
     CorruptStateError,
     DbspError,
+    DivisionRecordError,
     InputError,
+    LeaseExpiredError,
     NonDeterminismError,
     PipelineClosedError,
     PipelineFencedError,
@@ -22,16 +24,17 @@ from dbsp_pipeline.errors import (
     UsageError,
 )
 from dbsp_pipeline.root import PipelineStatus, read_status
-from dbsp_pipeline.runtime.pipeline import (
-    DRIVER_STEP_ROWS,
+from dbsp_pipeline.runtime.pipeline import DRIVER_STEP_ROWS, Pipeline
+from dbsp_pipeline.runtime.readers import Reader
+from dbsp_pipeline.runtime.results import (
+    Checkpoint,
     FailedStep,
-    Pipeline,
     QuarantineResult,
+    RescaleResult,
     StepInfo,
     StepResult,
 )
 from dbsp_pipeline.runtime.recompute import STREAM_OPS, ViewCheck, check_views
-from dbsp_pipeline.runtime.status import PipelineStatus, read_status
 from dbsp_pipeline.storage.verify import VerifyReport
 from dbsp_pipeline.storage.verify import verify_root as verify
 
@@ -39,10 +42,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Circuit", "Collection", "GroupedCollection", "Pipeline", "StepInfo", "StepResult",
-    "FailedStep", "QuarantineResult", "StepFailedError",
+    "FailedStep", "QuarantineResult", "RescaleResult", "Checkpoint", "Reader", "StepFailedError",
     "DbspError", "UsageError", "CircuitError", "InputError", "UnknownNameError",
     "PipelineClosedError", "PipelineFencedError", "CircuitChangedError", "StateFormatError",
     "StorageError", "ConcurrentWriterError", "NonDeterminismError", "CorruptStateError",
+    "LeaseExpiredError", "DivisionRecordError",
     "verify", "VerifyReport",
     "DRIVER_STEP_ROWS", "check_views", "ViewCheck", "STREAM_OPS",
     "read_status", "PipelineStatus",

@@ -61,6 +61,17 @@ class PipelineClosedError(UsageError):
     """The pipeline was closed; open it again to continue."""
 
 
+class LeaseExpiredError(UsageError):
+    """A reader's lease expired (``runtime/readers.py``); the history it held may be gone.
+    Open a new reader."""
+
+
+class DivisionRecordError(UsageError):
+    """The division log was asked to change a step's division (``runtime/division_log.py``):
+    to record a step already divided, or to quarantine a step not divided. A division is
+    written once, before the step's output, and never changed; the caller is at fault."""
+
+
 class StateFormatError(UsageError):
     """The state was written in a format this engine does not read (a newer engine's)."""
 

@@ -72,6 +72,9 @@ class FaultInjectingTableStore:
         hit(f"{self.role}.restore.after")
 
     # -- everything else: the inner store's ----------------------------------------------------
+    def table_id(self) -> str:
+        return self.inner.table_id()
+
     def clean_log_below(self, version: int) -> int:
         return self.inner.clean_log_below(version)
 

@@ -18,7 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import DoubleType, FloatType
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import DoubleType, FloatType, StructType
 
 WEIGHT = "_weight"
 SHARD = "_shard"
@@ -26,11 +27,18 @@ STEP = "_step"
 SHARD_BITS = 10
 SHARD_COUNT = 1 << SHARD_BITS
 RESERVED_PREFIX = "_"
+
 #: The largest weight a record may enter with (pushes, inbox files, Kafka records): 2**31 - 1,
 #: so the product of two weights (a join) cannot overflow 64 bits. Sums that still overflow
 #: (weights accumulated over many rows or joins) fail the step deterministically, and the
 #: operator quarantines its input (``Pipeline.quarantine_step``).
 MAX_WEIGHT = 2**31 - 1
+
+
+def spark_to_arrow_schema(schema: StructType) -> pa.Schema:
+    """The Arrow schema Delta records for a Spark schema (timestamps in UTC microseconds): the
+    one conversion every layer (storage, driver, runtime) uses."""
+    return to_arrow_schema(schema, timezone="UTC", prefers_large_types=False)
 
 
 def payload_columns(df: DataFrame) -> list[str]:

@@ -47,6 +47,7 @@ import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.csv as pa_csv
@@ -55,6 +56,9 @@ import pyarrow.parquet as pq
 
 from dbsp_pipeline.errors import InputError
 from dbsp_pipeline.zset import WEIGHT
+
+if TYPE_CHECKING:
+    from dbsp_pipeline.runtime.pipeline import Pipeline
 
 SUFFIXES = (".jsonl", ".csv", ".parquet")
 DONE = "done"
@@ -140,7 +144,7 @@ def pending_files(folder: str, inputs: list[str], settle_seconds: float = SETTLE
     return out
 
 
-def ingest(pipeline, folder: str, settle_seconds: float = SETTLE_SECONDS) -> IngestResult:
+def ingest(pipeline: Pipeline, folder: str, settle_seconds: float = SETTLE_SECONDS) -> IngestResult:
     """Push every complete file of the inbox ``folder`` into ``pipeline``; see the module
     docstring for when a file is complete and for the exactly-once and rejection rules.
 

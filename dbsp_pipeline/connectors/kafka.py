@@ -41,6 +41,7 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -55,6 +56,9 @@ from dbsp_pipeline.errors import (
     UsageError,
 )
 from dbsp_pipeline.storage import crash_points
+
+if TYPE_CHECKING:
+    from dbsp_pipeline.runtime.pipeline import Pipeline
 
 #: suffix of the side topic that records, per step, what a view's output came from
 STEPS_SUFFIX = ".steps"
@@ -101,7 +105,7 @@ class PollResult:
 class KafkaSource:
     """Reads the bound topics into the pipeline's input logs. See the module docstring."""
 
-    def __init__(self, pipeline, config: dict, inputs: Sequence[KafkaInput],
+    def __init__(self, pipeline: Pipeline, config: dict, inputs: Sequence[KafkaInput],
                  errors: ErrorsSink | None = None) -> None:
         topics = [b.topic for b in inputs]
         if len(set(topics)) != len(topics):
@@ -244,7 +248,7 @@ def topic_lag(config: dict, root: str, inputs: Sequence[KafkaInput]) -> dict[str
 class KafkaSink:
     """Writes the bound views' changes to their topics. See the module docstring."""
 
-    def __init__(self, pipeline, config: dict, outputs: Sequence[KafkaOutput], *,
+    def __init__(self, pipeline: Pipeline, config: dict, outputs: Sequence[KafkaOutput], *,
                  worker: int = 0, transactional_id: str | None = None,
                  transaction_timeout: float = 30.0) -> None:
         for b in outputs:
@@ -254,9 +258,8 @@ class KafkaSink:
         self.worker = worker
         self.config = dict(config)
         self.timeout = transaction_timeout
-        pipeline_id = pipeline.pipeline_id[:8]
         self.transactional_id = transactional_id or (
-            f"dbsp-{pipeline.circuit.name}-{pipeline_id}-w{worker}")
+            f"dbsp-{pipeline.circuit.name}-{pipeline.pipeline_id[:8]}-w{worker}")
         self._ensure_topics()
         self._producer = Producer({**self.config, "transactional.id": self.transactional_id,
                                    "enable.idempotence": True, "linger.ms": 5})
@@ -407,7 +410,7 @@ class KafkaRunner:
     input is pending, and writes the new output; ``close`` closes the clients (not the
     pipeline)."""
 
-    def __init__(self, pipeline, config: dict, inputs: Sequence[KafkaInput] = (),
+    def __init__(self, pipeline: Pipeline, config: dict, inputs: Sequence[KafkaInput] = (),
                  outputs: Sequence[KafkaOutput] = ()) -> None:
         self.pipeline = pipeline
         self.source = KafkaSource(pipeline, config, inputs) if inputs else None

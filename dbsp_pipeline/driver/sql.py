@@ -18,8 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.types import LongType, StructField, StructType
 
-from dbsp_pipeline.storage.delta_table import spark_to_arrow_schema
-from dbsp_pipeline.zset import WEIGHT
+from dbsp_pipeline.zset import WEIGHT, spark_to_arrow_schema
 
 
 def ident(name: str) -> str:

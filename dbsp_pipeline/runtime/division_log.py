@@ -35,6 +35,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from dbsp_pipeline.errors import DivisionRecordError
 from dbsp_pipeline.storage.delta_table import SparkDeltaTable
 
 _SCHEMA = StructType([StructField("step", LongType(), False),
@@ -101,7 +102,8 @@ class DivisionLog:
                offsets: Offsets | None = None) -> dict[str, int]:
         """Durably record ``step``'s division (and the source offsets it reaches); returns it."""
         if step in self._uppers:
-            raise RuntimeError(f"the division of step {step} is already recorded")
+            raise DivisionRecordError(f"{self.table.uri}: the division of step {step} is "
+                                      "already recorded")
         text = json.dumps({"uppers": uppers, "offsets": offsets or {}}, sort_keys=True)
         self._commit_row(step, text)
         self._uppers[step] = dict(uppers)
@@ -120,7 +122,8 @@ class DivisionLog:
         """Durably mark ``step`` (divided) as executing with no input, for ``reason``; a step
         already quarantined stays as it is."""
         if step not in self._uppers:
-            raise RuntimeError(f"step {step} is not divided; only a divided step is quarantined")
+            raise DivisionRecordError(f"{self.table.uri}: step {step} is not divided; only a "
+                                      "divided step is quarantined")
         if step in self._quarantined:
             return
         text = json.dumps({"uppers": self._uppers[step], "offsets": self._offsets[step],

@@ -79,6 +79,13 @@ class Layout:
                    sharding=sharding, inaccuracy=inaccuracy)
 
     # -- owners ----------------------------------------------------------------------------
+    @property
+    def keyed(self) -> bool:
+        """Whether a row's owner depends on its key's full hash (``modulo`` sharding), not on
+        its shard alone: ``owners`` then needs the hashes, and a shard range does not decide
+        the owner of a file's rows."""
+        return self.sharding == "modulo"
+
     def owners(self, shard: np.ndarray, hashes: np.ndarray | None = None) -> np.ndarray:
         """The owning worker of each row, from its ``_shard`` (and, for ``modulo``, its full
         ``xxhash64`` as returned by ``driver.hashing.xxhash64_arrow``)."""

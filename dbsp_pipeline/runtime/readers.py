@@ -18,11 +18,12 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from typing import Any, Protocol
 
 from pyspark.sql import DataFrame
 
 from dbsp_pipeline import root as root_layout
-from dbsp_pipeline.errors import UsageError
+from dbsp_pipeline.errors import LeaseExpiredError, UsageError
 from dbsp_pipeline.storage.small_files import (
     list_names,
     make_folder,
@@ -36,8 +37,14 @@ READERS_DIR = root_layout.READERS
 DEFAULT_LEASE_SECONDS = 300.0
 
 
-class LeaseExpiredError(UsageError):
-    """The reader's lease expired; the history it held may be gone. Open a new reader."""
+class ViewSource(Protocol):
+    """What a reader reads through: the pipeline's view reads (``Pipeline`` is one)."""
+
+    def view(self, name: str, as_of: int | None = None) -> DataFrame: ...
+
+    def changes(self, name: str, since: int = 0) -> DataFrame: ...
+
+    def output_last(self, name: str) -> int: ...
 
 
 @dataclass
@@ -88,12 +95,28 @@ class LeaseRegistry:
         return min(lease.since for lease in leases) if leases else None
 
 
-class Reader:
-    """A leased reader of one view. See the module docstring."""
+def open_reader(source: ViewSource, registry: LeaseRegistry, view: str, *, since: int | None,
+                compacted_through: int, last: int, lease_seconds: float) -> Reader:
+    """A leased reader of ``view``, whose output log collapsed its history through step
+    ``compacted_through`` and has written every step before ``last``: ``since`` defaults to the
+    newest written step; a ``since`` before ``compacted_through`` is ``UsageError``. The lease
+    is durable (its file written) when this returns."""
+    oldest = max(compacted_through, 0)
+    since = max(last - 1, oldest) if since is None else since
+    if since < compacted_through:
+        raise UsageError(f"output '{view}': history before step {compacted_through} was "
+                         f"compacted; a reader cannot start at step {since}")
+    return Reader(source, registry, view, since, lease_seconds)
 
-    def __init__(self, pipeline, view: str, since: int, lease_seconds: float) -> None:
-        self._pipeline = pipeline
-        self._registry: LeaseRegistry = pipeline._leases
+
+class Reader:
+    """A leased reader of one view, reading through ``source`` and holding its lease in
+    ``registry``. See the module docstring."""
+
+    def __init__(self, source: ViewSource, registry: LeaseRegistry, view: str, since: int,
+                 lease_seconds: float) -> None:
+        self._source = source
+        self._registry = registry
         self.view = view
         self.lease_seconds = lease_seconds
         self._lease = Lease(uuid.uuid4().hex, view, since, time.time() + lease_seconds)
@@ -109,7 +132,7 @@ class Reader:
         if as_of is not None and as_of < self.since:
             raise UsageError(f"reader of '{self.view}': step {as_of} is before its since "
                              f"({self.since})")
-        return self._pipeline.view(self.view, as_of=as_of)
+        return self._source.view(self.view, as_of=as_of)
 
     def listen(self, after: int) -> Iterator[tuple[int, DataFrame]]:
         """The changes of each written step after ``after`` (``after >= since``), in order:
@@ -118,9 +141,8 @@ class Reader:
         if after < self.since:
             raise UsageError(f"reader of '{self.view}': step {after} is before its since "
                              f"({self.since})")
-        log = self._pipeline._output(self.view)
-        last = log.last()
-        changes = self._pipeline.changes(self.view, since=after + 1)
+        last = self._source.output_last(self.view)
+        changes = self._source.changes(self.view, since=after + 1)
         for step in range(after + 1, last):
             yield step, changes.where(changes[STEP] == step)
 
@@ -146,7 +168,7 @@ class Reader:
     def __enter__(self) -> Reader:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
     def _check(self) -> None:

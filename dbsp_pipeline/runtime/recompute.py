@@ -27,6 +27,8 @@ import pyarrow as pa
 
 from dbsp_pipeline.driver.sql import ident, negate
 from dbsp_pipeline.errors import UsageError
+from dbsp_pipeline.runtime.engine_state import PLAN_SCHEMAS_FILE
+from dbsp_pipeline.runtime.pipeline import Pipeline
 from dbsp_pipeline.zset import WEIGHT
 
 #: Operators whose output depends on the history of their input, not only on its sum.
@@ -53,11 +55,9 @@ class ViewCheck:
         return self.missing == 0 and self.extra == 0
 
 
-def recompute(pipeline, views: Sequence[str] | None = None) -> dict[str, pa.Table]:
+def recompute(pipeline: Pipeline, views: Sequence[str] | None = None) -> dict[str, pa.Table]:
     """Every view in ``views`` (default: all) of ``pipeline``'s circuit computed from scratch
     over its integrated inputs: payload + ``_weight``, consolidated."""
-    from dbsp_pipeline.runtime.pipeline import PLAN_SCHEMAS_FILE, Pipeline
-
     circuit = pipeline.circuit
     stream = sorted({n.op for n in circuit.nodes} & STREAM_OPS)
     if stream:
@@ -76,12 +76,12 @@ def recompute(pipeline, views: Sequence[str] | None = None) -> dict[str, pa.Tabl
             return {v: fresh.view_arrow(v) for v in views}
 
 
-def check_views(pipeline, views: Sequence[str] | None = None) -> dict[str, ViewCheck]:
+def check_views(pipeline: Pipeline, views: Sequence[str] | None = None) -> dict[str, ViewCheck]:
     """Compare each view in ``views`` (default: all) with its recomputation from scratch."""
     recomputed = recompute(pipeline, views)
     step = pipeline.next_step - 1
     out = {}
-    sql = pipeline._sql
+    sql = pipeline.engine.sql
     for name, expected in recomputed.items():
         actual = pipeline.view_arrow(name)
         payload = [c for c in expected.column_names if c != WEIGHT]

@@ -245,6 +245,9 @@ class DeltaTableStore:
                                definitely_failed=False) from e
         self._refresh()
 
+    def table_id(self) -> str:
+        return str(self._table.metadata().id)
+
     def clean_log_below(self, version: int) -> int:
         log = self.fs_path(self.path(LOG_DIR))
         names = sorted(info.base_name for info in self._fs.get_file_info(

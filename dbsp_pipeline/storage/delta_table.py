@@ -166,6 +166,10 @@ class SparkDeltaTable:
         expected = self.store.version(refresh=False) + 1 if self.single_writer else None
         self.store.restore(version, expected_version=expected)
 
+    def table_id(self) -> str:
+        """The table's id (its Delta metadata's)."""
+        return self.store.table_id()
+
     def clean_log_below(self, version: int) -> int:
         """Delete the log below the newest Delta checkpoint at or before ``version``, the
         oldest version any reader still needs (``TableStore.clean_log_below``)."""

@@ -63,6 +63,7 @@ class StateDatabase:
         self._base: dict[str, Any] | None = None  # the opened entry
         self._meta: dict[str, Any] = {}
         self._step = 0
+        self._state_id: str | None = None
 
     # -- the two-version interface -------------------------------------------------------
     def versions(self, retained: int = 2) -> range:
@@ -186,6 +187,15 @@ class StateDatabase:
     @property
     def version(self) -> int:
         return self._require_open()["version"]
+
+    @property
+    def state_id(self) -> str:
+        """The id of this state: its manifest table's Delta metadata id, fixed when the root's
+        state was created (what ``read_status(root).pipeline_id`` reports). A root deleted and
+        created again has another id; opening, committing and restoring never change it."""
+        if self._state_id is None:
+            self._state_id = self._manifest.table_id()
+        return self._state_id
 
     @property
     def recorded_format(self) -> int:

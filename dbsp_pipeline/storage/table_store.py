@@ -160,6 +160,11 @@ class TableStore(Protocol):
         or raises ``ConcurrentWriterError``. Durable when it returns."""
         ...
 
+    def table_id(self) -> str:
+        """The table's id (its Delta metadata's): a table deleted and created again has
+        another."""
+        ...
+
     def clean_log_below(self, version: int) -> int:
         """Delete the commit files (and older Delta checkpoints) of the table's log below its
         newest readable Delta checkpoint at or before ``version``; returns how many went.

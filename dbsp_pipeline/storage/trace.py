@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -33,6 +34,23 @@ from dbsp_pipeline.driver.sql import LocalSQL, idents, null_safe_on
 from dbsp_pipeline.storage.delta_table import DataFile
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.zset import SHARD, WEIGHT, consolidate, shard_of
+
+class OwnerLayout(Protocol):
+    """What a trace needs of a layout (``runtime/layout.py``'s ``Layout`` is one) to tell which
+    worker owns each of its rows."""
+
+    @property
+    def workers(self) -> int: ...
+
+    @property
+    def keyed(self) -> bool:
+        """Whether the owner of a row depends on its key's full hash, not on its shard alone."""
+        ...
+
+    def owners(self, shard: np.ndarray, hashes: np.ndarray | None = None) -> np.ndarray: ...
+
+    def owners_of_range(self, lo: int, hi: int) -> set[int]: ...
+
 
 @dataclass
 class RelayoutStats:
@@ -276,25 +294,26 @@ class Trace:
         return bool(files) and self.apply_merge(files, self.merge(files, sql))
 
     # -- layouts ---------------------------------------------------------------------------
-    def owners(self, layout, table: pa.Table) -> np.ndarray:
+    def owners(self, layout: OwnerLayout, table: pa.Table) -> np.ndarray:
         """The worker owning each row of ``table`` (rows of this trace) under ``layout``."""
         hashes = (hashing.xxhash64_arrow(table, self.key).astype(np.uint64)
-                  if layout.sharding == "modulo" else None)
+                  if layout.keyed else None)
         return layout.owners(table.column(SHARD).to_numpy(zero_copy_only=False), hashes)
 
-    def needs_split(self, f: DataFile, layout) -> bool:
+    def needs_split(self, f: DataFile, layout: OwnerLayout) -> bool:
         """Whether file ``f`` holds rows of several workers under ``layout``. Under ``fixed``
         and ``dynamic`` sharding the file's ``_shard`` statistics decide it; when they cannot,
-        the owners of its rows do (its ``_shard`` and, for ``modulo``, key columns are read)."""
+        the owners of its rows do (its ``_shard`` and, for a keyed layout (``modulo``), key
+        columns are read)."""
         if layout.workers == 1 or f.rows == 0:
             return False
-        if layout.sharding != "modulo" and f.shard_min is not None and f.shard_max is not None:
+        if not layout.keyed and f.shard_min is not None and f.shard_max is not None:
             if len(layout.owners_of_range(f.shard_min, f.shard_max)) == 1:
                 return False
         keys = self.table.read_arrow([f], columns=self._owner_columns(layout))
         return len(np.unique(self.owners(layout, keys))) > 1
 
-    def split_by_owner(self, files: Sequence[DataFile], layout) -> list[AddAction]:
+    def split_by_owner(self, files: Sequence[DataFile], layout: OwnerLayout) -> list[AddAction]:
         """Write the rows of ``files`` again as new, uncommitted files that each hold rows of
         one worker under ``layout`` (cut at shard-block boundaries into files of about
         ``SPLIT_FILE_ROWS`` rows). Pure, like ``merge``: reads only the given immutable files
@@ -310,7 +329,7 @@ class Trace:
                     adds += self.table.write_arrow(chunk)
         return adds
 
-    def moved_rows(self, files: Sequence[DataFile], old, new) -> int:
+    def moved_rows(self, files: Sequence[DataFile], old: OwnerLayout, new: OwnerLayout) -> int:
         """How many rows of ``files`` change owner from layout ``old`` to ``new``."""
         columns = sorted({*self._owner_columns(old), *self._owner_columns(new)})
         moved = 0
@@ -326,7 +345,7 @@ class Trace:
             self.table.commit(adds, [f.path for f in files], data_change=False)
             self._files = None
 
-    def relayout(self, old, new) -> RelayoutStats:
+    def relayout(self, old: OwnerLayout, new: OwnerLayout) -> RelayoutStats:
         """Make every file hold rows of one worker under layout ``new``: a file whose rows
         belong to several workers is split into one file per worker (one rewrite commit; the
         trace's value is unchanged). Files owned by one worker are not touched: under ``fixed``
@@ -339,8 +358,8 @@ class Trace:
                              moved=self.moved_rows(files, old, new),
                              rewritten=sum(f.rows for f in split))
 
-    def _owner_columns(self, layout) -> list[str]:
-        return [SHARD, *self.key] if layout.sharding == "modulo" else [SHARD]
+    def _owner_columns(self, layout: OwnerLayout) -> list[str]:
+        return [SHARD, *self.key] if layout.keyed else [SHARD]
 
     def reset_cache(self) -> None:
         """Forget the cached file list (after the state database rolled the table back)."""

@@ -120,7 +120,7 @@ def test_a_drifted_view_fails_its_check(root, instance, spark):
     with Pipeline(shop_circuit(), root, spark) as p:
         p.push("customers", [(1, "north")])
         p.step()
-        log = p._outputs["regions"]
+        log = p.engine.outputs["regions"]
         log.table.commit(log.table.write_arrow(pa.table(
             {"region": ["north"], "_step": [0], "_weight": [-2]}, schema=log.table.arrow_schema)))
     ref = PipelineRef(shop_circuit())

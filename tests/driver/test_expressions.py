@@ -34,7 +34,7 @@ from pyspark.sql.types import (
 )
 
 from dbsp_pipeline.driver.expressions import translate_predicate, translate_projection
-from dbsp_pipeline.storage.delta_table import spark_to_arrow_schema
+from dbsp_pipeline.zset import spark_to_arrow_schema
 
 UTC = dt.timezone.utc
 NAN, INF = float("nan"), float("inf")

@@ -12,6 +12,8 @@ from deltalake import DeltaTable
 
 from dbsp_pipeline import Pipeline, StepFailedError, UsageError, read_status
 from dbsp_pipeline import root as root_layout
+from dbsp_pipeline.errors import DivisionRecordError
+from dbsp_pipeline.runtime.division_log import DivisionLog
 from dbsp_pipeline.runtime.pipeline import GC_EVERY_COMMITS
 from dbsp_pipeline.storage import crash_points
 from dbsp_pipeline.storage.crash_points import InjectedCrash
@@ -134,3 +136,15 @@ def test_a_crash_in_the_middle_of_a_compaction_loses_nothing(spark, tmp_path, po
         q.restore(q.checkpoints()[-1].version)
         assert_oracle(q)
     assert verify_root(root).ok
+
+
+def test_a_division_is_recorded_once_and_only_a_divided_step_is_quarantined(spark, tmp_path):
+    uri = str(tmp_path / "_divisions")
+    divisions = DivisionLog(spark, uri)
+    divisions.record(0, {"x": 1})
+    with pytest.raises(DivisionRecordError, match="division of step 0 is already recorded"):
+        divisions.record(0, {"x": 2})
+    with pytest.raises(DivisionRecordError, match="step 1 is not divided") as raised:
+        divisions.quarantine(1, "a reason")
+    assert isinstance(raised.value, UsageError) and str(tmp_path) in str(raised.value)
+    assert DivisionLog(spark, uri).get(0) == {"x": 1}  # the record stands

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pandas as pd
 import pytest
 
 from dbsp_pipeline import Circuit, CircuitChangedError, Pipeline
 from dbsp_pipeline.examples.shop import shop_circuit
+from dbsp_pipeline.runtime.status import read_status
 from tests.conftest import view_counter
 
 
@@ -109,11 +112,28 @@ def test_traces_are_compacted_in_the_background(spark, tmp_path):
                 if i > 1:
                     p.push("x", [(7, i - 2)], weight=-1)
                 p.step()
-                p._compactor.apply_finished(wait=True)  # deterministic: the merge has finished
-            files = max(len(t.files()) for t in p._plan.traces())
+                p.engine.compactor.apply_finished(wait=True)  # deterministic: the merge is done
+            files = max(len(t.files()) for t in p.engine.plan.traces())
             return files, {n: view_counter(p.view(n)) for n in ("d", "g")}
 
     files, views = run(str(tmp_path / "compacted"), threshold=4)
     plain_files, plain_views = run(str(tmp_path / "plain"), threshold=10**6)
     assert views == plain_views
     assert files <= 4 < plain_files
+
+
+def test_pipeline_id_is_the_id_of_the_roots_state(spark, tmp_path):
+    """``pipeline_id`` is what ``read_status`` reports; reopening keeps it; a root deleted and
+    created again is another pipeline, with another id."""
+    root = str(tmp_path / "root")
+    with Pipeline(shop_circuit(), root=root, spark=spark) as p:
+        first = p.pipeline_id
+        assert first and first == read_status(root, []).pipeline_id
+        p.push("customers", [(1, "a")])
+        p.step()
+    with Pipeline(shop_circuit(), root=root, spark=spark) as p:
+        assert p.pipeline_id == first
+    shutil.rmtree(root)
+    with Pipeline(shop_circuit(), root=root, spark=spark) as p:
+        assert p.pipeline_id == read_status(root, []).pipeline_id
+        assert p.pipeline_id != first

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from dbsp_pipeline import Circuit, Pipeline, UsageError
-from dbsp_pipeline.runtime.readers import LeaseExpiredError
+from dbsp_pipeline.errors import LeaseExpiredError
 from tests.conftest import view_counter
 
 

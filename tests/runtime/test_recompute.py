@@ -33,7 +33,7 @@ def test_drifted_state_and_bad_multiplicities_are_caught(spark, tmp_path):
             workload.play_round(p, r, pushes)
         # Corrupt the output log as a lost or doubled update would: a row too many, a row
         # deleted, a row deleted that never was there (multiplicity -1).
-        log = p._outputs["regions"]
+        log = p.engine.outputs["regions"]
         bad = pa.table({"region": ["region-9", "region-0", "region-8"], "_step": [2, 2, 2],
                         "_weight": [1, -1, -1]}, schema=log.table.arrow_schema)
         log.table.commit(log.table.write_arrow(bad))

@@ -17,7 +17,7 @@ from tests.runtime.conftest import RESCALE_ROUNDS as ROUNDS
 
 
 def owner_pure(p) -> bool:
-    for trace in p._plan.state_traces():
+    for trace in p.engine.plan.state_traces():
         for f in trace.files():
             rows = trace.read_arrow([f])
             if len(np.unique(trace.owners(p.layout, rows))) > 1:

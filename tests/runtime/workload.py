@@ -71,7 +71,7 @@ def consumer_view(spark, root: str) -> dict:
                 steps.setdefault(d.pop("_step"), Counter())[tuple(sorted(d.items()))] += 1
             outputs[view] = steps
         state = {}
-        for t in p._plan.traces():
-            rows = p._sql.consolidate(t.read_arrow(), t.payload).to_pylist()
+        for t in p.engine.plan.traces():
+            rows = p.engine.sql.consolidate(t.read_arrow(), t.payload).to_pylist()
             state[t.name] = Counter({tuple(r.values())[:-1]: r["_weight"] for r in rows})
     return {"outputs": outputs, "state": state}

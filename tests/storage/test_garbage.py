@@ -28,7 +28,7 @@ def test_gc_keeps_the_retained_versions_and_deletes_the_rest(spark, tmp_path):
             p.push("x", [(i % 3, i), (5, i)])
             p.push("x", [(5, i)], weight=-1)
             p.step()
-            p._compactor.apply_finished(wait=True)
+            p.engine.compactor.apply_finished(wait=True)
         p.commit()
         # an orphan: written by a write that never committed
         orphan = os.path.join(root, "state", os.listdir(os.path.join(root, "state"))[0],
@@ -38,7 +38,7 @@ def test_gc_keeps_the_retained_versions_and_deletes_the_rest(spark, tmp_path):
             fh.write(b"not committed")
         before = data_files(root)
         expected = view_counter(p.view("g"))
-        pushed_files = len(p._inputs["x"].table.files())
+        pushed_files = len(p.engine.inputs["x"].table.files())
         deleted = p.collect_garbage(grace_seconds=0)
         assert deleted > 0 and not os.path.exists(orphan)
         after = data_files(root)
@@ -48,7 +48,7 @@ def test_gc_keeps_the_retained_versions_and_deletes_the_rest(spark, tmp_path):
         assert view_counter(p.view("g")) == expected
         # consumed input is consolidated: the log holds the integrated input (size-tiered,
         # a few files), plus what the step before the oldest retained version did not consume
-        assert pushed_files == 20 and len(p._inputs["x"].table.files()) <= 4
+        assert pushed_files == 20 and len(p.engine.inputs["x"].table.files()) <= 4
         assert view_counter(p.input_view("x")) == {(i % 3, i): 1 for i in range(10)}
 
     # Both retained state versions can still be opened (their files are all there).

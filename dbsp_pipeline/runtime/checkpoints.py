@@ -1,0 +1,47 @@
+"""Checkpoints: the retained state versions, and going back to one (``restore``).
+
+A checkpoint is a committed state version (``state_db.py``); the newest
+``retain_checkpoints`` stay readable. Restoring rebuilds the state from the input divisions
+and output logs, which are the source of truth: the state is rolled back to the checkpoint and
+the steps divided since are executed again from their recorded divisions (the step protocol's
+replay, ``step_protocol.recover``). Their output was written before; the output logs verify it
+and discard it, so consumers see nothing change.
+"""
+
+from __future__ import annotations
+
+from dbsp_pipeline.runtime import step_protocol
+from dbsp_pipeline.runtime.engine_state import EngineState
+from dbsp_pipeline.runtime.layout import LAYOUT_KEY, Layout
+from dbsp_pipeline.runtime.results import Checkpoint, StepResult
+from dbsp_pipeline.storage.state_db import StateDatabase
+from dbsp_pipeline.storage.verify import prepare_open
+
+
+def retained(state: EngineState) -> list[Checkpoint]:
+    """The retained checkpoints (``retain_checkpoints`` of them at most), newest first."""
+    return [Checkpoint(version=int(e["version"]), step=int(e.get("step", 0)),
+                       layout=Layout.from_json(e.get("meta", {}).get(LAYOUT_KEY)),
+                       fingerprint=e.get("fingerprint"),
+                       engine_version=e.get("engine_version"),
+                       state_format=e.get("state_format"))
+            for e in state.db.checkpoints(state.retain_checkpoints)]
+
+
+def restore(state: EngineState, version: int) -> list[StepResult]:
+    """Go back to the retained checkpoint ``version`` and execute again the steps divided
+    since; returns them. The caller holds the pipeline's lock. Executed steps are committed
+    first (so their outputs are verified too); damaged commits after ``version`` are set aside
+    (``storage/set_aside.py``). Durable when it returns: the replayed steps are committed."""
+    state.require_no_migration("restore")
+    if state.uncommitted_steps:
+        step_protocol.commit(state, compact=False)
+    state.compactor.apply_finished(wait=True)
+    if prepare_open(state.root, version, state.retain_checkpoints):  # set damage aside
+        state.db = StateDatabase(state.spark, state.root, state.circuit.fingerprint())
+    state.db.open(version, retained=state.retain_checkpoints)
+    state.load_opened()  # operators over the rolled-back traces
+    replayed = step_protocol.recover(state)
+    if state.uncommitted_steps:
+        step_protocol.commit(state, compact=False)
+    return replayed

@@ -1,0 +1,99 @@
+"""What the engine's actions return: the results of steps, quarantines and layout changes, and
+the description of a step's input and of a retained checkpoint. Plain values: holding one
+keeps nothing open and nothing of the pipeline changes when one is dropped."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dbsp_pipeline.runtime.layout import Layout
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """The input a step consumed: per input, the log versions ``(lower, upper]`` (the step
+    read the pushes committed as versions ``lower+1 .. upper`` of ``inputs/<name>``)."""
+
+    step: int
+    inputs: dict[str, tuple[int, int]]
+    #: per input, per tracked producer (``track_producers``), the sequence numbers (offsets)
+    #: ``(after, upto]`` the step consumed; ``after`` is None when the step before did not track
+    #: it (then everything up to ``upto`` not consumed before)
+    offsets: dict[str, dict[str, tuple[int | None, int | None]]] = field(default_factory=dict)
+
+
+@dataclass
+class StepResult:
+    """What one step did."""
+
+    step: int
+    #: raw rows read from each input's log for this step
+    inputs: dict[str, int] = field(default_factory=dict)
+    #: rows of each output's change (after consolidation); None when a replayed step was discarded
+    outputs: dict[str, int | None] = field(default_factory=dict)
+    seconds: float = 0.0
+    #: the state version committed after this step, if the step ended with a commit
+    committed_version: int | None = None
+    #: whether the step ran on the driver (small change) rather than as Spark jobs
+    on_driver: bool = False
+    #: per input fed by a tracked source, invalid records left out of the step's pushes (they
+    #: are in the errors sink); empty for inputs fed by ``push`` alone
+    rejected: dict[str, int] = field(default_factory=dict)
+    #: why the step's input was quarantined (``quarantine_step``): it executed with no input
+    quarantined: str | None = None
+
+
+@dataclass(frozen=True)
+class FailedStep:
+    """The next step, divided, whose execution failed: ``error`` says how (the exception's
+    type and message)."""
+
+    step: int
+    error: str
+
+
+@dataclass
+class QuarantineResult:
+    """What ``quarantine_step`` did: the reason recorded, per input the records moved to the
+    errors table, and the step's execution with no input."""
+
+    step: int
+    reason: str
+    moved: dict[str, int]
+    result: StepResult
+
+
+@dataclass
+class RescaleResult:
+    """What a layout change did: the layouts, the step the pipeline stopped at, the state rows,
+    the rows whose owner changed, the rows rewritten, and the seconds it took."""
+
+    old: Layout
+    new: Layout
+    step: int
+    rows: int = 0
+    moved_rows: int = 0
+    rewritten_rows: int = 0
+    seconds: float = 0.0
+    state_version: int | None = None
+    #: a hot change (``rescale(hot=True)``): steps ran while the state was copied
+    hot: bool = False
+    #: hot: seconds copying (steps running), seconds steps were paused for the hand-over of
+    #: what they changed meanwhile, steps executed during the copy, rows handed over
+    copy_seconds: float = 0.0
+    pause_seconds: float = 0.0
+    steps_during_copy: int = 0
+    caught_up_rows: int = 0
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A retained, consistent state version: what ``restore`` can go back to."""
+
+    version: int
+    #: the next step to execute from this checkpoint (steps ``..step-1`` are in its state)
+    step: int
+    layout: Layout
+    fingerprint: str | None
+    engine_version: str | None
+    state_format: int | None

@@ -1,0 +1,314 @@
+"""The step protocol: how one step turns pushed input into output changes and state, and how
+it is recovered. This module is the contract; ``Pipeline`` runs it under its lock and turns a
+lost race on its tables into the fencing error.
+
+Layout of a pipeline root::
+
+    _manifest/        the state database's manifest (one entry per state version)
+    _divisions/       the division of input into steps
+    inputs/<name>/    the durable log of each input (one Delta version per push)
+    state/<trace>/    the traces of the stateful operators
+    outputs/<name>/   the change log of each output view (``_step`` and ``_weight`` columns)
+
+A step (``execute_step``), top to bottom:
+
+1. ``s = get_step()``: the next step to execute.
+2. Divide: fix the division of input for step ``s``: the newest version of every input log,
+   recorded durably in the division log *before* any output of ``s`` exists. If ``s`` was
+   already divided (a crash after the division, before the state commit), the recorded
+   division is re-used.
+3. Read each input's change: the log files appended in versions ``(lower, upper]``.
+4. Evaluate every operator once; stateful operators append to their traces. A step whose input
+   change is small (``driver_step_rows``) runs on the driver (Arrow + DuckDB), a larger one as
+   Spark jobs; both compute the same change and read and write the same traces.
+5. Write every output's change under the output write rules (a step already written is
+   discarded, so replay after a crash duplicates nothing).
+6. Advance: ``set_step(s + 1)``; every ``checkpoint_every`` steps, commit the state database
+   (``commit``): the manifest commit is the atomic point that makes the traces of steps
+   ``..s`` the recovery base. What runs after a commit (garbage collection, background merges,
+   history compaction) is ``upkeep.py``.
+
+Durability: when ``execute_step`` returns, the step's division and every view's change are
+durable (a consumer of the output logs sees the step); its state is durable once the commit of
+step 6 returns (``StepResult.committed_version``). Before that a crash loses only state that
+replay rebuilds.
+
+Replay at open (``recover``): reopening a root after a crash opens the newest committed state
+version and at once executes again the steps divided after it, from their recorded divisions
+(``recovered_steps``); their outputs were already written and are discarded by the write
+rules, so a consumer of the output logs sees every step exactly once.
+
+Failed steps: a step that fails in 3-5 (an overflow, an expression error, a failed task)
+commits nothing: every view's change is computed and its files written before any output log
+commits it, and the state goes back to the newest checkpoint and executes again the steps
+before the failed one (roll back). The division stays recorded, so the step is the next one
+whatever happens: stepping tries it again (a transient cause heals), opening the root reports
+it (``failed_step``) instead of failing, and an operator can quarantine its input
+(``quarantine``: the records go to the errors table and the step executes with no input). If
+the roll-back itself fails, or the step is interrupted half-way (``BaseException``), the state
+is abandoned: nothing more runs on it, and reopening the root recovers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from dbsp_pipeline.connectors.errors_sink import ErrorsSink
+from dbsp_pipeline.errors import (
+    ConcurrentWriterError,
+    NonDeterminismError,
+    StepFailedError,
+    UsageError,
+)
+from dbsp_pipeline.operators.base import StepContext
+from dbsp_pipeline.runtime import upkeep
+from dbsp_pipeline.runtime.engine_state import EngineState
+from dbsp_pipeline.runtime.output_log import PreparedWrite
+from dbsp_pipeline.runtime.results import FailedStep, QuarantineResult, StepInfo, StepResult
+from dbsp_pipeline.storage.delta_table import DataFile
+
+#: The errors-sink producer of a quarantined step's records of one input: ``quarantine/<input>``
+QUARANTINE_PRODUCER = "quarantine/"
+
+log = logging.getLogger(__name__)
+
+
+# -- one step ------------------------------------------------------------------------------
+def execute_step(state: EngineState) -> StepResult:
+    """Execute the next step (1-6 of the module docstring). Raises ``StepFailedError`` when the
+    computation failed (nothing of it is committed; it stays the next step, ``failed_step``),
+    ``ConcurrentWriterError`` when another process wrote this root's tables first."""
+    started = time.monotonic()
+    state.compactor.apply_finished()
+    s = state.db.get_step()
+    names = list(state.inputs)
+
+    # 1-2. Divide: the division of input for step s, recorded before any output of s exists.
+    uppers = state.divisions.get(s)
+    if uppers is None:
+        offsets = {n: {producer: state.inputs[n].pushed(producer) for producer in sorted(ps)}
+                   for n, ps in state.tracked.items()}
+        uppers = state.divisions.record(s, {n: state.inputs[n].version() for n in names},
+                                        offsets)
+    lowers = state.divisions.lower(s, names)
+    result = StepResult(step=s, quarantined=state.divisions.quarantined(s))
+    result.rejected = {n: state.inputs[n].rejected_between(lowers[n], uppers.get(n, 0))
+                       for n in state.tracked}
+
+    if result.quarantined is not None:
+        complete_quarantine(state, s, result.quarantined)
+
+    # 3-5. Evaluate and write: read the input, evaluate the circuit, write every view's change
+    # as files, then commit them. Nothing of a step that fails here stays: the state goes back
+    # to the newest checkpoint; a failure of the computation is StepFailedError.
+    computed = False
+    try:
+        prepared = _compute(state, s, lowers, uppers, result)
+        computed = True
+        for name, write in prepared.items():
+            result.outputs[name] = (None if write is None
+                                    else state.outputs[name].commit(write))
+    except ConcurrentWriterError:
+        raise  # fenced: the pipeline closes
+    except Exception as e:  # noqa: BLE001 (any failure of the step)
+        if state.rolling_back:
+            raise
+        _roll_back(state, until=s)
+        if computed or isinstance(e, (NonDeterminismError, UsageError)):
+            raise  # not the computation's fault: the step is retried as it is
+        error = f"{type(e).__name__}: {e}".strip()
+        state.failed_step = FailedStep(s, error)
+        raise StepFailedError(state.circuit.name, s, error) from e
+    except BaseException:
+        state.abandon()  # interrupted half-way: reopen the root
+        raise
+    state.failed_step = None
+
+    # 6. Advance, and commit every checkpoint_every steps.
+    state.db.set_step(s + 1)
+    state.uncommitted_steps += 1
+    if state.uncommitted_steps >= state.checkpoint_every:
+        result.committed_version = commit(state)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _compute(state: EngineState, s: int, lowers: dict[str, int], uppers: dict[str, int],
+             result: StepResult) -> dict[str, PreparedWrite | None]:
+    """Steps 3-5 of step ``s`` up to the commits: each input's change (none if the step is
+    quarantined; a small change is read on the driver), the circuit's evaluation (stateful
+    operators append to their traces), and every view's change written as data files."""
+    names = list(state.inputs)
+    files = {n: [] if result.quarantined is not None else
+             state.inputs[n].files_between(lowers[n], uppers.get(n, 0)) for n in names}
+    result.inputs = {n: sum(f.rows for f in fs) for n, fs in files.items()}
+    result.on_driver = (0 < state.driver_step_rows
+                        and sum(result.inputs.values()) <= state.driver_step_rows
+                        and state.plan.runs_on_driver)
+    sql = state.sql if result.on_driver else None
+    if sql is not None:
+        changes = {n: state.inputs[n].change_arrow(sql, files[n]) for n in names}
+    else:
+        changes = {n: state.inputs[n].change(files[n]) for n in names}
+    ctx = StepContext(state.spark, s, sql=sql)
+    try:
+        node_changes = state.plan.evaluate(ctx, changes)
+        return {name: state.outputs[name].prepare(s, node_changes[node_id], sql)
+                for name, node_id in state.circuit.outputs.items()}
+    finally:
+        ctx.release()
+
+
+def commit(state: EngineState, compact: bool = True) -> int:
+    """Commit the state database (a checkpoint; durable when this returns) and return the new
+    state version; then, with ``compact``, the upkeep after a commit (``upkeep.after_commit``)."""
+    version = state.db.commit()
+    state.uncommitted_steps = 0
+    state.commits += 1
+    if compact:
+        upkeep.after_commit(state)
+    return version
+
+
+# -- recovery ------------------------------------------------------------------------------
+def recover(state: EngineState) -> list[StepResult]:
+    """Re-execute the steps whose division was recorded after the opened state version (a
+    crash came before their commit): each reads exactly its recorded input, and its output,
+    already written, is discarded by the output logs' write rules. A step that fails stops the
+    recovery there: it is ``failed_step``, and the root stays usable."""
+    replayed = []
+    while state.divisions.get(state.db.get_step()) is not None:
+        try:
+            replayed.append(execute_step(state))
+        except StepFailedError as e:
+            log.error("%s", e)
+            break
+    return replayed
+
+
+def _roll_back(state: EngineState, until: int) -> None:
+    """After a failed step: reopen the newest checkpoint (discarding what the step and the
+    uncommitted steps before it appended to the traces) and execute again the steps from there
+    up to ``until`` (they succeeded before; their outputs are verified, not written twice). If
+    that fails too, the state is abandoned: reopen the root."""
+    state.rolling_back = True
+    if state.migration is not None:  # its copy is of traces about to be rolled back
+        state.migration.abort(f"step {until} failed while the state was being copied")
+    try:
+        state.compactor.apply_finished(wait=True)
+        state.db.open(state.db.version, retained=state.retain_checkpoints)
+        state.load_opened()
+        while state.db.get_step() < until:
+            execute_step(state)
+    except BaseException:
+        state.abandon()
+        raise
+    finally:
+        state.rolling_back = False
+
+
+# -- quarantine ----------------------------------------------------------------------------
+def quarantine(state: EngineState, step: int) -> QuarantineResult:
+    """Quarantine the input of ``step``, the failed next step, and execute it with no input
+    (``Pipeline.quarantine_step`` states the contract). The atomic point is the quarantine
+    record in the division log; ``complete_quarantine`` finishes the rest whenever the step
+    executes."""
+    state.require_no_migration("quarantine a step of")
+    failed = state.failed_step
+    if failed is None or failed.step != step:
+        raise UsageError(
+            f"step {step} of pipeline '{state.circuit.name}' has not failed (next step: "
+            f"{state.db.get_step()}, failed step: "
+            f"{'none' if failed is None else failed.step}); only the input of a "
+            "failed step can be quarantined")
+    written = [n for n, o in state.outputs.items() if o.last() > step]
+    if written:
+        raise UsageError(
+            f"step {step} of pipeline '{state.circuit.name}' succeeded once (its output "
+            f"to {written} is written): it is not quarantined; step again to retry it")
+    reason = f"step {step} failed: {failed.error}"
+    state.divisions.quarantine(step, reason)
+    return QuarantineResult(step, reason, input_rows(state, step), execute_step(state))
+
+
+def division_files(state: EngineState, step: int) -> dict[str, list[DataFile]]:
+    """Per input, the log files the division of ``step`` covers (its pushes)."""
+    uppers = state.divisions.get(step) or {}
+    lowers = state.divisions.lower(step, list(state.inputs))
+    return {n: log_.files_between(lowers[n], uppers.get(n, lowers[n]))
+            for n, log_ in state.inputs.items()}
+
+
+def input_rows(state: EngineState, step: int) -> dict[str, int]:
+    """Per input, the records of ``step``'s division (from the log's file statistics)."""
+    return {n: sum(f.rows for f in files) for n, files in division_files(state, step).items()}
+
+
+def complete_quarantine(state: EngineState, step: int, reason: str) -> None:
+    """Before a quarantined step executes (the first time, or again after a crash or a
+    restore): its records are in the errors table and out of the input logs. Both parts are
+    idempotent, so whatever a crash interrupted is completed here."""
+    files = division_files(state, step)
+    _move_input_to_errors(state, step, reason, files)
+    for name, log_ in state.inputs.items():
+        log_.remove(files[name])
+
+
+def _move_input_to_errors(state: EngineState, step: int, reason: str,
+                          files: dict[str, list[DataFile]]) -> None:
+    """Write the records of ``step``'s input (``files``, per input) to the errors table, whole
+    (payload and ``_weight`` as one JSON object each), once: one commit per input, recorded as
+    the app transaction ``errors/quarantine/<input>`` at version ``step``."""
+    sink = ErrorsSink(state.spark, state.root)
+    for name, log_ in state.inputs.items():
+        producer = QUARANTINE_PRODUCER + name
+        done = sink.recorded_upto(producer)
+        if done is not None and done >= step:
+            continue
+        sink.record_tables(producer, step, (
+            sink.rows(name, f"step {step}", reason,
+                      [json.dumps(r, sort_keys=True, default=str) for r in
+                       log_.table.read_arrow([f]).to_pylist()])
+            for f in files[name]))
+
+
+# -- what the divisions tell ---------------------------------------------------------------
+def input_pending(state: EngineState) -> bool:
+    """Whether the next step has input: a recorded division to replay, or pushes since."""
+    s = state.db.get_step()
+    if state.divisions.get(s) is not None:
+        return True
+    lowers = state.divisions.lower(s, list(state.inputs))
+    return any(log_.files_between(lowers[n], log_.version())
+               for n, log_ in state.inputs.items())
+
+
+def step_info(state: EngineState, step: int) -> StepInfo:
+    """Which input step ``step`` consumed: per input, the log versions ``(lower, upper]``, and
+    the tracked producers' offsets; ``UsageError`` for a step not divided, or whose division
+    was compacted (below the oldest retained checkpoint's step)."""
+    if step < state.divisions.compacted_below:
+        raise UsageError(f"the division of step {step} of pipeline '{state.circuit.name}' "
+                         f"was compacted: divisions are kept from step "
+                         f"{state.divisions.compacted_below} on (the oldest retained "
+                         "checkpoint's step)")
+    uppers = state.divisions.get(step)
+    if uppers is None:
+        raise UsageError(f"step {step} of pipeline '{state.circuit.name}' has not been "
+                         f"executed (next step: {state.db.get_step()})")
+    names = list(state.inputs)
+    lowers = state.divisions.lower(step, names)
+    before = state.divisions.offsets(step - 1) if step > 0 else {}
+    offsets = {n: {producer: ((before.get(n) or {}).get(producer), upto)
+                   for producer, upto in ps.items()}
+               for n, ps in state.divisions.offsets(step).items()}
+    return StepInfo(step, {n: (lowers[n], uppers.get(n, lowers[n])) for n in names}, offsets)
+
+
+def consumed_upto(state: EngineState, name: str) -> int:
+    """The version of input ``name``'s log the newest executed step read up to (0: none)."""
+    step = state.db.get_step() - 1
+    division = state.divisions.get(step) if step >= 0 else None
+    return (division or {}).get(name, 0)

@@ -1,0 +1,81 @@
+"""What keeps a pipeline root small after its commits: garbage collection, trace merges and
+history compaction.
+
+After a commit (``after_commit``; none while a hot layout change is in progress or about to
+begin): every ``GC_EVERY_COMMITS`` commits the garbage is collected (``collect_garbage``), the
+traces with many files start merging in the background (``compactor.py``; a finished merge is
+applied before the next step), and with ``retain_steps`` the output logs' older history is
+collapsed (``compact_history``).
+
+None of these changes what a reader of the pipeline sees: they delete only files no retained
+state version and no newer commit refers to, rewrite traces and input logs into fewer files
+with the same rows, and collapse output history only before ``retain_steps`` and before every
+live reader's ``since``. Every function here is called by the holder of the pipeline's lock.
+"""
+
+from __future__ import annotations
+
+from dbsp_pipeline.runtime.engine_state import EngineState
+from dbsp_pipeline.storage import garbage
+
+#: Garbage is collected after every this many commits (and at close).
+GC_EVERY_COMMITS = 16
+
+
+def after_commit(state: EngineState) -> None:
+    """The upkeep due after a commit (see the module docstring)."""
+    if state.migration is not None or state.holding_merges:
+        return
+    if state.commits % GC_EVERY_COMMITS == 0:
+        collect_garbage(state, garbage.ORPHAN_GRACE_SECONDS)
+    state.compactor.start(state.plan.traces())
+    if state.retain_steps is not None:
+        compact_history(state)
+
+
+def collect_garbage(state: EngineState, grace_seconds: float) -> int:
+    """Delete the data files no retained state version and no newer commit refers to, in the
+    state tables and the output and input logs (files younger than ``grace_seconds`` are kept:
+    their write may still commit); input that every retained state version has consumed is
+    consolidated in the input logs first. Waits for a background merge to finish; does nothing
+    during a hot layout change (it copies files). Returns how many files were deleted."""
+    if state.migration is not None:
+        return 0  # a hot layout change is copying files; the next collection will do
+    state.compactor.apply_finished(wait=True)
+    # Input that every retained state version has consumed is no longer needed.
+    retained = state.db.retained_entries(state.retain_checkpoints)
+    oldest_step = min(int(entry.get("step", 0)) for _, entry in retained)
+    consumed = state.divisions.get(oldest_step - 1) if oldest_step > 0 else None
+    for name, log in state.inputs.items():
+        log.consolidate_consumed((consumed or {}).get(name, 0), state.sql)
+    state.divisions.compact_below(oldest_step)  # division_log.py: crash-safe, bounded
+    for out in state.outputs.values():
+        out.clean_log_before(oldest_step)
+    deleted = state.db.collect_garbage(state.retain_checkpoints, grace_seconds)
+    for log_ in [*state.outputs.values(), *state.inputs.values(), state.divisions]:
+        deleted += garbage.collect(log_.table, log_.table.version(), grace_seconds)
+    return deleted
+
+
+def compact_history(state: EngineState) -> dict[str, int]:
+    """Collapse each output log's history older than ``retain_steps`` steps (all of it but the
+    newest step when None), never past the ``since`` of a live reader; returns, per view, the
+    step history is collapsed through."""
+    keep = state.retain_steps if state.retain_steps is not None else 0
+    out = {}
+    for name, log in state.outputs.items():
+        through = log.last() - 1 - keep
+        held = state.leases.since(name)
+        if held is not None:
+            through = min(through, held)
+        if through >= 0:
+            log.compact_history(through, state.sql)
+        out[name] = log.compacted_through()
+    return out
+
+
+def compact(state: EngineState, threshold: int) -> int:
+    """Merge now, in the foreground, every trace with more than ``threshold`` files (after the
+    background merge, if one runs); returns how many traces were merged."""
+    done = state.compactor.apply_finished(wait=True)
+    return done + sum(t.compact(threshold, state.sql) for t in state.plan.traces())
