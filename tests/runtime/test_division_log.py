@@ -14,7 +14,7 @@ from dbsp_pipeline import Pipeline, StepFailedError, UsageError, read_status
 from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.errors import DivisionRecordError
 from dbsp_pipeline.runtime.division_log import DivisionLog
-from dbsp_pipeline.runtime.pipeline import GC_EVERY_COMMITS
+from dbsp_pipeline.runtime.upkeep import GC_EVERY_COMMITS
 from dbsp_pipeline.storage import crash_points
 from dbsp_pipeline.storage.crash_points import InjectedCrash
 from dbsp_pipeline.storage.verify import verify_root
