@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: setup demo demo-engine ui test bench bench-recovery bench-console bench-kafka bench-rescale bench-open clean
+.PHONY: setup lint demo demo-engine ui test bench bench-recovery bench-console bench-kafka bench-rescale bench-open clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml infra/setup.sh
@@ -20,7 +20,11 @@ demo-engine: setup   ## the shop demo on the engine alone (no Dagster)
 ui: setup            ## the operator's console: dagster dev (webserver + daemon) on 127.0.0.1:3000
 	bash infra/dagster.sh run
 
-test: setup          ## run the whole test suite
+lint: setup          ## ruff (style and common bugs) and mypy --strict on the package
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
+test: setup lint     ## the checks, then the whole test suite
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: setup         ## the engine benchmark: incremental steps vs Spark recomputation

@@ -19,6 +19,7 @@ import statistics
 import tempfile
 import time
 
+from engine_bench import CUSTOMERS, REGIONS, amount_of, customer_of, orders_frame
 from pyspark.sql import functions as F
 
 from dbsp_pipeline import Pipeline
@@ -26,7 +27,6 @@ from dbsp_pipeline.examples.shop import shop_circuit
 from dbsp_pipeline.spark_session import local_session
 from dbsp_pipeline.storage import crash_points
 from dbsp_pipeline.storage.crash_points import InjectedCrash
-from engine_bench import CUSTOMERS, REGIONS, amount_of, customer_of, orders_frame
 
 
 class Loader:

@@ -30,11 +30,12 @@ import tempfile
 import threading
 import time
 
+from recovery_bench import Loader
+
 from dbsp_pipeline import Pipeline
 from dbsp_pipeline.examples.shop import shop_circuit
 from dbsp_pipeline.runtime.layout import SHARDINGS
 from dbsp_pipeline.spark_session import local_session
-from recovery_bench import Loader
 
 START = 4
 TARGETS = [("W to W+1", 5), ("W to W-1", 3), ("W to 2W", 8)]

@@ -26,6 +26,7 @@ from dbsp_pipeline.errors import (
 from dbsp_pipeline.root import PipelineStatus, read_status
 from dbsp_pipeline.runtime.pipeline import DRIVER_STEP_ROWS, Pipeline
 from dbsp_pipeline.runtime.readers import Reader
+from dbsp_pipeline.runtime.recompute import STREAM_OPS, ViewCheck, check_views
 from dbsp_pipeline.runtime.results import (
     Checkpoint,
     FailedStep,
@@ -34,7 +35,6 @@ from dbsp_pipeline.runtime.results import (
     StepInfo,
     StepResult,
 )
-from dbsp_pipeline.runtime.recompute import STREAM_OPS, ViewCheck, check_views
 from dbsp_pipeline.storage.verify import VerifyReport
 from dbsp_pipeline.storage.verify import verify_root as verify
 

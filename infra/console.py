@@ -132,18 +132,17 @@ class Console:
             "assetNodes { assetKey { path } } } } } }")["repositoriesOrError"]["nodes"][0]
 
     def runs(self, job: str) -> list[dict]:
-        data = self.graphql('{ runsOrError(filter: {pipelineName: "%s"}) { ... on Runs '
-                            '{ results { runId status startTime endTime tags { key value } } } } }'
-                            % job)
+        data = self.graphql('{ runsOrError(filter: {pipelineName: "' + job + '"}) { ... on Runs '
+                            '{ results { runId status startTime endTime tags { key value } } } } }')
         return data["runsOrError"]["results"]
 
     def materializations(self, view: str) -> list[dict]:
         """The view's materializations, newest first, with their metadata as a dict."""
         data = self.graphql(
-            '{ assetOrError(assetKey: {path: ["shop", "%s"]}) { ... on Asset { '
+            '{ assetOrError(assetKey: {path: ["shop", "' + view + '"]}) { ... on Asset { '
             'assetMaterializations(limit: 50) { runId timestamp metadataEntries { label '
             '... on IntMetadataEntry { intValue } ... on FloatMetadataEntry { floatValue } } '
-            '} } } }' % view)
+            '} } } }')
         mats = data["assetOrError"]["assetMaterializations"]
         for m in mats:
             m["metadata"] = {e["label"]: e.get("intValue", e.get("floatValue"))

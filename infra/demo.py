@@ -87,10 +87,10 @@ def run_demo(args: argparse.Namespace, var: str, log: str, kafka: dict[str, str]
     """Feed, sense, step, check, checkpoint in the pipeline under ``var``; print what happened,
     Dagster's logs to ``log``."""
     import dagster as dg
+    from demo_data import ShopFeed
 
     from dbsp_pipeline.dagster import Deployment, KafkaResource
     from definitions import shop_definitions
-    from demo_data import ShopFeed
 
     broker = None if kafka is None else KafkaResource(bootstrap_servers=kafka["bootstrap.servers"])
     defs = shop_definitions(Deployment.local(var, kafka=broker))

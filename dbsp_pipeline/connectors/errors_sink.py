@@ -62,7 +62,7 @@ class ErrorsSink:
         fresh = [r for r in rejected if done is None or r["offset"] is None or r["offset"] > done]
         if not fresh or (done is not None and upto <= done):
             return 0
-        now = dt.datetime.now(dt.timezone.utc)
+        now = dt.datetime.now(dt.UTC)
         rows = [{**r, "record": None if r.get("record") is None else r["record"][:RECORD_LIMIT],
                  "rejected_at": now} for r in fresh]
         table = pa.Table.from_pylist(rows, schema=self.table.arrow_schema)
@@ -74,7 +74,7 @@ class ErrorsSink:
         """Rejects of ``input_name`` with one ``source`` and ``reason`` and no offsets, as a
         table for ``record_tables``; records are kept whole."""
         n = len(records)
-        now = dt.datetime.now(dt.timezone.utc)
+        now = dt.datetime.now(dt.UTC)
         return pa.Table.from_pydict({
             "input": [input_name] * n, "source": [source] * n, "partition": [None] * n,
             "offset": [None] * n, "reason": [reason] * n, "record": records,

@@ -76,8 +76,8 @@ from __future__ import annotations
 import datetime
 import re
 from collections.abc import Sequence
-from typing import Any, TypeAlias, cast
 from decimal import Decimal
+from typing import Any, TypeAlias, cast
 
 import sqlglot
 from pyspark.sql.types import (

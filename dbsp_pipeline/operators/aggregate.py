@@ -23,15 +23,22 @@ group whose row changed. Work per step is proportional to the number of groups t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 from functools import partial, reduce
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import (DataType, DecimalType, DoubleType, LongType, StringType, StructField,
-                               StructType)
+from pyspark.sql.types import (
+    DataType,
+    DecimalType,
+    DoubleType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 from dbsp_pipeline.driver.sql import conform, ident, idents, null_safe_on
 from dbsp_pipeline.exact_sum import FoldSpec, fold_batches, fold_table

@@ -28,7 +28,6 @@ from dbsp_pipeline.storage.delta_table import DataFile, SparkDeltaTable
 from dbsp_pipeline.storage.trace import DRIVER_MERGE_ROWS
 from dbsp_pipeline.zset import WEIGHT, consolidate, positive_zeros, positive_zeros_arrow
 
-
 #: Delta app-transaction id of a producer's sequence numbers: ``producer/<name>``.
 PRODUCER_APP_PREFIX = "producer/"
 #: commit metadata: how many records of the pushed batch were rejected (errors sink)

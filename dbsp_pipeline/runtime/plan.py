@@ -15,7 +15,6 @@ import json
 from collections.abc import Callable, Sequence
 
 import pyspark
-
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -23,9 +22,9 @@ from pyspark.sql.types import BooleanType, NumericType, StructType
 
 from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.circuit import Circuit, Node
+from dbsp_pipeline.driver import hashing
 from dbsp_pipeline.errors import CircuitError
 from dbsp_pipeline.operators.aggregate import Aggregate
-from dbsp_pipeline.driver import hashing
 from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContext
 from dbsp_pipeline.operators.distinct import Distinct
 from dbsp_pipeline.operators.integration import Delay, Differentiate, Integrate

@@ -28,8 +28,8 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from dbsp_pipeline import root as root_layout
 from dbsp_pipeline import exact_sum
+from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.errors import StateFormatError
 from dbsp_pipeline.runtime.layout import LAYOUT_KEY, Layout
 from dbsp_pipeline.storage.state_db import ENGINE_VERSION, STATE_FORMAT, StateDatabase

@@ -35,6 +35,7 @@ from dbsp_pipeline.storage.delta_table import DataFile
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.zset import SHARD, WEIGHT, consolidate, shard_of
 
+
 class OwnerLayout(Protocol):
     """What a trace needs of a layout (``runtime/layout.py``'s ``Layout`` is one) to tell which
     worker owns each of its rows."""

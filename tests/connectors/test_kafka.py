@@ -70,7 +70,7 @@ def test_json_and_csv_inputs_flow_to_exactly_once_output(spark, tmp_path, broker
         assert set(info.offsets) == {"orders", "customers"}
         total = {}
         for r in results:
-            for producer, (after, upto) in p.step_info(r.step).offsets["orders"].items():
+            for producer, (_after, upto) in p.step_info(r.step).offsets["orders"].items():
                 total[producer] = upto
         assert total == {f"kafka/{orders_topic}/0": 3, f"kafka/{orders_topic}/1": 5,
                          f"kafka/{orders_topic}/2": 3}

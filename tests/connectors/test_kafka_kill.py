@@ -21,8 +21,8 @@ from collections import Counter, defaultdict
 from dbsp_pipeline import Pipeline
 from dbsp_pipeline.connectors.kafka import STEPS_SUFFIX
 from dbsp_pipeline.runtime.recompute import check_views
-from tests.kafka_helpers import consume_all, new_topic, produce
 from tests.connectors.test_kafka import shop
+from tests.kafka_helpers import consume_all, new_topic, produce
 
 KILLS = 15
 

@@ -36,7 +36,7 @@ from pyspark.sql.types import (
 from dbsp_pipeline.driver.expressions import translate_predicate, translate_projection
 from dbsp_pipeline.zset import spark_to_arrow_schema
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 NAN, INF = float("nan"), float("inf")
 
 SCHEMA = StructType([

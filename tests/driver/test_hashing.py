@@ -19,7 +19,7 @@ from pyspark.sql import types as T
 from dbsp_pipeline.driver.hashing import shard_arrow, supports, xxhash64_arrow
 from dbsp_pipeline.zset import shard_of
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 LONG_ASCII = "the quick brown fox jumps over the lazy dog, twice over!"   # > 32 bytes
 LONG_UTF8 = "größere Zeichenketten — 日本語のテキスト — 🎉🎉 " * 3  # > 64 bytes
 

@@ -69,7 +69,7 @@ def test_nan_infinities_and_huge_values_retract_exactly(spark, tmp_path, driver_
             live[row] += 1
             p.step()
             _check(p, live)
-        for j, (r, v) in enumerate(odd):  # and out again, in another order
+        for j in range(len(odd)):  # and out again, in another order
             row = (100 + len(odd) - 1 - j, *odd[len(odd) - 1 - j])
             p.push("orders", [row], weight=-1)
             live[row] -= 1

@@ -16,7 +16,6 @@ import tempfile
 from collections import Counter
 
 import pytest
-
 from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
 from pyspark.sql import functions as F

@@ -214,7 +214,7 @@ def test_a_failed_output_commit_rolls_the_step_back_and_a_retry_applies_it_once(
         p.push("a", [(2, 20)])
         commit, failures = OutputLog.commit, [1]
 
-        def flaky(self, prepared):
+        def flaky(self, prepared, failures=failures, commit=commit):
             if failures.pop() if failures else 0:
                 raise StorageError("I/O error (transient)", definitely_failed=True)
             return commit(self, prepared)

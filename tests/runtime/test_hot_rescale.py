@@ -10,9 +10,9 @@ import threading
 import pytest
 
 from dbsp_pipeline.errors import UsageError
+from dbsp_pipeline.runtime.migration import ShardMigration
 from dbsp_pipeline.storage import crash_points
 from dbsp_pipeline.storage.crash_points import InjectedCrash
-from dbsp_pipeline.runtime.migration import ShardMigration
 from tests.runtime import workload
 from tests.runtime.conftest import RESCALE_ROUNDS as ROUNDS
 from tests.runtime.test_rescale import owner_pure

@@ -12,7 +12,6 @@ from dbsp_pipeline.runtime.layout import Layout
 from dbsp_pipeline.storage import crash_points
 from dbsp_pipeline.storage.crash_points import InjectedCrash
 from tests.runtime import workload
-
 from tests.runtime.conftest import RESCALE_ROUNDS as ROUNDS
 
 

@@ -94,10 +94,10 @@ def _as_format_2(root: str, spark) -> None:
     import os
 
     import pyarrow as pa
+    from pyspark.sql.pandas.types import from_arrow_schema
 
     from dbsp_pipeline import exact_sum
     from dbsp_pipeline.storage.delta_table import SparkDeltaTable
-    from pyspark.sql.pandas.types import from_arrow_schema
 
     db = state_db.StateDatabase(spark, root, workload.circuit().fingerprint())
     db.open()
@@ -129,9 +129,9 @@ def _as_format_2(root: str, spark) -> None:
 def _spark_schema(root: str, name: str):
     import os
 
+    import pyarrow as pa
     from deltalake import DeltaTable
     from pyspark.sql.pandas.types import from_arrow_schema
-    import pyarrow as pa
 
     return from_arrow_schema(pa.schema(DeltaTable(os.path.join(root, "state", name))
                                        .schema().to_arrow()))

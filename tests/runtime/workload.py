@@ -62,7 +62,7 @@ def consumer_view(spark, root: str) -> dict:
         # The change log integrates to the view computed from scratch, floats bit for bit, with
         # no row of non-positive multiplicity (a replay that summed floats in another order
         # used to leave a +1/-1 pair whose totals differ in the last bits).
-        for view, check in check_views(p).items():
+        for check in check_views(p).values():
             assert check.equal and check.nonpositive == 0, (root, check)
         for view in p.circuit.outputs:
             steps: dict[int, Counter] = {}

@@ -103,7 +103,8 @@ def test_concurrent_commits_for_one_version_exactly_one_wins(open_store: Opener)
         barrier = threading.Barrier(2)
         outcomes: list[object] = [None, None]
 
-        def race(i: int) -> None:
+        def race(i: int, barrier: threading.Barrier = barrier, outcomes: list[object] = outcomes,
+                 handles: list = handles, adds: list = adds, round_: int = round_) -> None:
             barrier.wait()
             try:
                 outcomes[i] = handles[i].commit(adds[i], expected_version=round_)
