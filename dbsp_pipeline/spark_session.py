@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import Any
+from typing import Any, cast
 
 from pyspark.sql import SparkSession
 
@@ -149,3 +149,10 @@ class LazySession:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.get(), name)
+
+
+def as_session(spark: SparkSession | LazySession) -> SparkSession:
+    """``spark`` as the engine's handles take it: a ``LazySession`` forwards every attribute to
+    the session it starts on first use, so it stands for that session (and starts nothing until
+    a handle actually asks Spark for something)."""
+    return cast(SparkSession, spark)

@@ -23,6 +23,7 @@ Unarmed, a pass costs a dict lookup.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -87,10 +88,10 @@ class FaultInjectingTableStore:
     def added_files(self, lower: int, upper: int, data_only: bool = False) -> list[DataFile]:
         return self.inner.added_files(lower, upper, data_only)
 
-    def commit_infos(self, lower: int, upper: int) -> list[dict]:
+    def commit_infos(self, lower: int, upper: int) -> list[dict[str, Any]]:
         return self.inner.commit_infos(lower, upper)
 
-    def commit_metadata(self, key: str, value: object) -> dict | None:
+    def commit_metadata(self, key: str, value: object) -> dict[str, Any] | None:
         return self.inner.commit_metadata(key, value)
 
     def transaction_version(self, app_id: str) -> int | None:

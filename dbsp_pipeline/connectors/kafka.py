@@ -39,12 +39,15 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    NewTopic,  # type: ignore[attr-defined]  # re-exported at run time
+)
 
 from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.connectors.codec import FORMATS, Batch, encode_change
@@ -55,10 +58,12 @@ from dbsp_pipeline.errors import (
     StorageError,
     UsageError,
 )
+from dbsp_pipeline.spark_session import as_session
 from dbsp_pipeline.storage import crash_points
 
 if TYPE_CHECKING:
     from dbsp_pipeline.runtime.pipeline import Pipeline
+    from dbsp_pipeline.runtime.results import StepResult
 
 #: suffix of the side topic that records, per step, what a view's output came from
 STEPS_SUFFIX = ".steps"
@@ -105,7 +110,7 @@ class PollResult:
 class KafkaSource:
     """Reads the bound topics into the pipeline's input logs. See the module docstring."""
 
-    def __init__(self, pipeline: Pipeline, config: dict, inputs: Sequence[KafkaInput],
+    def __init__(self, pipeline: Pipeline, config: dict[str, Any], inputs: Sequence[KafkaInput],
                  errors: ErrorsSink | None = None) -> None:
         topics = [b.topic for b in inputs]
         if len(set(topics)) != len(topics):
@@ -116,7 +121,7 @@ class KafkaSource:
             pipeline.input_schema(b.input)  # an unknown input is an error here
         self.pipeline = pipeline
         self.bindings = {b.topic: b for b in inputs}
-        self.errors = errors or ErrorsSink(pipeline.spark, pipeline.root)
+        self.errors = errors or ErrorsSink(as_session(pipeline.spark), pipeline.root)
         self.config = dict(config)
         self._consumer = Consumer({
             **self.config, "group.id": f"dbsp-{pipeline.circuit.name}",
@@ -133,13 +138,16 @@ class KafkaSource:
         self._assign_new_partitions()
         result = PollResult()
         messages = self._consumer.consume(max_records, timeout)
-        by_partition: dict[tuple[str, int], list] = defaultdict(list)
+        by_partition: dict[tuple[str, int], list[Message]] = defaultdict(list)
         for m in messages:
-            if m.error():
-                if m.error().code() == KafkaError._PARTITION_EOF:
+            error = m.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
                     continue
-                raise StorageError(f"reading Kafka failed: {m.error()}", definitely_failed=True)
-            by_partition[(m.topic(), m.partition())].append(m)
+                raise StorageError(f"reading Kafka failed: {error}", definitely_failed=True)
+            topic, partition = m.topic(), m.partition()
+            assert topic is not None and partition is not None  # a message, not an event
+            by_partition[(topic, partition)].append(m)
             kind, stamp = m.timestamp()
             if kind != 0 and (result.oldest is None or stamp / 1000 < result.oldest):
                 result.oldest = stamp / 1000
@@ -158,23 +166,24 @@ class KafkaSource:
             raise
         return result
 
-    def _push(self, topic: str, partition: int, messages: list) -> tuple[int, int]:
+    def _push(self, topic: str, partition: int, messages: list[Message]) -> tuple[int, int]:
         binding = self.bindings[topic]
         log_schema = self.pipeline.input_schema(binding.input)
         batch = Batch(binding.input, log_schema.fieldNames(), binding.format)
-        raw = {}
+        raw: dict[int, bytes | None] = {}
         for m in messages:
-            batch.add(m.offset(), m.value())
-            raw[m.offset()] = m.value()
+            offset = m.offset()
+            assert offset is not None  # a consumed message has its offset
+            batch.add(offset, m.value())
+            raw[offset] = m.value()
         zset = batch.to_zset(log_schema, self.pipeline.input_arrow_schema(binding.input))
         producer = producer_name(topic, partition)
-        upto = messages[-1].offset()
+        upto = max(raw)
         if batch.bad:
             self.errors.record(producer, upto, [
                 {"input": binding.input, "source": topic, "partition": partition,
                  "offset": offset, "reason": reason,
-                 "record": None if raw[offset] is None
-                 else raw[offset].decode("utf-8", errors="replace")}
+                 "record": _text(raw[offset])}
                 for offset, reason in sorted(batch.bad)])
         self.pipeline.push_zset(binding.input, zset, producer=producer, seq=upto,
                                 rejected=len(batch.bad))
@@ -214,7 +223,7 @@ class KafkaSource:
                                                self._next_offset(topic, partition)))
 
 
-def topic_lag(config: dict, root: str, inputs: Sequence[KafkaInput]) -> dict[str, int]:
+def topic_lag(config: dict[str, Any], root: str, inputs: Sequence[KafkaInput]) -> dict[str, int]:
     """Per bound input, how many offsets its topic holds beyond what the pipeline at ``root``
     recorded, read without opening the pipeline (for a sensor): the partitions' high
     watermarks minus the offsets recorded in the input logs. (Transaction markers count as
@@ -248,7 +257,7 @@ def topic_lag(config: dict, root: str, inputs: Sequence[KafkaInput]) -> dict[str
 class KafkaSink:
     """Writes the bound views' changes to their topics. See the module docstring."""
 
-    def __init__(self, pipeline: Pipeline, config: dict, outputs: Sequence[KafkaOutput], *,
+    def __init__(self, pipeline: Pipeline, config: dict[str, Any], outputs: Sequence[KafkaOutput], *,
                  worker: int = 0, transactional_id: str | None = None,
                  transaction_timeout: float = 30.0) -> None:
         for b in outputs:
@@ -291,8 +300,9 @@ class KafkaSink:
         offsets = {name: {producer.rsplit("/", 1)[1]: list(span)
                           for producer, span in spans.items()}
                    for name, spans in info.offsets.items()}
-        headers = [(HEADER_STEP, str(step).encode()), (HEADER_WORKER, str(self.worker).encode()),
-                   (HEADER_PIPELINE, self.pipeline.circuit.name.encode())]
+        headers: list[tuple[str, str | bytes | None]] = [
+            (HEADER_STEP, str(step).encode()), (HEADER_WORKER, str(self.worker).encode()),
+            (HEADER_PIPELINE, self.pipeline.circuit.name.encode())]
 
         def transaction() -> None:
             self._producer.begin_transaction()
@@ -315,16 +325,20 @@ class KafkaSink:
         for b in bindings:
             self.last[b.view] = step + 1
 
-    def _produce(self, topic: str, value: bytes, key: bytes | None, headers, partition=None):
-        kwargs = {} if partition is None else {"partition": partition}
+    def _produce(self, topic: str, value: bytes, key: bytes | None,
+                 headers: list[tuple[str, str | bytes | None]] | None,
+                 partition: int | None = None) -> None:
         while True:
             try:
-                self._producer.produce(topic, value, key, headers=headers, **kwargs)
+                if partition is None:
+                    self._producer.produce(topic, value, key, headers=headers)
+                else:
+                    self._producer.produce(topic, value, key, headers=headers, partition=partition)
                 return
             except BufferError:
                 self._producer.poll(0.1)  # the local queue is full: let deliveries drain
 
-    def _guard(self, action) -> None:
+    def _guard(self, action: Callable[[], object]) -> None:
         """Run a producer action; fencing becomes ``PipelineFencedError``; an abortable error
         aborts the transaction and is raised as a storage error that did not happen."""
         try:
@@ -376,7 +390,7 @@ class KafkaSink:
         self._producer.flush(self.timeout)
 
 
-def read_newest(config: dict, tp: TopicPartition, timeout: float = 10.0) -> bytes | None:
+def read_newest(config: dict[str, Any], tp: TopicPartition, timeout: float = 10.0) -> bytes | None:
     """The value of the newest committed record of one partition (None if it has none),
     read with ``read_committed``: transaction markers and aborted records are skipped."""
     consumer = Consumer({**config, "group.id": "dbsp-tail-reader", "enable.auto.commit": False,
@@ -392,10 +406,11 @@ def read_newest(config: dict, tp: TopicPartition, timeout: float = 10.0) -> byte
                 m = consumer.poll(0.5)
                 if m is None:
                     continue
-                if m.error():
-                    if m.error().code() == KafkaError._PARTITION_EOF:
+                error = m.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
                         break
-                    raise StorageError(f"reading {tp.topic} failed: {m.error()}",
+                    raise StorageError(f"reading {tp.topic} failed: {error}",
                                        definitely_failed=True)
                 newest = m.value()
             if newest is not None or start == low:
@@ -410,7 +425,7 @@ class KafkaRunner:
     input is pending, and writes the new output; ``close`` closes the clients (not the
     pipeline)."""
 
-    def __init__(self, pipeline: Pipeline, config: dict, inputs: Sequence[KafkaInput] = (),
+    def __init__(self, pipeline: Pipeline, config: dict[str, Any], inputs: Sequence[KafkaInput] = (),
                  outputs: Sequence[KafkaOutput] = ()) -> None:
         self.pipeline = pipeline
         self.source = KafkaSource(pipeline, config, inputs) if inputs else None
@@ -421,10 +436,10 @@ class KafkaRunner:
             self.sink.emit()  # steps whose output was written but not yet sent (a crash)
 
     def run(self, max_steps: int | None = None, max_seconds: float | None = None,
-            idle_seconds: float = 1.0, poll_records: int = 50_000) -> list:
+            idle_seconds: float = 1.0, poll_records: int = 50_000) -> list[StepResult]:
         """Steps while input arrives; stops after ``max_steps``, after ``max_seconds``, or
         when no record came for ``idle_seconds``. Returns the step results."""
-        results: list = []
+        results: list[StepResult] = []
         started = idle_since = time.monotonic()
         while True:
             now = time.monotonic()
@@ -453,3 +468,8 @@ class KafkaRunner:
             self.source.close()
         if self.sink is not None:
             self.sink.close()
+
+
+def _text(record: bytes | None) -> str | None:
+    """A rejected record as text for the errors table (undecodable bytes replaced)."""
+    return None if record is None else record.decode("utf-8", errors="replace")

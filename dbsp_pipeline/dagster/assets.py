@@ -12,6 +12,7 @@ oldest input's arrival. Everything it reports was committed before it is reporte
 # no ``from __future__ import annotations``: Dagster reads the decorated functions' annotations
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import dagster as dg
 
@@ -50,7 +51,7 @@ def views_asset(ref: PipelineRef) -> dg.AssetsDefinition:
     @dg.multi_asset(name=ref.job_name("views"), specs=specs, can_subset=False,
                     required_resource_keys=ref.resource_keys, op_tags=ref.tags)
     def step_views(context: dg.AssetExecutionContext,
-                   config: StepConfig) -> Iterator[dg.MaterializeResult]:
+                   config: StepConfig) -> Iterator[dg.MaterializeResult[Any]]:
         """Ingest the inbox (and Kafka), execute the pending steps, commit, send the output to
         Kafka; one materialization per view."""
         store = ref.store(context)

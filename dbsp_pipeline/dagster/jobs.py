@@ -102,7 +102,7 @@ class QuarantineConfig(dg.Config):
 def step_job(ref: PipelineRef, views: dg.AssetsDefinition,
              checks: dg.AssetChecksDefinition | None = None) -> "AssetJob":
     """``<name>_step``: materializes ``views`` (and runs ``checks`` with them, if given)."""
-    selection = dg.AssetSelection.assets(views)
+    selection: dg.AssetSelection = dg.AssetSelection.assets(views)
     selection = selection if checks is not None else selection.without_checks()
     return dg.define_asset_job(ref.job_name("step"), selection=selection, tags=ref.tags,
                                executor_def=dg.in_process_executor,

@@ -22,7 +22,7 @@ SASL_PROTOCOLS = ("SASL_SSL", "SASL_PLAINTEXT")
 PLAIN_PROTOCOLS = ("PLAINTEXT", "SSL")
 
 
-class KafkaResource(dg.ConfigurableResource):
+class KafkaResource(dg.ConfigurableResource):  # type: ignore[type-arg]  # its value is itself
     """Where the broker is and how to authenticate; ``client_config()`` is the librdkafka map."""
 
     bootstrap_servers: str = "127.0.0.1:9092"

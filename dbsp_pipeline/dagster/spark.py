@@ -25,7 +25,7 @@ from dbsp_pipeline.spark_session import LazySession, cluster_session, connect_se
 SPARK_MODES = ("local", "connect", "standalone")
 
 
-class SparkResource(dg.ConfigurableResource):
+class SparkResource(dg.ConfigurableResource):  # type: ignore[type-arg]  # its value is itself
     """Where the engine's Spark work runs. See the module docstring."""
 
     mode: Literal["local", "connect", "standalone"] = "local"

@@ -13,7 +13,7 @@ from dbsp_pipeline.connectors.inbox import SETTLE_SECONDS
 from dbsp_pipeline.dagster.spark import SparkResource
 
 
-class PipelineStore(dg.ConfigurableResource):
+class PipelineStore(dg.ConfigurableResource):  # type: ignore[type-arg]  # its value is itself
     """The root folder of a pipeline's tables (created on first use) and its inbox.
 
     ``inbox`` (default ``<root>/../inbox``, i.e. beside the root) holds one folder per input;

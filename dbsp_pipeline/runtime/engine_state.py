@@ -30,7 +30,6 @@ from dbsp_pipeline.runtime.output_log import OutputLog
 from dbsp_pipeline.runtime.plan import SCHEMA_CACHE_FILE, Plan
 from dbsp_pipeline.runtime.readers import LeaseRegistry
 from dbsp_pipeline.runtime.results import FailedStep
-from dbsp_pipeline.spark_session import LazySession
 from dbsp_pipeline.storage.state_db import StateDatabase
 
 #: The file in a pipeline root caching the schemas Spark analysed for its circuit.
@@ -45,7 +44,7 @@ def read_layout(db: StateDatabase) -> Layout:
     return layout
 
 
-def compile_plan(circuit: Circuit, spark: SparkSession | LazySession, db: StateDatabase) -> Plan:
+def compile_plan(circuit: Circuit, spark: SparkSession, db: StateDatabase) -> Plan:
     """The executable plan of ``circuit`` over the traces of the opened state version."""
     return Plan(circuit, spark, db, schema_cache=os.path.join(db.root, PLAN_SCHEMAS_FILE))
 
@@ -57,7 +56,7 @@ class EngineState:
 
     circuit: Circuit
     root: str
-    spark: SparkSession | LazySession
+    spark: SparkSession
     #: the driver's DuckDB engine (small steps, reads as Arrow, consolidations)
     sql: LocalSQL
     #: the state database: the traces' versions, the step, the layout, per checkpoint

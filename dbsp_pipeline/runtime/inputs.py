@@ -33,7 +33,7 @@ def push_rows(log: InputLog, rows: Any, weight: int, producer: str | None,
     table = records.to_arrow(log.name, rows, log.schema, log.arrow_schema, weight)
     if table.num_rows or producer is not None:
         log.append_arrow(table, producer, seq)
-    return table.num_rows
+    return int(table.num_rows)
 
 
 def push_zset(log: InputLog, table: pa.Table, producer: str | None, seq: int | None,
@@ -46,7 +46,7 @@ def push_zset(log: InputLog, table: pa.Table, producer: str | None, seq: int | N
     zset = records.zset_to_arrow(log.name, table, log.schema, log.arrow_schema)
     if zset.num_rows or producer is not None:
         log.append_arrow(zset, producer, seq, rejected)
-    return zset.num_rows
+    return int(zset.num_rows)
 
 
 def already_pushed(log: InputLog, producer: str | None, seq: int | None) -> bool:

@@ -56,7 +56,7 @@ from dbsp_pipeline.runtime.results import (
     StepInfo,
     StepResult,
 )
-from dbsp_pipeline.spark_session import LazySession, configure
+from dbsp_pipeline.spark_session import LazySession, as_session, configure
 from dbsp_pipeline.storage.garbage import ORPHAN_GRACE_SECONDS
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.trace import COMPACT_FILE_THRESHOLD
@@ -160,8 +160,9 @@ class Pipeline:
             spark if isinstance(spark, LazySession) else
             LazySession() if spark is None else configure(spark))
         sql = LocalSQL()
+        session = as_session(self.spark)
         prepare_open(root, checkpoint, retain_checkpoints)  # damage: CorruptStateError
-        db = StateDatabase(self.spark, root, circuit.fingerprint())
+        db = StateDatabase(session, root, circuit.fingerprint())
         with _fenced_at_open(circuit, root):  # opening rolls back and may commit: a race too
             db.open(checkpoint, retained=retain_checkpoints)
             #: what opening did about engine and state-format versions (``runtime/upgrade.py``)
@@ -169,15 +170,16 @@ class Pipeline:
             if self.upgrade_info.migrations:
                 db.commit()  # the migrated state, as a checkpoint in the current format
             layout = read_layout(db)
-            plan = compile_plan(circuit, self.spark, db)
+            plan = compile_plan(circuit, session, db)
         self._engine = EngineState(
-            circuit=circuit, root=root, spark=self.spark, sql=sql, db=db, layout=layout,
+            circuit=circuit, root=root, spark=session, sql=sql, db=db, layout=layout,
             plan=plan,
-            inputs={name: InputLog(self.spark, root, name, plan.input_schema(name))
+            inputs={name: InputLog(session, root, name, plan.input_schema(name))
                     for name in circuit.inputs},
-            outputs={name: OutputLog(self.spark, root, name, plan.output_schema(name))
+            outputs={name: OutputLog(session, root, name, plan.output_schema(name))
                      for name in circuit.outputs},
-            divisions=DivisionLog(self.spark, root_layout.divisions(root)), leases=LeaseRegistry(db.root),
+            divisions=DivisionLog(session, root_layout.divisions(root)),
+            leases=LeaseRegistry(db.root),
             compactor=BackgroundCompactor(compact_threshold), checkpoint_every=checkpoint_every,
             driver_step_rows=driver_step_rows, retain_steps=retain_steps,
             retain_checkpoints=retain_checkpoints)

@@ -52,8 +52,10 @@ def collect_garbage(state: EngineState, grace_seconds: float) -> int:
     for out in state.outputs.values():
         out.clean_log_before(oldest_step)
     deleted = state.db.collect_garbage(state.retain_checkpoints, grace_seconds)
-    for log_ in [*state.outputs.values(), *state.inputs.values(), state.divisions]:
-        deleted += garbage.collect(log_.table, log_.table.version(), grace_seconds)
+    tables = [*(log_.table for log_ in state.outputs.values()),
+              *(log_.table for log_ in state.inputs.values()), state.divisions.table]
+    for table in tables:
+        deleted += garbage.collect(table, table.version(), grace_seconds)
     return deleted
 
 

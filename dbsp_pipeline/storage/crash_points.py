@@ -32,7 +32,7 @@ class InjectedCrash(BaseException):
 
 
 _armed: dict[str, int] = {}
-_passes: Counter = Counter()
+_passes: Counter[str] = Counter()
 
 
 def arm(name: str, at_pass: int = 1) -> None:
@@ -46,7 +46,7 @@ def reset() -> None:
     _passes.clear()
 
 
-def passes() -> Counter:
+def passes() -> Counter[str]:
     """How often each point was passed since the last ``reset``."""
     return Counter(_passes)
 

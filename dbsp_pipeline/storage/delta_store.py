@@ -24,6 +24,7 @@ import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -109,21 +110,21 @@ class DeltaTableStore:
                                                    add.get("stats") or "{}"))
         return out
 
-    def commit_infos(self, lower: int, upper: int) -> list[dict]:
-        out = []
+    def commit_infos(self, lower: int, upper: int) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
         for v in range(lower + 1, upper + 1):
             actions = self._commit_actions(v)
             if actions is not None:
                 out.extend(a["commitInfo"] for a in actions if a.get("commitInfo") is not None)
         return out
 
-    def commit_metadata(self, key: str, value: object) -> dict | None:
+    def commit_metadata(self, key: str, value: object) -> dict[str, Any] | None:
         for v in range(self.version(), 0, -1):
             actions = self._commit_actions(v)
             if actions is None:
                 return None
             for action in actions:
-                info = action.get("commitInfo")
+                info: dict[str, Any] | None = action.get("commitInfo")
                 if info is not None and info.get(key) == value:
                     return info
         return None
@@ -195,15 +196,21 @@ class DeltaTableStore:
         from deltalake._internal import RemoveAction  # re-exported privately in deltalake 1.x
 
         now = int(time.time() * 1000)
-        actions: list = list(adds) if data_change else [
+        actions: list[Any] = list(adds) if data_change else [
             dataclasses.replace(a, data_change=False) for a in adds]
         actions.extend(RemoveAction(self._relative(p), data_change, now) for p in removes)
         # How many actions besides the commit information this commit holds: a reader of the
         # log (``storage/verify.py``) tells a commit file cut at a line end by it.
         custom = {**(metadata or {}), ACTIONS_KEY: len(actions) + (1 if app_id else 0)}
+        transactions = None
+        if app_id:
+            if app_version is None:
+                raise StorageError(f"commit to {self.uri}: app transaction '{app_id}' without "
+                                   "a version", definitely_failed=True)
+            transactions = [Transaction(app_id, app_version, now)]
         props = CommitProperties(
             custom_metadata=custom,
-            app_transactions=[Transaction(app_id, app_version, now)] if app_id else None,
+            app_transactions=transactions,
             max_commit_retries=0 if expected_version is not None else None)
         if expected_version is not None:
             self._base_on(expected_version)
@@ -309,7 +316,7 @@ class DeltaTableStore:
         if loaded != expected_version - 1:
             self._table.load_as_version(expected_version - 1)
 
-    def _commit_actions(self, version: int) -> list[dict] | None:
+    def _commit_actions(self, version: int) -> list[dict[str, Any]] | None:
         """The actions of the commit file of ``version`` (None if it was cleaned up)."""
         log = self.fs_path(self.path(f"{LOG_DIR}/{version:020d}.json"))
         try:
@@ -337,11 +344,11 @@ def _millis(info: pafs.FileInfo) -> int:
     return int(ns // 1_000_000) if ns is not None else 0
 
 
-def file_stats(meta: pq.FileMetaData) -> dict:
+def file_stats(meta: pq.FileMetaData) -> dict[str, Any]:
     """Delta per-file statistics (numRecords, minValues, maxValues, nullCount) from a footer."""
-    mins: dict = {}
-    maxs: dict = {}
-    nulls: dict = {}
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
     schema = meta.schema.to_arrow_schema()
     for ci, field in enumerate(schema):
         lo = hi = None

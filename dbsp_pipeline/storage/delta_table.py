@@ -24,6 +24,7 @@ import json
 import os
 import uuid
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -108,12 +109,12 @@ class SparkDeltaTable:
         """
         return self.store.added_files(lower, upper, data_only)
 
-    def commit_infos(self, lower: int, upper: int) -> list[dict]:
+    def commit_infos(self, lower: int, upper: int) -> list[dict[str, Any]]:
         """The commit information (with custom metadata) of versions ``lower+1 .. upper`` that
         are still on disk."""
         return self.store.commit_infos(lower, upper)
 
-    def commit_metadata(self, key: str, value: object) -> dict | None:
+    def commit_metadata(self, key: str, value: object) -> dict[str, Any] | None:
         """The commit information of the newest commit whose custom metadata has ``key`` equal
         to ``value`` (None if no retained commit has), searching from the newest commit back."""
         return self.store.commit_metadata(key, value)
@@ -148,7 +149,7 @@ class SparkDeltaTable:
 
     def commit(self, adds: Sequence[AddAction] = (), removes: Sequence[str] = (), *,
                app_id: str | None = None, app_version: int | None = None,
-               metadata: dict | None = None, data_change: bool = True) -> int:
+               metadata: dict[str, Any] | None = None, data_change: bool = True) -> int:
         """Commit add actions (and removal of the files at the absolute paths ``removes``).
 
         With ``app_id``/``app_version`` the commit records an app transaction (idempotent writes:
@@ -226,7 +227,7 @@ def table_version(uri: str) -> int:
 
 def table_id(uri: str) -> str:
     """The id of the Delta table at ``uri`` (its metadata's; "" when there is no table yet)."""
-    return DeltaTable(uri).metadata().id if DeltaTable.is_deltatable(uri) else ""
+    return str(DeltaTable(uri).metadata().id) if DeltaTable.is_deltatable(uri) else ""
 
 
 def data_commit_times(uri: str, lower: int, upper: int) -> list[float]:
@@ -243,6 +244,6 @@ def data_commit_times(uri: str, lower: int, upper: int) -> list[float]:
             continue
         if not any(a.get("add", {}).get("dataChange", False) for a in actions):
             continue
-        info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+        info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
         out.append(info.get("timestamp", 0) / 1000.0)
     return out

@@ -40,7 +40,7 @@ def read_text(path: str) -> str | None:
     try:
         if is_remote(path):
             with _s3().open_input_stream(_key(path)) as src:
-                return src.read().decode()
+                return str(src.read().decode())
         with open(path) as fh:
             return fh.read()
     except FileNotFoundError:

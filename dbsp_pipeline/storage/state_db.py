@@ -120,7 +120,7 @@ class StateDatabase:
         }
         self._write_entry(entry)
         self._base = entry
-        return entry["version"]
+        return int(entry["version"])
 
     def get(self, key: str, default: Any = None) -> Any:
         self._require_open()
@@ -142,7 +142,7 @@ class StateDatabase:
     def retained_entries(self, count: int) -> list[tuple[int, dict[str, Any]]]:
         """The newest ``count`` committed entries as (manifest version, entry), newest first:
         the state versions garbage collection keeps readable."""
-        out = []
+        out: list[tuple[int, dict[str, Any]]] = []
         manifest_version: int | None = self._manifest.version()
         while manifest_version is not None and len(out) < count:
             entry = self._entry_at_manifest(manifest_version)
@@ -186,7 +186,7 @@ class StateDatabase:
 
     @property
     def version(self) -> int:
-        return self._require_open()["version"]
+        return int(self._require_open()["version"])
 
     @property
     def state_id(self) -> str:
@@ -215,7 +215,8 @@ class StateDatabase:
 
     def recorded_version(self, name: str) -> int | None:
         """The Delta version of table ``name`` recorded by the open state version."""
-        return self._require_open().get("traces", {}).get(name)
+        version = self._require_open().get("traces", {}).get(name)
+        return None if version is None else int(version)
 
     # -- internals -------------------------------------------------------------------------
     def _roll_back(self, table: SparkDeltaTable) -> None:
@@ -247,7 +248,8 @@ class StateDatabase:
             if len(files) != 1:
                 return None
             row = pq.read_table(files[0].path).to_pylist()[0]
-            return json.loads(row["entry"])
+            entry: dict[str, Any] = json.loads(row["entry"])
+            return entry
         except (FileNotFoundError, DeltaError):
             return None  # beyond the retained versions: garbage-collected (or its log cleaned)
         except (ValueError, OSError, IndexError, KeyError, pa.ArrowException):

@@ -30,7 +30,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -98,12 +98,12 @@ class TableStore(Protocol):
         ``data_only`` and a commit of the range was cleaned up."""
         ...
 
-    def commit_infos(self, lower: int, upper: int) -> list[dict]:
+    def commit_infos(self, lower: int, upper: int) -> list[dict[str, Any]]:
         """The commit information (with custom metadata) of the versions ``lower+1 .. upper``
         whose commit files are still there."""
         ...
 
-    def commit_metadata(self, key: str, value: object) -> dict | None:
+    def commit_metadata(self, key: str, value: object) -> dict[str, Any] | None:
         """The commit information of the newest retained commit whose custom metadata has
         ``key`` equal to ``value`` (None if none has)."""
         ...

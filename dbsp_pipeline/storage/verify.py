@@ -51,6 +51,7 @@ import json
 import os
 import re
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,7 +189,7 @@ class VerifyReport:
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
-        def damage(ds) -> list[dict[str, Any]]:
+        def damage(ds: Sequence[Damage]) -> list[dict[str, Any]]:
             return [{"table": d.table, "version": d.version, "file": d.file,
                      "problem": d.problem} for d in ds]
         return {
@@ -279,21 +280,21 @@ class _Log:
             elif m := _CHECKPOINT_FILE.match(name):
                 self.checkpoints.setdefault(int(m[1]), []).append(path)
         self.newest = max([*self.commits, *self.checkpoints], default=None)
-        self._read: dict[int, tuple[list[dict], Damage | None]] = {}
+        self._read: dict[int, tuple[list[dict[str, Any]], Damage | None]] = {}
 
     def path(self, version: int) -> str:
         return self.commits.get(version, os.path.join(self.dir, f"{version:020d}.json"))
 
-    def commit(self, version: int) -> tuple[list[dict], Damage | None]:
+    def commit(self, version: int) -> tuple[list[dict[str, Any]], Damage | None]:
         """The actions of commit ``version``, or the damage that keeps them from being read."""
         if version not in self._read:
             self._read[version] = self._parse(version)
         return self._read[version]
 
-    def _parse(self, version: int) -> tuple[list[dict], Damage | None]:
+    def _parse(self, version: int) -> tuple[list[dict[str, Any]], Damage | None]:
         path = self.path(version)
 
-        def damaged(problem: str) -> tuple[list[dict], Damage | None]:
+        def damaged(problem: str) -> tuple[list[dict[str, Any]], Damage | None]:
             return [], Damage(self.table, version, path, problem)
 
         if version not in self.commits:
@@ -356,7 +357,7 @@ class _Snapshot:
     rows: int = 0
     damage: list[Damage] = field(default_factory=list)
     #: per data file (path relative to the table), its columns' minimum and maximum values
-    bounds: dict[str, tuple[dict, dict]] = field(default_factory=dict)
+    bounds: dict[str, tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=dict)
     table: DeltaTable | None = None
 
 
@@ -368,7 +369,7 @@ class _Checkpoint:
     version: int
     step: int
     manifest_version: int
-    entry: dict
+    entry: dict[str, Any]
 
     def version_of(self, table: str) -> int:
         """The version of state table ``state/<name>`` this checkpoint records (0: none)."""
@@ -697,7 +698,7 @@ class _RootScan:
         text = self._division_record(first)
         return first if text is not None and division_log.compacted_below(text) else 0
 
-    def _division(self, step: int) -> dict | None:
+    def _division(self, step: int) -> dict[str, Any] | None:
         """The uppers recorded for ``step`` (read from its one file), None if not found."""
         text = self._division_record(step)
         if text is None:
