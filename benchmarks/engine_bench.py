@@ -128,7 +128,8 @@ def _close(view, expected) -> bool:
     if len(view) != len(expected):
         return False
     for a, b in zip(view, expected):
-        if a[0] != b[0] or a[2] != b[2] or a[3] != b[3] or abs(a[1] - b[1]) > 1e-6 * max(1, abs(b[1])):
+        if (a[0] != b[0] or a[2] != b[2] or a[3] != b[3]
+                or abs(a[1] - b[1]) > 1e-6 * max(1, abs(b[1]))):
             return False
     return True
 

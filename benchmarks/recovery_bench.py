@@ -45,7 +45,8 @@ class Loader:
         n_del = rows // 10
         ins = [(i, customer_of(i), amount_of(i))
                for i in range(self.next_id, self.next_id + rows - n_del)]
-        dels = [(i, customer_of(i), amount_of(i)) for i in range(self.deleted, self.deleted + n_del)]
+        dels = [(i, customer_of(i), amount_of(i))
+                for i in range(self.deleted, self.deleted + n_del)]
         self.next_id += rows - n_del
         self.deleted += n_del
         self.p.push("orders", ins)

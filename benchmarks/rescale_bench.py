@@ -10,9 +10,10 @@ of the state (1/(W+1) for W to W+1). "Moved" counts rows whose owner changes; "r
 rows of the files split because they now hold rows of several workers (a file owned by one
 worker, even a new one, is not copied: the state is on storage every worker reads).
 
-Cold vs hot (fixed sharding, 4 to 5 workers and back to 4, cold then hot): a thread pushes 1,000 order
-changes and executes a step, again and again (each step's latency: from the push to the step's
-end, so a step held back by the rescale counts its wait); meanwhile the main thread rescales.
+Cold vs hot (fixed sharding, 4 to 5 workers and back to 4, cold then hot): a thread pushes 1,000
+order changes and executes a step, again and again (each step's latency: from the push to the
+step's end, so a step held back by the rescale counts its wait); meanwhile the main thread
+rescales.
 "longest step" is the worst such latency during the rescale, next to the median step before it.
 A cold rescale holds every step for its whole duration; a hot one only for the hand-over
 ("pause": what steps changed during the copy, and the commit).

@@ -53,7 +53,8 @@ class Node:
 
 @dataclass(frozen=True)
 class Aggregate:
-    """One aggregate of a ``group_by(...).agg(...)``: ``name = fn(arg)``; arg is a column or ``*``."""
+    """One aggregate of a ``group_by(...).agg(...)``: ``name = fn(arg)``; arg is a column or
+    ``*``."""
 
     name: str
     fn: str
@@ -108,7 +109,8 @@ class Circuit:
         return result
 
     def inputs_of(self, output: str) -> list[str]:
-        """The inputs output view ``output`` is computed from (its lineage), in declaration order."""
+        """The inputs output view ``output`` is computed from (its lineage), in declaration
+        order."""
         if output not in self.outputs:
             raise UnknownNameError(f"circuit '{self.name}' has no output '{output}'")
         seen: set[int] = set()
@@ -212,7 +214,8 @@ class Collection:
         return self._derive("join", (other,), on=keys)
 
     def left_join(self, other: Collection, on: str | list[str]) -> Collection:
-        """Left outer equi-join: the inner join plus this side's unmatched rows padded with NULLs."""
+        """Left outer equi-join: the inner join plus this side's unmatched rows padded with
+        NULLs."""
         keys = _keys(on, "left_join")
         inner = self.join(other, keys)
         unmatched = self.antijoin(other, keys)
@@ -289,7 +292,8 @@ def node_collection(circuit: Circuit, node_id: int) -> Collection:
 
 def _parse_aggregate(name: str, text: str) -> Aggregate:
     if not isinstance(text, str):
-        raise CircuitError(f"aggregate '{name}': expected a string like 'sum(amount)', got {text!r}")
+        raise CircuitError(
+            f"aggregate '{name}': expected a string like 'sum(amount)', got {text!r}")
     m = _AGG_RE.fullmatch(text)
     if not m or m.group("fn").lower() not in AGGREGATE_FUNCTIONS:
         raise CircuitError(

@@ -77,14 +77,16 @@ class StateFormatError(UsageError):
 
 
 class CircuitChangedError(UsageError):
-    """The pipeline root holds state of a different circuit (changing the computation is out of scope)."""
+    """The pipeline root holds state of a different circuit (changing the computation is out of
+    scope)."""
 
 
 class StorageError(DbspError):
     """The storage location failed.
 
     Attributes:
-        definitely_failed: True when the write certainly did not take effect; False when it may have.
+        definitely_failed: True when the write certainly did not take effect; False when it may
+            have.
     """
 
     def __init__(self, message: str, *, definitely_failed: bool) -> None:

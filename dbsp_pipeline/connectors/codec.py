@@ -42,7 +42,8 @@ class DecodeError(ValueError):
     """Why one record cannot be a row of the input."""
 
 
-def decode(value: bytes | None, columns: Sequence[str], fmt: str = "json") -> tuple[dict[str, Any], int]:
+def decode(value: bytes | None, columns: Sequence[str],
+           fmt: str = "json") -> tuple[dict[str, Any], int]:
     """One record → ``(row, weight)``; raises ``DecodeError`` naming the problem."""
     if value is None:
         raise DecodeError("empty record (no value)")

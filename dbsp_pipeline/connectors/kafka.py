@@ -44,10 +44,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from confluent_kafka.admin import (
-    AdminClient,
-    NewTopic,  # type: ignore[attr-defined]  # re-exported at run time
-)
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.connectors.codec import FORMATS, Batch, encode_change
@@ -257,7 +254,8 @@ def topic_lag(config: dict[str, Any], root: str, inputs: Sequence[KafkaInput]) -
 class KafkaSink:
     """Writes the bound views' changes to their topics. See the module docstring."""
 
-    def __init__(self, pipeline: Pipeline, config: dict[str, Any], outputs: Sequence[KafkaOutput], *,
+    def __init__(self, pipeline: Pipeline, config: dict[str, Any],
+                 outputs: Sequence[KafkaOutput], *,
                  worker: int = 0, transactional_id: str | None = None,
                  transaction_timeout: float = 30.0) -> None:
         for b in outputs:
@@ -425,8 +423,8 @@ class KafkaRunner:
     input is pending, and writes the new output; ``close`` closes the clients (not the
     pipeline)."""
 
-    def __init__(self, pipeline: Pipeline, config: dict[str, Any], inputs: Sequence[KafkaInput] = (),
-                 outputs: Sequence[KafkaOutput] = ()) -> None:
+    def __init__(self, pipeline: Pipeline, config: dict[str, Any],
+                 inputs: Sequence[KafkaInput] = (), outputs: Sequence[KafkaOutput] = ()) -> None:
         self.pipeline = pipeline
         self.source = KafkaSource(pipeline, config, inputs) if inputs else None
         self.sink = KafkaSink(pipeline, config, outputs) if outputs else None

@@ -122,8 +122,10 @@ NULL, OTHER = "null", "other"
 
 _NUMERIC = {INT, BIGINT, DOUBLE, DECIMAL_LIT, DECIMAL_WIDE}
 _ARITH = {INT, BIGINT, DOUBLE}
-_DUCKDB_ARITH: dict[type[exp.Expression], str] = {exp.Add: "add", exp.Sub: "subtract", exp.Mul: "multiply"}
-_COMPARISONS: dict[type[exp.Expression], str] = {exp.EQ: "=", exp.NEQ: "<>", exp.LT: "<", exp.LTE: "<=", exp.GT: ">",
+_DUCKDB_ARITH: dict[type[exp.Expression], str] = {exp.Add: "add", exp.Sub: "subtract",
+                                                  exp.Mul: "multiply"}
+_COMPARISONS: dict[type[exp.Expression], str] = {exp.EQ: "=", exp.NEQ: "<>", exp.LT: "<",
+                exp.LTE: "<=", exp.GT: ">",
                 exp.GTE: ">=", exp.NullSafeEQ: "IS NOT DISTINCT FROM",
                 exp.NullSafeNEQ: "IS DISTINCT FROM"}
 
@@ -421,7 +423,8 @@ def _typed(node: exp.Expression, columns: Columns, allowed: set[str]) -> tuple[s
     return sql, typ
 
 
-def _arithmetic(fn: str, left: exp.Expression, right: exp.Expression, columns: Columns) -> tuple[str, str]:
+def _arithmetic(fn: str, left: exp.Expression, right: exp.Expression,
+                columns: Columns) -> tuple[str, str]:
     a, ta = _typed(left, columns, _ARITH | {DECIMAL_LIT, NULL})
     b, tb = _typed(right, columns, _ARITH | {DECIMAL_LIT, NULL})
     kinds = {ta, tb}

@@ -144,8 +144,8 @@ def _double_bits(arr: pa.Array) -> np.ndarray:
     return np.where(np.isnan(v), _DOUBLE_NAN_BITS, bits)
 
 
-def _bytes_hashes(data: pa.Buffer | None, offsets: np.ndarray, seeds: np.ndarray, valid: np.ndarray | None,
-                  n: int) -> np.ndarray:
+def _bytes_hashes(data: pa.Buffer | None, offsets: np.ndarray, seeds: np.ndarray,
+                  valid: np.ndarray | None, n: int) -> np.ndarray:
     """XXH64 of ``data[offsets[i]:offsets[i+1]]`` with ``seeds[i]``, NULL rows keep their seed."""
     view = memoryview(data) if data is not None else memoryview(b"")
     digest = xxhash.xxh64_intdigest

@@ -34,7 +34,8 @@ def idents(names: Sequence[str], prefix: str = "") -> str:
 
 def null_safe_on(left: str, right: str, columns: Sequence[str],
                  right_columns: Sequence[str] | None = None) -> str:
-    """``left.c IS NOT DISTINCT FROM right.c`` for every column (NULL equals NULL); TRUE for none."""
+    """``left.c IS NOT DISTINCT FROM right.c`` for every column (NULL equals NULL); TRUE for
+    none."""
     rcols = list(right_columns) if right_columns is not None else list(columns)
     terms = [f"{left}.{ident(c)} IS NOT DISTINCT FROM {right}.{ident(r)}"
              for c, r in zip(columns, rcols)]
@@ -78,7 +79,8 @@ def zset_arrow_schema(schema: StructType, extra: Sequence[StructField] = ()) -> 
 
 
 def conform(table: pa.Table, schema: StructType, extra: Sequence[StructField] = ()) -> pa.Table:
-    """``table``'s payload (by name, in ``schema``'s order) and ``_weight``, cast to Spark's types."""
+    """``table``'s payload (by name, in ``schema``'s order) and ``_weight``, cast to Spark's
+    types."""
     target = zset_arrow_schema(schema, extra)
     columns = [table.column(f.name).cast(f.type) for f in target]
     return pa.Table.from_arrays(columns, schema=target)

@@ -54,7 +54,8 @@ _O = "_o_"  # prefix of the old state's columns
 
 class Aggregate(Operator):
     def __init__(self, db: StateDatabase, name: str, keys: Sequence[str],
-                 aggregates: Sequence[dict[str, Any]], input_schema: StructType, schema: StructType) -> None:
+                 aggregates: Sequence[dict[str, Any]], input_schema: StructType,
+                 schema: StructType) -> None:
         self.keys = list(keys)
         self.aggs = [dict(a) for a in aggregates]
         self.schema = schema
@@ -342,7 +343,8 @@ class Aggregate(Operator):
         if f"_cand{i}" not in g.columns:  # no value changed in this step
             return g.withColumn(f"_mm{i}", F.when(F.col(f"_c{i}") > 0, old))
         cand, deleted = F.col(f"_cand{i}"), F.col(f"_del{i}")
-        hit = deleted.isNotNull() & old.isNotNull() & ((deleted <= old) if is_min else (deleted >= old))
+        hit = (deleted.isNotNull() & old.isNotNull()
+               & ((deleted <= old) if is_min else (deleted >= old)))
         g = g.withColumn(f"_redo{i}", hit & (F.col(f"_c{i}") > 0))
         redo = g.where(F.col(f"_redo{i}")).select(*[quote(k) for k in self.keys])
         redo = redo.withColumn(SHARD, shard_of(self.keys))
@@ -385,7 +387,8 @@ def _fold_exact_spark(g: DataFrame, specs: Sequence[FoldSpec]) -> DataFrame:
 
 def _sum_type(input_type: DataType, output_type: DataType) -> DataType:
     if isinstance(input_type, DecimalType):
-        return output_type if isinstance(output_type, DecimalType) else DecimalType(38, input_type.scale)
+        return (output_type if isinstance(output_type, DecimalType)
+                else DecimalType(38, input_type.scale))
     if isinstance(output_type, LongType):
         return LongType()
     return DoubleType()

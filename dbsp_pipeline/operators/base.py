@@ -9,9 +9,9 @@ step (a Z-set, or ``None`` when that input did not change) and returns the chang
   (small changes, where a Spark job's fixed cost would dominate).
 
 A step runs wholly one way or the other (``StepContext.on_driver``); both read and write the same
-trace tables, so consecutive steps may alternate freely. Linear operators compute their output change from the input
-change alone. Stateful operators keep traces (``dbsp_pipeline.storage.trace``) and must read only
-what the change touches.
+trace tables, so consecutive steps may alternate freely. Linear operators compute their output
+change from the input change alone. Stateful operators keep traces
+(``dbsp_pipeline.storage.trace``) and must read only what the change touches.
 
 A stateful operator commits its trace appends to Delta as it runs; they become durable state only
 when the pipeline commits the state database (``dbsp_pipeline.storage.state_db``).

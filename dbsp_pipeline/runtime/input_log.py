@@ -62,7 +62,8 @@ class InputLog:
 
     def append_spark(self, df: DataFrame, producer: str | None = None,
                      seq: int | None = None) -> int:
-        """Durably append a Spark DataFrame of (payload + ``_weight``); returns the rows appended."""
+        """Durably append a Spark DataFrame of (payload + ``_weight``); returns the rows
+        appended."""
         adds = self.table.write_files(positive_zeros(df))
         if adds or producer is not None:
             self._commit(adds, producer, seq)

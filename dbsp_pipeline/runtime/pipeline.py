@@ -138,7 +138,8 @@ class Pipeline:
     #: how many state versions (checkpoints) stay readable
     retain_checkpoints: _EngineSetting[int] = _EngineSetting()
 
-    def __init__(self, circuit: Circuit, root: str, spark: SparkSession | LazySession | None = None, *,
+    def __init__(self, circuit: Circuit, root: str,
+                 spark: SparkSession | LazySession | None = None, *,
                  checkpoint_every: int = 1,
                  driver_step_rows: int = DRIVER_STEP_ROWS,
                  compact_threshold: int = COMPACT_FILE_THRESHOLD,
@@ -530,7 +531,8 @@ class Pipeline:
         return self._output(name).view_arrow(self._engine.sql)
 
     def changes(self, name: str, since: int = 0) -> DataFrame:
-        """Every change of output ``name`` from step ``since`` on: payload + ``_step`` + ``_weight``."""
+        """Every change of output ``name`` from step ``since`` on: payload + ``_step`` +
+        ``_weight``."""
         return self._output(name).changes(since)
 
     def step_changes_arrow(self, name: str, step: int) -> pa.Table:

@@ -4,8 +4,8 @@ Every expression is analysed by Spark against an empty DataFrame of the input sc
 runs), so a bad column, a bad type or a reserved name is a ``CircuitError`` naming the operator,
 before any state exists. The analysed schemas are cached in the pipeline root (keyed by the
 circuit's fingerprint and the Spark version), so reopening a pipeline whose steps run on the
-driver never has to start the JVM. The compiled plan evaluates nodes in declaration order, which is a
-topological order (a node can only read nodes declared before it).
+driver never has to start the JVM. The compiled plan evaluates nodes in declaration order, which
+is a topological order (a node can only read nodes declared before it).
 """
 
 from __future__ import annotations
@@ -191,7 +191,8 @@ class Plan:
             dtype = src[a["arg"]].dataType
             if a["fn"] in ("sum", "avg") and not isinstance(dtype, NumericType):
                 raise CircuitError(f"{what}: aggregate '{a['name']}' = {a['fn']}({a['arg']}) "
-                                   f"needs a numeric column, '{a['arg']}' is {dtype.simpleString()}")
+                                   f"needs a numeric column, '{a['arg']}' is "
+                                   f"{dtype.simpleString()}")
             fn = {"count": F.count, "sum": F.sum, "avg": F.avg, "min": F.min, "max": F.max}
             exprs.append(fn[a["fn"]](F.col(quote(a["arg"]))).alias(a["name"]))
         return self._analyse(what, lambda: self._empty(src).groupBy(

@@ -75,14 +75,16 @@ def zset_to_arrow(input_name: str, table: pa.Table, schema: StructType,
                               arrow_schema.field(WEIGHT), weights)
 
 
-def check_spark(input_name: str, df: SparkDataFrame, schema: StructType, weight: int) -> SparkDataFrame:
+def check_spark(input_name: str, df: SparkDataFrame, schema: StructType,
+                weight: int) -> SparkDataFrame:
     """A pushed Spark DataFrame → columns and types of the input (numeric widening allowed)."""
     given = {f.name: f.dataType for f in df.schema.fields}
     _check_names(input_name, list(given), schema.fieldNames())
     cols = []
     for f in schema.fields:
         t = given[f.name]
-        if t != f.dataType and not (isinstance(t, NumericType) and isinstance(f.dataType, NumericType)):
+        if t != f.dataType and not (isinstance(t, NumericType)
+                                    and isinstance(f.dataType, NumericType)):
             raise InputError(input_name, f"column is {t.simpleString()}, expected "
                              f"{f.dataType.simpleString()}", column=f.name)
         cols.append(F.col(quote(f.name)).cast(f.dataType).alias(f.name))
@@ -90,7 +92,8 @@ def check_spark(input_name: str, df: SparkDataFrame, schema: StructType, weight:
 
 
 # -- python rows ---------------------------------------------------------------------------
-def _from_python(input_name: str, rows: list[Any], schema: StructType, arrow: pa.Schema) -> pa.Table:
+def _from_python(input_name: str, rows: list[Any], schema: StructType,
+                 arrow: pa.Schema) -> pa.Table:
     names = schema.fieldNames()
     columns: list[list[Any]] = [[] for _ in names]
     for i, row in enumerate(rows):

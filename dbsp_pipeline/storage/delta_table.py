@@ -163,7 +163,8 @@ class SparkDeltaTable:
                                  expected_version=expected)
 
     def restore(self, version: int) -> None:
-        """Roll the table back to ``version`` (a new commit whose files are those of ``version``)."""
+        """Roll the table back to ``version`` (a new commit whose files are those of
+        ``version``)."""
         expected = self.store.version(refresh=False) + 1 if self.single_writer else None
         self.store.restore(version, expected_version=expected)
 

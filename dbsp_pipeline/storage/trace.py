@@ -95,7 +95,8 @@ DRIVER_MERGE_ROWS = 2_000_000
 class Trace:
     """The trace ``name`` of one operator: payload ``schema`` keyed (sharded) by ``key``."""
 
-    def __init__(self, db: StateDatabase, name: str, schema: StructType, key: Sequence[str]) -> None:
+    def __init__(self, db: StateDatabase, name: str, schema: StructType,
+                 key: Sequence[str]) -> None:
         self.name = name
         self.key = list(key)
         self.payload = [f.name for f in schema.fields]
@@ -134,7 +135,8 @@ class Trace:
         return out
 
     def replace(self, delta: DataFrame | None) -> list[DataFile]:
-        """Make the trace's value exactly ``delta`` (used for one-step memories); returns the new files."""
+        """Make the trace's value exactly ``delta`` (used for one-step memories); returns the new
+        files."""
         old = self.files()
         adds = [] if delta is None else self.table.write_files(
             consolidate(delta, self.payload).withColumn(SHARD, shard_of(self.key)),

@@ -583,7 +583,8 @@ class _RootScan:
         steps = self._divided_steps()
         if steps is None:
             if cp.step > 0:
-                damage.append(Damage(root_layout.DIVISIONS, None, os.path.join(self.root, root_layout.DIVISIONS),
+                damage.append(Damage(root_layout.DIVISIONS, None,
+                                     os.path.join(self.root, root_layout.DIVISIONS),
                                      f"the division log is missing; checkpoint {cp.version} "
                                      f"executed steps up to {cp.step - 1}"))
             return damage
@@ -592,11 +593,13 @@ class _RootScan:
         first = self._first_kept_step(steps)
         missing = sorted(set(range(first, divided + 1)) - set(steps))
         if missing or len(steps) != len(set(steps)):
-            damage.append(Damage(root_layout.DIVISIONS, self.log(root_layout.DIVISIONS).newest, divisions,
+            damage.append(Damage(root_layout.DIVISIONS, self.log(root_layout.DIVISIONS).newest,
+                                 divisions,
                                  f"the divisions of steps {missing[:10]} are missing"
                                  if missing else "a step's division is recorded twice"))
         if cp.step - 1 > divided:
-            damage.append(Damage(root_layout.DIVISIONS, self.log(root_layout.DIVISIONS).newest, divisions,
+            damage.append(Damage(root_layout.DIVISIONS, self.log(root_layout.DIVISIONS).newest,
+                                 divisions,
                                  f"checkpoint {cp.version} executed steps up to {cp.step - 1} "
                                  f"but divisions are recorded up to step {divided}"))
         lower = self._division(cp.step - 1) if cp.step > 0 else {}

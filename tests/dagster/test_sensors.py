@@ -45,7 +45,8 @@ def test_input_arrival_launches_one_step_run_per_step_range(defs, root, instance
     with Pipeline(shop_circuit(), root, spark) as p:
         p.push("orders", [(1, 1, 20.0)])
     more, _ = evaluate(defs, instance, "shop_input_arrival", cursor=result.cursor)
-    assert more.run_requests[0].run_key == f"shop@{pipeline_id[:8]}:from-step-0:customers=1,orders=1"
+    assert more.run_requests[0].run_key == (
+        f"shop@{pipeline_id[:8]}:from-step-0:customers=1,orders=1")
 
     # Once stepped, nothing waits.
     with Pipeline(shop_circuit(), root, spark) as p:

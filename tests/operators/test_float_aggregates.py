@@ -31,7 +31,8 @@ def _same(a: float | None, b: float | None) -> bool:
     """Bit-for-bit equality, NaN equal to NaN."""
     if a is None or b is None:
         return a is b
-    return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a) == math.copysign(1, b))
+    return ((math.isnan(a) and math.isnan(b))
+            or (a == b and math.copysign(1, a) == math.copysign(1, b)))
 
 
 def _check(p: Pipeline, live: Counter) -> None:

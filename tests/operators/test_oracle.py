@@ -35,7 +35,8 @@ def build_circuit() -> Circuit:
     o = c.input("orders", ORDERS)
     cu = c.input("customers", CUSTOMERS)
     r = c.input("returns", RETURNS)
-    c.output("q_select", o.select("order_id", "amount * 2 AS amount2", "customer_id IS NULL AS anon"))
+    c.output("q_select", o.select("order_id", "amount * 2 AS amount2",
+                                  "customer_id IS NULL AS anon"))
     c.output("q_filter", o.filter("amount > 10"))
     # not translatable to DuckDB (division, cast): on the driver this operator runs in Spark
     c.output("q_select_spark_only", o.select("order_id", "amount / 2 AS half",
@@ -77,7 +78,8 @@ def oracle(spark, orders: Counter, customers: Counter, returns: Counter) -> dict
     per_customer = o.groupBy("customer_id").agg(F.count(F.lit(1)).alias("n"),
                                                 F.min("amount").alias("lo"))
     return {
-        "q_select": o.selectExpr("order_id", "amount * 2 AS amount2", "customer_id IS NULL AS anon"),
+        "q_select": o.selectExpr("order_id", "amount * 2 AS amount2",
+                                 "customer_id IS NULL AS anon"),
         "q_filter": o.where("amount > 10"),
         "q_select_spark_only": o.selectExpr("order_id", "amount / 2 AS half",
                                             "cast(customer_id AS STRING) AS cid"),
@@ -155,7 +157,8 @@ workloads = st.lists(st.lists(op, min_size=0, max_size=14), min_size=2, max_size
 
 
 def check_step(spark, p: Pipeline, w: Workload, step: int) -> None:
-    expected = {k: rows_counter(v) for k, v in oracle(spark, w.orders, w.customers, w.returns).items()}
+    expected = {k: rows_counter(v)
+                for k, v in oracle(spark, w.orders, w.customers, w.returns).items()}
     cust_ids = w.customer_ids_history[-1]
     expected["q_minus"] = Counter({(c,): m for (c,), m in _sub(
         Counter((c,) for c in cust_ids.elements()),

@@ -54,8 +54,10 @@ def test_bad_records_are_rejected_and_nothing_is_lost(pipeline, rows, weight, ma
 
 
 def test_spark_frames_with_wrong_types_are_rejected(pipeline, spark):
-    df = spark.createDataFrame([(1, "x", 1.0)], "order_id BIGINT, customer_id STRING, amount DOUBLE")
-    with pytest.raises(InputError, match=r"column 'customer_id': column is string, expected bigint"):
+    df = spark.createDataFrame([(1, "x", 1.0)],
+                               "order_id BIGINT, customer_id STRING, amount DOUBLE")
+    with pytest.raises(InputError,
+                       match=r"column 'customer_id': column is string, expected bigint"):
         pipeline.push("orders", df)
 
 

@@ -22,7 +22,8 @@ def rewrite_newest_entry(root: str, spark, **changes) -> None:
     db = state_db.StateDatabase(spark, root, workload.circuit().fingerprint())
     db.open()
     entry = dict(db._base, **{k: v for k, v in changes.items() if k != "drop_meta"})
-    entry["meta"] = {k: v for k, v in entry["meta"].items() if k not in changes.get("drop_meta", ())}
+    entry["meta"] = {k: v for k, v in entry["meta"].items()
+                     if k not in changes.get("drop_meta", ())}
     db._write_entry(entry)
 
 

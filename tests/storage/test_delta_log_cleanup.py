@@ -1,5 +1,5 @@
-"""``TableStore.clean_log_below`` (local store): a Delta log loses the commits below its newest readable
-Delta checkpoint at or before the oldest version still needed; every version from that
+"""``TableStore.clean_log_below`` (local store): a Delta log loses the commits below its newest
+readable Delta checkpoint at or before the oldest version still needed; every version from that
 checkpoint on still loads, and a damaged checkpoint is never started from."""
 
 from __future__ import annotations
