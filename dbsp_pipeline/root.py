@@ -32,8 +32,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from dbsp_pipeline.errors import UsageError
 from dbsp_pipeline.runtime.division_log import read_last
 from dbsp_pipeline.storage.delta_table import data_commit_times, table_id, table_version
+from dbsp_pipeline.storage.small_files import is_remote
 
 #: the state database's manifest table
 MANIFEST = "_manifest"
@@ -123,17 +125,27 @@ class PipelineStatus:
         return f"{pipeline}@{self.pipeline_id[:8]}:from-step-{self.divided_steps}:{versions}"
 
 
+def require_local(root: str, what: str) -> str:
+    """``root`` as an absolute local path, for ``what``, a reader that works on local roots
+    only; an object-store root (``s3://``) is a ``UsageError`` saying so, never an answer read
+    from an empty local folder."""
+    if is_remote(root):
+        raise UsageError(f"{what} reads local roots only, not {root} (object-store roots: see "
+                         "README, 'Where a root can live')")
+    return os.path.abspath(root)
+
+
 def read_pipeline_id(root: str) -> str:
     """The id of the pipeline at ``root`` (its manifest table's id; "" before the first open).
     A root deleted and created again has another id."""
-    return table_id(manifest(os.path.abspath(root)))
+    return table_id(manifest(require_local(root, "read_pipeline_id")))
 
 
 def read_status(root: str, inputs: list[str]) -> PipelineStatus:
     """The status of the pipeline at ``root`` with inputs ``inputs`` (a root that does not exist
     yet has nothing divided and nothing pending). Reads the division log's newest records
     (bounded by its compaction) and, per input, the commits not yet divided."""
-    root = os.path.abspath(root)
+    root = require_local(root, "read_status")
     last = read_last(divisions(root))
     divided_steps, divided = (0, {}) if last is None else (last[0] + 1, last[1])
     versions: dict[str, int] = {}
@@ -154,7 +166,7 @@ def read_status(root: str, inputs: list[str]) -> PipelineStatus:
 def read_lag(root: str, inputs: list[str], now: float) -> dict[str, float]:
     """Per input, how long (seconds before ``now``, since the epoch) its oldest push not yet
     divided into a step has waited (0.0: nothing waits)."""
-    root = os.path.abspath(root)
+    root = require_local(root, "read_lag")
     last = read_last(divisions(root))
     divided = {} if last is None else last[1]
     out: dict[str, float] = {}

@@ -7,8 +7,13 @@ import pathlib
 import re
 import time
 
+import pytest
+
 from dbsp_pipeline import Circuit, Pipeline, PipelineStatus, read_status
 from dbsp_pipeline import root as root_layout
+from dbsp_pipeline.errors import UsageError
+from dbsp_pipeline.root import read_lag, read_pipeline_id
+from dbsp_pipeline.storage.verify import verify_root
 
 PACKAGE = pathlib.Path(root_layout.__file__).parent
 #: a folder name of a root spelled as a string literal in a path
@@ -52,3 +57,15 @@ def test_status_lag_and_pipeline_id_are_read_without_opening(spark, tmp_path):
         p.step()
         assert not read_status(root, ["x"]).has_pending_input
         assert root_layout.read_lag(root, ["x"], time.time()) == {"x": 0.0}
+
+
+@pytest.mark.parametrize("read", [
+    lambda root: read_status(root, ["x"]),
+    lambda root: read_lag(root, ["x"], 0.0),
+    read_pipeline_id,
+    verify_root,
+])
+def test_readers_of_local_roots_refuse_an_object_store_root(read):
+    """An s3:// root is refused by name, never answered from an empty local folder."""
+    with pytest.raises(UsageError, match="local roots only, not s3://bucket/shop"):
+        read("s3://bucket/shop")

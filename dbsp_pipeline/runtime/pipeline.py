@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 import pyarrow as pa
@@ -73,7 +73,11 @@ T = TypeVar("T")
 
 class _EngineSetting(Generic[T]):
     """A setting of the pipeline kept in its ``EngineState`` (where the engine reads it):
-    reading or assigning ``pipeline.<name>`` reads or assigns ``pipeline.engine.<name>``."""
+    reading or assigning ``pipeline.<name>`` reads or assigns ``pipeline.engine.<name>``, after
+    ``check`` (which raises ``UsageError`` for a value the engine cannot run with)."""
+
+    def __init__(self, check: Callable[[str, T], None] | None = None) -> None:
+        self.check = check
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
@@ -85,7 +89,18 @@ class _EngineSetting(Generic[T]):
         return value
 
     def __set__(self, pipeline: Pipeline, value: T) -> None:
+        if self.check is not None:
+            self.check(self.name, value)
         setattr(pipeline.engine, self.name, value)
+
+
+def _at_least(low: int) -> Callable[[str, int | None], None]:
+    """A setting's check: an integer of at least ``low`` (None allowed: no limit)."""
+    def check(name: str, value: int | None) -> None:
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or value < low):
+            raise UsageError(f"{name} must be an integer of at least {low}, got {value!r}")
+    return check
 
 
 @contextlib.contextmanager
@@ -105,7 +120,8 @@ class Pipeline:
     Args:
         circuit: the declared circuit. Reopening a root built by a different circuit fails with
             ``CircuitChangedError``.
-        root: a local folder (created if missing).
+        root: a local folder (created if missing), or an object-store location
+            (``s3://bucket/prefix``; see README, 'Where a root can live').
         spark: the session to use; ``None`` (or a ``LazySession``) means the process's local
             session, started only when something needs Spark (a large step, a read as a
             DataFrame, the first compilation of the circuit at this root).
@@ -130,13 +146,13 @@ class Pipeline:
     """
 
     #: commit the state database after this many steps
-    checkpoint_every: _EngineSetting[int] = _EngineSetting()
+    checkpoint_every: _EngineSetting[int] = _EngineSetting(_at_least(1))
     #: a step whose input changed by at most this many rows runs on the driver
-    driver_step_rows: _EngineSetting[int] = _EngineSetting()
+    driver_step_rows: _EngineSetting[int] = _EngineSetting(_at_least(0))
     #: the steps of exact history every output log keeps (None: all)
-    retain_steps: _EngineSetting[int | None] = _EngineSetting()
+    retain_steps: _EngineSetting[int | None] = _EngineSetting(_at_least(0))
     #: how many state versions (checkpoints) stay readable
-    retain_checkpoints: _EngineSetting[int] = _EngineSetting()
+    retain_checkpoints: _EngineSetting[int] = _EngineSetting(_at_least(2))
 
     def __init__(self, circuit: Circuit, root: str,
                  spark: SparkSession | LazySession | None = None, *,

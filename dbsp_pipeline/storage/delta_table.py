@@ -31,7 +31,6 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from dbsp_pipeline.errors import StorageError
@@ -42,7 +41,7 @@ from dbsp_pipeline.storage.table_store import (
     TableStore,
     open_table_store,
 )
-from dbsp_pipeline.zset import quote
+from dbsp_pipeline.zset import quote, spark_to_arrow_schema
 
 __all__ = ["ACTIONS_KEY", "DATA_DIR", "DataFile", "SparkDeltaTable", "spark_to_arrow_schema"]
 
@@ -212,9 +211,6 @@ def spark_path(path: str) -> str:
     return "s3a://" + path[len("s3://"):] if path.startswith("s3://") else path
 
 
-def spark_to_arrow_schema(schema: StructType) -> pa.Schema:
-    """The Arrow schema Delta records for a Spark schema (timestamps in UTC microseconds)."""
-    return to_arrow_schema(schema, timezone="UTC", prefers_large_types=False)
 
 
 # -- reading a table's log without a handle (no Spark): for readers of a root that is not open --

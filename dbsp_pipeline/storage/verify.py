@@ -61,11 +61,12 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from dbsp_pipeline import root as root_layout
-from dbsp_pipeline.errors import CorruptStateError
+from dbsp_pipeline.errors import CorruptStateError, UsageError
 from dbsp_pipeline.runtime import division_log
 from dbsp_pipeline.runtime.plan import SCHEMA_CACHE_FILE, read_schema_cache
 from dbsp_pipeline.storage import set_aside
 from dbsp_pipeline.storage.delta_table import ACTIONS_KEY
+from dbsp_pipeline.storage.small_files import is_remote
 from dbsp_pipeline.storage.state_db import MANIFEST_DIR
 
 #: the tables of a pipeline root, by kind: (folder, kind, one table or a folder of tables)
@@ -206,7 +207,10 @@ class VerifyReport:
 
 def verify_root(root: str, retained: int = 2) -> VerifyReport:
     """Check every table of the pipeline root ``root`` and each of its newest ``retained``
-    checkpoints (see the module docstring). Reads only; needs neither Spark nor the circuit."""
+    checkpoints (see the module docstring). Reads only; needs neither Spark nor the circuit.
+    Local roots only: an ``s3://`` root is a ``UsageError``."""
+    if is_remote(root):
+        raise UsageError(f"verify reads local roots only, not {root}")
     scan = _RootScan(root, retained)
     checkpoints = scan.checkpoints()
     reports = [CheckpointReport(c.version, c.step, tuple(scan.checkpoint_damage(c)),
@@ -223,7 +227,10 @@ def prepare_open(root: str, checkpoint: int | None = None, retained: int = 2) ->
     than it, which opening it discards) are set aside first (``set_aside.py``); returns whether
     anything was. A root without a manifest yet (new) passes.
 
-    Nothing may write the root meanwhile (as for opening it at all)."""
+    Nothing may write the root meanwhile (as for opening it at all). An object-store root
+    (``s3://``) is not checked yet (README): this returns False for it."""
+    if is_remote(root):
+        return False
     scan = _RootScan(root, retained)
     if scan.manifest is None:
         return False

@@ -7,7 +7,7 @@ import shutil
 import pandas as pd
 import pytest
 
-from dbsp_pipeline import Circuit, CircuitChangedError, Pipeline
+from dbsp_pipeline import Circuit, CircuitChangedError, Pipeline, UsageError
 from dbsp_pipeline.examples.shop import shop_circuit
 from dbsp_pipeline.runtime.status import read_status
 from tests.conftest import view_counter
@@ -137,3 +137,18 @@ def test_pipeline_id_is_the_id_of_the_roots_state(spark, tmp_path):
     with Pipeline(shop_circuit(), root=root, spark=spark) as p:
         assert p.pipeline_id == read_status(root, []).pipeline_id
         assert p.pipeline_id != first
+
+
+@pytest.mark.parametrize("setting, value", [
+    ("checkpoint_every", 0), ("driver_step_rows", -1), ("retain_steps", -1),
+    ("retain_checkpoints", 1), ("retain_checkpoints", "3"),
+])
+def test_a_setting_changed_on_an_open_pipeline_is_checked(spark, tmp_path, setting, value):
+    """Assigning a setting checks it as the constructor does: a value the engine cannot run
+    with (e.g. one retained checkpoint, which garbage collection would fail on) is refused."""
+    with Pipeline(shop_circuit(), root=str(tmp_path), spark=spark) as p:
+        before = getattr(p, setting)
+        with pytest.raises(UsageError, match=f"{setting} must be an integer of at least"):
+            setattr(p, setting, value)
+        assert getattr(p, setting) == before
+        p.retain_steps = None  # no limit stays allowed
