@@ -13,11 +13,11 @@ outside the lock, on the traces only; their results are applied under the lock.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
+from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.circuit import Circuit
 from dbsp_pipeline.driver.sql import LocalSQL
 from dbsp_pipeline.errors import UnknownNameError, UsageError
@@ -27,13 +27,10 @@ from dbsp_pipeline.runtime.input_log import InputLog
 from dbsp_pipeline.runtime.layout import LAYOUT_KEY, Layout
 from dbsp_pipeline.runtime.migration import ShardMigration
 from dbsp_pipeline.runtime.output_log import OutputLog
-from dbsp_pipeline.runtime.plan import SCHEMA_CACHE_FILE, Plan
+from dbsp_pipeline.runtime.plan import Plan
 from dbsp_pipeline.runtime.readers import LeaseRegistry
 from dbsp_pipeline.runtime.results import FailedStep
 from dbsp_pipeline.storage.state_db import StateDatabase
-
-#: The file in a pipeline root caching the schemas Spark analysed for its circuit.
-PLAN_SCHEMAS_FILE = SCHEMA_CACHE_FILE
 
 
 def read_layout(db: StateDatabase) -> Layout:
@@ -46,7 +43,7 @@ def read_layout(db: StateDatabase) -> Layout:
 
 def compile_plan(circuit: Circuit, spark: SparkSession, db: StateDatabase) -> Plan:
     """The executable plan of ``circuit`` over the traces of the opened state version."""
-    return Plan(circuit, spark, db, schema_cache=os.path.join(db.root, PLAN_SCHEMAS_FILE))
+    return Plan(circuit, spark, db, schema_cache=root_layout.plan_schemas(db.root))
 
 
 @dataclass

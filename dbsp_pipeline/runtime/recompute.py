@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.driver.sql import ident, negate
 from dbsp_pipeline.errors import UsageError
-from dbsp_pipeline.runtime.engine_state import PLAN_SCHEMAS_FILE
 from dbsp_pipeline.runtime.pipeline import Pipeline
 from dbsp_pipeline.zset import WEIGHT
 
@@ -66,9 +66,9 @@ def recompute(pipeline: Pipeline, views: Sequence[str] | None = None) -> dict[st
     views = list(circuit.outputs) if views is None else list(views)
     spark = pipeline.spark if getattr(pipeline.spark, "started", True) else None
     with tempfile.TemporaryDirectory(prefix="dbsp-recompute-") as scratch:
-        cached = os.path.join(pipeline.root, PLAN_SCHEMAS_FILE)
+        cached = root_layout.plan_schemas(pipeline.root)
         if os.path.exists(cached):  # the analysed schemas: no JVM needed to compile
-            shutil.copy(cached, os.path.join(scratch, PLAN_SCHEMAS_FILE))
+            shutil.copy(cached, root_layout.plan_schemas(scratch))
         with Pipeline(circuit, scratch, spark, driver_step_rows=pipeline.driver_step_rows) as fresh:
             for name in circuit.inputs:
                 fresh.push_zset(name, pipeline.input_view_arrow(name))

@@ -763,7 +763,7 @@ class _RootScan:
         return reports
 
     def side_file_damage(self) -> list[Damage]:
-        path = os.path.join(self.root, SCHEMA_CACHE_FILE)
+        path = root_layout.plan_schemas(self.root)
         if not os.path.exists(path):
             return []
         try:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from deltalake.exceptions import DeltaError
 
 from dbsp_pipeline.errors import ConcurrentWriterError, StorageError
 from dbsp_pipeline.storage.table_store import ACTIONS_KEY, TableStore, open_table_store
@@ -209,3 +210,24 @@ def test_removing_a_file_outside_the_table_is_refused(open_store: Opener) -> Non
     with pytest.raises(StorageError, match="not inside the table"):
         store.commit([], ["/elsewhere/part-0.parquet"])
     assert store.version() == 0
+
+
+def test_the_log_cleaned_below_a_checkpoint_still_loads_every_later_version(
+        open_store: Opener) -> None:
+    """``clean_log_below``: the commits below the newest Delta checkpoint at or before the
+    version still needed go (tables are checkpointed every 50 commits); that version and every
+    later one still load, from a new handle too, and a version below the checkpoint no longer
+    does."""
+    store = open_store()
+    for v in range(1, 61):
+        store.commit(store.write_arrow(rows([f"k{v}"], step=v)), expected_version=v)
+    assert store.clean_log_below(48) == 0  # no checkpoint at or before 48: nothing goes
+    assert store.clean_log_below(55) == 49  # commits 0..48; the checkpoint at 49 stays
+    assert store.clean_log_below(55) == 0  # done: a second call finds nothing more
+    again = open_store()
+    assert again.version() == 60
+    assert keys_of(again, 52) == sorted(f"k{v}" for v in range(1, 53))
+    assert keys_of(again) == sorted(f"k{v}" for v in range(1, 61))
+    with pytest.raises(DeltaError):  # delta-rs: that version's log is gone
+        again.files(30)
+    assert again.commit(again.write_arrow(rows(["after"])), expected_version=61) == 61
