@@ -61,7 +61,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from dbsp_pipeline import root as root_layout
-from dbsp_pipeline.errors import CorruptStateError, UsageError
+from dbsp_pipeline.errors import CorruptStateError
 from dbsp_pipeline.runtime import division_log
 from dbsp_pipeline.runtime.plan import SCHEMA_CACHE_FILE, read_schema_cache
 from dbsp_pipeline.storage import set_aside
@@ -209,8 +209,7 @@ def verify_root(root: str, retained: int = 2) -> VerifyReport:
     """Check every table of the pipeline root ``root`` and each of its newest ``retained``
     checkpoints (see the module docstring). Reads only; needs neither Spark nor the circuit.
     Local roots only: an ``s3://`` root is a ``UsageError``."""
-    if is_remote(root):
-        raise UsageError(f"verify reads local roots only, not {root}")
+    root_layout.require_local(root, "verify")
     scan = _RootScan(root, retained)
     checkpoints = scan.checkpoints()
     reports = [CheckpointReport(c.version, c.step, tuple(scan.checkpoint_damage(c)),

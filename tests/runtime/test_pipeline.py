@@ -7,9 +7,8 @@ import shutil
 import pandas as pd
 import pytest
 
-from dbsp_pipeline import Circuit, CircuitChangedError, Pipeline, UsageError
+from dbsp_pipeline import Circuit, CircuitChangedError, Pipeline, UsageError, read_status
 from dbsp_pipeline.examples.shop import shop_circuit
-from dbsp_pipeline.runtime.status import read_status
 from tests.conftest import view_counter
 
 
