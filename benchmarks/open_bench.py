@@ -10,6 +10,10 @@ its ``_delta_log`` (what both read), and the largest ``_delta_log`` of the other
 one JSON line per size and a table; also the step rate, to project the time of larger sizes.
 
     python benchmarks/open_bench.py [--sizes 10 1000 10000] [--root DIR]
+
+With ``--root DIR`` the root is kept, and a later run with the same ``DIR`` goes on from the
+steps already there (sizes already passed are not measured again): the 100,000-step row takes
+hours of tiny steps, so it may be built over several runs.
 """
 
 from __future__ import annotations
@@ -87,13 +91,14 @@ def measure(root: str, steps: int, step_rate: float) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[10, 1000, 10000])
-    ap.add_argument("--root", help="the pipeline root (default: a temporary folder, removed)")
+    ap.add_argument("--root", help="the pipeline root, kept and resumed (default: a temporary "
+                    "folder, removed)")
     args = ap.parse_args()
     root = args.root or tempfile.mkdtemp(prefix="dbsp-open-")
     rows = []
     try:
-        done = 0
-        for size in sorted(args.sizes):
+        done = read_status(root, ["events"]).divided_steps  # a kept root: go on from there
+        for size in sorted(s for s in args.sizes if s >= done):
             p = open_pipeline(root)
             started, first = time.perf_counter(), done
             while done < size:
