@@ -42,10 +42,11 @@ def demo(root: str, steps: int, batch: int, fresh: bool) -> None:
 
 def verify(root: str, retained: int, as_json: bool) -> int:
     """Print the verification report of ``root``; 0 when it is intact, 1 when damaged, 2 when
-    there is no pipeline root there."""
+    there is no pipeline root there (a local path or ``s3://bucket/prefix``)."""
+    from dbsp_pipeline.storage.small_files import is_remote, list_folders, list_names
     from dbsp_pipeline.storage.verify import verify_root
 
-    if not os.path.isdir(root):
+    if not (list_folders(root) or list_names(root) if is_remote(root) else os.path.isdir(root)):
         print(f"dbsp-pipeline verify: no pipeline root at {root}", file=sys.stderr)
         return 2
     report = verify_root(root, retained)

@@ -38,3 +38,43 @@ def test_verify_reports_each_table_and_exits_1_on_damage(spark, tmp_path, capsys
     assert "empty" in divisions["damage"][0]["problem"]
 
     assert main(["verify", "--root", str(tmp_path / "nothing")]) == 2
+
+
+def test_verify_reports_an_s3_root(spark, object_store, tmp_path, monkeypatch, capsys):
+    """The same report for ``s3://bucket/prefix`` (a real SeaweedFS): ok, then the emptied
+    commit named, exit 1; a prefix with nothing under it is no root (exit 2)."""
+    from pyarrow import fs
+
+    from tests.object_store_helpers import new_bucket
+
+    for name, value in object_store.items():
+        monkeypatch.setenv(name, value)
+    c = Circuit("cli")
+    x = c.input("x", "k BIGINT")
+    c.output("n", x.group_by("k").agg(n="count(*)"))
+    bucket = new_bucket(object_store, "cli")
+    root = f"s3://{bucket}/root"
+    with Pipeline(c, root, spark) as p:
+        p.push("x", [(1,), (2,)])
+        p.step()
+    assert main(["verify", "--root", root]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"pipeline root {root}: ok"
+    assert all(t in out for t in ("_manifest", "_divisions", "inputs/x", "outputs/n", "state/"))
+
+    s3 = fs.S3FileSystem(access_key=object_store["AWS_ACCESS_KEY_ID"],
+                         secret_key=object_store["AWS_SECRET_ACCESS_KEY"],
+                         endpoint_override=object_store["AWS_ENDPOINT_URL"].removeprefix(
+                             "http://"), scheme="http", region=object_store["AWS_REGION"])
+    log = f"{bucket}/root/_divisions/_delta_log"
+    newest = max(i.path for i in s3.get_file_info(fs.FileSelector(log))
+                 if i.path.endswith(".json"))
+    with s3.open_output_stream(newest) as out_stream:
+        out_stream.write(b"")
+    assert main(["verify", "--root", root, "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    [divisions] = [t for t in report["tables"] if t["table"] == "_divisions"]
+    assert divisions["damage"][0]["file"] == f"s3://{newest}"
+    assert "empty" in divisions["damage"][0]["problem"]
+
+    assert main(["verify", "--root", f"s3://{bucket}/nothing"]) == 2

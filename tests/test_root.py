@@ -13,7 +13,6 @@ from dbsp_pipeline import Circuit, Pipeline, PipelineStatus, read_status
 from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.errors import UsageError
 from dbsp_pipeline.root import read_lag, read_pipeline_id
-from dbsp_pipeline.storage.verify import verify_root
 
 PACKAGE = pathlib.Path(root_layout.__file__).parent
 #: a folder name of a root spelled as a string literal in a path
@@ -63,7 +62,6 @@ def test_status_lag_and_pipeline_id_are_read_without_opening(spark, tmp_path):
     lambda root: read_status(root, ["x"]),
     lambda root: read_lag(root, ["x"], 0.0),
     read_pipeline_id,
-    verify_root,
 ])
 def test_readers_of_local_roots_refuse_an_object_store_root(read):
     """An s3:// root is refused by name, never answered from an empty local folder."""

@@ -12,9 +12,16 @@ moved commits added are no version's any more and go with the garbage (``garbage
 Only for tables a single pipeline process writes and whose newer versions no retained
 checkpoint reads: the state tables and the manifest. The root must not be open elsewhere.
 
+Where: a local table or one in an object store (``s3://``); every file is reached through
+``small_files.py``.
+
 Durability: the hint ``_last_checkpoint`` and Delta checkpoints after the version go first,
-then the commits from the newest down, each by one rename, so a crash in between leaves a log
-that ends at some version between the two, readable; doing it again finishes the job.
+then the commits from the newest down, so a crash in between leaves a log that ends at some
+version between the two, readable; doing it again finishes the job. Locally each file goes by
+one rename. On S3, which has no rename, each goes by a copy into the folder and then a delete
+from the log, in that order: a crash between the two leaves the file in both places, the log
+still whole and contiguous (nothing was taken out of it yet), and the next restore sets the
+file aside again (into a new folder; the copy in the old one is a spare).
 """
 
 from __future__ import annotations
@@ -24,42 +31,55 @@ import os
 import re
 import time
 
+from dbsp_pipeline.storage.small_files import (
+    list_names,
+    make_folder,
+    move,
+    read_text,
+    write_atomically,
+)
+
 SET_ASIDE_DIR = "_dbsp_set_aside"
 _VERSIONED = re.compile(r"^(\d{20})\.(json|checkpoint(\.\d+\.\d+)?\.parquet|crc)$")
+_HINT = "_last_checkpoint"
 
 
 def set_aside_after(uri: str, version: int, reason: str) -> str:
-    """Move every commit of the Delta table at ``uri`` after ``version`` (and the Delta
-    checkpoints after it) into a new folder under ``<uri>/_dbsp_set_aside/``, with a note
-    holding ``reason``; returns the folder. Afterwards the table's newest version is
-    ``version``."""
+    """Move every commit of the Delta table at ``uri`` (a local path or ``s3://``) after
+    ``version`` (and the Delta checkpoints after it) into a new folder under
+    ``<uri>/_dbsp_set_aside/``, with a note holding ``reason``; returns the folder. Afterwards
+    the table's newest version is ``version``."""
     log = os.path.join(uri, "_delta_log")
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     folder = os.path.join(uri, SET_ASIDE_DIR, f"{stamp}-after-{version}")
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "REASON.txt"), "a") as fh:
-        fh.write(f"commits after version {version} of {uri}, set aside: {reason}\n")
-    hint = os.path.join(log, "_last_checkpoint")
-    if os.path.exists(hint):
-        pointed = _hint_version(hint)
+    make_folder(folder)
+    note = os.path.join(folder, "REASON.txt")
+    write_atomically(note, (read_text(note) or "")
+                     + f"commits after version {version} of {uri}, set aside: {reason}\n")
+    names = list_names(log)
+    if _HINT in names:
+        try:
+            pointed = _hint_version(read_text(os.path.join(log, _HINT)))
+        except OSError:
+            pointed = None
         if pointed is None or pointed > version:  # delta-rs lists the log without it
-            os.replace(hint, os.path.join(folder, "_last_checkpoint"))
-    later = sorted(((int(m[1]), name) for name in os.listdir(log)
+            move(os.path.join(log, _HINT), os.path.join(folder, _HINT))
+    later = sorted(((int(m[1]), name) for name in names
                     if (m := _VERSIONED.match(name)) and int(m[1]) > version),
                    key=lambda vn: (vn[0], not vn[1].endswith(".json")), reverse=True)
     # Checkpoints first (a checkpoint left behind would still be read as the newest version),
     # then the commits from the newest down, so the log stays contiguous at every moment.
     for _, name in [vn for vn in later if not vn[1].endswith(".json")] + \
             [vn for vn in later if vn[1].endswith(".json")]:
-        os.replace(os.path.join(log, name), os.path.join(folder, name))
+        move(os.path.join(log, name), os.path.join(folder, name))
     return folder
 
 
-def _hint_version(path: str) -> int | None:
-    """The version the ``_last_checkpoint`` hint points at (None if it cannot be read)."""
+def _hint_version(text: str | None) -> int | None:
+    """The version the ``_last_checkpoint`` hint ``text`` points at (None if it cannot be
+    read)."""
     try:
-        with open(path) as fh:
-            value = json.load(fh).get("version")
+        value = json.loads(text).get("version") if text is not None else None
         return value if isinstance(value, int) else None
-    except (OSError, ValueError, AttributeError):
+    except (ValueError, AttributeError):
         return None

@@ -1,8 +1,12 @@
-"""Small side files of a pipeline root (schema cache, leases, markers), on any store.
+"""Small side files of a pipeline root (schema cache, leases, markers), on any store; and the
+file access of the code that reads a root's tables file by file (``verify.py``,
+``set_aside.py``): subfolders, bytes, a file's size, moves, pyarrow's filesystem of a path.
 
 A path is local, or an object URI (``s3://bucket/key``) of the store the ``AWS_*`` environment
 names (``storage/s3_store.py``). A file is replaced atomically either way: locally by a write to
 a temporary file, ``fsync`` and rename; on S3 by one PUT, which a reader sees whole or not at all.
+A move is one rename locally; on S3, which has no rename, a copy and then a delete (see
+``move``).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import os
 import pyarrow.fs as pafs
 
 _REMOTE = ("s3://", "s3a://")
+_LOCAL = pafs.LocalFileSystem()  # named once: pyarrow resolving it per file costs a third
 
 
 def is_remote(path: str) -> bool:
@@ -73,6 +78,61 @@ def make_folder(folder: str) -> None:
     """Make ``folder`` exist (an object store has no folders: nothing to do there)."""
     if not is_remote(folder):
         os.makedirs(folder, exist_ok=True)
+
+
+def list_folders(folder: str) -> list[str]:
+    """The names of the subfolders of ``folder``, sorted (none if there is no such folder). On
+    S3 a subfolder is a key prefix that holds at least one object."""
+    if is_remote(folder):
+        infos = _s3().get_file_info(pafs.FileSelector(_key(folder), allow_not_found=True))
+        return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+    try:
+        return sorted(n for n in os.listdir(folder) if os.path.isdir(os.path.join(folder, n)))
+    except FileNotFoundError:
+        return []
+
+
+def file_size(path: str) -> int | None:
+    """The size in bytes of the file ``path`` (None if there is no such file). ``OSError`` when
+    the store cannot say."""
+    if is_remote(path):
+        info = _s3().get_file_info(_key(path))
+        return info.size if info.type == pafs.FileType.File else None
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return None
+
+
+def read_bytes(path: str) -> bytes | None:
+    """The bytes of ``path`` (None if there is no such file)."""
+    try:
+        if is_remote(path):
+            with _s3().open_input_stream(_key(path)) as src:
+                return bytes(src.read())
+        with open(path, "rb") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return None
+
+
+def move(source: str, target: str) -> None:
+    """Move the file ``source`` to ``target`` (same store; replaces ``target``). Locally one
+    rename: a crash leaves one of the two. On S3, which has no rename, a copy and then a delete:
+    a crash in between leaves the file at both places, and the caller must be able to move it
+    again (the copy is replaced)."""
+    if is_remote(source):
+        s3 = _s3()
+        s3.copy_file(_key(source), _key(target))
+        s3.delete_file(_key(source))
+    else:
+        os.replace(source, target)
+
+
+def filesystem(path: str) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem of ``path`` and the path as it names it, for pyarrow's readers
+    (``pq.read_metadata(p, filesystem=fs)``)."""
+    return (_s3(), _key(path)) if is_remote(path) else (_LOCAL, path)
 
 
 def _key(path: str) -> str:

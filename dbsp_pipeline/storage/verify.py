@@ -43,6 +43,11 @@ newest retained checkpoint that is intact, if one is.
 Cost: per table, the commit files since its newest Delta checkpoint (written every 50 commits),
 one ``stat`` and one Parquet footer per data file of the snapshots checked; no data is scanned
 (the division log's step numbers come from its files' statistics).
+
+Where: a local root or an object-store root (``s3://bucket/prefix``, the store the ``AWS_*``
+environment names), the same checks either way: every file is read through ``small_files.py``
+(pyarrow's local or S3 filesystem) and every version through delta-rs with the root's S3
+options. On S3 the ``stat`` is a HEAD request and a footer one or two ranged GETs.
 """
 
 from __future__ import annotations
@@ -56,7 +61,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
@@ -66,8 +70,18 @@ from dbsp_pipeline.runtime import division_log
 from dbsp_pipeline.runtime.plan import SCHEMA_CACHE_FILE, read_schema_cache
 from dbsp_pipeline.storage import set_aside
 from dbsp_pipeline.storage.delta_table import ACTIONS_KEY
-from dbsp_pipeline.storage.small_files import is_remote
+from dbsp_pipeline.storage.s3_store import s3_options
+from dbsp_pipeline.storage.small_files import (
+    file_size,
+    filesystem,
+    is_remote,
+    list_folders,
+    list_names,
+    read_bytes,
+    read_text,
+)
 from dbsp_pipeline.storage.state_db import MANIFEST_DIR
+from dbsp_pipeline.storage.table_store import root_uri
 
 #: the tables of a pipeline root, by kind: (folder, kind, one table or a folder of tables)
 ROOT_TABLES = ((root_layout.MANIFEST, "manifest", True),
@@ -81,7 +95,6 @@ _STEP_KEY = "dbsp.step"  # runtime/output_log.py STEP_KEY
 _COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
 _CHECKPOINT_FILE = re.compile(r"^(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet$")
 _MISSING = "the data file is missing"
-_LOCAL = pafs.LocalFileSystem()  # named once: pyarrow resolving it per file costs a third
 _ACTIONS = {"commitInfo", "add", "remove", "metaData", "protocol", "txn", "cdc",
             "domainMetadata", "checkpointMetadata", "sidecar"}
 
@@ -208,8 +221,7 @@ class VerifyReport:
 def verify_root(root: str, retained: int = 2) -> VerifyReport:
     """Check every table of the pipeline root ``root`` and each of its newest ``retained``
     checkpoints (see the module docstring). Reads only; needs neither Spark nor the circuit.
-    Local roots only: an ``s3://`` root is a ``UsageError``."""
-    root_layout.require_local(root, "verify")
+    ``root`` is a local path or ``s3://bucket/prefix``."""
     scan = _RootScan(root, retained)
     checkpoints = scan.checkpoints()
     reports = [CheckpointReport(c.version, c.step, tuple(scan.checkpoint_damage(c)),
@@ -226,10 +238,8 @@ def prepare_open(root: str, checkpoint: int | None = None, retained: int = 2) ->
     than it, which opening it discards) are set aside first (``set_aside.py``); returns whether
     anything was. A root without a manifest yet (new) passes.
 
-    Nothing may write the root meanwhile (as for opening it at all). An object-store root
-    (``s3://``) is not checked yet (README): this returns False for it."""
-    if is_remote(root):
-        return False
+    Nothing may write the root meanwhile (as for opening it at all). A local root and an
+    object-store root (``s3://``) are checked alike."""
     scan = _RootScan(root, retained)
     if scan.manifest is None:
         return False
@@ -279,7 +289,7 @@ class _Log:
         self.dir = os.path.join(uri, "_delta_log")
         self.commits: dict[int, str] = {}
         self.checkpoints: dict[int, list[str]] = {}
-        for name in sorted(os.listdir(self.dir)):
+        for name in list_names(self.dir):
             path = os.path.join(self.dir, name)
             if m := _COMMIT_FILE.match(name):
                 self.commits[int(m[1])] = path
@@ -307,10 +317,11 @@ class _Log:
             return damaged(f"the commit file is missing (the log holds versions up to "
                            f"{self.newest})")
         try:
-            with open(path, "rb") as fh:
-                data = fh.read()
+            data = read_bytes(path)
         except OSError as e:
             return damaged(f"the commit file cannot be read ({e})")
+        if data is None:
+            return damaged("the commit file cannot be read (it is gone)")
         if not data.strip():
             return damaged(f"the commit file is empty ({len(data)} bytes): the version's "
                            "actions are lost")
@@ -348,7 +359,7 @@ class _Log:
         out = []
         for path in self.checkpoints.get(start, []):
             try:
-                pq.read_metadata(path)
+                _parquet_metadata(path)
             except Exception as e:  # noqa: BLE001 - any unreadable footer is damage
                 out.append(Damage(self.table, start, path,
                                   f"the Delta checkpoint is unreadable ({_first_line(e)})"))
@@ -389,16 +400,16 @@ class _RootScan:
     computed once)."""
 
     def __init__(self, root: str, retained: int) -> None:
-        self.root = os.path.abspath(root)
+        self.root = root_uri(root)
         self.retained = max(1, retained)
         self.kinds: dict[str, str] = {}
         for folder, kind, single in ROOT_TABLES:
             path = os.path.join(self.root, folder)
-            names = [""] if single else sorted(os.listdir(path)) if os.path.isdir(path) else []
+            names = [""] if single else list_folders(path)
             for name in names:
                 table = os.path.join(folder, name) if name else folder
                 log = os.path.join(self.root, table, "_delta_log")
-                if os.path.isdir(log) and any(_COMMIT_FILE.match(n) for n in os.listdir(log)):
+                if any(_COMMIT_FILE.match(n) for n in list_names(log)):
                     self.kinds[table] = kind
         self._logs: dict[str, _Log] = {}
         self._snapshots: dict[tuple[str, int], _Snapshot] = {}
@@ -432,7 +443,8 @@ class _RootScan:
         if snap.damage:
             return snap  # delta-rs would misread or refuse it
         try:
-            snap.table = DeltaTable(log.uri, version=version)
+            snap.table = DeltaTable(log.uri, version=version,
+                                    storage_options=_delta_options(log.uri))
             adds = pa.table(snap.table.get_add_actions(flatten=False)).to_pydict()
         except Exception as e:  # noqa: BLE001 - whatever delta-rs refuses is damage
             snap.damage.append(Damage(table, version, log.dir,
@@ -508,7 +520,7 @@ class _RootScan:
             return None, [Damage(MANIFEST_DIR, m, path, f"the checkpoint's entry: {problem}")], \
                 problem == _MISSING
         try:
-            rows = pq.read_table(path).to_pylist()
+            rows = _parquet_table(path).to_pylist()
             entry = json.loads(rows[0]["entry"])
             cp = _Checkpoint(int(entry["version"]), int(entry.get("step", 0)), m, entry)
             if not isinstance(entry.get("traces", {}), dict):
@@ -673,8 +685,8 @@ class _RootScan:
                 by_file[rel] = list(range(first, last + 1))
             else:  # a file without statistics: its step column
                 try:
-                    by_file[rel] = pq.read_table(os.path.join(log.uri, rel),
-                                                 columns=["step"]).column(0).to_pylist()
+                    by_file[rel] = _parquet_table(os.path.join(log.uri, rel),
+                                                  columns=["step"]).column(0).to_pylist()
                 except Exception:  # noqa: BLE001 - a damaged file was reported by its check
                     continue
         steps = [step for found in by_file.values() for step in found]
@@ -685,7 +697,7 @@ class _RootScan:
         for rel, found in by_file.items():
             if twice.intersection(found):
                 try:
-                    for row in pq.read_table(os.path.join(log.uri, rel)).to_pylist():
+                    for row in _parquet_table(os.path.join(log.uri, rel)).to_pylist():
                         records.setdefault(row["step"], []).append(row["uppers"])
                 except Exception:  # noqa: BLE001 - a damaged file was reported by its check
                     continue
@@ -728,7 +740,7 @@ class _RootScan:
             if lo.get("step") is not None and lo["step"] <= step <= hi.get("step", step):
                 path = os.path.join(log.uri, rel)
                 try:
-                    for row in pq.read_table(path).to_pylist():
+                    for row in _parquet_table(path).to_pylist():
                         if row["step"] == step and \
                                 division_log.quarantine_reason(row["uppers"]) is None:
                             return str(row["uppers"])
@@ -763,7 +775,7 @@ class _RootScan:
 
     def side_file_damage(self) -> list[Damage]:
         path = root_layout.plan_schemas(self.root)
-        if not os.path.exists(path):
+        if file_size(path) is None:
             return []
         try:
             read_schema_cache(path)
@@ -802,15 +814,15 @@ def _data_file_problem(path: str, size: int | None, rows: int | None) -> str | N
     """What is wrong with the data file at ``path`` that its add action records with ``size``
     bytes and ``rows`` rows, or None."""
     try:
-        actual = os.stat(path).st_size
-    except FileNotFoundError:
-        return _MISSING
+        actual = file_size(path)
     except OSError as e:
         return f"the data file cannot be read ({e})"
+    if actual is None:
+        return _MISSING
     if size is not None and actual != size:
         return f"the data file has {actual} bytes but its commit records {size}"
     try:
-        meta = pq.read_metadata(path, filesystem=_LOCAL)
+        meta = _parquet_metadata(path)
     except Exception as e:  # noqa: BLE001 - any unreadable footer is damage
         return f"the data file's Parquet footer is unreadable ({_first_line(e)})"
     if rows is not None and meta.num_rows != rows:
@@ -831,14 +843,31 @@ def _marker_damage(table: str, uri: str) -> list[Damage]:
     for name in OUTPUT_MARKERS:
         path = os.path.join(uri, name)
         try:
-            with open(path) as fh:
-                int(fh.read().strip())
-        except FileNotFoundError:
-            continue
+            text = read_text(path)
+            if text is None:
+                continue
+            int(text.strip())
         except (OSError, ValueError) as e:
             out.append(Damage(table, None, path, f"the history-compaction marker is not a "
                               f"step number ({_first_line(e)})"))
     return out
+
+
+def _parquet_metadata(path: str) -> pq.FileMetaData:
+    """The footer of the Parquet file ``path`` (local or on S3)."""
+    fs, name = filesystem(path)
+    return pq.read_metadata(name, filesystem=fs)
+
+
+def _parquet_table(path: str, columns: list[str] | None = None) -> pa.Table:
+    """The Parquet file ``path`` (local or on S3), or its ``columns``."""
+    fs, name = filesystem(path)
+    return pq.read_table(name, columns=columns, filesystem=fs)
+
+
+def _delta_options(uri: str) -> dict[str, str] | None:
+    """The storage options delta-rs reads the table at ``uri`` with (None: a local table)."""
+    return s3_options(uri) if is_remote(uri) else None
 
 
 def _unique(damage: list[Damage]) -> list[Damage]:

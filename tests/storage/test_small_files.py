@@ -34,3 +34,25 @@ def test_write_read_list_and_remove(folder: str) -> None:
     small_files.remove(f"{folder}/b.json")  # gone already: nothing to do
     assert small_files.list_names(folder) == ["a.json"]
     assert small_files.is_remote(folder) == folder.startswith("s3://")
+
+
+def test_folders_sizes_bytes_and_moves(folder: str) -> None:
+    """What verify and set_aside read a table with: subfolders, a file's size and bytes, a move
+    (on S3 a copy and then a delete) that replaces its target, pyarrow's filesystem."""
+    small_files.make_folder(f"{folder}/t/_delta_log")
+    small_files.make_folder(f"{folder}/t/aside")
+    small_files.write_atomically(f"{folder}/t/_delta_log/0.json", "{}\n")
+    small_files.make_folder(f"{folder}/u")
+    small_files.write_atomically(f"{folder}/u/a.json", "x")
+    assert small_files.list_folders(folder) == ["t", "u"]
+    assert small_files.list_folders(f"{folder}/none") == []
+    assert small_files.file_size(f"{folder}/t/_delta_log/0.json") == 3
+    assert small_files.file_size(f"{folder}/t/_delta_log/1.json") is None
+    assert small_files.read_bytes(f"{folder}/t/_delta_log/0.json") == b"{}\n"
+    assert small_files.read_bytes(f"{folder}/t/_delta_log/1.json") is None
+    small_files.write_atomically(f"{folder}/t/aside/0.json", "a spare copy")
+    small_files.move(f"{folder}/t/_delta_log/0.json", f"{folder}/t/aside/0.json")
+    assert small_files.list_names(f"{folder}/t/_delta_log") == []
+    assert small_files.read_text(f"{folder}/t/aside/0.json") == "{}\n"
+    fs, name = small_files.filesystem(f"{folder}/t/aside/0.json")
+    assert fs.get_file_info(name).size == 3
