@@ -1,15 +1,19 @@
 """Command line: ``python -m dbsp_pipeline demo`` runs the shop demo on embedded defaults;
 ``python -m dbsp_pipeline verify --root ROOT`` checks a pipeline root's storage (every table,
-every retained checkpoint; ``storage/verify.py``) and exits 1 when it is damaged."""
+every retained checkpoint; ``storage/verify.py``) and exits 1 when it is damaged. ROOT is a
+local folder or ``s3://bucket/prefix`` (the store the ``AWS_*`` environment names)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import sys
 import time
+
+import pyarrow as pa
+
+from dbsp_pipeline.errors import UsageError
+from dbsp_pipeline.storage.small_files import exists, remove_folder
 
 
 def demo(root: str, steps: int, batch: int, fresh: bool) -> None:
@@ -17,9 +21,10 @@ def demo(root: str, steps: int, batch: int, fresh: bool) -> None:
     from dbsp_pipeline.examples.shop import ShopData, shop_circuit
 
     if fresh:
-        shutil.rmtree(root, ignore_errors=True)
+        remove_folder(root)
     data = ShopData(customers=200)
-    print(f"dbsp-pipeline demo: the shop circuit at {root} (local Spark, Delta tables on disk)")
+    print(f"dbsp-pipeline demo: the shop circuit at {root} (local Spark, Delta tables at the "
+          "root)")
     started = time.monotonic()
     with Pipeline(shop_circuit(), root=root) as p:
         print(f"opened in {time.monotonic() - started:.1f}s at state version {p.state_version}, "
@@ -33,23 +38,36 @@ def demo(root: str, steps: int, batch: int, fresh: bool) -> None:
                 p.push("orders", deletes, weight=-1)
             r = p.step()
             print(f"step {r.step}: in {r.inputs} -> changed {r.outputs} ({r.seconds:.1f}s)")
+        # read on the driver (no Spark read: a root in an object store needs no Hadoop S3A)
         print("\nrevenue_by_region:")
-        p.view("revenue_by_region").orderBy("region").show(truncate=False)
+        _show(p.view_arrow("revenue_by_region").sort_by("region"))
         print("changes of revenue_by_region in the last step:")
-        p.changes("revenue_by_region", since=p.next_step - 1).orderBy("region", "_weight").show(
-            truncate=False)
+        _show(p.step_changes_arrow("revenue_by_region", p.next_step - 1)
+              .sort_by([("region", "ascending"), ("_weight", "ascending")]))
+
+
+def _show(table: pa.Table) -> None:
+    """Print ``table`` as aligned columns, one line a row."""
+    rows = [table.column_names] + [[str(v) for v in r.values()] for r in table.to_pylist()]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(table.column_names))]
+    for r in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
 
 
 def verify(root: str, retained: int, as_json: bool) -> int:
     """Print the verification report of ``root``; 0 when it is intact, 1 when damaged, 2 when
-    there is no pipeline root there (a local path or ``s3://bucket/prefix``)."""
-    from dbsp_pipeline.storage.small_files import is_remote, list_folders, list_names
+    there is no pipeline root there (a local path or ``s3://bucket/prefix``; or verify cannot
+    read it, said on stderr)."""
     from dbsp_pipeline.storage.verify import verify_root
 
-    if not (list_folders(root) or list_names(root) if is_remote(root) else os.path.isdir(root)):
+    if not exists(root):
         print(f"dbsp-pipeline verify: no pipeline root at {root}", file=sys.stderr)
         return 2
-    report = verify_root(root, retained)
+    try:
+        report = verify_root(root, retained)
+    except UsageError as e:  # a root this verify cannot read (README, 'Where a root can live')
+        print(f"dbsp-pipeline verify: {e}", file=sys.stderr)
+        return 2
     print(json.dumps(report.to_dict(), indent=2) if as_json else report.describe())
     return 0 if report.ok else 1
 

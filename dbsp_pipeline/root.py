@@ -19,12 +19,14 @@ This module sits below storage, runtime and connectors as far as names go (each 
 its paths with the functions here); its readers use the table code and the division log's
 read-only reader, neither of which imports this module.
 
-The readers here (``read_status``, ``read_lag``, ``read_pipeline_id``) never open the pipeline:
-no Spark, no writes, no fencing of a running process. A sensor calls them every few seconds, so
-their cost is bounded by what compaction keeps (``DivisionLog.compact_below``), not by the
-number of steps ever run. Their figures are a snapshot: a push or a step may commit right after,
-so a caller uses them to decide whether to start a step, never to decide what a step reads (the
-step's own division, recorded durably, does that).
+The readers here (``read_status``, ``read_lag``, ``read_pipeline_id``, ``exists``) never open
+the pipeline: no Spark, no writes, no fencing of a running process. They read any root, local
+or ``s3://bucket/prefix`` (the store the ``AWS_*`` environment names), through delta-rs and
+``storage/small_files.py``, never from the local disk alone. A sensor calls them every few
+seconds, so their cost is bounded by what compaction keeps (``DivisionLog.compact_below``), not
+by the number of steps ever run. Their figures are a snapshot: a push or a step may commit
+right after, so a caller uses them to decide whether to start a step, never to decide what a
+step reads (the step's own division, recorded durably, does that).
 """
 
 from __future__ import annotations
@@ -32,10 +34,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from dbsp_pipeline.errors import UsageError
 from dbsp_pipeline.runtime.division_log import read_last
-from dbsp_pipeline.storage.delta_table import data_commit_times, table_id, table_version
-from dbsp_pipeline.storage.small_files import is_remote
+from dbsp_pipeline.storage.delta_table import (
+    data_commit_times,
+    delta_log,
+    table_id,
+    table_version,
+)
+from dbsp_pipeline.storage.table_store import root_uri
 
 #: the state database's manifest table
 MANIFEST = "_manifest"
@@ -125,27 +131,23 @@ class PipelineStatus:
         return f"{pipeline}@{self.pipeline_id[:8]}:from-step-{self.divided_steps}:{versions}"
 
 
-def require_local(root: str, what: str) -> str:
-    """``root`` as an absolute local path, for ``what``, a reader that works on local roots
-    only; an object-store root (``s3://``) is a ``UsageError`` saying so, never an answer read
-    from an empty local folder."""
-    if is_remote(root):
-        raise UsageError(f"{what} reads local roots only, not {root} (object-store roots: see "
-                         "README, 'Where a root can live')")
-    return os.path.abspath(root)
+def exists(root: str) -> bool:
+    """Whether a pipeline was ever opened at ``root`` (its manifest table is there), on any
+    store."""
+    return delta_log(manifest(root_uri(root))) is not None
 
 
 def read_pipeline_id(root: str) -> str:
     """The id of the pipeline at ``root`` (its manifest table's id; "" before the first open).
     A root deleted and created again has another id."""
-    return table_id(manifest(require_local(root, "read_pipeline_id")))
+    return table_id(manifest(root_uri(root)))
 
 
 def read_status(root: str, inputs: list[str]) -> PipelineStatus:
     """The status of the pipeline at ``root`` with inputs ``inputs`` (a root that does not exist
     yet has nothing divided and nothing pending). Reads the division log's newest records
     (bounded by its compaction) and, per input, the commits not yet divided."""
-    root = require_local(root, "read_status")
+    root = root_uri(root)
     last = read_last(divisions(root))
     divided_steps, divided = (0, {}) if last is None else (last[0] + 1, last[1])
     versions: dict[str, int] = {}
@@ -166,7 +168,7 @@ def read_status(root: str, inputs: list[str]) -> PipelineStatus:
 def read_lag(root: str, inputs: list[str], now: float) -> dict[str, float]:
     """Per input, how long (seconds before ``now``, since the epoch) its oldest push not yet
     divided into a step has waited (0.0: nothing waits)."""
-    root = require_local(root, "read_lag")
+    root = root_uri(root)
     last = read_last(divisions(root))
     divided = {} if last is None else last[1]
     out: dict[str, float] = {}

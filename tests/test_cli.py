@@ -10,6 +10,7 @@ import sys
 
 from dbsp_pipeline import Circuit, Pipeline
 from dbsp_pipeline.cli import main
+from tests.object_store_helpers import new_bucket
 
 
 def test_verify_reports_each_table_and_exits_1_on_damage(spark, tmp_path, capsys):
@@ -78,3 +79,22 @@ def test_verify_reports_an_s3_root(spark, object_store, tmp_path, monkeypatch, c
     assert "empty" in divisions["damage"][0]["problem"]
 
     assert main(["verify", "--root", f"s3://{bucket}/nothing"]) == 2
+
+
+def test_demo_and_verify_find_an_s3_root(spark, object_store, monkeypatch, capsys, tmp_path):
+    """An object-store root is looked for in its store, not on the local disk: ``demo`` starts
+    it afresh unless ``--keep``, and ``verify`` finds it there."""
+    for name, value in object_store.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)
+    root = f"s3://{new_bucket(object_store, 'cli')}/demo"
+    assert main(["verify", "--root", root]) == 2
+    assert "no pipeline root" in capsys.readouterr().err
+    demo = ["demo", "--root", root, "--steps", "1", "--batch", "20"]
+    for args, next_step in ((demo, 0), (demo + ["--keep"], 1), (demo, 0)):
+        assert main(args) == 0
+        out = capsys.readouterr().out
+        assert f"next step {next_step}\n" in out and "revenue_by_region:\nregion" in out
+    main(["verify", "--root", root])
+    assert "no pipeline root" not in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []

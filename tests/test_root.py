@@ -3,16 +3,18 @@ without opening it (status, lag, pipeline id)."""
 
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 import time
 
-import pytest
+from deltalake import DeltaTable
 
 from dbsp_pipeline import Circuit, Pipeline, PipelineStatus, read_status
 from dbsp_pipeline import root as root_layout
-from dbsp_pipeline.errors import UsageError
 from dbsp_pipeline.root import read_lag, read_pipeline_id
+from dbsp_pipeline.storage.s3_store import s3_options
+from tests.object_store_helpers import new_bucket
 
 PACKAGE = pathlib.Path(root_layout.__file__).parent
 #: a folder name of a root spelled as a string literal in a path
@@ -58,12 +60,69 @@ def test_status_lag_and_pipeline_id_are_read_without_opening(spark, tmp_path):
         assert root_layout.read_lag(root, ["x"], time.time()) == {"x": 0.0}
 
 
-@pytest.mark.parametrize("read", [
-    lambda root: read_status(root, ["x"]),
-    lambda root: read_lag(root, ["x"], 0.0),
-    read_pipeline_id,
-])
-def test_readers_of_local_roots_refuse_an_object_store_root(read):
-    """An s3:// root is refused by name, never answered from an empty local folder."""
-    with pytest.raises(UsageError, match="local roots only, not s3://bucket/shop"):
-        read("s3://bucket/shop")
+def _figures(status: PipelineStatus) -> tuple:
+    """What a status says of the work, whichever root it was read from."""
+    return (status.divided_steps, status.versions, status.divided, status.pending,
+            status.oldest_pending is not None)
+
+
+def _play_and_read(spark, root: str) -> list:
+    """Pushes and steps at ``root``, with what the readers say of it after each."""
+    seen: list = [_figures(read_status(root, ["x"])), read_lag(root, ["x"], 0.0),
+                  read_pipeline_id(root), root_layout.exists(root)]
+    with Pipeline(circuit(), root, spark) as p:
+        p.push("x", [(1,)])
+        p.step()
+        p.push("x", [(2,)])
+        p.push("x", [(3,)])
+        status = read_status(root, ["x"])
+        assert status.root == root.rstrip("/")
+        assert status.pipeline_id == p.pipeline_id == read_pipeline_id(root) != ""
+        assert status.oldest_pending is not None
+        lag = read_lag(root, ["x"], status.oldest_pending + 60)
+        seen += [_figures(status), lag, root_layout.exists(root)]
+        p.step()
+        seen += [_figures(read_status(root, ["x"])), read_lag(root, ["x"], time.time())]
+    return seen
+
+
+def test_status_lag_and_pipeline_id_of_an_s3_root_agree_with_a_local_root(
+        spark, object_store, tmp_path, monkeypatch):
+    """The readers read an object-store root through its store: the same figures as for the
+    same pushes and steps at a local root, and nothing of the s3:// root on the local disk."""
+    for name, value in object_store.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)
+    local = _play_and_read(spark, str(tmp_path / "root"))
+    remote = _play_and_read(spark, f"s3://{new_bucket(object_store, 'status')}/shop/")
+    assert remote == local
+    assert local[:4] == [(0, {"x": 0}, {"x": 0}, {"x": 0}, False), {"x": 0.0}, "", False]
+    assert local[4][3] == {"x": 2} and local[5] == {"x": 60.0} and local[6] is True
+    assert local[7][3] == {"x": 0} and local[8] == {"x": 0.0}
+    assert os.listdir(tmp_path) == ["root"]
+
+
+def division_files(root: str) -> int:
+    """How many data files the division log's newest version holds (what status reads)."""
+    uri = root_layout.divisions(root)
+    return len(DeltaTable(uri, storage_options=s3_options(uri)).file_uris())
+
+
+def test_division_compaction_bounds_what_status_reads_on_an_s3_root(
+        spark, object_store, monkeypatch):
+    """``read_status`` reads the division log's newest files: on s3 too, compaction keeps
+    them few however many steps ran."""
+    for name, value in object_store.items():
+        monkeypatch.setenv(name, value)
+    root = f"s3://{new_bucket(object_store, 'compact')}/shop"
+    steps = 8
+    with Pipeline(circuit(), root, spark, checkpoint_every=1) as p:
+        for s in range(steps):
+            p.push("x", [(s,)])
+            p.step()
+        assert division_files(root) == steps  # no collection yet
+    # closing collected garbage: the steps below the oldest retained checkpoint collapsed
+    assert division_files(root) <= 3
+    status = read_status(root, ["x"])
+    assert status.divided_steps == steps and not status.has_pending_input
+    assert status.pending == {"x": 0} and status.divided["x"] <= status.versions["x"]

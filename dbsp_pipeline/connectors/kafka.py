@@ -222,12 +222,12 @@ class KafkaSource:
 
 def topic_lag(config: dict[str, Any], root: str, inputs: Sequence[KafkaInput]) -> dict[str, int]:
     """Per bound input, how many offsets its topic holds beyond what the pipeline at ``root``
-    recorded, read without opening the pipeline (for a sensor): the partitions' high
-    watermarks minus the offsets recorded in the input logs. (Transaction markers count as
-    offsets, so a topic written transactionally may show a small lag with nothing to read.)"""
-    from deltalake import DeltaTable
-
+    recorded, read without opening the pipeline (for a sensor; any root, local or ``s3://``):
+    the partitions' high watermarks minus the offsets recorded in the input logs. (Transaction
+    markers count as offsets, so a topic written transactionally may show a small lag with
+    nothing to read.)"""
     from dbsp_pipeline.runtime.input_log import PRODUCER_APP_PREFIX
+    from dbsp_pipeline.storage.delta_table import delta_log
 
     consumer = Consumer({**config, "group.id": "dbsp-lag", "enable.auto.commit": False})
     try:
@@ -235,7 +235,7 @@ def topic_lag(config: dict[str, Any], root: str, inputs: Sequence[KafkaInput]) -
         out = {}
         for b in inputs:
             uri = root_layout.input_log(root, b.input)
-            log = DeltaTable(uri) if DeltaTable.is_deltatable(uri) else None
+            log = delta_log(uri)  # any store: a local or an s3:// root
             info = meta.topics.get(b.topic)
             lag = 0
             for p in sorted(info.partitions) if info is not None and not info.error else []:

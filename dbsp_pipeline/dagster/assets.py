@@ -60,7 +60,9 @@ def views_asset(ref: PipelineRef) -> dg.AssetsDefinition:
             if pipeline.recovered_steps:
                 context.log.warning(f"recovered steps {[r.step for r in pipeline.recovered_steps]}"
                                     " left uncommitted by an earlier run")
-            ingested = inbox.ingest(pipeline, store.inbox_folder, store.inbox_settle_seconds)
+            folder = store.inbox_folder
+            ingested = inbox.IngestResult() if folder is None else inbox.ingest(
+                pipeline, folder, store.inbox_settle_seconds)
             for name, files in ingested.pushed.items():
                 context.log.info(f"inbox: pushed {files} to input '{name}'")
             if ingested.oldest_arrival is not None:

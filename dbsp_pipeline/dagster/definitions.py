@@ -52,10 +52,11 @@ if TYPE_CHECKING:
 class PipelineSpec:
     """One pipeline of a code location: its circuit and how it is fed, kept and watched.
 
-    ``root``: its tables ("": ``<deployment.data>/<name>``); ``inbox``: its inbox folder ("":
-    beside the root). ``kafka_inputs``/``kafka_outputs``: inputs fed by and views written to
-    Kafka, through the deployment's ``kafka`` resource: the step job then polls the topics and
-    sends output in transactions, and the input sensor watches the topics' lag.
+    ``root``: its tables ("": ``<deployment.data>/<name>``); ``inbox``: its inbox, a local
+    folder ("": beside a local root, none for an ``s3://`` root). ``kafka_inputs`` /
+    ``kafka_outputs``: inputs fed by and views written to Kafka, through the deployment's
+    ``kafka`` resource: the step job then polls the topics and sends output in transactions,
+    and the input sensor watches the topics' lag.
     ``check_views``: run the view checks in every step run (they recompute the views from
     scratch, a cost that follows the data: turn off for large pipelines and run them from the
     asset page instead). The rest are ``PipelineStore`` options and the cadences of the

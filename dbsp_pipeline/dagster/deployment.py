@@ -15,7 +15,9 @@ the variable when it is not set.
   (``DBSP_SPARK_MASTER`` unless given otherwise).
 
 ``data`` is the folder of the pipelines: pipeline ``<name>`` at ``<data>/<name>`` and its inbox
-at ``<data>/inbox`` (unless its ``PipelineSpec`` says otherwise).
+at ``<data>/inbox`` (unless its ``PipelineSpec`` says otherwise). ``data`` may be
+``s3://bucket/prefix`` (README, 'Where a root can live'): the pipelines' roots are then in the
+object store and have no inbox unless their specs name a local one.
 """
 
 from __future__ import annotations

@@ -50,8 +50,9 @@ def input_arrival_sensor(ref: PipelineRef, step_job: "AssetJob",
     def sensor(context: dg.SensorEvaluationContext) -> dg.SkipReason | dg.RunRequest:
         store = ref.store(context)
         status = store.status(ref.circuit)
-        files = inbox.pending_files(store.inbox_folder, list(ref.circuit.inputs),
-                                    store.inbox_settle_seconds)
+        folder = store.inbox_folder
+        files = {} if folder is None else inbox.pending_files(
+            folder, list(ref.circuit.inputs), store.inbox_settle_seconds)
         lag = _kafka_lag(ref, context, store.root)
         if not status.has_pending_input and not files and not any(lag.values()):
             return dg.SkipReason("no input waits")

@@ -8,15 +8,25 @@ import os
 
 import dagster as dg
 
-from dbsp_pipeline import DRIVER_STEP_ROWS, Circuit, Pipeline, PipelineStatus, read_status
+from dbsp_pipeline import (
+    DRIVER_STEP_ROWS,
+    Circuit,
+    Pipeline,
+    PipelineStatus,
+    UsageError,
+    read_status,
+)
 from dbsp_pipeline.connectors.inbox import SETTLE_SECONDS
 from dbsp_pipeline.dagster.spark import SparkResource
+from dbsp_pipeline.storage.small_files import is_remote
 
 
 class PipelineStore(dg.ConfigurableResource):  # type: ignore[type-arg]  # its value is itself
-    """The root folder of a pipeline's tables (created on first use) and its inbox.
+    """The root of a pipeline's tables (created on first use; a local folder or
+    ``s3://bucket/prefix``) and its inbox.
 
-    ``inbox`` (default ``<root>/../inbox``, i.e. beside the root) holds one folder per input;
+    ``inbox`` (a local folder; default ``<root>/../inbox``, i.e. beside a local root, and none
+    for an ``s3://`` root) holds one folder per input;
     files dropped there (``.jsonl``, ``.csv``, ``.parquet``; a ``_weight`` column for deletes)
     are pushed by the next step run once unchanged for ``inbox_settle_seconds`` (the input
     sensor waits as long before it launches a run for them)."""
@@ -44,6 +54,15 @@ class PipelineStore(dg.ConfigurableResource):  # type: ignore[type-arg]  # its v
         return read_status(self.root, list(circuit.inputs))
 
     @property
-    def inbox_folder(self) -> str:
-        """The inbox: ``inbox`` if set, else the folder ``inbox`` beside the root."""
-        return self.inbox or os.path.join(os.path.dirname(os.path.abspath(self.root)), "inbox")
+    def inbox_folder(self) -> str | None:
+        """The inbox, a local folder: ``inbox`` if set, else the folder ``inbox`` beside a
+        local root; None (no inbox) beside an object-store root. An object-store ``inbox`` is
+        a ``UsageError`` (its files would never be listed)."""
+        if is_remote(self.inbox):
+            raise UsageError(f"inbox {self.inbox}: the inbox is a local folder (files in an "
+                             "object store are not read); give a local path, or none")
+        if self.inbox:
+            return self.inbox
+        if is_remote(self.root):
+            return None
+        return os.path.join(os.path.dirname(os.path.abspath(self.root)), "inbox")

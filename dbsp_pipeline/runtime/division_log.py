@@ -31,12 +31,12 @@ import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from dbsp_pipeline.errors import DivisionRecordError
-from dbsp_pipeline.storage.delta_table import SparkDeltaTable
+from dbsp_pipeline.errors import DivisionRecordError, StorageError
+from dbsp_pipeline.storage.delta_table import SparkDeltaTable, delta_log
+from dbsp_pipeline.storage.small_files import read_bytes
 
 _SCHEMA = StructType([StructField("step", LongType(), False),
                       StructField("uppers", StringType(), False)])
@@ -186,13 +186,19 @@ class DivisionLog:
 
 def read_last(uri: str) -> tuple[int, dict[str, int]] | None:
     """The newest divided step of the division log at ``uri`` and its uppers (None: no step is
-    divided, or no log yet). Read-only, without Spark: reads the files of the log's newest
-    version, which compaction keeps few."""
-    if not DeltaTable.is_deltatable(uri):
+    divided, or no log yet). Read-only, without Spark, on any store (a local path or an
+    ``s3://`` URI, ``storage/small_files.py``): reads the files of the log's newest version,
+    which compaction keeps few."""
+    log = delta_log(uri)
+    if log is None:
         return None
     last: tuple[int, dict[str, int]] | None = None
-    for path in DeltaTable(uri).file_uris():
-        for row in pq.read_table(path.removeprefix("file://")).to_pylist():
+    for path in log.file_uris():
+        data = read_bytes(path.removeprefix("file://"))
+        if data is None:
+            raise StorageError(f"division log {uri}: its data file {path} is missing",
+                               definitely_failed=True)
+        for row in pq.read_table(pa.BufferReader(data)).to_pylist():
             step = int(row["step"])
             if last is None or step > last[0]:
                 last = step, parse(row["uppers"])[0]

@@ -17,8 +17,6 @@ from a snapshot and ``recompute`` refuses it.
 
 from __future__ import annotations
 
-import os
-import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +27,7 @@ from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.driver.sql import ident, negate
 from dbsp_pipeline.errors import UsageError
 from dbsp_pipeline.runtime.pipeline import Pipeline
+from dbsp_pipeline.storage.small_files import read_text, write_atomically
 from dbsp_pipeline.zset import WEIGHT
 
 #: Operators whose output depends on the history of their input, not only on its sum.
@@ -66,9 +65,10 @@ def recompute(pipeline: Pipeline, views: Sequence[str] | None = None) -> dict[st
     views = list(circuit.outputs) if views is None else list(views)
     spark = pipeline.spark if getattr(pipeline.spark, "started", True) else None
     with tempfile.TemporaryDirectory(prefix="dbsp-recompute-") as scratch:
-        cached = root_layout.plan_schemas(pipeline.root)
-        if os.path.exists(cached):  # the analysed schemas: no JVM needed to compile
-            shutil.copy(cached, root_layout.plan_schemas(scratch))
+        # the analysed schemas (from a local or an s3:// root): no JVM needed to compile
+        cached = read_text(root_layout.plan_schemas(pipeline.root))
+        if cached is not None:
+            write_atomically(root_layout.plan_schemas(scratch), cached)
         with Pipeline(circuit, scratch, spark, driver_step_rows=pipeline.driver_step_rows) as fresh:
             for name in circuit.inputs:
                 fresh.push_zset(name, pipeline.input_view_arrow(name))

@@ -24,14 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-import pyarrow.parquet as pq
-from deltalake import DeltaTable
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from dbsp_pipeline import exact_sum
 from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.errors import StateFormatError
 from dbsp_pipeline.runtime.layout import LAYOUT_KEY, Layout
+from dbsp_pipeline.storage.delta_table import delta_log
 from dbsp_pipeline.storage.state_db import ENGINE_VERSION, STATE_FORMAT, StateDatabase
 
 
@@ -53,7 +52,11 @@ def _exact_float_sums(db: StateDatabase) -> None:
     for name, version in db.recorded_traces().items():
         if not name.endswith("_groups") or f"{name}_exact" in db.recorded_traces():
             continue
-        old = DeltaTable(root_layout.state_table(db.root, name), version=version)
+        uri = root_layout.state_table(db.root, name)
+        old = delta_log(uri, version)
+        if old is None:
+            raise StateFormatError(f"the pipeline at {db.root} records trace {name} at version "
+                                   f"{version}, but there is no table at {uri}")
         schema = old.schema().to_arrow()
         schema = pa.schema(schema) if not isinstance(schema, pa.Schema) else schema
         sums = [f.name for f in schema if _FLOAT_SUM.fullmatch(f.name)
@@ -63,8 +66,7 @@ def _exact_float_sums(db: StateDatabase) -> None:
         new_schema = pa.schema([pa.field(f.name, pa.string()) if f.name in sums else f
                                 for f in schema])
         table = db.table(f"{name}_exact", from_arrow_schema(new_schema))
-        paths = old.file_uris()
-        rows = pq.ParquetDataset(paths).read() if paths else new_schema.empty_table()
+        rows = old.to_pyarrow_table() if old.file_uris() else schema.empty_table()
         for column in sums:
             encoded = [exact_sum.encode(exact_sum.of_pairs([v], [1]))
                        for v in rows.column(column).to_pylist()]

@@ -21,7 +21,6 @@ version cannot both win.
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -34,6 +33,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from dbsp_pipeline.errors import StorageError
+from dbsp_pipeline.storage.delta_store import LOG_DIR
+from dbsp_pipeline.storage.s3_store import s3_options
+from dbsp_pipeline.storage.small_files import is_remote, read_text
 from dbsp_pipeline.storage.table_store import (
     ACTIONS_KEY,
     DATA_DIR,
@@ -213,32 +215,43 @@ def spark_path(path: str) -> str:
 
 
 
-# -- reading a table's log without a handle (no Spark): for readers of a root that is not open --
-# (local roots: status of an s3:// root is not read yet, see README)
+# -- reading a table's log without a handle (no Spark, no writes): for readers of a root that
+# is not open. Any store: a local path, or an object URI whose store the ``AWS_*`` environment
+# names (``storage/s3_store.py``), reached through delta-rs and ``storage/small_files.py``.
+
+def delta_log(uri: str, version: int | None = None) -> DeltaTable | None:
+    """The delta-rs table at ``uri`` (at ``version``, default the newest), read-only; None when
+    there is no Delta table there yet. Never creates one."""
+    options = s3_options(uri) if is_remote(uri) else None
+    if not DeltaTable.is_deltatable(uri, storage_options=options):
+        return None
+    return DeltaTable(uri, version=version, storage_options=options)
+
 
 def table_version(uri: str) -> int:
     """The newest version of the Delta table at ``uri`` (0 when there is no table yet). Loads
     the table from its newest Delta checkpoint on."""
-    return DeltaTable(uri).version() if DeltaTable.is_deltatable(uri) else 0
+    table = delta_log(uri)
+    return 0 if table is None else table.version()
 
 
 def table_id(uri: str) -> str:
     """The id of the Delta table at ``uri`` (its metadata's; "" when there is no table yet)."""
-    return str(DeltaTable(uri).metadata().id) if DeltaTable.is_deltatable(uri) else ""
+    table = delta_log(uri)
+    return "" if table is None else str(table.metadata().id)
 
 
 def data_commit_times(uri: str, lower: int, upper: int) -> list[float]:
     """The commit times (seconds since the epoch) of the versions ``lower+1 .. upper`` of the
     table at ``uri`` that added data (a push; not a rewrite), in version order. Reads those
-    commit files alone, so the cost follows ``upper - lower``; a commit no longer on disk (its
+    commit files alone, so the cost follows ``upper - lower``; a commit no longer there (its
     log was cleaned up) is left out."""
     out: list[float] = []
     for version in range(lower + 1, upper + 1):
-        try:
-            with open(os.path.join(uri, "_delta_log", f"{version:020d}.json")) as fh:
-                actions = [json.loads(line) for line in fh if line.strip()]
-        except FileNotFoundError:
+        text = read_text(f"{uri.rstrip('/')}/{LOG_DIR}/{version:020d}.json")
+        if text is None:
             continue
+        actions = [json.loads(line) for line in text.splitlines() if line.strip()]
         if not any(a.get("add", {}).get("dataChange", False) for a in actions):
             continue
         info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})

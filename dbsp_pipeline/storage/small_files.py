@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 
 import pyarrow.fs as pafs
+
+from dbsp_pipeline.errors import UsageError
 
 _REMOTE = ("s3://", "s3a://")
 _LOCAL = pafs.LocalFileSystem()  # named once: pyarrow resolving it per file costs a third
@@ -50,6 +53,38 @@ def read_text(path: str) -> str | None:
             return fh.read()
     except FileNotFoundError:
         return None
+
+
+def read_bytes(path: str) -> bytes | None:
+    """The bytes of the file ``path`` (None if there is no such file)."""
+    try:
+        if is_remote(path):
+            with _s3().open_input_stream(_key(path)) as src:
+                return bytes(src.read())
+        with open(path, "rb") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return None
+
+
+def exists(path: str) -> bool:
+    """Whether there is a file or a folder at ``path`` (on an object store: an object at
+    ``path`` or any object below ``path/``)."""
+    if not is_remote(path):
+        return os.path.exists(path)
+    return bool(_s3().get_file_info(_key(path).rstrip("/")).type != pafs.FileType.NotFound)
+
+
+def remove_folder(folder: str) -> None:
+    """Delete ``folder`` and everything in it, if it is there (on an object store: every
+    object below ``folder/``; a whole bucket is refused, ``UsageError``)."""
+    if not is_remote(folder):
+        shutil.rmtree(folder, ignore_errors=True)
+        return
+    key = _key(folder).rstrip("/")
+    if key.count("/") == 0:
+        raise UsageError(f"{folder}: refusing to delete a whole bucket (name a prefix)")
+    _s3().delete_dir_contents(key, missing_dir_ok=True)
 
 
 def remove(path: str) -> None:
@@ -100,18 +135,6 @@ def file_size(path: str) -> int | None:
         return info.size if info.type == pafs.FileType.File else None
     try:
         return os.stat(path).st_size
-    except FileNotFoundError:
-        return None
-
-
-def read_bytes(path: str) -> bytes | None:
-    """The bytes of ``path`` (None if there is no such file)."""
-    try:
-        if is_remote(path):
-            with _s3().open_input_stream(_key(path)) as src:
-                return bytes(src.read())
-        with open(path, "rb") as fh:
-            return fh.read()
     except FileNotFoundError:
         return None
 

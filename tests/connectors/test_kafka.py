@@ -18,8 +18,10 @@ from dbsp_pipeline.connectors.kafka import (
     KafkaRunner,
     KafkaSink,
     KafkaSource,
+    topic_lag,
 )
 from tests.kafka_helpers import consume_all, new_topic, produce
+from tests.object_store_helpers import new_bucket
 
 
 def shop() -> Circuit:
@@ -163,3 +165,27 @@ def test_a_topic_feeds_one_input(spark, tmp_path, broker):
             KafkaSource(p, broker, [KafkaInput("orders", "x"), KafkaInput("customers", "x")])
         with pytest.raises(Exception, match="unknown input 'nope'"):
             KafkaSource(p, broker, [KafkaInput("nope", "y")])
+
+
+def test_topic_lag_reads_the_offsets_recorded_at_an_s3_root(spark, broker, object_store,
+                                                             monkeypatch):
+    """The sensor's Kafka lag reads the input logs through the root's store: an object-store
+    root's recorded offsets count, not an empty local folder's."""
+    for name, value in object_store.items():
+        monkeypatch.setenv(name, value)
+    root = f"s3://{new_bucket(object_store, 'lag')}/shop"
+    topic = new_topic(broker, 1, "lag")
+    bindings = [KafkaInput("x", topic)]
+    c = Circuit("lag")
+    c.output("n", c.input("x", "k BIGINT").group_by("k").agg(n="count(*)"))
+    produce(broker, topic, [{"k": 1}, {"k": 2}, {"k": 2}])
+    assert topic_lag(broker, root, bindings) == {"x": 3}  # no root yet
+    with Pipeline(c, root, spark) as p:
+        runner = KafkaRunner(p, broker, bindings)
+        try:
+            assert len(runner.run(max_steps=1, idle_seconds=0.5)) == 1
+        finally:
+            runner.close()
+    assert topic_lag(broker, root, bindings) == {"x": 0}
+    produce(broker, topic, [{"k": 3}])
+    assert topic_lag(broker, root, bindings) == {"x": 1}

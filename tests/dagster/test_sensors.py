@@ -6,10 +6,13 @@ import os
 import time
 
 import dagster as dg
+import pytest
 
-from dbsp_pipeline import Pipeline, read_status
+from dbsp_pipeline import Pipeline, UsageError, read_status
+from dbsp_pipeline.dagster import Deployment, PipelineStore, build_definitions
 from dbsp_pipeline.examples.shop import shop_circuit
 from tests.dagster.conftest import drop
+from tests.object_store_helpers import new_bucket
 
 
 def sensor_named(defs, name):
@@ -106,3 +109,27 @@ def test_a_failed_run_launches_recover(defs, root, instance):
     assert request.run_key == f"recover-after-{failed.run_id}"
     assert request.tags["dbsp/failed_run"] == failed.run_id
     assert sensor.job_name == "shop_recover"
+
+
+def test_input_arrival_reads_an_s3_root(spark, instance, object_store, monkeypatch):
+    """A deployment whose data is in an object store: the sensor reads the root's status
+    through the store (no inbox beside an s3:// root) and keys the run like a local root."""
+    for name, value in object_store.items():
+        monkeypatch.setenv(name, value)
+    data = f"s3://{new_bucket(object_store, 'dagster')}/pipelines"
+    defs = build_definitions(shop_circuit(), Deployment.local(data))
+    store = defs.resources["shop_pipeline"]
+    assert store.root == f"{data}/shop" and store.inbox_folder is None
+    result, _ = evaluate(defs, instance, "shop_input_arrival")
+    assert not result.run_requests and "no input waits" in result.skip_message
+
+    with Pipeline(shop_circuit(), store.root, spark) as p:
+        p.push("customers", [(1, "north")])
+        pipeline_id = p.pipeline_id
+    result, _ = evaluate(defs, instance, "shop_input_arrival")
+    (request,) = result.run_requests
+    assert request.run_key == f"shop@{pipeline_id[:8]}:from-step-0:customers=1,orders=0"
+    assert request.tags["dbsp/pending_pushes"] == "1" and request.tags["dbsp/inbox_files"] == "0"
+
+    with pytest.raises(UsageError, match="the inbox is a local folder"):
+        _ = PipelineStore(root=store.root, inbox=f"{data}/inbox").inbox_folder

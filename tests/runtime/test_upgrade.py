@@ -134,7 +134,11 @@ def _spark_schema(root: str, name: str):
     from deltalake import DeltaTable
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    return from_arrow_schema(pa.schema(DeltaTable(os.path.join(root, "state", name))
+    from dbsp_pipeline.storage.s3_store import s3_options
+
+    uri = os.path.join(root, "state", name)
+    options = s3_options(uri) if uri.startswith("s3://") else None
+    return from_arrow_schema(pa.schema(DeltaTable(uri, storage_options=options)
                                        .schema().to_arrow()))
 
 
@@ -160,3 +164,25 @@ def _rounded(outputs: dict) -> dict:
     return {view: {step: Counter({tuple((k, round(v, 6) if isinstance(v, float) else v)
                                         for k, v in row): m for row, m in rows.items()})
                    for step, rows in steps.items()} for view, steps in outputs.items()}
+
+
+def test_format_2_state_of_an_s3_root_is_migrated_like_a_local_one(spark, tmp_path,
+                                                                    object_store, monkeypatch):
+    """The migration reads the old traces through the root's store: an object-store root's
+    format-2 state becomes the same views as a local root's."""
+    from tests.object_store_helpers import new_bucket
+
+    for name, value in object_store.items():
+        monkeypatch.setenv(name, value)
+    views = []
+    for root in (str(tmp_path / "local"), f"s3://{new_bucket(object_store, 'upgrade')}/old"):
+        with workload.open_pipeline(root, spark) as p:
+            for r, pushes in enumerate(ROUNDS[:2]):
+                workload.play_round(p, r, pushes)
+        _as_format_2(root, spark)
+        with workload.open_pipeline(root, spark) as p:
+            assert p.upgrade_info.migrations == [(2, 3)]
+            workload.play_round(p, 2, ROUNDS[2])
+            views.append({v: sorted(map(str, p.view_arrow(v).to_pylist()))
+                          for v in ("by_region", "regions")})
+    assert views[0] == views[1] and views[0]["by_region"]

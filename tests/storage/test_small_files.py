@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from dbsp_pipeline.errors import UsageError
 from dbsp_pipeline.storage import small_files
 from tests.object_store_helpers import new_bucket
 
@@ -56,3 +57,18 @@ def test_folders_sizes_bytes_and_moves(folder: str) -> None:
     assert small_files.read_text(f"{folder}/t/aside/0.json") == "{}\n"
     fs, name = small_files.filesystem(f"{folder}/t/aside/0.json")
     assert fs.get_file_info(name).size == 3
+
+
+def test_bytes_exists_and_remove_folder(folder: str) -> None:
+    root = folder.rsplit("/", 1)[0]
+    assert not small_files.exists(root) and small_files.read_bytes(f"{folder}/x.bin") is None
+    small_files.make_folder(folder)
+    small_files.write_atomically(f"{folder}/x.bin", "\u00e9")
+    assert small_files.read_bytes(f"{folder}/x.bin") == "\u00e9".encode()
+    assert small_files.exists(f"{folder}/x.bin") and small_files.exists(root)
+    small_files.remove_folder(root)
+    small_files.remove_folder(root)  # gone already: nothing to do
+    assert not small_files.exists(f"{folder}/x.bin") and small_files.list_names(folder) == []
+    if small_files.is_remote(root):
+        with pytest.raises(UsageError, match="a whole bucket"):
+            small_files.remove_folder(root.rsplit("/", 1)[0])
