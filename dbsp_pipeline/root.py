@@ -10,6 +10,9 @@ Layout of a pipeline root (every name below is spelled only here)::
     inputs/<name>/          the durable log of each input (one Delta version per push)
     state/<trace>/          the traces of the stateful operators
     outputs/<name>/         the change log of each output view (``_step`` and ``_weight``)
+    _local/                 what this machine derived from the root and can rebuild: the keyed
+                            runs of big trace files (``storage/keyed_runs.py``); an object-store
+                            root keeps it on local disk instead (``local_folder``)
 
 Inside every table are Delta's ``_delta_log/``, the engine's data files (``data/``, named in
 ``storage/delta_table.py``) and, after damage was set aside, ``_dbsp_set_aside/``
@@ -59,6 +62,10 @@ INPUTS = "inputs"
 STATE = "state"
 #: the folder of the output logs (one table per output view)
 OUTPUTS = "outputs"
+#: the folder of what this machine derived from the root and can rebuild from it (keyed runs)
+LOCAL = "_local"
+#: where an object-store root's local folder goes (default ``~/.cache/dbsp-pipeline``)
+LOCAL_DIR_VARIABLE = "DBSP_LOCAL_DIR"
 
 
 def manifest(root: str) -> str:
@@ -99,6 +106,23 @@ def output_log(root: str, name: str) -> str:
 def state_table(root: str, name: str) -> str:
     """The state table of trace ``name``."""
     return os.path.join(root, STATE, name)
+
+
+def local_folder(root: str) -> str:
+    """Where this machine keeps what it derives from ``root`` and can always rebuild from it
+    (never state: deleting it costs time, not data). ``<root>/_local`` for a local root; for an
+    object-store root, a folder named by the root's URI under ``$DBSP_LOCAL_DIR`` (default
+    ``~/.cache/dbsp-pipeline``), since the store is not this machine's disk."""
+    if not is_remote(root):
+        return os.path.join(root, LOCAL)
+    base = os.environ.get(LOCAL_DIR_VARIABLE) or os.path.join(
+        os.path.expanduser("~"), ".cache", "dbsp-pipeline")
+    return os.path.join(base, root.split("://", 1)[1].strip("/").replace("/", "+"))
+
+
+def keyed_runs(root: str, trace: str) -> str:
+    """The local folder of the keyed runs of trace ``trace`` (``storage/keyed_runs.py``)."""
+    return os.path.join(local_folder(root), "keyed_runs", trace)
 
 
 # -- reading a root without opening it ------------------------------------------------------

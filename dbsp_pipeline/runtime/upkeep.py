@@ -52,6 +52,8 @@ def collect_garbage(state: EngineState, grace_seconds: float) -> int:
     for out in state.outputs.values():
         out.clean_log_before(oldest_step)
     deleted = state.db.collect_garbage(state.retain_checkpoints, grace_seconds)
+    for trace in state.plan.state_traces():
+        trace.collect_runs()  # local copies of deleted trace files (keyed_runs.py)
     tables = [*(log_.table for log_ in state.outputs.values()),
               *(log_.table for log_ in state.inputs.values()), state.divisions.table]
     for table in tables:

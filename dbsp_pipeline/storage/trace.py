@@ -7,7 +7,10 @@ a batch in a spine), and ``compact`` merges files in the background of the step 
 
 Files are sorted by ``(_shard, key)`` and carry min/max statistics, so a reader that only needs
 some keys can skip files (``files_for_shards``), and a layout change (which moves whole shards
-between workers) rewrites only the files whose shard range crosses an owner boundary.
+between workers) rewrites only the files whose shard range crosses an owner boundary. A lookup by
+key (``lookup_arrow``) reads a big file through its keyed run (``keyed_runs.py``: a local,
+memory-mapped copy sorted by the key's hash), so its cost follows the keys looked up and the
+rows found, not the file's size; the writer of a file on the driver writes its run at once.
 
 Durability: ``append`` commits a Delta version of the trace table at once; it becomes part of the
 pipeline's state only when the state database commits a manifest entry naming that version
@@ -29,9 +32,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
+from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.driver import hashing
 from dbsp_pipeline.driver.sql import LocalSQL, idents, null_safe_on
 from dbsp_pipeline.storage.delta_table import DataFile
+from dbsp_pipeline.storage.keyed_runs import KeyedRuns
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.zset import SHARD, WEIGHT, consolidate, shard_of
 
@@ -105,6 +110,9 @@ class Trace:
         self.table = db.table(name, full)
         self.spark: SparkSession = db.spark
         self._files: list[DataFile] | None = None
+        #: the keyed runs of the trace's big files, for lookups by key
+        self.runs = KeyedRuns(root_layout.keyed_runs(db.root, name), self.table.arrow_schema,
+                              self._key_hashes)
 
     def files(self) -> list[DataFile]:
         """The trace's files as of now (the open version plus this run's appends)."""
@@ -178,7 +186,10 @@ class Trace:
         before = self.files()
         adds = self.table.write_arrow(change)
         self.table.commit(adds)
-        self._files = before + [self.table.data_file(a) for a in adds]
+        new = [self.table.data_file(a) for a in adds]
+        self._files = before + new
+        for f in new:  # one file: the whole change
+            self.runs.add(f, change)
         return change
 
     def replace_arrow(self, delta: pa.Table | None) -> None:
@@ -199,7 +210,9 @@ class Trace:
                      files: Sequence[DataFile] | None = None) -> pa.Table:
         """The trace's rows whose key equals a key in ``keys`` (a table holding the key columns;
         NULL equals NULL), read from ``files`` (default: all), and of those only the files and
-        row groups whose ``_shard`` range holds a wanted key's shard."""
+        row groups whose ``_shard`` range holds a wanted key's shard; a big file is read through
+        its keyed run (built first if it has none), so only the rows of the wanted keys' hashes
+        are read from it."""
         if keys.num_rows == 0:
             return self.table.arrow_schema.empty_table()
         if len(self.key) == 1:
@@ -216,9 +229,17 @@ class Trace:
         candidates = [f for f in candidates if f in hit]
         if not candidates:
             return self.table.arrow_schema.empty_table()
-        field = pc.field(SHARD)
-        where = (field >= min(shards)) & (field <= max(shards)) & field.isin(shards)
-        rows = self.table.read_arrow(candidates, where)
+        small = [f for f in candidates if not self.runs.covers(f)]
+        parts = []
+        if small:
+            field = pc.field(SHARD)
+            where = (field >= min(shards)) & (field <= max(shards)) & field.isin(shards)
+            parts.append(self.table.read_arrow(small, where))
+        if len(small) < len(candidates):
+            hashes = np.unique(self._key_hashes(wanted_keys))
+            parts += [self.runs.lookup(f, hashes, lambda f: self.table.read_arrow([f]))
+                      for f in candidates if self.runs.covers(f)]
+        rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
         if rows.num_rows == 0 or not self.key:
             return rows
         if len(self.key) == 1:  # is_in matches NULL with NULL, as the lookup must
@@ -234,6 +255,11 @@ class Trace:
         fields = [schema.field(c) for c in columns]
         return pa.Table.from_arrays([table.column(c).cast(f.type) for c, f in zip(columns, fields)],
                                     schema=pa.schema(fields))
+
+    def _key_hashes(self, rows: pa.Table) -> np.ndarray:
+        """The 64-bit hash of the key of each row of ``rows``, unsigned (its top bits are the
+        row's ``_shard``)."""
+        return hashing.xxhash64_arrow(rows, self.key).astype(np.uint64)
 
     def _with_shard(self, rows: pa.Table) -> pa.Table:
         """Payload and ``_weight`` of ``rows`` in the table's types, plus their ``_shard``."""
@@ -272,7 +298,10 @@ class Trace:
         if sql is not None and rows <= DRIVER_MERGE_ROWS:
             merged = sql.consolidate(self.read_arrow(files), [*self.payload, SHARD])
             merged = merged.sort_by([(SHARD, "ascending"), *[(k, "ascending") for k in self.key]])
-            return self.table.write_arrow(merged.select(self.table.arrow_schema.names))
+            adds = self.table.write_arrow(merged.select(self.table.arrow_schema.names))
+            for a in adds:  # one file: the whole merge (its run is of use once it commits)
+                self.runs.add(self.table.data_file(a), merged)
+            return adds
         merged = consolidate(self.read(files), [*self.payload, SHARD])
         parts = max(1, min(64, rows // 2_000_000 + 1))
         merged = merged.repartitionByRange(parts, F.col(SHARD)) if parts > 1 else merged.coalesce(1)
@@ -363,6 +392,11 @@ class Trace:
 
     def _owner_columns(self, layout: OwnerLayout) -> list[str]:
         return [SHARD, *self.key] if layout.keyed else [SHARD]
+
+    def collect_runs(self) -> int:
+        """Delete the keyed runs of data files that are no longer stored (garbage collection
+        deleted them); returns how many files went."""
+        return self.runs.retain(f.path for f in self.table.store.stored_data_files())
 
     def reset_cache(self) -> None:
         """Forget the cached file list (after the state database rolled the table back)."""

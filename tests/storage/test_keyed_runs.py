@@ -1,0 +1,119 @@
+"""Keyed runs: lookups through a trace's runs return exactly what a scan returns, and a run
+that is missing, cut short or of another file is rebuilt from the Delta data file, never
+trusted."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from dbsp_pipeline.driver.sql import LocalSQL
+from dbsp_pipeline.storage import keyed_runs
+from dbsp_pipeline.storage.state_db import StateDatabase
+from dbsp_pipeline.storage.trace import Trace
+
+SCHEMA = StructType([StructField("c", LongType()), StructField("tag", StringType()),
+                     StructField("o", LongType())])
+ROWS = 40_000
+
+
+def _rows(rng: np.random.Generator, n: int, first: int) -> pa.Table:
+    c = rng.integers(0, 2_000, n).astype(object)
+    c[rng.random(n) < 0.01] = None  # NULL keys are keys too
+    tags = np.array(["x", "y", None], dtype=object)[rng.integers(0, 3, n)]
+    return pa.table({"c": pa.array(c, pa.int64()), "tag": pa.array(tags, pa.string()),
+                     "o": pa.array(np.arange(first, first + n), pa.int64()),
+                     "_weight": pa.array(rng.integers(1, 3, n), pa.int64())})
+
+
+def _scan(trace: Trace, keys: pa.Table) -> list[tuple]:
+    """The oracle: the whole trace read and filtered by key (NULL equals NULL)."""
+    rows = trace.read_arrow()
+    mask = np.zeros(rows.num_rows, dtype=bool)
+    for k in keys.to_pylist():
+        m = np.ones(rows.num_rows, dtype=bool)
+        for col, v in k.items():
+            column = rows.column(col)
+            m &= (pc.is_null(column) if v is None else pc.fill_null(pc.equal(column, v), False)
+                  ).to_numpy(zero_copy_only=False)
+        mask |= m
+    return sorted(rows.filter(pa.array(mask)).to_pylist(), key=repr)
+
+
+@pytest.fixture
+def big_trace(spark, tmp_path):
+    db = StateDatabase(spark, str(tmp_path), "fp")
+    db.open()
+    sql = LocalSQL()
+    trace = Trace(db, "t", SCHEMA, ["c", "tag"])
+    rng = np.random.default_rng(7)
+    trace.append_arrow(sql, _rows(rng, ROWS, 0))  # one big file: gets a run at once
+    trace.append_arrow(sql, _rows(rng, 500, ROWS))  # one small file: read whole
+    return trace, sql, rng, db
+
+
+def _keys(rng: np.random.Generator, n: int) -> pa.Table:
+    c = rng.integers(0, 2_100, n).astype(object)  # some keys are not in the trace
+    c[:2] = None
+    tags = np.array(["x", "y", None], dtype=object)[rng.integers(0, 3, n)]
+    return pa.table({"c": pa.array(c, pa.int64()), "tag": pa.array(tags, pa.string())})
+
+
+def test_lookups_through_runs_equal_a_scan(big_trace):
+    trace, sql, rng, db = big_trace
+    assert [f.rows >= keyed_runs.MIN_ROWS for f in trace.files()] == [True, False]
+    assert len(os.listdir(trace.runs.folder)) == 1 and trace.runs.built == 0
+    for n in (1, 30, 1_000):
+        keys = _keys(rng, n)
+        got = sorted(trace.lookup_arrow(sql, keys).to_pylist(), key=repr)
+        assert got == _scan(trace, keys) and got
+    assert trace.runs.built == 0  # the writer's run served every lookup
+
+
+def test_a_missing_run_is_rebuilt_from_the_data_file(big_trace, spark):
+    trace, sql, rng, db = big_trace
+    for name in os.listdir(trace.runs.folder):
+        os.remove(os.path.join(trace.runs.folder, name))
+    again = Trace(db, "t", SCHEMA, ["c", "tag"])  # another process: nothing open
+    keys = _keys(rng, 200)
+    assert sorted(again.lookup_arrow(sql, keys).to_pylist(), key=repr) == _scan(trace, keys)
+    assert again.runs.built == 1 and len(os.listdir(again.runs.folder)) == 1
+
+
+@pytest.mark.parametrize("damage", ["cut", "empty", "other file", "garbage"])
+def test_a_damaged_run_is_never_trusted(big_trace, damage):
+    trace, sql, rng, db = big_trace
+    (name,) = os.listdir(trace.runs.folder)
+    path = os.path.join(trace.runs.folder, name)
+    data = open(path, "rb").read()
+    if damage == "cut":
+        data = data[: len(data) // 2]
+    elif damage == "empty":
+        data = b""
+    elif damage == "garbage":
+        data = b"ARROW1" + os.urandom(len(data) - 6)
+    else:  # a whole, readable run, but of other rows (not the data file's row count)
+        other = pa.ipc.open_file(pa.py_buffer(data)).read_all().slice(0, 100)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, other.schema) as w:
+            w.write_table(other)
+        data = sink.getvalue().to_pybytes()
+    open(path, "wb").write(data)
+    again = Trace(db, "t", SCHEMA, ["c", "tag"])
+    keys = _keys(rng, 300)
+    assert sorted(again.lookup_arrow(sql, keys).to_pylist(), key=repr) == _scan(trace, keys)
+    assert again.runs.built == 1
+
+
+def test_runs_of_deleted_files_are_collected(big_trace):
+    trace, sql, rng, db = big_trace
+    big = trace.files()[0]
+    trace.table.store.delete_data_files([big.path])  # what GC does to an unreferenced file
+    open(os.path.join(trace.runs.folder, "x.arrow.1.tmp"), "wb").close()  # a crashed write
+    assert trace.collect_runs() == 2
+    assert os.listdir(trace.runs.folder) == []
