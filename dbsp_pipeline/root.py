@@ -44,6 +44,7 @@ from dbsp_pipeline.storage.delta_table import (
     table_id,
     table_version,
 )
+from dbsp_pipeline.storage.small_files import is_remote
 from dbsp_pipeline.storage.table_store import root_uri
 
 #: the state database's manifest table
