@@ -5,8 +5,11 @@ table's store (``storage/table_store.py``) and passes two named crash points aro
 commit and rollback, ``<role>.<action>.before`` and ``<role>.<action>.after``, where ``role``
 names the table's part in the step protocol (``input``, ``division``, ``trace``, ``output``,
 ``manifest``, ``errors``) and ``action`` is ``commit`` (a data change), ``rewrite`` (a
-compaction: same content, other files) or ``restore`` (a rollback). The engine passes a few more
-points outside storage (``rescale.*``, ``kafka.transaction.*``). A test:
+compaction: same content, other files) or ``restore`` (a rollback). A Delta log cleanup
+(``TableStore.clean_log_below``) that deletes files passes ``<role>.cleanup.before``,
+``<role>.cleanup.between`` after each deleted file but the last (the files go one at a time,
+oldest first) and ``<role>.cleanup.after``; one that deletes nothing passes none. The engine
+passes a few more points outside storage (``rescale.*``, ``kafka.transaction.*``). A test:
 
 * arms a point in process with ``arm(name, n)``: its n-th pass raises ``InjectedCrash`` (a
   ``BaseException``, so no engine code can swallow it); the test abandons the pipeline object,
@@ -72,12 +75,27 @@ class FaultInjectingTableStore:
         self.inner.restore(version, expected_version=expected_version)
         hit(f"{self.role}.restore.after")
 
+    def clean_log_below(self, version: int) -> int:
+        names = self.inner.log_files_below(version)
+        if not names:
+            return 0  # nothing durable happens: no crash point
+        hit(f"{self.role}.cleanup.before")
+        for i, name in enumerate(names):  # oldest first, one at a time
+            if i:
+                hit(f"{self.role}.cleanup.between")
+            self.inner.delete_log_files([name])
+        hit(f"{self.role}.cleanup.after")
+        return len(names)
+
     # -- everything else: the inner store's ----------------------------------------------------
     def table_id(self) -> str:
         return self.inner.table_id()
 
-    def clean_log_below(self, version: int) -> int:
-        return self.inner.clean_log_below(version)
+    def log_files_below(self, version: int) -> list[str]:
+        return self.inner.log_files_below(version)
+
+    def delete_log_files(self, names: Sequence[str]) -> None:
+        self.inner.delete_log_files(names)
 
     def version(self, *, refresh: bool = True) -> int:
         return self.inner.version(refresh=refresh)

@@ -61,3 +61,28 @@ def test_the_second_pass_crashes_when_armed_for_it(tmp_path) -> None:
     with pytest.raises(testing.InjectedCrash):
         s.commit()
     assert s.version() == 1
+
+
+def test_a_log_cleanup_passes_points_around_and_between_its_deletions(tmp_path) -> None:
+    """Cleanup deletes one log file at a time, oldest first: a crash between two deletions
+    leaves a log that starts later and loads every version from the Delta checkpoint on."""
+    uri = str(tmp_path / "t")
+    s = testing.FaultInjectingTableStore(
+        open_table_store(uri, SCHEMA, {"delta.checkpointInterval": "3"}), "trace")
+    for key in "abcdefg":
+        s.commit(s.write_arrow(pa.table({"key": [key]}, schema=SCHEMA)))
+    testing.reset()
+    below = s.log_files_below(s.version())  # below the Delta checkpoint at version 5
+    assert below == sorted(below) and len(below) >= 6  # zero-padded versions: oldest first
+    assert s.clean_log_below(1) == 0 and not testing.passes()  # no deletion: no point
+    testing.arm("trace.cleanup.between", 2)
+    with pytest.raises(testing.InjectedCrash):
+        s.clean_log_below(s.version())
+    left = sorted((tmp_path / "t" / "_delta_log").iterdir())
+    assert left[0].name == below[2]  # the two oldest went, and nothing else
+    assert testing.passes() == {"trace.cleanup.before": 1, "trace.cleanup.between": 2}
+    reopened = store(uri)
+    assert sorted(r["key"] for r in reopened.read_arrow(
+        [f.path for f in reopened.files()]).to_pylist()) == list("abcdefg")
+    assert reopened.clean_log_below(reopened.version()) == len(below) - 2
+    assert testing.passes()["output.cleanup.after"] == 1

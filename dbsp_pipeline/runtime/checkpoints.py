@@ -1,11 +1,17 @@
 """Checkpoints: the retained state versions, and going back to one (``restore``).
 
 A checkpoint is a committed state version (``state_db.py``); the newest
-``retain_checkpoints`` stay readable. Restoring rebuilds the state from the input divisions
-and output logs, which are the source of truth: the state is rolled back to the checkpoint and
-the steps divided since are executed again from their recorded divisions (the step protocol's
-replay, ``step_protocol.recover``). Their output was written before; the output logs verify it
-and discard it, so consumers see nothing change.
+``retain_checkpoints`` stay readable. The retained chain ends at the division log's
+``compacted_below`` (``division_log.py``): a checkpoint whose step is below it cannot be
+restored (the divisions a restore would replay are gone), so it is not listed, restoring it is
+``UsageError``, verify does not check it and garbage collection deletes it, even when a raised
+``retain_checkpoints`` would reach its manifest entry, still on disk.
+
+Restoring rebuilds the state from the input divisions and output logs, which are the source of
+truth: the state is rolled back to the checkpoint and the steps divided since are executed again
+from their recorded divisions (the step protocol's replay, ``step_protocol.recover``). Their
+output was written before; the output logs verify it and discard it, so consumers see nothing
+change.
 """
 
 from __future__ import annotations
@@ -19,13 +25,15 @@ from dbsp_pipeline.storage.verify import prepare_open
 
 
 def retained(state: EngineState) -> list[Checkpoint]:
-    """The retained checkpoints (``retain_checkpoints`` of them at most), newest first."""
+    """The retained checkpoints (``retain_checkpoints`` of them at most, none below the division
+    log's ``compacted_below``), newest first."""
     return [Checkpoint(version=int(e["version"]), step=int(e.get("step", 0)),
                        layout=Layout.from_json(e.get("meta", {}).get(LAYOUT_KEY)),
                        fingerprint=e.get("fingerprint"),
                        engine_version=e.get("engine_version"),
                        state_format=e.get("state_format"))
-            for e in state.db.checkpoints(state.retain_checkpoints)]
+            for e in state.db.checkpoints(state.retain_checkpoints,
+                                          state.divisions.compacted_below)]
 
 
 def restore(state: EngineState, version: int) -> list[StepResult]:
@@ -39,7 +47,8 @@ def restore(state: EngineState, version: int) -> list[StepResult]:
     state.compactor.apply_finished(wait=True)
     if prepare_open(state.root, version, state.retain_checkpoints):  # set damage aside
         state.db = StateDatabase(state.spark, state.root, state.circuit.fingerprint())
-    state.db.open(version, retained=state.retain_checkpoints)
+    state.db.open(version, retained=state.retain_checkpoints,
+                  from_step=state.divisions.compacted_below)  # else UsageError, by name
     state.load_opened()  # operators over the rolled-back traces
     replayed = step_protocol.recover(state)
     if state.uncommitted_steps:

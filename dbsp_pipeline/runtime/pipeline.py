@@ -180,8 +180,11 @@ class Pipeline:
         session = as_session(self.spark)
         prepare_open(root, checkpoint, retain_checkpoints)  # damage: CorruptStateError
         db = StateDatabase(session, root, circuit.fingerprint())
+        # read before opening: no checkpoint below its compacted_below can be opened
+        divisions = DivisionLog(session, root_layout.divisions(root))
         with _fenced_at_open(circuit, root):  # opening rolls back and may commit: a race too
-            db.open(checkpoint, retained=retain_checkpoints)
+            db.open(checkpoint, retained=retain_checkpoints,
+                    from_step=divisions.compacted_below)
             #: what opening did about engine and state-format versions (``runtime/upgrade.py``)
             self.upgrade_info = upgrade.migrate(db)
             if self.upgrade_info.migrations:
@@ -195,7 +198,7 @@ class Pipeline:
                     for name in circuit.inputs},
             outputs={name: OutputLog(session, root, name, plan.output_schema(name))
                      for name in circuit.outputs},
-            divisions=DivisionLog(session, root_layout.divisions(root)),
+            divisions=divisions,
             leases=LeaseRegistry(db.root),
             compactor=BackgroundCompactor(compact_threshold), checkpoint_every=checkpoint_every,
             driver_step_rows=driver_step_rows, retain_steps=retain_steps,

@@ -198,7 +198,8 @@ def _roll_back(state: EngineState, until: int) -> None:
         state.migration.abort(f"step {until} failed while the state was being copied")
     try:
         state.compactor.apply_finished(wait=True)
-        state.db.open(state.db.version, retained=state.retain_checkpoints)
+        state.db.open(state.db.version, retained=state.retain_checkpoints,
+                      from_step=state.divisions.compacted_below)
         state.load_opened()
         while state.db.get_step() < until:
             execute_step(state)

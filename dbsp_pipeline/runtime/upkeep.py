@@ -43,7 +43,9 @@ def collect_garbage(state: EngineState, grace_seconds: float) -> int:
         return 0  # a hot layout change is copying files; the next collection will do
     state.compactor.apply_finished(wait=True)
     # Input that every retained state version has consumed is no longer needed.
-    retained = state.db.retained_entries(state.retain_checkpoints)
+    # A checkpoint below the division log's compacted_below is garbage, whatever the retention.
+    floor = state.divisions.compacted_below
+    retained = state.db.retained_entries(state.retain_checkpoints, floor)
     oldest_step = min(int(entry.get("step", 0)) for _, entry in retained)
     consumed = state.divisions.get(oldest_step - 1) if oldest_step > 0 else None
     for name, log in state.inputs.items():
@@ -51,7 +53,8 @@ def collect_garbage(state: EngineState, grace_seconds: float) -> int:
     state.divisions.compact_below(oldest_step)  # division_log.py: crash-safe, bounded
     for out in state.outputs.values():
         out.clean_log_before(oldest_step)
-    deleted = state.db.collect_garbage(state.retain_checkpoints, grace_seconds)
+    deleted = state.db.collect_garbage(state.retain_checkpoints, grace_seconds,
+                                       state.divisions.compacted_below)
     for trace in state.plan.state_traces():
         trace.collect_runs()  # local copies of deleted trace files (keyed_runs.py)
     tables = [*(log_.table for log_ in state.outputs.values()),

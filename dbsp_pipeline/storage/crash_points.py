@@ -6,7 +6,9 @@ Every Delta commit the engine makes (and every rollback of a state table) passes
 ``<role>.<action>.before`` and ``<role>.<action>.after``, where ``role`` names the table's part in
 the protocol (``input``, ``division``, ``trace``, ``output``, ``manifest``) and ``action`` is
 ``commit`` (a data change), ``rewrite`` (a compaction: same content, other files) or ``restore``
-(a rollback to the recorded state version). A test arms a point to crash at its n-th pass:
+(a rollback to the recorded state version). Deleting Delta log files below a Delta checkpoint
+(``clean_log_below``) passes ``<role>.cleanup.before``, ``<role>.cleanup.between`` between two
+deleted files and ``<role>.cleanup.after``. A test arms a point to crash at its n-th pass:
 
 * in-process, ``arm(name, n)`` makes the pass raise ``InjectedCrash`` (a ``BaseException``, so no
   engine code can swallow it); the test then abandons the pipeline object, as a dead process

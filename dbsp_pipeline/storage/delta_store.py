@@ -256,6 +256,11 @@ class DeltaTableStore:
         return str(self._table.metadata().id)
 
     def clean_log_below(self, version: int) -> int:
+        names = self.log_files_below(version)
+        self.delete_log_files(names)
+        return len(names)
+
+    def log_files_below(self, version: int) -> list[str]:
         log = self.fs_path(self.path(LOG_DIR))
         names = sorted(info.base_name for info in self._fs.get_file_info(
             pafs.FileSelector(log, allow_not_found=True)) if info.type == pafs.FileType.File)
@@ -273,14 +278,15 @@ class DeltaTableStore:
             keep = candidate
             break
         if keep is None:
-            return 0
-        deleted = 0
+            return []
+        below = [(int(m[1]), name) for name in names
+                 if (m := _VERSIONED_LOG_FILE.match(name)) is not None and int(m[1]) < keep]
+        return [name for _, name in sorted(below)]  # oldest first
+
+    def delete_log_files(self, names: Sequence[str]) -> None:
+        log = self.fs_path(self.path(LOG_DIR))
         for name in names:
-            m = _VERSIONED_LOG_FILE.match(name)
-            if m is not None and int(m[1]) < keep:
-                self._fs.delete_file(f"{log}/{name}")
-                deleted += 1
-        return deleted
+            self._fs.delete_file(f"{log}/{name}")
 
     # -- internals ---------------------------------------------------------------------------
     def _open_or_create(self, configuration: Mapping[str, str] | None) -> DeltaTable:

@@ -15,6 +15,12 @@ Contract (DBSP's two-version database interface):
   opened. The manifest commit is the single atomic commit point: a crash before it leaves ``v``
   intact, a crash after it leaves ``v + 1``.
 * ``get``/``put`` store small JSON values; ``get_step``/``set_step`` the next step to execute.
+* The retained versions (``retained_entries``) are the chain of entries from the newest back,
+  each naming its base (``manifest_base``). The chain ends at the ``retained``-th entry, at an
+  entry garbage collection deleted, and at an entry whose step is below ``from_step``: the
+  caller's first step it can still execute again (the pipeline passes its division log's
+  ``compacted_below``; a version below it is not restorable, even after the retention was
+  raised and its entry is still on disk).
 
 Durability: trace tables are committed to Delta as a step writes them, but they belong to a
 database version only once the manifest entry naming their Delta version is committed. Delta time
@@ -66,24 +72,25 @@ class StateDatabase:
         self._state_id: str | None = None
 
     # -- the two-version interface -------------------------------------------------------
-    def versions(self, retained: int = 2) -> range:
+    def versions(self, retained: int = 2, from_step: int = 0) -> range:
         """The versions ``open`` accepts: the newest ``retained`` committed versions (DBSP's
-        two by default; a pipeline that keeps more checkpoints passes its retention)."""
-        entries = self.retained_entries(max(1, retained))
+        two by default; a pipeline that keeps more checkpoints passes its retention), none with
+        a step below ``from_step`` (see the module docstring)."""
+        entries = self.retained_entries(max(1, retained), from_step)
         return range(entries[-1][1]["version"], entries[0][1]["version"] + 1)
 
-    def open(self, version: int | None = None, retained: int = 2) -> int:
-        """Open ``version`` (default: the newest; any of the newest ``retained``) as the base;
-        returns it. Opening an older version discards the newer ones: their trace versions are
-        rolled back and the next commit is ``version + 1``."""
-        entries = self.retained_entries(max(1, retained))
+    def open(self, version: int | None = None, retained: int = 2, from_step: int = 0) -> int:
+        """Open ``version`` (default: the newest; any of the newest ``retained`` whose step is
+        not below ``from_step``) as the base; returns it. Opening an older version discards the
+        newer ones: their trace versions are rolled back and the next commit is
+        ``version + 1``. A version below ``from_step`` is ``UsageError``, saying so."""
+        entries = self.retained_entries(max(1, retained), from_step)
         latest = entries[0][1]
         if version is None:
             version = latest["version"]
         by_version = {entry["version"]: entry for _, entry in entries}
         if version not in by_version:
-            raise UsageError(f"state version {version} cannot be opened; "
-                             f"available: {sorted(by_version)}")
+            raise UsageError(self._not_retained(version, retained, from_step, sorted(by_version)))
         entry = by_version[version]
         recorded_fp = entry.get("fingerprint")
         if recorded_fp and recorded_fp != self.fingerprint:
@@ -139,31 +146,37 @@ class StateDatabase:
         self._require_open()
         self._step = int(step)
 
-    def retained_entries(self, count: int) -> list[tuple[int, dict[str, Any]]]:
+    def retained_entries(self, count: int,
+                         from_step: int = 0) -> list[tuple[int, dict[str, Any]]]:
         """The newest ``count`` committed entries as (manifest version, entry), newest first:
-        the state versions garbage collection keeps readable."""
+        the state versions garbage collection keeps readable. The chain ends before an entry
+        whose step is below ``from_step`` (see the module docstring); the newest entry, the
+        state itself, is always there."""
         out: list[tuple[int, dict[str, Any]]] = []
         manifest_version: int | None = self._manifest.version()
         while manifest_version is not None and len(out) < count:
             entry = self._entry_at_manifest(manifest_version)
-            if entry is None:
+            if entry is None or (out and int(entry.get("step", 0)) < from_step):
                 break
             out.append((manifest_version, entry))
             manifest_version = entry.get("manifest_base")
         return out
 
-    def checkpoints(self, count: int) -> list[dict[str, Any]]:
-        """The newest ``count`` committed entries (newest first): version, step, metadata,
-        fingerprint, engine version and state format of each retained checkpoint."""
-        return [entry for _, entry in self.retained_entries(count)]
+    def checkpoints(self, count: int, from_step: int = 0) -> list[dict[str, Any]]:
+        """The newest ``count`` committed entries (newest first) whose step is not below
+        ``from_step``: version, step, metadata, fingerprint, engine version and state format of
+        each retained checkpoint."""
+        return [entry for _, entry in self.retained_entries(count, from_step)]
 
-    def collect_garbage(self, retain_versions: int, grace_seconds: float) -> int:
+    def collect_garbage(self, retain_versions: int, grace_seconds: float,
+                        from_step: int = 0) -> int:
         """Delete the files of the manifest and of every state table that none of the newest
-        ``retain_versions`` state versions (nor anything newer) refers to; returns how many.
+        ``retain_versions`` state versions whose step is not below ``from_step`` (nor anything
+        newer) refers to; returns how many.
         Their Delta logs lose the commits below the newest Delta checkpoint at or before the
         oldest version a retained state version reads (``clean_log_below``), so opening lists
         a log bounded by the retained history, not by every commit ever made."""
-        retained = self.retained_entries(max(1, retain_versions))
+        retained = self.retained_entries(max(1, retain_versions), from_step)
         oldest_manifest = min(v for v, _ in retained)
         deleted = garbage.collect(self._manifest, oldest_manifest, grace_seconds)
         self._manifest.clean_log_below(oldest_manifest)
@@ -230,6 +243,19 @@ class StateDatabase:
         if self._base is None:
             raise UsageError("the state database is not open")
         return self._base
+
+    def _not_retained(self, version: int, retained: int, from_step: int,
+                      available: list[int]) -> str:
+        """Why ``open`` refuses ``version``: below ``from_step``, or not retained at all."""
+        for _, entry in self.retained_entries(max(1, retained)):
+            step = int(entry.get("step", 0))
+            if entry["version"] == version and step < from_step:
+                return (f"checkpoint {version} (step {step}) of the state at {self.root} cannot "
+                        f"be restored: it was compacted, the division log keeps the divisions "
+                        f"from step {from_step} on (compacted_below) and restoring it would "
+                        f"execute steps {step}..{from_step - 1} again; retained checkpoints: "
+                        f"{available}")
+        return f"state version {version} cannot be opened; available: {available}"
 
     def _latest_entry(self) -> dict[str, Any]:
         entry = self._entry_at_manifest(self._manifest.version())

@@ -173,7 +173,18 @@ class TableStore(Protocol):
         checkpoint) and the log's listing is bounded by the checkpoint interval plus the commits
         after ``version``; versions below the checkpoint no longer load, so ``version`` must be
         the oldest version any reader still needs. Files go oldest first: a crash leaves a log
-        that starts later, which loads the same, and the next call deletes the rest."""
+        that starts later, which loads the same, and the next call deletes the rest. It is
+        ``delete_log_files(log_files_below(version))``."""
+        ...
+
+    def log_files_below(self, version: int) -> list[str]:
+        """The names (in ``_delta_log``) of the files ``clean_log_below(version)`` deletes,
+        oldest version first; empty when no readable Delta checkpoint is at or before
+        ``version``. Reads only."""
+        ...
+
+    def delete_log_files(self, names: Sequence[str]) -> None:
+        """Delete the log files ``names`` (from ``log_files_below``), in the order given."""
         ...
 
 

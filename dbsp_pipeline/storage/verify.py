@@ -467,7 +467,8 @@ class _RootScan:
     def checkpoints(self) -> list[_Checkpoint]:
         """The newest ``retained`` checkpoints, newest first, read from the manifest's log.
         Damaged newest manifest commits are skipped (and kept in ``lost``): the chain starts at
-        the newest readable entry."""
+        the newest readable entry. It ends before a checkpoint whose step is below the division
+        log's ``compacted_below`` (not restorable, as ``state_db.retained_entries`` says)."""
         if self._checkpoints is not None:
             return self._checkpoints
         out: list[_Checkpoint] = []
@@ -484,8 +485,11 @@ class _RootScan:
         else:
             return out
         m: int | None = head
+        floor = self._compacted_below()  # read after the manifest, as the logs are
         while m is not None and len(out) < self.retained:
             cp, damage, collected = self._entry_at(m)
+            if cp is not None and out and cp.step < floor:
+                break
             if cp is None:
                 # The end of the chain: an older entry collected as garbage (the retention was
                 # smaller once), or damaged (a checkpoint lost).
@@ -496,6 +500,12 @@ class _RootScan:
             base = cp.entry.get("manifest_base")
             m = int(base) if isinstance(base, int) else None
         return out
+
+    def _compacted_below(self) -> int:
+        """The division log's ``compacted_below`` (0: nothing compacted, or no readable log)."""
+        steps = self._divided_steps()
+        text = self._division_record(min(steps)) if steps else None
+        return (division_log.compacted_below(text) or 0) if text is not None else 0
 
     def _entry_at(self, m: int) -> tuple[_Checkpoint | None, list[Damage], bool]:
         """The checkpoint manifest version ``m`` added, read from its commit and data file;

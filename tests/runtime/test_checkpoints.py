@@ -48,3 +48,40 @@ def test_restore_rebuilds_the_newer_state_from_the_recorded_divisions(spark, tmp
         with pytest.raises(UsageError, match="cannot be opened"):
             p.restore(1)  # never retained
     assert workload.consumer_view(spark, root) == reference
+
+
+def test_raising_retention_does_not_bring_back_checkpoints_whose_divisions_were_compacted(
+        spark, tmp_path):
+    """Garbage collection compacts the division log below the oldest retained checkpoint's
+    step. Raising ``retain_checkpoints`` afterwards must not offer the older checkpoints whose
+    manifest entries are still on disk: restoring one would need the compacted divisions. The
+    retained chain ends at the division log's ``compacted_below``."""
+    rounds = workload.rounds(10)
+    root = str(tmp_path / "root")
+    with Pipeline(workload.circuit(), root, spark, checkpoint_every=2,
+                  retain_checkpoints=2) as p:
+        play(p, rounds)
+        assert [c.step for c in p.checkpoints()] == [10, 8]
+        p.collect_garbage()  # compacts the divisions below step 8
+        assert p.engine.divisions.compacted_below == 8
+        p.retain_checkpoints = 5
+        assert [(c.version, c.step) for c in p.checkpoints()] == [(5, 10), (4, 8)]
+        with pytest.raises(UsageError, match=r"checkpoint 3 \(step 6\).*compacted.*step 8"):
+            p.restore(3)
+        report = p.verify()
+        assert report.ok, report.describe()
+        assert [c.version for c in report.checkpoints] == [5, 4]
+        assert [r.step for r in p.restore(4)] == [8, 9]
+    with Pipeline(workload.circuit(), root, spark, checkpoint_every=2,
+                  retain_checkpoints=5) as p:
+        assert p.recovered_steps == []
+        assert [c.step for c in p.checkpoints()][-1] == 8
+        assert p.verify().ok
+        with pytest.raises(UsageError, match=r"checkpoint 3 \(step 6\).*compacted"):
+            p.restore(3)
+    with pytest.raises(UsageError, match=r"checkpoint 3 \(step 6\).*compacted"):
+        Pipeline(workload.circuit(), root, spark, retain_checkpoints=5, checkpoint=3)
+    with Pipeline(workload.circuit(), root, spark, retain_checkpoints=5) as p:
+        p.collect_garbage(grace_seconds=0)  # the compacted checkpoints are garbage, as before
+        chain = [entry["version"] for _, entry in p.engine.db.retained_entries(5)]
+        assert chain == [c.version for c in p.checkpoints()]

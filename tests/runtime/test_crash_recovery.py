@@ -11,22 +11,34 @@ hold exactly the no-crash state.
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Callable
+
 import pytest
 
 from dbsp_pipeline import Circuit, NonDeterminismError, Pipeline
-from dbsp_pipeline.storage import crash_points
+from dbsp_pipeline.storage import crash_points, delta_store
 from dbsp_pipeline.storage.crash_points import InjectedCrash
+from dbsp_pipeline.storage.verify import verify_root
 from tests.runtime.workload import consumer_view, open_pipeline, play_round, rounds
 
 
 def run_workload(spark, root: str, crash: tuple[str, int] | None = None,
-                 then: tuple[tuple[str, int], ...] = ()) -> int:
+                 then: tuple[tuple[str, int], ...] = (), *, collect_garbage: bool = False,
+                 also: tuple[tuple[str, int], ...] = (),
+                 after_crash: Callable[[], None] | None = None) -> int:
     """Run the rounds, crashing at ``crash`` and, after each crash, at the next point of
-    ``then`` (so a crash can hit the recovery itself); returns how many crashes happened."""
+    ``then`` (so a crash can hit the recovery itself); returns how many crashes happened.
+    ``also``: more points armed from the start, each counting its passes from there.
+    ``collect_garbage``: garbage is collected after every round (division compaction and Delta
+    log cleanup included). ``after_crash`` looks at the root as each crash left it."""
     crash_points.reset()
     pending = ([crash] if crash is not None else []) + list(then)
     if pending:
         crash_points.arm(*pending.pop(0))
+    for point in also:
+        crash_points.arm(*point)
     crashes = 0
     p = None
     r = 0
@@ -36,9 +48,13 @@ def run_workload(spark, root: str, crash: tuple[str, int] | None = None,
             if p is None:
                 p = open_pipeline(root, spark)
             play_round(p, r, work[r])
+            if collect_garbage:
+                p.collect_garbage()
             r += 1
         except InjectedCrash:
             crashes, p = crashes + 1, None  # abandoned: no close, no commit
+            if after_crash is not None:
+                after_crash()
             if pending:
                 crash_points.arm(*pending.pop(0))
     while True:
@@ -48,6 +64,8 @@ def run_workload(spark, root: str, crash: tuple[str, int] | None = None,
             return crashes
         except InjectedCrash:
             crashes, p = crashes + 1, None
+            if after_crash is not None:
+                after_crash()
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +101,69 @@ def test_every_crash_point_recovers_to_the_no_crash_output_and_state(spark, tmp_
             failures.append((point, k))
     assert not failures, f"recovery differs from the no-crash run after crashes at {failures}"
     assert len(cases) >= 25
+
+
+# -- Delta log cleanup ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cleanup_reference(spark, tmp_path_factory):
+    """The workload with garbage collected after every round and a Delta checkpoint every 3
+    commits of every table (the tables' configuration, set when the workload creates them), so
+    that every role's log is cleaned up, several files at a time, while steps go on."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(delta_store.DEFAULT_CONFIGURATION, "delta.checkpointInterval", "3")
+        root = str(tmp_path_factory.mktemp("no-crash-cleanup"))
+        assert not run_workload(spark, root, collect_garbage=True)
+        passes = crash_points.passes()
+    return consumer_view(spark, root), passes
+
+
+_LOG_FILE = re.compile(r"^(\d{20})\.")
+
+
+def log_problems(root: str) -> list[str]:
+    """What is wrong with the Delta logs under ``root`` as a crash left them: damage verify
+    finds, and a log whose versions do not form one run up to its newest commit (a cleanup
+    must delete oldest first, so that a crash leaves a log that merely starts later)."""
+    report = verify_root(root)
+    problems = [str(d) for d in report.damage]
+    if len(report.checkpoints) != 2:  # retain_checkpoints: the older one is still readable
+        problems.append(f"retained checkpoints {[c.version for c in report.checkpoints]}")
+    for folder, _, names in os.walk(root):
+        if os.path.basename(folder) == "_delta_log":
+            commits = sorted({int(m[1]) for n in names if (m := _LOG_FILE.match(n))
+                              and n.endswith(".json")})
+            if commits and commits != list(range(commits[0], commits[-1] + 1)):
+                problems.append(f"{folder}: commits {commits}")
+    return problems
+
+
+def test_a_crash_at_every_delta_log_cleanup_point_recovers(spark, tmp_path, cleanup_reference):
+    """Crash before, between the deletions of and after every role's log cleanup: the root as
+    each crash left it is undamaged and its logs have no hole, and reopening recovers to the
+    no-crash output and state. One run per place in the cleanup (lean): it crashes in every
+    role's cleanup, at the cleanup halfway through the workload (counting the cleanups again
+    after each crash)."""
+    expected, passes = cleanup_reference
+    roles = ("input", "division", "output", "manifest", "trace")  # the order GC cleans them
+    failures = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(delta_store.DEFAULT_CONFIGURATION, "delta.checkpointInterval", "3")
+        for when in ("before", "between", "after"):
+            points = [f"{role}.cleanup.{when}" for role in roles]
+            assert all(passes[p] for p in points), passes  # every role's log is cleaned up
+            armed = tuple((p, (passes[p] + 1) // 2) for p in points)
+            root = str(tmp_path / when)
+            seen: list[str] = []
+
+            def look(root: str = root, seen: list[str] = seen) -> None:
+                seen.extend(log_problems(root))
+
+            crashed = run_workload(spark, root, also=armed, collect_garbage=True,
+                                   after_crash=look)
+            assert crashed == len(armed), f"only {crashed} of the crashes {armed} happened"
+            if seen or consumer_view(spark, root) != expected:
+                failures.append((armed, seen))
+    assert not failures, f"recovery differs from the no-crash run after crashes at {failures}"
 
 
 @pytest.mark.parametrize("first, second", [
