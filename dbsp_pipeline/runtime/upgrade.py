@@ -14,7 +14,8 @@ No input is processed again: migrations change how state is recorded, not what i
 
 Formats: 1, the first; 2, every checkpoint records its layout (``runtime/layout.py``); 3, sums
 of floating-point values are kept exactly (``dbsp_pipeline/exact_sum.py``) in an aggregate's
-``<name>_groups_exact`` trace instead of a DOUBLE column of ``<name>_groups``.
+``<name>_groups_exact`` trace instead of a DOUBLE column of ``<name>_groups``; 4, a checkpoint
+records per state table the actions staged since its Delta version (``storage/staged_table.py``).
 """
 
 from __future__ import annotations
@@ -72,12 +73,20 @@ def _exact_float_sums(db: StateDatabase) -> None:
                        for v in rows.column(column).to_pylist()]
             rows = rows.set_column(rows.schema.get_field_index(column), column,
                                    pa.array(encoded, pa.string()))
-        table.commit(table.write_arrow(rows.select(new_schema.names)))
+        table.stage(table.write_arrow(rows.select(new_schema.names)))
+
+
+def _staged_state_changes(db: StateDatabase) -> None:
+    """3 -> 4: entries may record staged actions per state table (``storage/staged_table.py``);
+    a format 3 entry stages none, which is what reading it without the key gives: nothing to
+    change but the recorded format (an engine that reads only format 3 refuses the new
+    entries instead of ignoring their staged files)."""
 
 
 #: MIGRATIONS[n] brings the opened state from format n to n + 1
 MIGRATIONS: dict[int, Callable[[StateDatabase], None]] = {1: _record_layout,
-                                                          2: _exact_float_sums}
+                                                          2: _exact_float_sums,
+                                                          3: _staged_state_changes}
 
 
 @dataclass

@@ -13,6 +13,7 @@ by the oldest retained state version; for logs, their newest version.
 from __future__ import annotations
 
 import time
+from collections.abc import Set
 
 from dbsp_pipeline.storage.delta_table import SparkDeltaTable
 
@@ -21,12 +22,14 @@ ORPHAN_GRACE_SECONDS = 3600.0
 
 
 def collect(table: SparkDeltaTable, keep_version: int,
-            grace_seconds: float = ORPHAN_GRACE_SECONDS) -> int:
-    """Delete the data files of ``table`` that no version from ``keep_version`` on refers to
-    (and older than ``grace_seconds``); returns how many were deleted."""
+            grace_seconds: float = ORPHAN_GRACE_SECONDS, *,
+            also_referenced: Set[str] = frozenset()) -> int:
+    """Delete the data files of ``table`` that no version from ``keep_version`` on refers to,
+    other than ``also_referenced`` (absolute paths: files a retained state version stages, see
+    ``staged_table.py``), and older than ``grace_seconds``; returns how many were deleted."""
     current = table.version()
     keep_version = max(0, min(keep_version, current))
-    referenced = {f.path for f in table.files(keep_version)}
+    referenced = {f.path for f in table.files(keep_version)} | set(also_referenced)
     referenced |= {f.path for f in table.added_files(keep_version, current)}
     cutoff = time.time() - grace_seconds
     garbage = [f.path for f in table.store.stored_data_files()

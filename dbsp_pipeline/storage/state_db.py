@@ -22,9 +22,14 @@ Contract (DBSP's two-version database interface):
   ``compacted_below``; a version below it is not restorable, even after the retention was
   raised and its entry is still on disk).
 
-Durability: trace tables are committed to Delta as a step writes them, but they belong to a
-database version only once the manifest entry naming their Delta version is committed. Delta time
-travel keeps the recorded version readable, which is what makes rollback possible.
+Durability: a state table's changes are staged (``staged_table.py``): its data files are
+written as a step makes them, and the entry of the next commit records, per table, its Delta
+version *and the actions staged since* (``"staged"``), so a step commits nothing to the state
+tables and the manifest commit stays the one atomic commit point. When a table has staged
+``FOLD_ACTIONS`` actions or more, ``commit`` first folds them into its Delta log (one commit)
+and records the new version with nothing staged; a crash between the fold and the manifest
+commit is rolled back at open like any trace commit after a checkpoint. Delta time travel keeps
+the recorded version readable, which is what makes rollback possible.
 """
 
 from __future__ import annotations
@@ -43,10 +48,14 @@ from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.errors import CircuitChangedError, UsageError
 from dbsp_pipeline.storage import garbage
 from dbsp_pipeline.storage.delta_table import SparkDeltaTable
+from dbsp_pipeline.storage.staged_table import STAGED_KEY, StagedTable
 from dbsp_pipeline.storage.table_store import root_uri
 
 MANIFEST_DIR = root_layout.MANIFEST
-STATE_FORMAT = 3  # see runtime/upgrade.py for what each format adds
+STATE_FORMAT = 4  # see runtime/upgrade.py for what each format adds
+#: a state table with this many staged actions or more is folded into its Delta log at the next
+#: commit (bounds the size of a manifest entry and what opening re-stages)
+FOLD_ACTIONS = 8
 ENGINE_VERSION = "0.1.0"
 _MANIFEST_SCHEMA = StructType([
     StructField("version", LongType(), False),
@@ -64,7 +73,7 @@ class StateDatabase:
         self._manifest = SparkDeltaTable(spark, root_layout.manifest(self.root),
                                          _MANIFEST_SCHEMA, role="manifest",
                                          single_writer=True)
-        self._tables: dict[str, SparkDeltaTable] = {}
+        self._tables: dict[str, StagedTable] = {}
         self._manifest_files: list[str] | None = None  # the files of the newest entry
         self._base: dict[str, Any] | None = None  # the opened entry
         self._meta: dict[str, Any] = {}
@@ -113,13 +122,20 @@ class StateDatabase:
     def commit(self) -> int:
         """Record the current state as version ``base + 1``; returns the new version."""
         base = self._require_open()
+        for table in self._tables.values():
+            if table.staged_actions >= FOLD_ACTIONS:
+                table.fold()
+        # tables not opened in this process keep the version and staged actions the base
+        # recorded
+        staged = {**base.get(STAGED_KEY, {}),
+                  **{name: t.record() for name, t in self._tables.items()}}
         entry = {
             "version": base["version"] + 1,
             "step": self._step,
             "meta": self._meta,
-            # tables not opened in this process keep the version the base recorded
             "traces": dict(sorted({**base.get("traces", {}), **{
-                name: t.loaded_version() for name, t in self._tables.items()}}.items())),
+                name: t.delta.loaded_version() for name, t in self._tables.items()}}.items())),
+            STAGED_KEY: {name: record for name, record in sorted(staged.items()) if record},
             "fingerprint": self.fingerprint,
             "engine_version": ENGINE_VERSION,
             "state_format": STATE_FORMAT,
@@ -182,16 +198,21 @@ class StateDatabase:
         self._manifest.clean_log_below(oldest_manifest)
         for name, table in self._tables.items():
             keep = min(entry.get("traces", {}).get(name, 0) for _, entry in retained)
-            deleted += garbage.collect(table, keep, grace_seconds)
-            table.clean_log_below(keep)
+            staged = table.staged_paths() | {  # files no Delta version refers to yet
+                table.store.path(add["path"]) for _, entry in retained
+                for add in entry.get(STAGED_KEY, {}).get(name, {}).get("adds", [])}
+            deleted += garbage.collect(table.delta, keep, grace_seconds, also_referenced=staged)
+            table.delta.clean_log_below(keep)
         return deleted
 
     # -- tables ----------------------------------------------------------------------------
-    def table(self, name: str, schema: StructType) -> SparkDeltaTable:
-        """The state table ``name`` (created empty if new), rolled back to the open version."""
+    def table(self, name: str, schema: StructType) -> StagedTable:
+        """The state table ``name`` (created empty if new), rolled back to the open version
+        with the actions that version stages."""
         if name not in self._tables:
-            table = SparkDeltaTable(self.spark, root_layout.state_table(self.root, name), schema,
-                                    role="trace", single_writer=True)
+            table = StagedTable(SparkDeltaTable(
+                self.spark, root_layout.state_table(self.root, name), schema, role="trace",
+                single_writer=True))
             self._tables[name] = table
             if self._base is not None:
                 self._roll_back(table)
@@ -232,12 +253,17 @@ class StateDatabase:
         return None if version is None else int(version)
 
     # -- internals -------------------------------------------------------------------------
-    def _roll_back(self, table: SparkDeltaTable) -> None:
+    def recorded_staged(self, name: str) -> dict[str, Any]:
+        """The actions the open version stages for table ``name`` (``staged_table.py``)."""
+        return dict(self._require_open().get(STAGED_KEY, {}).get(name, {}))
+
+    def _roll_back(self, table: StagedTable) -> None:
         name = os.path.basename(table.uri)
         recorded = self.recorded_version(name)
         target = 0 if recorded is None else recorded
-        if table.version() != target:
-            table.restore(target)
+        if table.delta.version() != target:
+            table.delta.restore(target)
+        table.load(self.recorded_staged(name))
 
     def _require_open(self) -> dict[str, Any]:
         if self._base is None:

@@ -12,9 +12,11 @@ key (``lookup_arrow``) reads a big file through its keyed run (``keyed_runs.py``
 memory-mapped copy sorted by the key's hash), so its cost follows the keys looked up and the
 rows found, not the file's size; the writer of a file on the driver writes its run at once.
 
-Durability: ``append`` commits a Delta version of the trace table at once; it becomes part of the
-pipeline's state only when the state database commits a manifest entry naming that version
-(``state_db.py``). Until then a crash rolls the trace back.
+Durability: every change (``append``, ``replace``, a merge's or a layout change's file swap)
+writes its data files at once and *stages* its add and remove actions on the state table
+(``staged_table.py``); it becomes part of the pipeline's state only when the state database
+commits a manifest entry recording them (``state_db.py``). Until then a crash rolls the trace
+back.
 """
 
 from __future__ import annotations
@@ -150,13 +152,13 @@ class Trace:
             consolidate(delta, self.payload).withColumn(SHARD, shard_of(self.key)),
             sort_by=[SHARD, *self.key])
         if adds or old:
-            self.table.commit(adds, [f.path for f in old])
+            self.table.stage(adds, [f.path for f in old])
         new = [self.table.data_file(a) for a in adds]
         self._files = new
         return new
 
     def append(self, delta: DataFrame) -> list[DataFile]:
-        """Append a change (payload + ``_weight``) and commit it; returns the new files.
+        """Append a change (payload + ``_weight``) and stage it; returns the new files.
 
         The change is consolidated first; the returned files hold exactly the appended rows
         (and can be read back as the materialized change).
@@ -166,14 +168,14 @@ class Trace:
         adds = self.table.write_files(change, sort_by=[SHARD, *self.key])
         if not adds:
             return []
-        self.table.commit(adds)
+        self.table.stage(adds)
         new = [self.table.data_file(a) for a in adds]
         self._files = before + new
         return new
 
     # -- driver-side (Arrow) access, for small steps ----------------------------------------
     def append_arrow(self, sql: LocalSQL, delta: pa.Table) -> pa.Table | None:
-        """``append`` on the driver: consolidate, shard, sort, write one file and commit.
+        """``append`` on the driver: consolidate, shard, sort, write one file and stage it.
 
         Returns the appended rows (payload, ``_weight``, ``_shard``), or None when the change
         consolidates to nothing.
@@ -185,7 +187,7 @@ class Trace:
         change = change.sort_by([(SHARD, "ascending"), *[(k, "ascending") for k in self.key]])
         before = self.files()
         adds = self.table.write_arrow(change)
-        self.table.commit(adds)
+        self.table.stage(adds)
         new = [self.table.data_file(a) for a in adds]
         self._files = before + new
         for f in new:  # one file: the whole change
@@ -199,7 +201,7 @@ class Trace:
         if delta is not None and delta.num_rows:
             adds = self.table.write_arrow(self._with_shard(delta))
         if adds or old:
-            self.table.commit(adds, [f.path for f in old])
+            self.table.stage(adds, [f.path for f in old])
         self._files = [self.table.data_file(a) for a in adds]
 
     def read_arrow(self, files: Sequence[DataFile] | None = None) -> pa.Table:
@@ -308,14 +310,14 @@ class Trace:
         return self.table.write_files(merged, sort_by=[SHARD, *self.key])
 
     def apply_merge(self, files: Sequence[DataFile], adds: Sequence[AddAction]) -> bool:
-        """Swap ``files`` for their merge ``adds`` in one commit (not a data change: the trace's
-        value is the same). Returns False, committing nothing, if any of ``files`` is no longer
+        """Swap ``files`` for their merge ``adds`` (one staged swap: the trace's value is the
+        same). Returns False, staging nothing, if any of ``files`` is no longer
         part of the trace (it was rolled back or replaced meanwhile)."""
         current = self.files()
         gone = set(files)
         if not gone <= set(current):
             return False
-        self.table.commit(adds, [f.path for f in files], data_change=False)
+        self.table.stage(adds, [f.path for f in files])
         self._files = [f for f in current if f not in gone] + [
             self.table.data_file(a) for a in adds]
         return True
@@ -351,7 +353,7 @@ class Trace:
         ``SPLIT_FILE_ROWS`` rows). Pure, like ``merge``: reads only the given immutable files
         and commits nothing, so it may run while steps append to the trace (a hot layout
         change, ``runtime/migration.py``); the caller swaps ``files`` for the result in one
-        rewrite commit."""
+        staged swap."""
         adds: list[AddAction] = []
         for f in files:
             rows = self.table.read_arrow([f])
@@ -372,14 +374,14 @@ class Trace:
         return moved
 
     def swap_files(self, files: Sequence[DataFile], adds: Sequence[AddAction]) -> None:
-        """Replace ``files`` by ``adds`` (the same rows, other files) in one rewrite commit."""
+        """Replace ``files`` by ``adds`` (the same rows, other files) in one staged swap."""
         if files:
-            self.table.commit(adds, [f.path for f in files], data_change=False)
+            self.table.stage(adds, [f.path for f in files])
             self._files = None
 
     def relayout(self, old: OwnerLayout, new: OwnerLayout) -> RelayoutStats:
         """Make every file hold rows of one worker under layout ``new``: a file whose rows
-        belong to several workers is split into one file per worker (one rewrite commit; the
+        belong to several workers is split into one file per worker (one staged swap; the
         trace's value is unchanged). Files owned by one worker are not touched: under ``fixed``
         and ``dynamic`` sharding that is decided from the file's ``_shard`` statistics alone.
         Returns the rows in the trace, the rows whose owner changes, and the rows rewritten."""

@@ -23,8 +23,10 @@ What is checked, for a *snapshot* (one version) of a table:
 
 Which snapshots a checkpoint (a state version, ``state_db.py``) reads:
 
-* the state tables (``state/<trace>``) at the versions its manifest entry records, and the
-  commits after those, which opening it rolls back (``tail``: readable, or rolling back fails);
+* the state tables (``state/<trace>``) at the versions its manifest entry records, the data
+  files it stages on top of them (``staged_table.py``: each exists, of the recorded size and
+  row count), and the commits after those versions, which opening it rolls back (``tail``:
+  readable, or rolling back fails);
 * the manifest entry itself (the commit that added it and its one-row data file);
 * the logs, which are never rolled back, at their newest version: the division log, every input
   log (and its commits after the input the checkpoint consumed, which steps read one by one),
@@ -80,6 +82,7 @@ from dbsp_pipeline.storage.small_files import (
     read_bytes,
     read_text,
 )
+from dbsp_pipeline.storage.staged_table import STAGED_KEY
 from dbsp_pipeline.storage.state_db import MANIFEST_DIR
 from dbsp_pipeline.storage.table_store import root_uri
 
@@ -535,6 +538,8 @@ class _RootScan:
             cp = _Checkpoint(int(entry["version"]), int(entry.get("step", 0)), m, entry)
             if not isinstance(entry.get("traces", {}), dict):
                 raise ValueError("'traces' is not an object")
+            if not isinstance(entry.get(STAGED_KEY, {}), dict):
+                raise ValueError(f"'{STAGED_KEY}' is not an object")
         except Exception as e:  # noqa: BLE001 - an entry that cannot be read is damage
             return None, [Damage(MANIFEST_DIR, m, path, f"the entry cannot be read "
                                  f"({type(e).__name__}: {_first_line(e)})")], False
@@ -558,9 +563,28 @@ class _RootScan:
                                      f"the log ends at version {newest}"))
                 continue
             damage += self.snapshot(table, recorded).damage
+            damage += self._staged_damage(cp, table)
         damage += self._log_tables_damage()
         damage += self._consistency_damage(cp)
         return _unique(damage)
+
+    def _staged_damage(self, cp: _Checkpoint, table: str) -> list[Damage]:
+        """The damage in the data files checkpoint ``cp`` stages on state table ``table``."""
+        record = cp.entry.get(STAGED_KEY, {}).get(table.split("/", 1)[1], {})
+        adds = record.get("adds", []) if isinstance(record, dict) else None
+        if not isinstance(adds, list) or not all(isinstance(a, dict) and "path" in a
+                                                 for a in adds):
+            return [Damage(table, cp.version_of(table), self.manifest.path(cp.manifest_version)
+                           if self.manifest is not None else table,
+                           f"checkpoint {cp.version} records unreadable staged actions")]
+        out = []
+        for add in adds:
+            path = os.path.join(self.root, table, str(add["path"]))
+            problem = _data_file_problem(path, add.get("size"), _num_records(add.get("stats")))
+            if problem is not None:
+                out.append(Damage(table, cp.version_of(table), path,
+                                  f"a data file checkpoint {cp.version} stages: {problem}"))
+        return out
 
     def tail_damage(self, cp: _Checkpoint) -> dict[str, list[Damage]]:
         """Per state table (and the manifest), the damage in its commits after the version

@@ -15,7 +15,7 @@ import pytest
 
 from dbsp_pipeline import Circuit, CorruptStateError, Pipeline, verify
 from dbsp_pipeline.runtime.plan import SCHEMA_CACHE_FILE, read_schema_cache
-from dbsp_pipeline.storage import crash_points
+from dbsp_pipeline.storage import crash_points, state_db
 from dbsp_pipeline.storage.crash_points import InjectedCrash
 from dbsp_pipeline.storage.set_aside import SET_ASIDE_DIR
 
@@ -33,6 +33,16 @@ def circuit() -> Circuit:
     x = c.input("x", "k BIGINT, r STRING")
     c.output("n", x.group_by("r").agg(n="count(*)"))
     return c
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fold_at_every_checkpoint():
+    """Every checkpoint folds the traces' staged actions into their Delta logs, so each
+    checkpoint reads its own newest trace commit (what the damage cases below are about); the
+    staged files a checkpoint reads are damaged in ``test_a_missing_staged_file_is_named``."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(state_db, "FOLD_ACTIONS", 1)
+        yield
 
 
 @pytest.fixture(scope="module")

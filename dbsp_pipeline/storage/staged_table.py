@@ -1,0 +1,160 @@
+"""A state table whose changes are staged: recorded by the next manifest entry, not committed to
+the table's Delta log one by one.
+
+A trace changes at every step (an append, a one-step memory's replacement, a merge's swap). A
+Delta commit per change made each step cost one commit per trace that changed, on top of the
+commits the step protocol needs. So a state table *stages* its changes: the data files are
+written at once (they are immutable), and the add and remove actions are kept in memory
+(``stage``). The state database's next checkpoint (``state_db.py``) records them in its manifest
+entry, beside the table's Delta version, so the checkpoint's commit is their atomic commit point:
+the state of a table at a checkpoint is its Delta version *plus the staged actions the entry
+records*. Now and then (``state_db.FOLD_ACTIONS``) the staged actions are *folded*: committed to
+the table's Delta log in one commit, and the next entry records the new version with nothing
+staged.
+
+Durability, by cases:
+
+* a crash before the checkpoint loses the staged actions with the rest of the uncommitted
+  state; their files are orphans that garbage collection deletes (as before, when the commits
+  after a checkpoint were rolled back);
+* a crash after a fold but before the entry that records it: the entry still says (old
+  version, staged actions); opening rolls the table back to the old version (a Delta restore)
+  and stages the recorded actions again, which is the same state;
+* files a retained entry stages are referenced: garbage collection keeps them
+  (``referenced_paths``), as it keeps the files of retained Delta versions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake.transaction import AddAction
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
+
+from dbsp_pipeline.errors import StorageError
+from dbsp_pipeline.storage.delta_table import DataFile, SparkDeltaTable
+from dbsp_pipeline.storage.table_store import TableStore
+
+#: the key of a manifest entry that maps each state table to its staged actions
+STAGED_KEY = "staged"
+
+
+class StagedTable:
+    """The state table ``table`` (its Delta handle) with its staged actions. See the module
+    docstring for the contract."""
+
+    def __init__(self, table: SparkDeltaTable) -> None:
+        self.delta = table
+        self._adds: dict[str, AddAction] = {}  # staged adds by absolute path, in order
+        self._removes: dict[str, None] = {}  # staged removes of committed files, in order
+
+    # -- what the trace code uses of a table ---------------------------------------------
+    @property
+    def uri(self) -> str:
+        return self.delta.uri
+
+    @property
+    def schema(self) -> StructType:
+        return self.delta.schema
+
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        return self.delta.arrow_schema
+
+    @property
+    def spark(self) -> SparkSession:
+        return self.delta.spark
+
+    @property
+    def store(self) -> TableStore:
+        return self.delta.store
+
+    def data_file(self, add: AddAction) -> DataFile:
+        return self.delta.data_file(add)
+
+    def write_files(self, df: DataFrame, *, sort_by: Sequence[str] = ()) -> list[AddAction]:
+        return self.delta.write_files(df, sort_by=sort_by)
+
+    def write_arrow(self, table: pa.Table) -> list[AddAction]:
+        return self.delta.write_arrow(table)
+
+    def read(self, files: Sequence[DataFile] | Sequence[str]) -> DataFrame:
+        return self.delta.read(files)
+
+    def read_arrow(self, files: Sequence[DataFile] | Sequence[str],
+                   where: pc.Expression | None = None,
+                   columns: Sequence[str] | None = None) -> pa.Table:
+        return self.delta.read_arrow(files, where, columns)
+
+    def files(self) -> list[DataFile]:
+        """The table's files now: those of its Delta version (as this handle last loaded or
+        committed it), less the staged removes, plus the staged adds."""
+        committed = [f for f in self.delta.files() if f.path not in self._removes]
+        return committed + [self.delta.data_file(a) for a in self._adds.values()]
+
+    # -- staging ---------------------------------------------------------------------------
+    def stage(self, adds: Sequence[AddAction] = (), removes: Sequence[str] = ()) -> None:
+        """Stage the adds ``adds`` (written, uncommitted files) and the removal of the files at
+        the absolute paths ``removes``. A removed file that was only staged is unstaged (it was
+        never committed; garbage collection deletes it). Nothing is durable until a checkpoint
+        records the staged actions."""
+        for path in removes:
+            if path in self._adds:
+                del self._adds[path]
+            else:
+                self._removes[path] = None
+        for add in adds:
+            self._adds[self.delta.store.path(add.path)] = add
+
+    @property
+    def staged_actions(self) -> int:
+        """How many actions are staged (adds and removes)."""
+        return len(self._adds) + len(self._removes)
+
+    def staged_paths(self) -> set[str]:
+        """The absolute paths of the staged adds (files no Delta version refers to yet)."""
+        return set(self._adds)
+
+    def record(self) -> dict[str, Any]:
+        """The staged actions as a manifest entry records them (paths relative to the table);
+        empty when nothing is staged."""
+        if not self._adds and not self._removes:
+            return {}
+        return {"adds": [{"path": a.path, "size": a.size, "modification_time":
+                          a.modification_time, "stats": a.stats} for a in self._adds.values()],
+                "removes": [self._relative(p) for p in self._removes]}
+
+    def load(self, record: Mapping[str, Any] | None) -> None:
+        """Stage exactly the actions ``record`` (from a manifest entry) holds, after the Delta
+        table was rolled back to the version that entry records."""
+        self._adds, self._removes = {}, {}
+        if not record:
+            return
+        try:
+            adds = [AddAction(path=str(a["path"]), size=int(a["size"]), partition_values={},
+                              modification_time=int(a["modification_time"]), data_change=True,
+                              stats=str(a["stats"])) for a in record.get("adds", [])]
+            removes = [self.delta.store.path(str(p)) for p in record.get("removes", [])]
+        except (KeyError, TypeError, ValueError) as e:
+            raise StorageError(f"the staged actions recorded for {self.uri} cannot be read "
+                               f"({type(e).__name__}: {e}): {json.dumps(record)[:200]}",
+                               definitely_failed=True) from e
+        self.stage(adds, removes)
+
+    def fold(self) -> int:
+        """Commit the staged actions to the Delta table in one commit (durable when this
+        returns) and stage nothing; returns the table's version. Not a checkpoint: the next
+        manifest entry records the new version (until then a crash rolls the fold back)."""
+        if self._adds or self._removes:
+            self.delta.commit(list(self._adds.values()), list(self._removes))
+            self._adds, self._removes = {}, {}
+        return self.delta.loaded_version()
+
+    def _relative(self, path: str) -> str:
+        prefix = self.uri.rstrip("/") + "/"
+        return path[len(prefix):] if path.startswith(prefix) else path
