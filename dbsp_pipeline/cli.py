@@ -12,8 +12,9 @@ import time
 
 import pyarrow as pa
 
-from dbsp_pipeline.errors import UsageError
-from dbsp_pipeline.storage.small_files import exists, remove_folder
+from dbsp_pipeline.errors import StorageError
+from dbsp_pipeline.root import exists
+from dbsp_pipeline.storage.small_files import remove_folder
 
 
 def demo(root: str, steps: int, batch: int, fresh: bool) -> None:
@@ -56,16 +57,16 @@ def _show(table: pa.Table) -> None:
 
 def verify(root: str, retained: int, as_json: bool) -> int:
     """Print the verification report of ``root``; 0 when it is intact, 1 when damaged, 2 when
-    there is no pipeline root there (a local path or ``s3://bucket/prefix``; or verify cannot
-    read it, said on stderr)."""
+    there is no pipeline root there (no manifest: a local path or ``s3://bucket/prefix``
+    where no pipeline was opened) or the store cannot be reached (said on stderr)."""
     from dbsp_pipeline.storage.verify import verify_root
 
-    if not exists(root):
-        print(f"dbsp-pipeline verify: no pipeline root at {root}", file=sys.stderr)
-        return 2
     try:
+        if not exists(root):
+            print(f"dbsp-pipeline verify: no pipeline root at {root}", file=sys.stderr)
+            return 2
         report = verify_root(root, retained)
-    except UsageError as e:  # a root this verify cannot read (README, 'Where a root can live')
+    except StorageError as e:  # e.g. an s3:// root with wrong AWS_* settings
         print(f"dbsp-pipeline verify: {e}", file=sys.stderr)
         return 2
     print(json.dumps(report.to_dict(), indent=2) if as_json else report.describe())

@@ -34,7 +34,9 @@ step reads (the step's own division, recorded durably, does that).
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from dataclasses import dataclass
 
 from dbsp_pipeline.runtime.division_log import read_last
@@ -112,18 +114,23 @@ def state_table(root: str, name: str) -> str:
 def local_folder(root: str) -> str:
     """Where this machine keeps what it derives from ``root`` and can always rebuild from it
     (never state: deleting it costs time, not data). ``<root>/_local`` for a local root; for an
-    object-store root, a folder named by the root's URI under ``$DBSP_LOCAL_DIR`` (default
-    ``~/.cache/dbsp-pipeline``), since the store is not this machine's disk."""
+    object-store root, a folder named by the root's URI (readable part and a hash of it: two
+    roots never share one) under ``$DBSP_LOCAL_DIR`` (default ``~/.cache/dbsp-pipeline``),
+    since the store is not this machine's disk."""
     if not is_remote(root):
         return os.path.join(root, LOCAL)
     base = os.environ.get(LOCAL_DIR_VARIABLE) or os.path.join(
         os.path.expanduser("~"), ".cache", "dbsp-pipeline")
-    return os.path.join(base, root.split("://", 1)[1].strip("/").replace("/", "+"))
+    uri = root_uri(root)
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", uri.split("://", 1)[1])[-80:]
+    return os.path.join(base, f"{readable}-{hashlib.sha1(uri.encode()).hexdigest()[:12]}")
 
 
-def keyed_runs(root: str, trace: str) -> str:
-    """The local folder of the keyed runs of trace ``trace`` (``storage/keyed_runs.py``)."""
-    return os.path.join(local_folder(root), "keyed_runs", trace)
+def keyed_runs(root: str, trace: str | None = None) -> str:
+    """The local folder of the keyed runs of trace ``trace`` (``storage/keyed_runs.py``); with
+    no trace, the folder of every trace's."""
+    folder = os.path.join(local_folder(root), "keyed_runs")
+    return folder if trace is None else os.path.join(folder, trace)
 
 
 # -- reading a root without opening it ------------------------------------------------------

@@ -11,6 +11,18 @@ import pytest
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def local_dir(tmp_path_factory):
+    """Object-store roots keep their local caches (keyed runs) in a folder of the test session,
+    not in the user's ``~/.cache``."""
+    from dbsp_pipeline.root import LOCAL_DIR_VARIABLE
+
+    folder = str(tmp_path_factory.mktemp("local-dir"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(LOCAL_DIR_VARIABLE, folder)
+        yield folder
+
+
 @pytest.fixture(scope="session")
 def spark():
     from dbsp_pipeline.spark_session import local_session

@@ -46,8 +46,6 @@ def test_verify_reports_an_s3_root(spark, object_store, tmp_path, monkeypatch, c
     commit named, exit 1; a prefix with nothing under it is no root (exit 2)."""
     from pyarrow import fs
 
-    from tests.object_store_helpers import new_bucket
-
     for name, value in object_store.items():
         monkeypatch.setenv(name, value)
     c = Circuit("cli")
@@ -95,6 +93,12 @@ def test_demo_and_verify_find_an_s3_root(spark, object_store, monkeypatch, capsy
         assert main(args) == 0
         out = capsys.readouterr().out
         assert f"next step {next_step}\n" in out and "revenue_by_region:\nregion" in out
-    main(["verify", "--root", root])
+    assert main(["verify", "--root", root]) == 0
     assert "no pipeline root" not in capsys.readouterr().err
     assert os.listdir(tmp_path) == []
+
+
+def test_verify_finds_no_root_in_a_folder_where_no_pipeline_was_opened(tmp_path, capsys):
+    (tmp_path / "inputs").mkdir()
+    assert main(["verify", "--root", str(tmp_path)]) == 2
+    assert "no pipeline root" in capsys.readouterr().err

@@ -15,8 +15,9 @@ live reader's ``since``. Every function here is called by the holder of the pipe
 
 from __future__ import annotations
 
+from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.runtime.engine_state import EngineState
-from dbsp_pipeline.storage import garbage
+from dbsp_pipeline.storage import garbage, keyed_runs
 
 #: Garbage is collected after every this many commits (and at close).
 GC_EVERY_COMMITS = 16
@@ -57,6 +58,8 @@ def collect_garbage(state: EngineState, grace_seconds: float) -> int:
                                        state.divisions.compacted_below)
     for trace in state.plan.state_traces():
         trace.collect_runs()  # local copies of deleted trace files (keyed_runs.py)
+    keyed_runs.remove_other_traces(root_layout.keyed_runs(state.db.root),
+                                   [t.name for t in state.plan.state_traces()])
     tables = [*(log_.table for log_ in state.outputs.values()),
               *(log_.table for log_ in state.inputs.values()), state.divisions.table]
     for table in tables:

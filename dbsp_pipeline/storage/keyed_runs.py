@@ -11,13 +11,24 @@ file on local disk. A lookup memory-maps the run, finds each wanted hash by bina
 only those pages are read from disk.
 
 Never a second source of truth. A run is a pure function of one immutable data file: it is named
-by the data file's path (a hash of it) and checked against the file's row count and the trace's
-schema every time it is opened. A run that is missing, cut short, of another schema or otherwise
-unreadable is rebuilt from the data file, never trusted; deleting the whole folder loses nothing
-but the time to rebuild. Runs are written to a temporary file, flushed to disk (``fsync``) and
-renamed into place, so a crash or a power loss leaves the old state (no run) or a whole run.
-Which files a lookup reads is decided by the trace's Delta version, as before, so crash
-rollback, restore and time travel need nothing from here.
+by the data file's path (a hash of it) and, every time it is opened, checked against what it
+must be: the trace's schema, the data file's row count and size, the key columns and the hash
+function it was sorted by (``RUN_FORMAT``, in the schema's metadata), and its first and last
+hash against the file's ``_shard`` range. A run that is missing, cut short, of another file or
+format, or otherwise unreadable is rebuilt from the data file, never trusted; deleting the whole
+folder loses nothing but the time to rebuild. Runs are written to a temporary file, flushed to
+disk (``fsync``) and renamed into place, so a crash or a power loss leaves the old state (no
+run) or a whole run. Which files a lookup reads is decided by the trace's Delta version, as
+before, so crash rollback, restore and time travel need nothing from here.
+
+A cache must not stop the engine: a run that cannot be written (a full or read-only local disk)
+is skipped with a warning, and a lookup in a file whose run cannot be built or read reads the
+data file instead (as for small files). Runs are uncompressed, so they take more local disk than
+the Parquet files they copy.
+
+Threads: ``add`` may run on the background compactor's thread (a merge writes the run of its
+output) while steps look up; ``retain`` runs only while no merge does (garbage collection waits
+for it). Each writer writes its own temporary file (process and thread in its name).
 
 Small files (under ``MIN_ROWS``) get no run: reading them whole costs less than keeping a copy,
 and the trace's compaction merges them into big ones soon.
@@ -26,8 +37,13 @@ and the trace's compaction merges them into big ones soon.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
-from collections.abc import Callable, Iterable
+import shutil
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -41,6 +57,17 @@ MIN_ROWS = 16_384
 #: rows per record batch of a run (each batch is searched on its own; fewer, bigger batches
 #: mean fewer searches per lookup)
 BATCH_ROWS = 1 << 20
+#: what a run is sorted by, recorded in its schema's metadata: a run of another format (an
+#: engine whose hash differs) is rebuilt
+RUN_FORMAT = "1:xxhash64-spark-seed42"
+#: runs kept open (memory-mapped, one file descriptor each) per trace, least recently used out
+OPEN_RUNS = 32
+#: temporary files younger than this are another writer's run in progress, not crash leftovers
+TMP_GRACE_SECONDS = 3600.0
+#: the top bits of a key hash that are its ``_shard`` (``zset.SHARD_BITS``)
+_SHARD_SHIFT = np.uint64(64 - 10)
+
+log = logging.getLogger(__name__)
 
 
 class KeyedRuns:
@@ -48,14 +75,16 @@ class KeyedRuns:
     ``schema`` (the trace's table schema); ``hash_of`` computes the key hash of rows of that
     schema (``uint64``)."""
 
-    def __init__(self, folder: str, schema: pa.Schema,
+    def __init__(self, folder: str, schema: pa.Schema, key: Sequence[str],
                  hash_of: Callable[[pa.Table], np.ndarray]) -> None:
         self.folder = folder
         self.schema = schema
         self.run_schema = schema.append(pa.field(HASH, pa.uint64(), False))
+        self._key = ",".join(key)
         self._hash_of = hash_of
-        #: runs opened by this process, by data file path (memory maps; the files never change)
-        self._open: dict[str, pa.ipc.RecordBatchFileReader] = {}
+        #: runs opened by this process, by data file path (memory maps; the files never
+        #: change), the least recently used first
+        self._open: OrderedDict[str, pa.ipc.RecordBatchFileReader] = OrderedDict()
         #: how many runs this process built from their data files (for tests and figures)
         self.built = 0
 
@@ -64,23 +93,39 @@ class KeyedRuns:
         """Write the run of ``data_file``, whose rows (in any order) are ``rows``, if it is big
         enough to get one and has none yet. For the writer of a data file, which has its rows
         in hand: the run then costs no read."""
-        if data_file.rows >= MIN_ROWS and not os.path.exists(self._path(data_file)):
-            self._write(data_file, rows)
+        if self.covers(data_file) and not os.path.exists(self._path(data_file)):
+            try:
+                self._write(data_file, rows)
+            except OSError as e:  # a cache: the lookup reads the data file instead
+                log.warning("keyed run of %s not written to %s: %s", data_file.path,
+                            self.folder, e)
+
+    def _metadata(self, data_file: DataFile) -> dict[bytes, bytes]:
+        return {b"dbsp.run_format": RUN_FORMAT.encode(), b"dbsp.key": self._key.encode(),
+                b"dbsp.data_file": data_file.path.encode(),
+                b"dbsp.rows": str(data_file.rows).encode()}
 
     def _write(self, data_file: DataFile, rows: pa.Table) -> None:
-        hashes = self._hash_of(rows)
+        run = rows.select(self.schema.names).cast(self.schema)
+        hashes = self._hash_of(run)  # of the values as the trace types them
         order = np.argsort(hashes, kind="stable")
-        run = rows.select(self.schema.names).cast(self.schema).take(pa.array(order))
-        run = run.append_column(self.run_schema.field(HASH), pa.array(hashes[order]))
+        run = run.take(pa.array(order)).append_column(
+            self.run_schema.field(HASH), pa.array(hashes[order], pa.uint64()))
+        schema = self.run_schema.with_metadata(self._metadata(data_file))
         os.makedirs(self.folder, exist_ok=True)
         path = self._path(data_file)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as fh:
-            with pa.ipc.new_file(fh, self.run_schema) as writer:
-                writer.write_table(run, max_chunksize=BATCH_ROWS)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        tmp = f"{path}.{os.getpid()}-{threading.get_ident()}.tmp"
+        try:
+            with open(tmp, "wb") as fh:
+                with pa.ipc.new_file(fh, schema) as writer:
+                    writer.write_table(run.replace_schema_metadata(schema.metadata),
+                                       max_chunksize=BATCH_ROWS)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
 
     # -- reading ------------------------------------------------------------------------------
     def covers(self, data_file: DataFile) -> bool:
@@ -88,11 +133,18 @@ class KeyedRuns:
         return data_file.rows >= MIN_ROWS
 
     def lookup(self, data_file: DataFile, hashes: np.ndarray,
-               read_file: Callable[[DataFile], pa.Table]) -> pa.Table:
+               read_file: Callable[[DataFile], pa.Table]) -> pa.Table | None:
         """The rows of ``data_file`` (in trace schema) whose key hash is one of ``hashes``
         (sorted, unique ``uint64``). Uses the file's run, built first from ``read_file(
-        data_file)`` (its rows) when there is none or the one there is not whole."""
-        reader = self._reader(data_file, read_file)
+        data_file)`` (its rows) when there is none or the one there is not whole; without a
+        usable run (a local disk that cannot hold one), ``None``: the caller reads the data
+        file."""
+        try:
+            reader = self._reader(data_file, read_file)
+        except OSError as e:
+            log.warning("keyed run of %s unusable in %s (%s): reading the data file",
+                        data_file.path, self.folder, e)
+            return None
         parts: list[pa.RecordBatch] = []
         for b in range(reader.num_record_batches):
             batch = reader.get_batch(b)
@@ -113,6 +165,7 @@ class KeyedRuns:
                 read_file: Callable[[DataFile], pa.Table]) -> pa.ipc.RecordBatchFileReader:
         reader = self._open.get(data_file.path)
         if reader is not None:
+            self._open.move_to_end(data_file.path)
             return reader
         reader = self._checked(data_file)
         if reader is None:
@@ -123,41 +176,71 @@ class KeyedRuns:
                 raise OSError(f"the keyed run {self._path(data_file)} of {data_file.path} "
                               "cannot be read back")
         self._open[data_file.path] = reader
+        while len(self._open) > OPEN_RUNS:
+            self._open.popitem(last=False)  # its memory map closes when no batch uses it
         return reader
 
     def _checked(self, data_file: DataFile) -> pa.ipc.RecordBatchFileReader | None:
-        """The run of ``data_file`` if it is there and whole (readable, of the run schema, with
-        the file's row count); None otherwise."""
+        """The run of ``data_file`` if it is there, whole and of this file and format (see the
+        module docstring); None otherwise."""
         try:
             reader = pa.ipc.open_file(pa.memory_map(self._path(data_file)))
-            if not reader.schema.equals(self.run_schema):
+            if not reader.schema.equals(self.run_schema.with_metadata(
+                    self._metadata(data_file)), check_metadata=True):
                 return None
-            rows = sum(reader.get_batch(b).num_rows for b in range(reader.num_record_batches))
-        except (OSError, pa.ArrowInvalid):
+            batches = [reader.get_batch(b) for b in range(reader.num_record_batches)]
+            if sum(b.num_rows for b in batches) != data_file.rows:
+                return None
+            if batches and data_file.shard_min is not None and data_file.shard_max is not None:
+                first = int(np.uint64(batches[0].column(HASH)[0].as_py()) >> _SHARD_SHIFT)
+                last = int(np.uint64(batches[-1].column(HASH)[-1].as_py()) >> _SHARD_SHIFT)
+                if first != data_file.shard_min or last != data_file.shard_max:
+                    return None
+        except (OSError, pa.ArrowException):
             return None
-        return reader if rows == data_file.rows else None
+        return reader
 
     # -- upkeep -------------------------------------------------------------------------------
     def retain(self, data_files: Iterable[DataFile | str]) -> int:
-        """Delete the runs of every data file but ``data_files`` (and temporary files left by a
-        crash); returns how many files went."""
+        """Delete the runs of every data file but ``data_files`` (and temporary files a crash
+        left, older than ``TMP_GRACE_SECONDS``); returns how many files went."""
         keep = {os.path.basename(self._path(f)) for f in data_files}
-        self._open = {p: r for p, r in self._open.items()
-                      if os.path.basename(self._path(p)) in keep}
+        for path in [p for p in self._open if os.path.basename(self._path(p)) not in keep]:
+            del self._open[path]
         try:
             names = os.listdir(self.folder)
         except FileNotFoundError:
             return 0
         gone = 0
+        stale = time.time() - TMP_GRACE_SECONDS
         for name in names:
-            if name not in keep:
-                try:
-                    os.remove(os.path.join(self.folder, name))
-                    gone += 1
-                except FileNotFoundError:
-                    pass
+            if name in keep:
+                continue
+            path = os.path.join(self.folder, name)
+            try:
+                if name.endswith(".tmp") and os.path.getmtime(path) > stale:
+                    continue  # a run being written right now
+                os.remove(path)
+                gone += 1
+            except FileNotFoundError:
+                pass  # renamed into place or removed meanwhile
         return gone
 
     def _path(self, data_file: DataFile | str) -> str:
         path = data_file if isinstance(data_file, str) else data_file.path
         return os.path.join(self.folder, hashlib.sha1(path.encode()).hexdigest()[:32] + ".arrow")
+
+
+def remove_other_traces(folder: str, traces: Iterable[str]) -> int:
+    """Delete the runs of every trace in ``folder`` (``root.keyed_runs(root)``) but ``traces``
+    (a trace no longer in the circuit's plan, e.g. one a state migration replaced); returns
+    how many traces' runs went."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return 0
+    gone = [n for n in names if n not in set(traces)
+            and os.path.isdir(os.path.join(folder, n))]
+    for name in gone:
+        shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+    return len(gone)

@@ -44,15 +44,9 @@ def write_atomically(path: str, text: str) -> None:
 
 
 def read_text(path: str) -> str | None:
-    """The text of ``path`` (None if there is no such file)."""
-    try:
-        if is_remote(path):
-            with _s3().open_input_stream(_key(path)) as src:
-                return str(src.read().decode())
-        with open(path) as fh:
-            return fh.read()
-    except FileNotFoundError:
-        return None
+    """The text of ``path`` (UTF-8; None if there is no such file)."""
+    data = read_bytes(path)
+    return None if data is None else data.decode()
 
 
 def read_bytes(path: str) -> bytes | None:
@@ -72,7 +66,7 @@ def exists(path: str) -> bool:
     ``path`` or any object below ``path/``)."""
     if not is_remote(path):
         return os.path.exists(path)
-    return bool(_s3().get_file_info(_key(path).rstrip("/")).type != pafs.FileType.NotFound)
+    return _s3().get_file_info(_key(path).rstrip("/")).type != pafs.FileType.NotFound  # type: ignore[no-any-return]
 
 
 def remove_folder(folder: str) -> None:

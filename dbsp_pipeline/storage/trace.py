@@ -114,7 +114,7 @@ class Trace:
         self._files: list[DataFile] | None = None
         #: the keyed runs of the trace's big files, for lookups by key
         self.runs = KeyedRuns(root_layout.keyed_runs(db.root, name), self.table.arrow_schema,
-                              self._key_hashes)
+                              self.key, self._key_hashes)
 
     def files(self) -> list[DataFile]:
         """The trace's files as of now (the open version plus this run's appends)."""
@@ -231,16 +231,20 @@ class Trace:
         candidates = [f for f in candidates if f in hit]
         if not candidates:
             return self.table.arrow_schema.empty_table()
-        small = [f for f in candidates if not self.runs.covers(f)]
-        parts = []
-        if small:
+        parts, unread = [], [f for f in candidates if not self.runs.covers(f)]
+        if len(unread) < len(candidates):
+            hashes = np.unique(self._key_hashes(wanted_keys))
+            for f in candidates:
+                if self.runs.covers(f):
+                    found = self.runs.lookup(f, hashes, lambda f: self.table.read_arrow([f]))
+                    if found is None:  # no usable run: read the file as a small one
+                        unread.append(f)
+                    else:
+                        parts.append(found)
+        if unread:
             field = pc.field(SHARD)
             where = (field >= min(shards)) & (field <= max(shards)) & field.isin(shards)
-            parts.append(self.table.read_arrow(small, where))
-        if len(small) < len(candidates):
-            hashes = np.unique(self._key_hashes(wanted_keys))
-            parts += [self.runs.lookup(f, hashes, lambda f: self.table.read_arrow([f]))
-                      for f in candidates if self.runs.covers(f)]
+            parts.append(self.table.read_arrow(unread, where))
         rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
         if rows.num_rows == 0 or not self.key:
             return rows

@@ -5,6 +5,7 @@ trusted."""
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -85,7 +86,7 @@ def test_a_missing_run_is_rebuilt_from_the_data_file(big_trace, spark):
     assert again.runs.built == 1 and len(os.listdir(again.runs.folder)) == 1
 
 
-@pytest.mark.parametrize("damage", ["cut", "empty", "other file", "garbage"])
+@pytest.mark.parametrize("damage", ["cut", "empty", "other file", "other format", "garbage"])
 def test_a_damaged_run_is_never_trusted(big_trace, damage):
     trace, sql, rng, db = big_trace
     (name,) = os.listdir(trace.runs.folder)
@@ -97,6 +98,13 @@ def test_a_damaged_run_is_never_trusted(big_trace, damage):
         data = b""
     elif damage == "garbage":
         data = b"ARROW1" + os.urandom(len(data) - 6)
+    elif damage == "other format":  # the same rows, sorted by another engine's hash
+        run = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+        meta = {**run.schema.metadata, b"dbsp.run_format": b"0:another-hash"}
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, run.schema.with_metadata(meta)) as w:
+            w.write_table(run.replace_schema_metadata(meta))
+        data = sink.getvalue().to_pybytes()
     else:  # a whole, readable run, but of other rows (not the data file's row count)
         other = pa.ipc.open_file(pa.py_buffer(data)).read_all().slice(0, 100)
         sink = pa.BufferOutputStream()
@@ -114,6 +122,59 @@ def test_runs_of_deleted_files_are_collected(big_trace):
     trace, sql, rng, db = big_trace
     big = trace.files()[0]
     trace.table.store.delete_data_files([big.path])  # what GC does to an unreferenced file
-    open(os.path.join(trace.runs.folder, "x.arrow.1.tmp"), "wb").close()  # a crashed write
+    crashed = os.path.join(trace.runs.folder, "x.arrow.1-1.tmp")  # a write a crash left
+    open(crashed, "wb").close()
+    old = time.time() - keyed_runs.TMP_GRACE_SECONDS - 1
+    os.utime(crashed, (old, old))
+    writing = os.path.join(trace.runs.folder, "y.arrow.2-2.tmp")  # a write going on
+    open(writing, "wb").close()
     assert trace.collect_runs() == 2
-    assert os.listdir(trace.runs.folder) == []
+    assert os.listdir(trace.runs.folder) == [os.path.basename(writing)]
+
+
+def test_a_local_disk_that_cannot_hold_runs_slows_lookups_and_stops_nothing(spark, tmp_path):
+    """``_local`` unusable (here a file in its place): appends commit, runs are skipped with a
+    warning, and lookups read the data files instead, with the same rows."""
+    db = StateDatabase(spark, str(tmp_path), "fp")
+    db.open()
+    open(os.path.join(str(tmp_path), "_local"), "w").close()
+    sql, rng = LocalSQL(), np.random.default_rng(11)
+    trace = Trace(db, "t", SCHEMA, ["c", "tag"])
+    trace.append_arrow(sql, _rows(rng, ROWS, 0))
+    assert trace.files()[0].rows >= keyed_runs.MIN_ROWS
+    keys = _keys(rng, 500)
+    assert sorted(trace.lookup_arrow(sql, keys).to_pylist(), key=repr) == _scan(trace, keys)
+
+
+def test_the_local_folder_of_a_root(monkeypatch, tmp_path):
+    from dbsp_pipeline import root as root_layout
+
+    assert root_layout.local_folder(str(tmp_path)) == os.path.join(str(tmp_path), "_local")
+    monkeypatch.setenv(root_layout.LOCAL_DIR_VARIABLE, str(tmp_path / "cache"))
+    one, two = (root_layout.local_folder(r) for r in ("s3://b/a+b", "s3://b/a/b"))
+    assert one != two and all(f.startswith(str(tmp_path / "cache")) for f in (one, two))
+    assert root_layout.local_folder("s3://b/a/b/") == two  # one spelling of a root
+    assert root_layout.keyed_runs("s3://b/a/b", "t") == os.path.join(two, "keyed_runs", "t")
+
+
+def test_garbage_collection_keeps_live_runs_and_drops_other_traces(spark, tmp_path):
+    from dbsp_pipeline import Circuit, Pipeline
+    from dbsp_pipeline import root as root_layout
+
+    c = Circuit("runs")
+    x = c.input("x", "k BIGINT, v BIGINT")
+    c.output("m", x.group_by("k").agg(top="max(v)"))
+    root = str(tmp_path)
+    with Pipeline(c, root, spark, driver_step_rows=10**9) as p:
+        p.push("x", [(i % 5_000, i) for i in range(keyed_runs.MIN_ROWS + 1_000)])
+        p.step()
+        p.push("x", [(7, -1)], weight=1)
+        p.step()
+        folder = root_layout.keyed_runs(root)
+        live = {t.name for t in p.engine.plan.state_traces()
+                if any(f.rows >= keyed_runs.MIN_ROWS for f in t.files())}
+        assert live and set(os.listdir(folder)) == live
+        os.makedirs(os.path.join(folder, "a_trace_gone"))
+        p.collect_garbage(grace_seconds=0)
+        assert set(os.listdir(folder)) == live
+        assert all(os.listdir(os.path.join(folder, name)) for name in live)
