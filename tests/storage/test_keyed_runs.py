@@ -117,3 +117,16 @@ def test_runs_of_deleted_files_are_collected(big_trace):
     open(os.path.join(trace.runs.folder, "x.arrow.1.tmp"), "wb").close()  # a crashed write
     assert trace.collect_runs() == 2
     assert os.listdir(trace.runs.folder) == []
+
+
+def test_a_lookup_of_few_keys_counts_only_the_rows_it_read(big_trace):
+    trace, sql, rng, db = big_trace
+    keys = pa.table({"c": pa.array([5, 17, 1_234], pa.int64()),
+                     "tag": pa.array(["x", "y", None], pa.string())})
+    trace.reset_rows_read()
+    found = trace.lookup_arrow(sql, keys)
+    # the keys' rows from the big file's run plus at most the small file's 500 rows, not 40k
+    assert found.num_rows <= trace.rows_read <= found.num_rows + 500
+    assert trace.rows_read < trace.rows() // 50
+    trace.reset_rows_read()
+    assert trace.read_arrow().num_rows == trace.rows_read == trace.rows()
