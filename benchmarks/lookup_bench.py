@@ -63,9 +63,12 @@ LINES_QUERY = """SELECT customer_id, sum(qty) AS qty, count(*) AS n
 
 # -- data --------------------------------------------------------------------------------------
 def orders_of(ids: np.ndarray) -> pa.Table:
+    """Orders ``ids``: order i is of customer ``i * 7919 % CUSTOMERS + 1``; its amount (0 to
+    199.96) varies among a customer's orders (the modulus 19997 is prime to ``CUSTOMERS``), so
+    a customer's maximum is one order of many."""
     ids = ids.astype(np.int64)
     return pa.table({"order_id": ids, "customer_id": ids * 7919 % CUSTOMERS + 1,
-                     "amount": (ids * 104729 % 20000) / 100.0})
+                     "amount": (ids * 104729 % 19997) / 100.0})
 
 
 def customers_of(shift: np.ndarray, ids: np.ndarray | None = None) -> pa.Table:
