@@ -400,6 +400,7 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib import ticker
 
     patterns = [p for p in ("moves", "orders", "max", "lines", "orders_on_spark")
                 if any(r["pattern"] == p for r in rows)]
@@ -414,15 +415,17 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
     for ax, pattern in zip(axes.flat, patterns):
         mine = sorted((r for r in rows if r["pattern"] == pattern), key=lambda r: r["size"])
         sizes = [r["size"] for r in mine]
-        ax.plot(sizes, [r["step_median_seconds"] for r in mine], "o-", label="step (push+step)")
-        for column, style, label in (("duckdb_recompute_seconds", "s--", "DuckDB recompute"),
-                                     ("spark_recompute_seconds", "^:", "Spark recompute")):
+        ax.plot(sizes, [r["step_median_seconds"] for r in mine], "o-C0", label="step (push+step)")
+        for column, style, label in (("duckdb_recompute_seconds", "s--C1", "DuckDB recompute"),
+                                     ("spark_recompute_seconds", "^:C2", "Spark recompute")):
             measured = [r for r in mine if not _missing(r[column])]
             if measured:
                 ax.plot([r["size"] for r in measured], [r[column] for r in measured], style,
                         label=label)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(ticker.NullFormatter())
         ax.set_title(titles[pattern].format(mine[0]["change"]), fontsize=9)
         ax.set_xlabel("orders")
         ax.set_ylabel("seconds")
