@@ -26,6 +26,7 @@ pattern (b) at 1M. Prints one JSON line per figure, a table at the end, and writ
     python benchmarks/lookup_bench.py [--sizes 1000000 4000000 16000000] [--steps 5]
         [--patterns moves orders max lines] [--spark-change 1000000] [--spark-steps 2]
         [--no-spark-steps] [--no-small-steps] [--no-spark-recompute] [--plot PATH]
+    python benchmarks/lookup_bench.py --from-json docs/bench/lookup.jsonl   # table + plot again
 """
 
 from __future__ import annotations
