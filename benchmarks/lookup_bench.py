@@ -1,124 +1,511 @@
-"""Lookup benchmark: steps that look up a big trace by many keys, against recomputing the view.
+"""Lookup benchmark: does a step cost what its change costs, on every access pattern?
 
-The shop query (filter, join with customers, group by region with sum/count/max) over ``orders``
-of each size and 100k customers, loaded on the driver. Each step moves ``--moved`` customers to
-another region (a delete and an insert per customer), so the join must find every order of
-those customers: a lookup of the orders trace by ``--moved`` keys. In the same run the same view
-is recomputed from scratch by DuckDB, in memory, over the same integrated orders and customers
-(what a user would run instead). Prints one JSON line per figure and a table.
+Orders of each ``--sizes`` (default 1M, 4M, 16M) and 100k customers, loaded on the driver. Four
+access patterns, each a circuit built with the public ``Circuit`` API:
 
-    python benchmarks/lookup_bench.py [--sizes 1000000 4000000] [--steps 5] [--moved 1000]
+(a) ``moves``: the shop query (filter, join with customers, sum/count/max per region); each step
+    moves 1,000 customers to another region, so the join looks up all their orders;
+(b) ``orders``: the same query; each step pushes 10k order changes (10% deletes), as
+    ``engine_bench.py`` does;
+(c) ``max``: max(amount) and count per customer; each step deletes the current maximum order of
+    100 customers, so the aggregate must re-read those customers' orders;
+(d) ``lines``: orders joined with ``lines`` (4 rows per order), sum(qty) and count per customer;
+    each step pushes 10k line changes (10% deletes).
+
+For each pattern and size: the median push+step seconds (``--steps`` steps after a warm-up
+step), the rows the step read from state (``StepResult.state_rows_read``), the same view
+recomputed from scratch by DuckDB (in memory, over Arrow tables of the same integrated data) and
+by Spark (over Parquet copies, as a batch job reads them; one shared session), their ratios, and
+whether the view equals the recomputation (counts and maxima exactly, float sums within 1e-9
+relative). In the same run (each can be skipped): steps of ``--spark-change`` changed orders
+forced onto Spark (``driver_step_rows=0``, pattern (b)) against Spark's recompute, and 100-row
+steps with a commit each (steps/s). The shop workload at 1M orders with 10k changes per step is
+pattern (b) at 1M. Prints one JSON line per figure, a table at the end, and writes a plot
+(``--plot``, default ``docs/bench/lookup.png``).
+
+    python benchmarks/lookup_bench.py [--sizes 1000000 4000000 16000000] [--steps 5]
+        [--patterns moves orders max lines] [--spark-change 1000000] [--spark-steps 2]
+        [--no-spark-steps] [--no-small-steps] [--no-spark-recompute] [--plot PATH]
+    python benchmarks/lookup_bench.py --from-json docs/bench/lookup.jsonl   # table + plot again
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from dbsp_pipeline import Pipeline
+from dbsp_pipeline import Circuit, Pipeline
 from dbsp_pipeline.examples.shop import shop_circuit
+from dbsp_pipeline.spark_session import local_session
 
 CUSTOMERS = 100_000
 REGIONS = 10
-QUERY = """SELECT region, sum(amount) AS total, count(*) AS n, max(amount) AS top
-           FROM orders JOIN customers USING (customer_id) WHERE amount > 10 GROUP BY region"""
+LINES_PER_ORDER = 4
+Emit = Callable[[dict[str, Any]], None]
+
+SHOP_QUERY = """SELECT region, sum(amount) AS total, count(*) AS n, max(amount) AS top
+  FROM orders JOIN customers USING (customer_id) WHERE amount > 10 GROUP BY region"""
+MAX_QUERY = "SELECT customer_id, max(amount) AS top, count(*) AS n FROM orders GROUP BY customer_id"
+LINES_QUERY = """SELECT customer_id, sum(qty) AS qty, count(*) AS n
+  FROM orders JOIN lines USING (order_id) GROUP BY customer_id"""
 
 
-def orders_table(size: int) -> pa.Table:
-    ids = np.arange(size, dtype=np.int64)
+# -- data --------------------------------------------------------------------------------------
+def orders_of(ids: np.ndarray) -> pa.Table:
+    """Orders ``ids``: order i is of customer ``i * 7919 % CUSTOMERS + 1``; its amount (0 to
+    199.96) varies among a customer's orders (the modulus 19997 is prime to ``CUSTOMERS``), so
+    a customer's maximum is one order of many."""
+    ids = ids.astype(np.int64)
     return pa.table({"order_id": ids, "customer_id": ids * 7919 % CUSTOMERS + 1,
-                     "amount": (ids * 104729 % 20000) / 100.0})
+                     "amount": (ids * 104729 % 19997) / 100.0})
 
 
-def region(customer: int, shift: int) -> str:
-    return f"region-{(customer + shift) % REGIONS}"
+def customers_of(shift: np.ndarray, ids: np.ndarray | None = None) -> pa.Table:
+    """Customers ``ids`` (default: 1..CUSTOMERS); customer c is in region
+    ``(c + shift[c]) % REGIONS``."""
+    c = np.arange(1, CUSTOMERS + 1, dtype=np.int64) if ids is None else ids.astype(np.int64)
+    names = np.array([f"region-{r}" for r in range(REGIONS)], dtype=object)
+    return pa.table({"customer_id": c, "region": pa.array(names[(c + shift[c]) % REGIONS],
+                                                          pa.string())})
 
 
-def run_size(size: int, steps: int, moved: int, emit: Any) -> dict[str, Any]:
-    root = tempfile.mkdtemp(prefix=f"dbsp-lookup-{size}-")
-    rng = np.random.default_rng(size)
-    shift = {c: 0 for c in range(1, CUSTOMERS + 1)}
-    try:
-        with Pipeline(shop_circuit(extra_views=False), root=root,
-                      driver_step_rows=10**9) as p:
-            p.push("customers", [(c, region(c, 0)) for c in range(1, CUSTOMERS + 1)])
-            orders = orders_table(size)
-            p.push("orders", orders)
-            t = time.perf_counter()
-            p.step()
-            emit({"size": size, "figure": "initial_load_step_seconds",
-                  "value": round(time.perf_counter() - t, 3)})
-            durations = []
-            for _ in range(steps):
-                chosen = rng.choice(np.arange(1, CUSTOMERS + 1), moved, replace=False).tolist()
-                p.push("customers", [(c, region(c, shift[c])) for c in chosen], weight=-1)
-                for c in chosen:
-                    shift[c] += 1
-                p.push("customers", [(c, region(c, shift[c])) for c in chosen])
-                t = time.perf_counter()
-                r = p.step()
-                seconds = time.perf_counter() - t
-                durations.append(seconds)
-                emit({"size": size, "figure": "step_seconds", "step": r.step,
-                      "value": round(seconds, 4), "on_driver": r.on_driver})
-            view = sorted((r["region"], r["total"], r["n"], r["top"])
-                          for r in p.view_arrow("revenue_by_region").to_pylist())
-        customers = pa.table({"customer_id": np.arange(1, CUSTOMERS + 1, dtype=np.int64),
-                              "region": [region(c, shift[c]) for c in range(1, CUSTOMERS + 1)]})
+def lines_of(order_id: np.ndarray, line_no: np.ndarray) -> pa.Table:
+    return pa.table({"order_id": order_id.astype(np.int64), "line_no": line_no.astype(np.int64),
+                     "qty": (order_id * 31 + line_no * 7) % 50 + 1})
+
+
+# -- circuits -----------------------------------------------------------------------------------
+def max_circuit() -> Circuit:
+    c = Circuit("max_per_customer")
+    orders = c.input("orders", "order_id BIGINT, customer_id BIGINT, amount DOUBLE")
+    c.output("view", orders.group_by("customer_id").agg(top="max(amount)", n="count(*)"))
+    return c
+
+
+def lines_circuit() -> Circuit:
+    c = Circuit("order_lines")
+    orders = c.input("orders", "order_id BIGINT, customer_id BIGINT, amount DOUBLE")
+    lines = c.input("lines", "order_id BIGINT, line_no BIGINT, qty BIGINT")
+    c.output("view", orders.join(lines, on="order_id").group_by("customer_id")
+             .agg(qty="sum(qty)", n="count(*)"))
+    return c
+
+
+# -- recomputation and comparison ---------------------------------------------------------------
+class Recompute:
+    """The same view from scratch: DuckDB over Arrow tables, Spark over Parquet copies."""
+
+    def __init__(self, spark: Any, spark_runs: int) -> None:
+        self.spark = spark
+        self.spark_runs = spark_runs
+
+    def duckdb(self, query: str, tables: dict[str, pa.Table]) -> tuple[float, list[tuple]]:
         con = duckdb.connect()
-        con.register("orders", orders)
-        con.register("customers", customers)
-        times = []
-        for _ in range(4):
+        for name, table in tables.items():
+            con.register(name, table)
+        times, result = [], []
+        for _ in range(4):  # a warm-up, then the median of 3
             t = time.perf_counter()
-            expected = sorted(con.execute(QUERY).fetchall())
+            result = con.execute(query).fetchall()
             times.append(time.perf_counter() - t)
-        step_median, duck_median = statistics.median(durations), statistics.median(times[1:])
-        summary = {"size": size, "figure": "summary", "moved_customers": moved,
-                   "step_median_seconds": round(step_median, 4),
-                   "duckdb_recompute_seconds": round(duck_median, 4),
-                   "step_over_duckdb": round(step_median / duck_median, 3),
-                   "view_equals_recompute": _same(view, expected)}
-        emit(summary)
-        return summary
+        con.close()
+        return statistics.median(times[1:]), sorted(result)
+
+    def spark_sql(self, query: str, tables: dict[str, pa.Table]) -> tuple[float, list[tuple]]:
+        if self.spark_runs == 0:
+            return float("nan"), []
+        folder = tempfile.mkdtemp(prefix="dbsp-lookup-parquet-")
+        try:
+            for name, table in tables.items():
+                pq.write_table(table, f"{folder}/{name}.parquet")
+            times, result = [], []
+            for _ in range(self.spark_runs + 1):  # a warm-up, then the median
+                t = time.perf_counter()
+                for name in tables:
+                    self.spark.read.parquet(f"{folder}/{name}.parquet").createOrReplaceTempView(
+                        name)
+                result = [tuple(r) for r in self.spark.sql(query).collect()]
+                times.append(time.perf_counter() - t)
+            return statistics.median(times[1:]), sorted(result)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def same(view: list[tuple], expected: list[tuple], float_columns: set[int]) -> bool:
+    """Equal rows; float columns (sums) within 1e-9 relative, the rest exactly."""
+    if len(view) != len(expected):
+        return False
+    for a, b in zip(view, expected):
+        for i, (x, y) in enumerate(zip(a, b)):
+            if i in float_columns:
+                if abs(float(x) - float(y)) > 1e-9 * max(1.0, abs(float(y))):
+                    return False
+            elif x != y:
+                return False
+    return True
+
+
+def view_rows(p: Pipeline, name: str, columns: list[str]) -> list[tuple]:
+    table = p.view_arrow(name)
+    return sorted(zip(*(table.column(c).to_pylist() for c in columns)))
+
+
+# -- running steps ------------------------------------------------------------------------------
+def timed_steps(p: Pipeline, steps: int, push: Callable[[], None], emit: Emit,
+                record: dict[str, Any]) -> dict[str, float]:
+    """A warm-up step then ``steps`` steps, each ``push()`` + ``p.step()``; the medians."""
+    seconds, rows_read = [], []
+    for i in range(steps + 1):
+        t = time.perf_counter()
+        push()
+        r = p.step()
+        s = time.perf_counter() - t
+        emit({**record, "figure": "step_seconds", "step": r.step, "warm_up": i == 0,
+              "value": round(s, 4), "on_driver": r.on_driver,
+              "state_rows_read": r.state_rows_read})
+        if i:
+            seconds.append(s)
+            rows_read.append(r.state_rows_read)
+    return {"step": statistics.median(seconds), "rows_read": statistics.median(rows_read)}
+
+
+def load(p: Pipeline, tables: dict[str, pa.Table], emit: Emit, record: dict[str, Any]) -> None:
+    t = time.perf_counter()
+    for name, table in tables.items():
+        p.push(name, table)
+    r = p.step()
+    emit({**record, "figure": "initial_load_seconds", "value": round(time.perf_counter() - t, 3),
+          "on_driver": r.on_driver})
+
+
+def summarize(record: dict[str, Any], medians: dict[str, float], duck: tuple[float, list],
+              spark: tuple[float, list], view: list[tuple], float_columns: set[int],
+              emit: Emit) -> dict[str, Any]:
+    step = medians["step"]
+    summary = {**record, "figure": "summary", "step_median_seconds": round(step, 4),
+               "state_rows_read_per_step": int(medians["rows_read"]),
+               "duckdb_recompute_seconds": round(duck[0], 4) if duck[1] else None,
+               "spark_recompute_seconds": round(spark[0], 4) if spark[1] else None,
+               "step_over_duckdb": round(step / duck[0], 3) if duck[1] else None,
+               "step_over_spark": round(step / spark[0], 3) if spark[1] else None,
+               "view_equals_duckdb": same(view, duck[1], float_columns) if duck[1] else None,
+               "view_equals_spark": same(view, spark[1], float_columns) if spark[1] else None}
+    emit(summary)
+    return summary
+
+
+def run_shop(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
+             emit: Emit) -> list[dict[str, Any]]:
+    """Patterns (a) and (b) on one loaded shop pipeline, then (with ``--spark-steps``) steps of
+    ``--spark-change`` orders forced onto Spark, and (at the first size) 100-row steps."""
+    root = tempfile.mkdtemp(prefix=f"dbsp-lookup-shop-{size}-")
+    rng = np.random.default_rng(size)
+    shift = np.zeros(CUSTOMERS + 1, dtype=np.int64)
+    live = {"first": 0, "next": size}  # the live orders are the ids [first, next)
+    out = []
+    columns = ["region", "total", "n", "top"]
+
+    def orders_now() -> pa.Table:
+        return orders_of(np.arange(live["first"], live["next"]))
+
+    def order_changes(n: int) -> Callable[[], None]:
+        def push() -> None:
+            n_del = n // 10
+            p.push("orders", orders_of(np.arange(live["next"], live["next"] + n - n_del)))
+            p.push("orders", orders_of(np.arange(live["first"], live["first"] + n_del)),
+                   weight=-1)
+            live["next"] += n - n_del
+            live["first"] += n_del
+        return push
+
+    def check(record: dict[str, Any], medians: dict[str, float], duckdb_too: bool = True
+              ) -> dict[str, Any]:
+        tables = {"orders": orders_now(), "customers": customers_of(shift)}
+        view = view_rows(p, "revenue_by_region", columns)
+        duck = rc.duckdb(SHOP_QUERY, tables) if duckdb_too else (float("nan"), [])
+        return summarize(record, medians, duck, rc.spark_sql(SHOP_QUERY, tables), view, {1},
+                         emit)
+
+    try:
+        with Pipeline(shop_circuit(extra_views=False), root=root, spark=spark,
+                      driver_step_rows=10**9) as p:
+            load(p, {"customers": customers_of(shift), "orders": orders_now()}, emit,
+                 {"pattern": "shop", "size": size})
+            if "moves" in args.patterns:
+                def move() -> None:
+                    chosen = rng.choice(np.arange(1, CUSTOMERS + 1), args.moved, replace=False)
+                    before = customers_of(shift, chosen)
+                    shift[chosen] += 1
+                    p.push("customers", before, weight=-1)
+                    p.push("customers", customers_of(shift, chosen))
+                record = {"pattern": "moves", "size": size, "change": args.moved}
+                print(f"# (a) moves at {size:,} orders", flush=True)
+                out.append(check(record, timed_steps(p, args.steps, move, emit, record)))
+            if "orders" in args.patterns:
+                record = {"pattern": "orders", "size": size, "change": args.change}
+                print(f"# (b) order changes at {size:,} orders", flush=True)
+                out.append(check(record, timed_steps(p, args.steps, order_changes(args.change),
+                                                     emit, record)))
+            if args.small_steps and size == args.sizes[0]:
+                print(f"# 100-row steps, a commit each, at {size:,} orders", flush=True)
+                p.checkpoint_every = 1
+                t = time.perf_counter()
+                push = order_changes(100)
+                for _ in range(args.small_steps):
+                    push()
+                    r = p.step()
+                    assert r.committed_version is not None
+                seconds = time.perf_counter() - t
+                emit({"pattern": "small_steps", "size": size, "figure": "steps_per_second",
+                      "rows_per_step": 100, "steps": args.small_steps,
+                      "value": round(args.small_steps / seconds, 2)})
+                out.append({"pattern": "small_steps", "size": size,
+                            "steps_per_second": round(args.small_steps / seconds, 2)})
+            if args.spark_steps:
+                record = {"pattern": "orders_on_spark", "size": size, "change": args.spark_change}
+                print(f"# (b) {args.spark_change:,} order changes forced onto Spark at "
+                      f"{size:,} orders", flush=True)
+                p.driver_step_rows = 0
+                medians = timed_steps(p, args.spark_steps, order_changes(args.spark_change),
+                                      emit, record)
+                out.append(check(record, medians, duckdb_too=False))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+def run_max(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
+            emit: Emit) -> dict[str, Any]:
+    """Pattern (c): each step deletes the current maximum order of ``--max-customers``."""
+    root = tempfile.mkdtemp(prefix=f"dbsp-lookup-max-{size}-")
+    rng = np.random.default_rng(size + 1)
+    orders = orders_of(np.arange(size))
+    amount = orders.column("amount").to_numpy()
+    customer = orders.column("customer_id").to_numpy()
+    by_customer = np.argsort(customer, kind="stable")  # order ids grouped by customer
+    starts = np.searchsorted(customer[by_customer], np.arange(1, CUSTOMERS + 2))
+    alive = np.ones(size, dtype=bool)
+    record = {"pattern": "max", "size": size, "change": args.max_customers}
+    try:
+        with Pipeline(max_circuit(), root=root, spark=spark, driver_step_rows=10**9) as p:
+            load(p, {"orders": orders}, emit, record)
+
+            def delete_maxima() -> None:
+                gone = []
+                for c in rng.choice(np.arange(1, CUSTOMERS + 1), args.max_customers,
+                                    replace=False):
+                    ids = by_customer[starts[c - 1]:starts[c]]
+                    ids = ids[alive[ids]]
+                    if len(ids):
+                        gone.append(ids[np.argmax(amount[ids])])
+                alive[gone] = False
+                p.push("orders", orders_of(np.array(gone)), weight=-1)
+
+            print(f"# (c) max deletes at {size:,} orders", flush=True)
+            medians = timed_steps(p, args.steps, delete_maxima, emit, record)
+            now = orders.filter(pa.array(alive))
+            view = view_rows(p, "view", ["customer_id", "top", "n"])
+            return summarize(record, medians, rc.duckdb(MAX_QUERY, {"orders": now}),
+                             rc.spark_sql(MAX_QUERY, {"orders": now}), view, set(), emit)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _same(view: list[tuple[Any, ...]], expected: list[tuple[Any, ...]]) -> bool:
-    """Equal groups, counts and maxima; sums equal to DuckDB's (a float sum in another order)
-    within 1e-9 relative."""
-    return len(view) == len(expected) and all(
-        a[0] == b[0] and a[2] == b[2] and a[3] == b[3]
-        and abs(float(a[1]) - b[1]) <= 1e-9 * max(1.0, abs(b[1]))
-        for a, b in zip(view, expected))
+def run_lines(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
+              emit: Emit) -> dict[str, Any]:
+    """Pattern (d): orders joined with 4 lines per order; each step changes ``--change`` lines
+    (10% deletes of the first lines loaded, the rest new lines of random orders)."""
+    root = tempfile.mkdtemp(prefix=f"dbsp-lookup-lines-{size}-")
+    orders = orders_of(np.arange(size))
+    first = lines_of(np.repeat(np.arange(size), LINES_PER_ORDER),
+                     np.tile(np.arange(LINES_PER_ORDER), size))
+    state = {"deleted": 0, "added": 0}
+    record = {"pattern": "lines", "size": size, "change": args.change}
+
+    def added(lo: int, hi: int) -> pa.Table:
+        g = np.arange(lo, hi, dtype=np.int64)
+        return lines_of(g * 2654435761 % size, LINES_PER_ORDER + g)
+
+    try:
+        with Pipeline(lines_circuit(), root=root, spark=spark, driver_step_rows=10**9) as p:
+            load(p, {"orders": orders, "lines": first}, emit, record)
+
+            def change() -> None:
+                n_del = args.change // 10
+                d, a = state["deleted"], state["added"]
+                p.push("lines", added(a, a + args.change - n_del))
+                p.push("lines", first.slice(d, n_del), weight=-1)
+                state["deleted"] += n_del
+                state["added"] += args.change - n_del
+
+            print(f"# (d) line changes at {size:,} orders", flush=True)
+            medians = timed_steps(p, args.steps, change, emit, record)
+            lines = pa.concat_tables([first.slice(state["deleted"]), added(0, state["added"])])
+            tables = {"orders": orders, "lines": lines}
+            view = view_rows(p, "view", ["customer_id", "qty", "n"])
+            return summarize(record, medians, rc.duckdb(LINES_QUERY, tables),
+                             rc.spark_sql(LINES_QUERY, tables), view, set(), emit)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# -- report ---------------------------------------------------------------------------------------
+def table(rows: list[dict[str, Any]]) -> None:
+    print()
+    print(f"{'pattern':>16} {'orders':>10} {'change':>8} {'step s':>8} {'rows read':>10} "
+          f"{'DuckDB s':>9} {'Spark s':>8} {'/DuckDB':>8} {'/Spark':>7} equal")
+    for r in rows:
+        if r["pattern"] == "small_steps":
+            print(f"{'small_steps':>16} {r['size']:>10} {100:>8} "
+                  f"{r['steps_per_second']:>8.2f} steps/s (100-row steps, a commit each)")
+            continue
+        equal = r["view_equals_spark"] if r["view_equals_duckdb"] is None else (
+            r["view_equals_duckdb"] and r["view_equals_spark"] is not False)
+        print(f"{r['pattern']:>16} {r['size']:>10} {r['change']:>8} "
+              f"{r['step_median_seconds']:>8.3f} {r['state_rows_read_per_step']:>10} "
+              f"{_ratio(r['duckdb_recompute_seconds']):>9} "
+              f"{_ratio(r['spark_recompute_seconds']):>8} "
+              f"{_ratio(r['step_over_duckdb']):>8} {_ratio(r['step_over_spark']):>7} {equal}")
+    print()
+    for pattern in sorted({r["pattern"] for r in rows} - {"small_steps"}):
+        mine = sorted((r for r in rows if r["pattern"] == pattern), key=lambda r: r["size"])
+        if len(mine) >= 2:
+            growth = mine[-1]["step_median_seconds"] / mine[0]["step_median_seconds"]
+            print(json.dumps({"pattern": pattern, "figure": "step_growth",
+                              "from": mine[0]["size"], "to": mine[-1]["size"],
+                              "value": round(growth, 3)}))
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if _missing(value) else f"{value:.3f}"
+
+
+def _missing(value: float | None) -> bool:
+    return value is None or value != value  # None, or NaN (not measured)
+
+
+def plot(rows: list[dict[str, Any]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib import ticker
+
+    patterns = [p for p in ("moves", "orders", "max", "lines", "orders_on_spark")
+                if any(r["pattern"] == p for r in rows)]
+    titles = {"moves": "(a) move {:,} customers", "orders": "(b) {:,} order changes",
+              "max": "(c) delete the max of {:,} customers", "lines": "(d) {:,} line changes",
+              "orders_on_spark": "(b) on Spark: {:,} order changes"}
+    columns = min(3, len(patterns))
+    grid = (len(patterns) + columns - 1) // columns
+    fig, axes = plt.subplots(grid, columns, figsize=(4.4 * columns, 3.6 * grid), squeeze=False)
+    for ax in axes.flat[len(patterns):]:
+        ax.set_visible(False)
+    for ax, pattern in zip(axes.flat, patterns):
+        mine = sorted((r for r in rows if r["pattern"] == pattern), key=lambda r: r["size"])
+        sizes = [r["size"] for r in mine]
+        ax.plot(sizes, [r["step_median_seconds"] for r in mine], "o-C0", label="step (push+step)")
+        for column, style, label in (("duckdb_recompute_seconds", "s--C1", "DuckDB recompute"),
+                                     ("spark_recompute_seconds", "^:C2", "Spark recompute")):
+            measured = [r for r in mine if not _missing(r[column])]
+            if measured:
+                ax.plot([r["size"] for r in measured], [r[column] for r in measured], style,
+                        label=label)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+        ax.set_title(titles[pattern].format(mine[0]["change"]), fontsize=9)
+        ax.set_xlabel("orders")
+        ax.set_ylabel("seconds")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=110)
+    print(f"plot written to {path}")
+
+
+def _summaries(path: str) -> list[dict[str, Any]]:
+    """The summary rows of an earlier run's output (its JSON lines)."""
+    rows = []
+    with open(path) as fh:
+        for line in fh:
+            if not line.startswith("{"):
+                continue
+            r = json.loads(line)
+            if r.get("figure") == "summary":
+                rows.append(r)
+            elif r.get("figure") == "steps_per_second":
+                rows.append({"pattern": "small_steps", "size": r["size"],
+                             "steps_per_second": r["value"]})
+    return rows
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000])
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--moved", type=int, default=1_000)
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000, 16_000_000])
+    ap.add_argument("--patterns", nargs="+", default=["moves", "orders", "max", "lines"],
+                    choices=["moves", "orders", "max", "lines"])
+    ap.add_argument("--steps", type=int, default=5, help="timed steps after a warm-up step")
+    ap.add_argument("--moved", type=int, default=1_000, help="(a): customers moved per step")
+    ap.add_argument("--change", type=int, default=10_000, help="(b), (d): rows per step")
+    ap.add_argument("--max-customers", type=int, default=100,
+                    help="(c): customers whose maximum order is deleted per step")
+    ap.add_argument("--spark-change", type=int, default=1_000_000,
+                    help="changed orders per step forced onto Spark")
+    ap.add_argument("--spark-steps", type=int, default=2,
+                    help="timed Spark steps after a warm-up (0: none)")
+    ap.add_argument("--no-spark-steps", dest="spark_steps", action="store_const", const=0)
+    ap.add_argument("--small-steps", type=int, default=30,
+                    help="100-row steps with a commit each, at the first size (0: none)")
+    ap.add_argument("--no-small-steps", dest="small_steps", action="store_const", const=0)
+    ap.add_argument("--spark-recompute-runs", type=int, default=2,
+                    help="timed Spark recomputations after a warm-up (0: none)")
+    ap.add_argument("--no-spark-recompute", dest="spark_recompute_runs", action="store_const",
+                    const=0)
+    ap.add_argument("--plot", default="docs/bench/lookup.png")
+    ap.add_argument("--from-json", metavar="FILE",
+                    help="print the table and plot from the JSON lines of an earlier run "
+                         "(its output) instead of running")
     args = ap.parse_args()
+    if args.from_json:
+        rows = _summaries(args.from_json)
+        table(rows)
+        if args.plot:
+            plot(rows, args.plot)
+        return
+    spark = local_session("dbsp-lookup-bench", shuffle_partitions=4)
+    rc = Recompute(spark, args.spark_recompute_runs)
+    started = time.perf_counter()
 
     def emit(record: dict[str, Any]) -> None:
         print(json.dumps(record), flush=True)
 
-    rows = [run_size(size, args.steps, args.moved, emit) for size in args.sizes]
-    print()
-    print(f"{'orders':>10} {'moved':>6} {'step s':>8} {'DuckDB recompute s':>19} {'ratio':>6}")
-    for r in rows:
-        print(f"{r['size']:>10} {r['moved_customers']:>6} {r['step_median_seconds']:>8.4f} "
-              f"{r['duckdb_recompute_seconds']:>19.4f} {r['step_over_duckdb']:>6.2f}")
+    rows: list[dict[str, Any]] = []
+    for size in args.sizes:
+        if {"moves", "orders"} & set(args.patterns) or args.spark_steps:
+            rows += run_shop(spark, size, args, rc, emit)
+        if "max" in args.patterns:
+            rows.append(run_max(spark, size, args, rc, emit))
+        if "lines" in args.patterns:
+            rows.append(run_lines(spark, size, args, rc, emit))
+        print(f"# {size:,} orders done, {time.perf_counter() - started:.0f} s so far", flush=True)
+    table(rows)
+    if args.plot:
+        plot(rows, args.plot)
 
 
 if __name__ == "__main__":

@@ -24,5 +24,5 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q --upgrade "pip==26.3"
-"$VENV/bin/python" -m pip install -q -e ".[dagster,kafka,dev]"
+"$VENV/bin/python" -m pip install -q -e ".[dagster,kafka,dev,bench]"
 echo "setup: ready ($("$VENV/bin/python" --version), $(java -version 2>&1 | head -1))"

@@ -41,6 +41,9 @@ class StepResult:
     rejected: dict[str, int] = field(default_factory=dict)
     #: why the step's input was quarantined (``quarantine_step``): it executed with no input
     quarantined: str | None = None
+    #: rows the step read from its operators' traces (whole files read, rows of small files
+    #: and keyed runs' hash ranges looked up; a Spark read counts its files' rows)
+    state_rows_read: int = 0
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,8 @@ def execute_step(state: EngineState) -> StepResult:
     result = StepResult(step=s, quarantined=state.divisions.quarantined(s))
     result.rejected = {n: state.inputs[n].rejected_between(lowers[n], uppers.get(n, 0))
                        for n in state.tracked}
+    for trace in state.plan.state_traces():
+        trace.reset_rows_read()
 
     if result.quarantined is not None:
         complete_quarantine(state, s, result.quarantined)
@@ -125,6 +127,7 @@ def execute_step(state: EngineState) -> StepResult:
         state.abandon()  # interrupted half-way: reopen the root
         raise
     state.failed_step = None
+    result.state_rows_read = sum(t.rows_read for t in state.plan.state_traces())
 
     # 6. Advance, and commit every checkpoint_every steps.
     state.db.set_step(s + 1)

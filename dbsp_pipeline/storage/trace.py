@@ -115,6 +115,13 @@ class Trace:
         #: the keyed runs of the trace's big files, for lookups by key
         self.runs = KeyedRuns(root_layout.keyed_runs(db.root, name), self.table.arrow_schema,
                               self.key, self._key_hashes)
+        #: rows read from the trace by ``read``, ``read_arrow`` and ``lookup_arrow`` since the
+        #: last ``reset_rows_read`` (what steps read from state; merges are not counted)
+        self.rows_read = 0
+
+    def reset_rows_read(self) -> None:
+        """Start counting ``rows_read`` from zero (at the start of a step)."""
+        self.rows_read = 0
 
     def files(self) -> list[DataFile]:
         """The trace's files as of now (the open version plus this run's appends)."""
@@ -126,8 +133,11 @@ class Trace:
         return sum(f.rows for f in self.files())
 
     def read(self, files: Sequence[DataFile] | None = None) -> DataFrame:
-        """The trace (payload, ``_weight``, ``_shard``) over ``files`` (default: all of them)."""
-        return self.table.read(self.files() if files is None else files)
+        """The trace (payload, ``_weight``, ``_shard``) over ``files`` (default: all of them).
+        Counts the files' rows in ``rows_read`` (what a Spark job reading them reads)."""
+        chosen = self.files() if files is None else list(files)
+        self.rows_read += sum(f.rows for f in chosen)
+        return self.table.read(chosen)
 
     def files_for_shards(self, shards: Sequence[int]) -> list[DataFile]:
         """The files that may hold rows of the given shards (by their min/max ``_shard`` stats)."""
@@ -205,8 +215,11 @@ class Trace:
         self._files = [self.table.data_file(a) for a in adds]
 
     def read_arrow(self, files: Sequence[DataFile] | None = None) -> pa.Table:
-        """The trace's rows (payload, ``_weight``, ``_shard``) in ``files`` (default: all)."""
-        return self.table.read_arrow(self.files() if files is None else files)
+        """The trace's rows (payload, ``_weight``, ``_shard``) in ``files`` (default: all);
+        counted in ``rows_read``."""
+        rows = self.table.read_arrow(self.files() if files is None else files)
+        self.rows_read += rows.num_rows
+        return rows
 
     def lookup_arrow(self, sql: LocalSQL, keys: pa.Table,
                      files: Sequence[DataFile] | None = None) -> pa.Table:
@@ -214,7 +227,7 @@ class Trace:
         NULL equals NULL), read from ``files`` (default: all), and of those only the files and
         row groups whose ``_shard`` range holds a wanted key's shard; a big file is read through
         its keyed run (built first if it has none), so only the rows of the wanted keys' hashes
-        are read from it."""
+        are read from it. The rows read (before the exact key match) count in ``rows_read``."""
         if keys.num_rows == 0:
             return self.table.arrow_schema.empty_table()
         if len(self.key) == 1:
@@ -236,7 +249,7 @@ class Trace:
             hashes = np.unique(self._key_hashes(wanted_keys))
             for f in candidates:
                 if self.runs.covers(f):
-                    found = self.runs.lookup(f, hashes, lambda f: self.table.read_arrow([f]))
+                    found = self.runs.lookup(f, hashes, self._read_to_build_run)
                     if found is None:  # no usable run: read the file as a small one
                         unread.append(f)
                     else:
@@ -246,6 +259,7 @@ class Trace:
             where = (field >= min(shards)) & (field <= max(shards)) & field.isin(shards)
             parts.append(self.table.read_arrow(unread, where))
         rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        self.rows_read += rows.num_rows  # the rows of small files and of the runs' hash ranges
         if rows.num_rows == 0 or not self.key:
             return rows
         if len(self.key) == 1:  # is_in matches NULL with NULL, as the lookup must
@@ -261,6 +275,12 @@ class Trace:
         fields = [schema.field(c) for c in columns]
         return pa.Table.from_arrays([table.column(c).cast(f.type) for c, f in zip(columns, fields)],
                                     schema=pa.schema(fields))
+
+    def _read_to_build_run(self, f: DataFile) -> pa.Table:
+        """The rows of ``f``, read whole to build its keyed run (counted in ``rows_read``)."""
+        rows = self.table.read_arrow([f])
+        self.rows_read += rows.num_rows
+        return rows
 
     def _key_hashes(self, rows: pa.Table) -> np.ndarray:
         """The 64-bit hash of the key of each row of ``rows``, unsigned (its top bits are the
@@ -302,13 +322,13 @@ class Trace:
         """
         rows = sum(f.rows for f in files)
         if sql is not None and rows <= DRIVER_MERGE_ROWS:
-            merged = sql.consolidate(self.read_arrow(files), [*self.payload, SHARD])
+            merged = sql.consolidate(self.table.read_arrow(files), [*self.payload, SHARD])
             merged = merged.sort_by([(SHARD, "ascending"), *[(k, "ascending") for k in self.key]])
             adds = self.table.write_arrow(merged.select(self.table.arrow_schema.names))
             for a in adds:  # one file: the whole merge (its run is of use once it commits)
                 self.runs.add(self.table.data_file(a), merged)
             return adds
-        merged = consolidate(self.read(files), [*self.payload, SHARD])
+        merged = consolidate(self.table.read(files), [*self.payload, SHARD])
         parts = max(1, min(64, rows // 2_000_000 + 1))
         merged = merged.repartitionByRange(parts, F.col(SHARD)) if parts > 1 else merged.coalesce(1)
         return self.table.write_files(merged, sort_by=[SHARD, *self.key])

@@ -151,3 +151,21 @@ def test_a_setting_changed_on_an_open_pipeline_is_checked(spark, tmp_path, setti
             setattr(p, setting, value)
         assert getattr(p, setting) == before
         p.retain_steps = None  # no limit stays allowed
+
+
+def test_a_step_reports_the_rows_it_read_from_state(spark, tmp_path):
+    orders = pd.DataFrame({"order_id": range(50_000), "customer_id": [i % 5_000 for i in
+                                                                     range(50_000)],
+                           "amount": [20.0] * 50_000})
+    with Pipeline(shop_circuit(extra_views=False), root=str(tmp_path), spark=spark) as p:
+        p.push("customers", [(c, "eu") for c in range(5_000)])
+        p.push("orders", orders)
+        p.driver_step_rows = 10**6
+        p.step()
+        # Moving 2 customers looks up their 20 orders in a 50k-row orders trace.
+        p.push("customers", [(1, "eu"), (2, "eu")], weight=-1)
+        p.push("customers", [(1, "us"), (2, "us")])
+        r = p.step()
+        assert r.on_driver and 0 < r.state_rows_read < 2_000
+        assert view_counter(p.view("revenue_by_region")) == {
+            ("eu", 20.0 * 49_980, 49_980, 20.0): 1, ("us", 400.0, 20, 20.0): 1}

@@ -178,3 +178,16 @@ def test_garbage_collection_keeps_live_runs_and_drops_other_traces(spark, tmp_pa
         p.collect_garbage(grace_seconds=0)
         assert set(os.listdir(folder)) == live
         assert all(os.listdir(os.path.join(folder, name)) for name in live)
+
+
+def test_a_lookup_of_few_keys_counts_only_the_rows_it_read(big_trace):
+    trace, sql, rng, db = big_trace
+    keys = pa.table({"c": pa.array([5, 17, 1_234], pa.int64()),
+                     "tag": pa.array(["x", "y", None], pa.string())})
+    trace.reset_rows_read()
+    found = trace.lookup_arrow(sql, keys)
+    # the keys' rows from the big file's run plus at most the small file's 500 rows, not 40k
+    assert found.num_rows <= trace.rows_read <= found.num_rows + 500
+    assert trace.rows_read < trace.rows() // 50
+    trace.reset_rows_read()
+    assert trace.read_arrow().num_rows == trace.rows_read == trace.rows()
