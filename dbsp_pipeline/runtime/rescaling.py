@@ -107,7 +107,7 @@ def commit_layout(state: EngineState, new: Layout) -> int:
     layout change. Returns the state version."""
     crash_points.hit("rescale.before_commit")
     state.db.put(LAYOUT_KEY, new.to_json())
-    version = state.db.commit()
+    version = state.db.commit(fold_all=True)  # the traces' Delta logs in the new layout
     state.uncommitted_steps = 0
     state.layout = new
     return version

@@ -119,11 +119,13 @@ class StateDatabase:
             self._roll_back(table)
         return version
 
-    def commit(self) -> int:
-        """Record the current state as version ``base + 1``; returns the new version."""
+    def commit(self, fold_all: bool = False) -> int:
+        """Record the current state as version ``base + 1``; returns the new version. Tables
+        with ``FOLD_ACTIONS`` staged actions or more (with ``fold_all``, every table) are
+        folded into their Delta logs first."""
         base = self._require_open()
         for table in self._tables.values():
-            if table.staged_actions >= FOLD_ACTIONS:
+            if table.staged_actions >= (1 if fold_all else FOLD_ACTIONS):
                 table.fold()
         # tables not opened in this process keep the version and staged actions the base
         # recorded

@@ -108,8 +108,8 @@ def test_the_hand_over_splits_what_steps_changed_during_the_copy(spark, tmp_path
         assert owner_pure(p)
 
 
-@pytest.mark.parametrize("point", ["rescale.hot.copied", "trace.rewrite.before",
-                                   "trace.rewrite.after", "rescale.before_commit",
+@pytest.mark.parametrize("point", ["rescale.hot.copied", "trace.commit.before",
+                                   "trace.commit.after", "rescale.before_commit",
                                    "manifest.commit.before", "manifest.commit.after"])
 def test_a_crash_during_a_hot_rescale_recovers_to_one_layout(spark, tmp_path, never_rescaled,
                                                             monkeypatch, point):

@@ -69,7 +69,7 @@ def test_fixed_sharding_rewrites_less_than_modulo(spark, tmp_path):
     assert moved["fixed"] < moved["modulo"]
 
 
-@pytest.mark.parametrize("point", ["trace.rewrite.before", "trace.rewrite.after",
+@pytest.mark.parametrize("point", ["trace.commit.before", "trace.commit.after",
                                    "rescale.before_commit", "manifest.commit.before",
                                    "manifest.commit.after"])
 def test_a_crash_during_a_rescale_recovers_to_one_layout(spark, tmp_path, never_rescaled,
@@ -88,7 +88,7 @@ def test_a_crash_during_a_rescale_recovers_to_one_layout(spark, tmp_path, never_
     del p  # abandoned, as by a crash: no close, no commit
     with workload.open_pipeline(root, spark) as p:
         assert p.layout in (old, old.rescaled(3))
-        assert p.layout == (old if point in ("trace.rewrite.before", "trace.rewrite.after",
+        assert p.layout == (old if point in ("trace.commit.before", "trace.commit.after",
                                              "rescale.before_commit", "manifest.commit.before")
                             else old.rescaled(3))
         if p.layout.workers == 3:

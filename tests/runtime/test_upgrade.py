@@ -54,7 +54,7 @@ def test_format_1_state_is_migrated_and_runs_on(spark, tmp_path):
     with workload.open_pipeline(root, spark) as p:
         info = p.upgrade_info
         assert (info.from_engine, info.from_format) == ("0.0.9", 1)
-        assert info.migrations == [(1, 2), (2, 3)] and info.upgraded
+        assert info.migrations == [(1, 2), (2, 3), (3, 4)] and info.upgraded
         assert p.recovered_steps == []  # nothing processed again
         assert p.layout == Layout()
         newest = p.checkpoints()[0]
@@ -102,6 +102,9 @@ def _as_format_2(root: str, spark) -> None:
 
     db = state_db.StateDatabase(spark, root, workload.circuit().fingerprint())
     db.open()
+    for name in db._base["traces"]:  # format 2 staged nothing: fold it all into Delta first
+        db.table(name, _spark_schema(root, name))
+    db.commit(fold_all=True)
     traces = dict(db._base["traces"])
     for name in [n for n in traces if n.endswith("_groups_exact")]:
         exact = SparkDeltaTable(spark, os.path.join(root, "state", name),
@@ -124,6 +127,7 @@ def _as_format_2(root: str, spark) -> None:
         del traces[name]
         assert not any(math.isnan(v) for v in rows.column("_s2").to_pylist() if v is not None)
     entry = dict(db._base, traces=traces, state_format=2, engine_version="0.1.0-format2")
+    entry.pop(state_db.STAGED_KEY, None)
     db._write_entry(json.loads(json.dumps(entry)))
 
 
@@ -149,7 +153,7 @@ def test_format_2_double_sums_are_migrated_to_exact_sums(spark, tmp_path):
     root = _first_rounds(spark, tmp_path)
     _as_format_2(root, spark)
     with workload.open_pipeline(root, spark) as p:
-        assert p.upgrade_info.migrations == [(2, 3)]
+        assert p.upgrade_info.migrations == [(2, 3), (3, 4)]
         assert p.recovered_steps == []
         for r, pushes in enumerate(ROUNDS):
             workload.play_round(p, r, pushes)
@@ -181,8 +185,29 @@ def test_format_2_state_of_an_s3_root_is_migrated_like_a_local_one(spark, tmp_pa
                 workload.play_round(p, r, pushes)
         _as_format_2(root, spark)
         with workload.open_pipeline(root, spark) as p:
-            assert p.upgrade_info.migrations == [(2, 3)]
+            assert p.upgrade_info.migrations == [(2, 3), (3, 4)]
             workload.play_round(p, 2, ROUNDS[2])
             views.append({v: sorted(map(str, p.view_arrow(v).to_pylist()))
                           for v in ("by_region", "regions")})
     assert views[0] == views[1] and views[0]["by_region"]
+
+
+def test_format_3_state_is_opened_as_staging_nothing(spark, tmp_path):
+    """A format 3 checkpoint records no staged actions (its traces' Delta versions hold all of
+    the state): the new engine opens it, records format 4 and runs on to the same output."""
+    expected = _reference_view(spark, tmp_path)
+    root = _first_rounds(spark, tmp_path)
+    db = state_db.StateDatabase(spark, root, workload.circuit().fingerprint())
+    db.open()
+    for name in db._base["traces"]:
+        db.table(name, _spark_schema(root, name))
+    db.commit(fold_all=True)  # as format 3 left it: everything in the Delta versions
+    entry = dict(db._base, state_format=3, engine_version="0.1.0-format3")
+    entry.pop(state_db.STAGED_KEY, None)
+    db._write_entry(entry)
+    with workload.open_pipeline(root, spark) as p:
+        assert p.upgrade_info.migrations == [(3, 4)]
+        assert p.checkpoints()[0].state_format == 4
+        for r, pushes in enumerate(ROUNDS):
+            workload.play_round(p, r, pushes)
+    assert workload.consumer_view(spark, root) == expected
