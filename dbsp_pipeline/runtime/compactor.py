@@ -3,9 +3,10 @@
 After each state commit the pipeline hands its traces to the compactor, which picks each
 trace's size-tiered merge candidates and writes their merge in a background thread (reading
 only immutable files, committing nothing). Between steps the pipeline applies finished merges:
-one Delta commit per trace swaps the merged files for the new ones, unless a merged file is no
-longer part of the trace. A step therefore never waits for a merge, and a crash at any point
-loses at most the merge's uncommitted files (the state version rolls back as usual).
+per trace, one staged swap of the merged files for the new ones (``storage/staged_table.py``;
+the next checkpoint records it), unless a merged file is no longer part of the trace. A step
+therefore never waits for a merge, and a crash at any point loses at most the merge's files
+not yet recorded by a checkpoint (the state version rolls back as usual).
 """
 
 from __future__ import annotations

@@ -23,14 +23,15 @@ change in files of the current layout.
    (rule 1.1: an updated key's state stays with its old worker, which every step reads, so
    causal order is that of the trace's commits). They are now split by new owner too. This is
    the only pause, and it is bounded by the changes made during the copy, not by the state.
-4. **Done**: every old worker has handed over its state when ``finish`` has run; one rewrite
-   commit per trace swaps the split files for the copies, and the state-database commit that
-   records the new layout makes it the layout of every step after it.
+4. **Done**: every old worker has handed over its state when ``finish`` has run; one staged
+   swap per trace replaces the split files by the copies, and the state-database commit that
+   records the new layout (folding every trace into its Delta log first) makes it the layout
+   of every step after it.
 
 Durability: nothing is committed to the state database until step 4's commit, so a crash at
 any earlier point reopens the old layout and its files (the copies are orphans, deleted by
-garbage collection); a crash after a trace's rewrite commit but before the state commit rolls
-that trace back at open (``state_db.py``). Either the old layout or the new, never a mix.
+garbage collection); a crash after a trace's fold but before the state commit rolls that trace
+back at open (``state_db.py``). Either the old layout or the new, never a mix.
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ class ShardMigration:
 
     def finish(self) -> None:
         """Hold and Done: split what steps changed since the snapshot, then swap every trace's
-        split files for their copies (one rewrite commit per trace). The caller commits the
+        split files for their copies (one staged swap per trace). The caller commits the
         new layout with the state right after."""
         if self._aborted is not None:
             raise UsageError(f"the layout change to {self.new.workers} workers was abandoned: "

@@ -261,7 +261,8 @@ class Pipeline:
         if self._is_closed():
             return
         engine = self._engine
-        if engine.compactor.apply_finished(wait=True) or engine.uncommitted_steps:
+        if (engine.compactor.apply_finished(wait=True) or engine.uncommitted_steps
+                or engine.db.dirty):  # a foreground compaction's swaps are staged
             self.commit(compact=False)
         self.collect_garbage()
         engine.compactor.close()

@@ -52,6 +52,8 @@ class StagedTable:
         self.delta = table
         self._adds: dict[str, AddAction] = {}  # staged adds by absolute path, in order
         self._removes: dict[str, None] = {}  # staged removes of committed files, in order
+        #: checkpoints that recorded staged actions of this table since it was last folded
+        self.checkpoints_since_fold = 0
 
     # -- what the trace code uses of a table ---------------------------------------------
     @property
@@ -100,9 +102,9 @@ class StagedTable:
     # -- staging ---------------------------------------------------------------------------
     def stage(self, adds: Sequence[AddAction] = (), removes: Sequence[str] = ()) -> None:
         """Stage the adds ``adds`` (written, uncommitted files) and the removal of the files at
-        the absolute paths ``removes``. A removed file that was only staged is unstaged (it was
-        never committed; garbage collection deletes it). Nothing is durable until a checkpoint
-        records the staged actions."""
+        the absolute paths ``removes``. A removed file that was only staged is unstaged (never
+        committed, it is garbage once no retained checkpoint stages it). Nothing is durable
+        until a checkpoint records the staged actions."""
         for path in removes:
             if path in self._adds:
                 del self._adds[path]
@@ -153,6 +155,7 @@ class StagedTable:
         if self._adds or self._removes:
             self.delta.commit(list(self._adds.values()), list(self._removes))
             self._adds, self._removes = {}, {}
+        self.checkpoints_since_fold = 0
         return self.delta.loaded_version()
 
     def _relative(self, path: str) -> str:

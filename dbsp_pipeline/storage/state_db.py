@@ -53,8 +53,10 @@ from dbsp_pipeline.storage.table_store import root_uri
 
 MANIFEST_DIR = root_layout.MANIFEST
 STATE_FORMAT = 4  # see runtime/upgrade.py for what each format adds
-#: a state table with this many staged actions or more is folded into its Delta log at the next
-#: commit (bounds the size of a manifest entry and what opening re-stages)
+#: a state table with this many staged actions or more, or whose staged actions this many
+#: checkpoints have recorded, is folded into its Delta log at the next commit (bounds the size
+#: of a manifest entry and what opening re-stages; a one-step memory, which stages about two
+#: actions for ever, still folds, so its old files become garbage)
 FOLD_ACTIONS = 8
 ENGINE_VERSION = "0.1.0"
 _MANIFEST_SCHEMA = StructType([
@@ -125,8 +127,11 @@ class StateDatabase:
         folded into their Delta logs first."""
         base = self._require_open()
         for table in self._tables.values():
-            if table.staged_actions >= (1 if fold_all else FOLD_ACTIONS):
+            if table.staged_actions and (fold_all or table.staged_actions >= FOLD_ACTIONS
+                                         or table.checkpoints_since_fold >= FOLD_ACTIONS):
                 table.fold()
+            elif table.staged_actions:
+                table.checkpoints_since_fold += 1
         # tables not opened in this process keep the version and staged actions the base
         # recorded
         staged = {**base.get(STAGED_KEY, {}),
@@ -256,8 +261,18 @@ class StateDatabase:
 
     # -- internals -------------------------------------------------------------------------
     def recorded_staged(self, name: str) -> dict[str, Any]:
-        """The actions the open version stages for table ``name`` (``staged_table.py``)."""
-        return dict(self._require_open().get(STAGED_KEY, {}).get(name, {}))
+        """The actions the open version stages for table ``name`` (``staged_table.py``; none
+        for a table the version does not record)."""
+        entry = self._require_open()
+        if name not in entry.get("traces", {}):
+            return {}
+        return dict(entry.get(STAGED_KEY, {}).get(name, {}))
+
+    @property
+    def dirty(self) -> bool:
+        """Whether a state table stages other actions than the open version records (a
+        compaction or a layout change staged since; uncommitted steps are counted apart)."""
+        return any(t.record() != self.recorded_staged(name) for name, t in self._tables.items())
 
     def _roll_back(self, table: StagedTable) -> None:
         name = os.path.basename(table.uri)

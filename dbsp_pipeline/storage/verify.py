@@ -564,6 +564,12 @@ class _RootScan:
                 continue
             damage += self.snapshot(table, recorded).damage
             damage += self._staged_damage(cp, table)
+        for name in set(cp.entry.get(STAGED_KEY, {})) - set(cp.entry.get("traces", {})):
+            damage.append(Damage(MANIFEST_DIR, cp.manifest_version,
+                                 self.manifest.path(cp.manifest_version) if self.manifest
+                                 else MANIFEST_DIR,
+                                 f"checkpoint {cp.version} stages actions on '{name}', a state "
+                                 "table it does not record"))
         damage += self._log_tables_damage()
         damage += self._consistency_damage(cp)
         return _unique(damage)

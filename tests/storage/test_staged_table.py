@@ -104,3 +104,35 @@ def test_a_missing_staged_file_is_named(spark, tmp_path):
     with pytest.raises(CorruptStateError) as e:
         Pipeline(circuit(), root, spark)
     assert e.value.file == path and "stages" in str(e.value)
+
+
+def test_a_compaction_at_close_is_kept(spark, tmp_path):
+    """``compact`` stages its swaps; closing commits them, so reopening finds the merged trace."""
+    root = str(tmp_path)
+    with Pipeline(circuit(), root, spark) as p:
+        run(p, range(5))
+        assert p.compact(threshold=0) >= 1
+        merged = sorted(f.path for f in p.engine.db.table(TRACE, None).files())  # type: ignore
+        expected = view(p)
+    with Pipeline(circuit(), root, spark) as p:
+        assert sorted(f.path for f in p.engine.db.table(TRACE, None).files()) == merged
+        assert view(p) == expected
+
+
+def test_a_one_step_memory_folds_too(spark, tmp_path):
+    """A delay replaces its trace at every step: about two staged actions for ever. It is still
+    folded every FOLD_ACTIONS checkpoints, so its old files become garbage."""
+    c = Circuit("memory")
+    x = c.input("x", "k BIGINT")
+    c.output("before", x.delay())
+    root = str(tmp_path)
+    with Pipeline(c, root, spark) as p:
+        for i in range(2 * state_db.FOLD_ACTIONS + 2):
+            p.push("x", [(i,)])
+            p.step()
+        memory = [t for t in p.engine.plan.state_traces() if t.name.endswith("delay")
+                  or "delay" in t.name]
+        assert memory, [t.name for t in p.engine.plan.state_traces()]
+        name = memory[0].name
+        assert DeltaTable(root_layout.state_table(root, name)).version() >= 2
+        assert len(p.engine.db.recorded_staged(name).get("adds", [])) <= 1
