@@ -513,23 +513,20 @@ class Pipeline:
         younger than ``grace_seconds`` are kept: their write may still commit); input that
         every retained state version has consumed is consolidated in the input logs first. Waits
         for a background merge to finish. Returns how many files were deleted."""
-        self._require_open()
-        with self._lock:
+        with self._exclusive():  # their rewrites race other processes' commits too
             return upkeep.collect_garbage(self._engine, grace_seconds)
 
     def compact_history(self) -> dict[str, int]:
         """Collapse each output log's history older than ``retain_steps`` steps, but never past
         the ``since`` of a live reader; returns, per view, the step history is collapsed through.
         """
-        self._require_open()
-        with self._lock:
+        with self._exclusive():  # their rewrites race other processes' commits too
             return upkeep.compact_history(self._engine)
 
     def compact(self, threshold: int = COMPACT_FILE_THRESHOLD) -> int:
         """Compact now, in the foreground, every trace with more than ``threshold`` files (after
         the background merge, if one runs); returns how many traces were compacted."""
-        self._require_open()
-        with self._lock:
+        with self._exclusive():  # their rewrites race other processes' commits too
             return upkeep.compact(self._engine, threshold)
 
     # -- reading ---------------------------------------------------------------------------

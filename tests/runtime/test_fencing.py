@@ -59,3 +59,28 @@ def test_a_pipeline_fenced_in_process_is_closed(spark, tmp_path):
     with Pipeline(circuit(), root, spark) as p:
         p.run()
         assert {r["who"]: r["n"] for r in p.view("counts").collect()} == {"a": 1, "b": 1}
+
+
+def test_garbage_collection_that_loses_the_race_is_fenced_too(spark, tmp_path):
+    """Garbage collection rewrites the division log (its compaction): losing that race to
+    another process is the fencing error, as for a step, and closes the pipeline object."""
+    root = str(tmp_path)
+    with Pipeline(circuit(), root, spark, checkpoint_every=1) as p:
+        for i in range(4):
+            p.push("x", [(i, "a")])
+            p.step()
+    first = Pipeline(circuit(), root, spark, checkpoint_every=1)
+    for i in range(4, 6):  # newer checkpoints: its next GC has divisions to compact
+        first.push("x", [(i, "a")])
+        first.step()
+    with Pipeline(circuit(), root, spark, checkpoint_every=1) as second:
+        second.push("x", [(9, "b")])
+        second.step()
+    try:
+        first.collect_garbage(grace_seconds=0)
+        raise AssertionError("the second pipeline's commits should fence the first's GC")
+    except PipelineFencedError as e:
+        assert "being run by another process" in str(e)
+    first.close()  # closed by the fence: nothing to do
+    with Pipeline(circuit(), root, spark) as p:
+        assert p.next_step == 7
