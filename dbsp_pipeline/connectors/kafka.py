@@ -268,8 +268,20 @@ class KafkaSink:
         self.transactional_id = transactional_id or (
             f"dbsp-{pipeline.circuit.name}-{pipeline.pipeline_id[:8]}-w{worker}")
         self._ensure_topics()
+        #: the producer's fatal error, as librdkafka reports it (its original code, e.g.
+        #: _FENCED), when one happened: an action then fails only with the code _FATAL
+        self._fatal: KafkaError | None = None
+        user_error_cb = self.config.get("error_cb")
+
+        def on_error(err: KafkaError) -> None:
+            if err.fatal():
+                self._fatal = err
+            if user_error_cb is not None:
+                user_error_cb(err)
+
         self._producer = Producer({**self.config, "transactional.id": self.transactional_id,
-                                   "enable.idempotence": True, "linger.ms": 5})
+                                   "enable.idempotence": True, "linger.ms": 5,
+                                   "error_cb": on_error})
         self._guard(lambda: self._producer.init_transactions(self.timeout))  # fences older ones
         self.last = {b.view: self._read_last(b.topic) for b in self.bindings}
         # Hold the changes not yet out: history compaction must not collapse them.
@@ -343,6 +355,12 @@ class KafkaSink:
             action()
         except KafkaException as e:
             err = e.args[0]
+            if err.code() == KafkaError._FATAL:
+                try:  # serve the error callback that names the cause (polling may raise it)
+                    self._producer.poll(0)
+                except KafkaException as cause:
+                    self._fatal = cause.args[0]
+                err = self._fatal or err
             if err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
                               KafkaError.INVALID_PRODUCER_EPOCH):
                 raise PipelineFencedError(

@@ -189,3 +189,53 @@ def test_topic_lag_reads_the_offsets_recorded_at_an_s3_root(spark, broker, objec
     assert topic_lag(broker, root, bindings) == {"x": 0}
     produce(broker, topic, [{"k": 3}])
     assert topic_lag(broker, root, bindings) == {"x": 1}
+
+
+def test_a_sink_fenced_by_a_newer_one_says_so(spark, tmp_path, broker):
+    """Another sink with the pipeline's transactional id fences this one: its next write is
+    ``PipelineFencedError``, however librdkafka reports it (a fenced commit, or a fatal
+    error at produce time whose cause is the fence), never a storage error."""
+    from dbsp_pipeline import PipelineFencedError
+
+    out = f"fenced-{new_topic(broker, prefix='fenced')}"
+    with Pipeline(shop(), str(tmp_path), spark) as p:
+        old = KafkaSink(p, broker, [KafkaOutput("orders_copy", out)])
+        newer = KafkaSink(p, broker, [KafkaOutput("orders_copy", out)])  # fences ``old``
+        p.push("orders", [(i, 1, float(i)) for i in range(50)])
+        p.step()
+        with pytest.raises(PipelineFencedError, match="another process"):
+            old.emit()
+        assert newer.emit() == [0]
+        newer.close()
+    assert len(kafka_changes(broker, out)) == 50
+
+
+def test_a_fatal_error_caused_by_a_fence_is_the_fencing_error(spark, tmp_path, broker):
+    """librdkafka may report a fence only as a fatal error of ``produce`` (code _FATAL); its
+    cause, served by the next poll, decides: a fence is ``PipelineFencedError``, any other
+    fatal error a storage error."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from dbsp_pipeline import PipelineFencedError, StorageError
+
+    class FatalProducer:  # the one call _guard makes on a fatal error: poll, raising the cause
+        def __init__(self, cause: int) -> None:
+            self.cause = cause
+
+        def poll(self, timeout: float) -> int:
+            raise KafkaException(KafkaError(self.cause, "the cause", fatal=True))
+
+    def fatal() -> None:
+        raise KafkaException(KafkaError(KafkaError._FATAL, "Unable to produce message"))
+
+    out = f"fatal-{new_topic(broker, prefix='fatal')}"
+    with Pipeline(shop(), str(tmp_path), spark) as p:
+        sink = KafkaSink(p, broker, [KafkaOutput("orders_copy", out)])
+        real, sink._producer = sink._producer, FatalProducer(KafkaError._FENCED)
+        with pytest.raises(PipelineFencedError, match="another process"):
+            sink._guard(fatal)
+        sink._fatal, sink._producer = None, FatalProducer(KafkaError._MSG_TIMED_OUT)
+        with pytest.raises(StorageError, match="Kafka producer failed"):
+            sink._guard(fatal)
+        sink._producer = real
+        sink.close()
