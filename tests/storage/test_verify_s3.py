@@ -17,7 +17,13 @@ from dbsp_pipeline import CorruptStateError, Pipeline, verify
 from dbsp_pipeline.storage.set_aside import SET_ASIDE_DIR
 from dbsp_pipeline.storage.small_files import list_folders, list_names
 from tests.object_store_helpers import new_bucket
-from tests.storage.test_verify import EXPECTED, TRACE, circuit, step_once_more
+from tests.storage.test_verify import (  # noqa: F401 - the fixture folds at every checkpoint
+    EXPECTED,
+    TRACE,
+    circuit,
+    fold_at_every_checkpoint,
+    step_once_more,
+)
 
 
 def store(settings: dict[str, str]) -> fs.S3FileSystem:
