@@ -51,7 +51,10 @@ def collect_garbage(state: EngineState, grace_seconds: float) -> int:
     consumed = state.divisions.get(oldest_step - 1) if oldest_step > 0 else None
     for name, log in state.inputs.items():
         log.consolidate_consumed((consumed or {}).get(name, 0), state.sql)
-    state.divisions.compact_below(oldest_step)  # division_log.py: crash-safe, bounded
+    # A live reader (a Kafka sink re-sending steps not yet sent asks their step_info) keeps the
+    # divisions from its ``since`` on, as it keeps the output history.
+    held = [s for s in (state.leases.since(v) for v in state.outputs) if s is not None]
+    state.divisions.compact_below(min([oldest_step, *held]))  # crash-safe, bounded
     for out in state.outputs.values():
         out.clean_log_before(oldest_step)
     deleted = state.db.collect_garbage(state.retain_checkpoints, grace_seconds,

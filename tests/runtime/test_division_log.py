@@ -148,3 +148,21 @@ def test_a_division_is_recorded_once_and_only_a_divided_step_is_quarantined(spar
         divisions.quarantine(1, "a reason")
     assert isinstance(raised.value, UsageError) and str(tmp_path) in str(raised.value)
     assert DivisionLog(spark, uri).get(0) == {"x": 1}  # the record stands
+
+
+def test_a_live_reader_keeps_the_divisions_it_may_ask_for(spark, tmp_path):
+    """A reader (a Kafka sink re-sending steps it has not sent asks their ``step_info``) holds
+    the divisions from its ``since`` on, as it holds the output history: compaction stops
+    there, whatever the retained checkpoints."""
+    root, c = str(tmp_path), poison_circuit()
+    with Pipeline(c, root, spark, checkpoint_every=1) as p:
+        run_steps(p, 0, 5)
+        view = next(iter(p.engine.outputs))
+        reader = p.reader(view, since=3)
+        run_steps(p, 5, 30)
+        p.collect_garbage(grace_seconds=0)
+        assert p.engine.divisions.compacted_below <= 3
+        assert p.step_info(4).step == 4
+        reader.close()
+        p.collect_garbage(grace_seconds=0)
+        assert p.engine.divisions.compacted_below > 4
