@@ -219,10 +219,15 @@ def spark_path(path: str) -> str:
 # is not open. Any store: a local path, or an object URI whose store the ``AWS_*`` environment
 # names (``storage/s3_store.py``), reached through delta-rs and ``storage/small_files.py``.
 
+def storage_options(uri: str) -> dict[str, str] | None:
+    """The storage options delta-rs reads the table at ``uri`` with (None: a local table)."""
+    return s3_options(uri) if is_remote(uri) else None
+
+
 def delta_log(uri: str, version: int | None = None) -> DeltaTable | None:
     """The delta-rs table at ``uri`` (at ``version``, default the newest), read-only; None when
     there is no Delta table there yet. Never creates one."""
-    options = s3_options(uri) if is_remote(uri) else None
+    options = storage_options(uri)
     if not DeltaTable.is_deltatable(uri, storage_options=options):
         return None
     return DeltaTable(uri, version=version, storage_options=options)

@@ -239,7 +239,8 @@ def remove_other_traces(folder: str, traces: Iterable[str]) -> int:
         names = os.listdir(folder)
     except FileNotFoundError:
         return 0
-    gone = [n for n in names if n not in set(traces)
+    live = set(traces)
+    gone = [n for n in names if n not in live
             and os.path.isdir(os.path.join(folder, n))]
     for name in gone:
         shutil.rmtree(os.path.join(folder, name), ignore_errors=True)

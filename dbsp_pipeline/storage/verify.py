@@ -71,12 +71,10 @@ from dbsp_pipeline.errors import CorruptStateError
 from dbsp_pipeline.runtime import division_log
 from dbsp_pipeline.runtime.plan import SCHEMA_CACHE_FILE, read_schema_cache
 from dbsp_pipeline.storage import set_aside
-from dbsp_pipeline.storage.delta_table import ACTIONS_KEY
-from dbsp_pipeline.storage.s3_store import s3_options
+from dbsp_pipeline.storage.delta_table import ACTIONS_KEY, storage_options
 from dbsp_pipeline.storage.small_files import (
     file_size,
     filesystem,
-    is_remote,
     list_folders,
     list_names,
     read_bytes,
@@ -447,7 +445,7 @@ class _RootScan:
             return snap  # delta-rs would misread or refuse it
         try:
             snap.table = DeltaTable(log.uri, version=version,
-                                    storage_options=_delta_options(log.uri))
+                                    storage_options=storage_options(log.uri))
             adds = pa.table(snap.table.get_add_actions(flatten=False)).to_pydict()
         except Exception as e:  # noqa: BLE001 - whatever delta-rs refuses is damage
             snap.damage.append(Damage(table, version, log.dir,
@@ -903,11 +901,6 @@ def _parquet_table(path: str, columns: list[str] | None = None) -> pa.Table:
     """The Parquet file ``path`` (local or on S3), or its ``columns``."""
     fs, name = filesystem(path)
     return pq.read_table(name, columns=columns, filesystem=fs)
-
-
-def _delta_options(uri: str) -> dict[str, str] | None:
-    """The storage options delta-rs reads the table at ``uri`` with (None: a local table)."""
-    return s3_options(uri) if is_remote(uri) else None
 
 
 def _unique(damage: list[Damage]) -> list[Damage]:

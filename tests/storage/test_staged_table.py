@@ -112,10 +112,12 @@ def test_a_compaction_at_close_is_kept(spark, tmp_path):
     with Pipeline(circuit(), root, spark) as p:
         run(p, range(5))
         assert p.compact(threshold=0) >= 1
-        merged = sorted(f.path for f in p.engine.db.table(TRACE, None).files())  # type: ignore
+        (trace,) = [t for t in p.engine.plan.state_traces() if t.name == TRACE]
+        merged = sorted(f.path for f in trace.files())
         expected = view(p)
     with Pipeline(circuit(), root, spark) as p:
-        assert sorted(f.path for f in p.engine.db.table(TRACE, None).files()) == merged
+        (trace,) = [t for t in p.engine.plan.state_traces() if t.name == TRACE]
+        assert sorted(f.path for f in trace.files()) == merged
         assert view(p) == expected
 
 
@@ -130,8 +132,7 @@ def test_a_one_step_memory_folds_too(spark, tmp_path):
         for i in range(2 * state_db.FOLD_ACTIONS + 2):
             p.push("x", [(i,)])
             p.step()
-        memory = [t for t in p.engine.plan.state_traces() if t.name.endswith("delay")
-                  or "delay" in t.name]
+        memory = [t for t in p.engine.plan.state_traces() if "delay" in t.name]
         assert memory, [t.name for t in p.engine.plan.state_traces()]
         name = memory[0].name
         assert DeltaTable(root_layout.state_table(root, name)).version() >= 2
