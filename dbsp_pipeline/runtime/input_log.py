@@ -24,6 +24,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 
 from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.driver.sql import LocalSQL
+from dbsp_pipeline.errors import ConcurrentWriterError
 from dbsp_pipeline.storage.delta_table import DataFile, SparkDeltaTable
 from dbsp_pipeline.storage.trace import DRIVER_MERGE_ROWS
 from dbsp_pipeline.zset import WEIGHT, consolidate, positive_zeros, positive_zeros_arrow
@@ -32,6 +33,8 @@ from dbsp_pipeline.zset import WEIGHT, consolidate, positive_zeros, positive_zer
 PRODUCER_APP_PREFIX = "producer/"
 #: commit metadata: how many records of the pushed batch were rejected (errors sink)
 REJECTED_KEY = "dbsp.rejected"
+#: how often a producer's push retries after other pushes took the version it aimed at
+_PRODUCER_COMMIT_ATTEMPTS = 50
 
 
 class InputLog:
@@ -48,25 +51,30 @@ class InputLog:
 
     def append_arrow(self, table: pa.Table, producer: str | None = None,
                      seq: int | None = None, rejected: int = 0) -> int:
-        """Durably append (payload + ``_weight``) rows; returns how many.
+        """Durably append (payload + ``_weight``) rows; returns how many (0: the producer's
+        batch ``seq`` was recorded already, by this or another process).
 
         With ``producer``/``seq`` the commit also records ``seq`` as the producer's newest
         sequence number (a Delta app transaction), atomically with the rows: a batch is either
-        recorded with its number or not at all. ``rejected`` counts records of the batch that
-        were not valid (sent to the errors sink); the commit records it for the step's result.
+        recorded with its number or not at all, and at most once however many processes push it
+        at the same time (``_commit``). ``rejected`` counts records of the batch that were not
+        valid (sent to the errors sink); the commit records it for the step's result.
         """
         adds = self.table.write_arrow(positive_zeros_arrow(table))
         if adds or producer is not None:
-            self._commit(adds, producer, seq, {REJECTED_KEY: rejected} if rejected else None)
+            metadata = {REJECTED_KEY: rejected} if rejected else None
+            if not self._commit(adds, producer, seq, metadata):
+                return 0
         return int(table.num_rows)
 
     def append_spark(self, df: DataFrame, producer: str | None = None,
                      seq: int | None = None) -> int:
         """Durably append a Spark DataFrame of (payload + ``_weight``); returns the rows
-        appended."""
+        appended (0: the producer's batch was recorded already, as for ``append_arrow``)."""
         adds = self.table.write_files(positive_zeros(df))
         if adds or producer is not None:
-            self._commit(adds, producer, seq)
+            if not self._commit(adds, producer, seq):
+                return 0
         return sum(self.table.data_file(a).rows for a in adds)
 
     def consolidate_consumed(self, upper: int, sql: LocalSQL) -> bool:
@@ -125,12 +133,34 @@ class InputLog:
         return self.table.transaction_version(PRODUCER_APP_PREFIX + producer)
 
     def _commit(self, adds: list[AddAction], producer: str | None, seq: int | None,
-                metadata: dict[str, Any] | None = None) -> None:
+                metadata: dict[str, Any] | None = None) -> bool:
+        """Commit a push; returns False when it was not committed because ``producer`` has
+        recorded ``seq`` already (its files are then garbage for ``storage/garbage.py``).
+
+        A producer's push is a compare-and-append: it commits at the version after the one at
+        which the producer's newest number was read, so two processes pushing the same batch at
+        once (a restarted Kafka source beside the old one, not yet fenced) cannot both commit
+        it — Delta's conflict check lets two blind appends with the same app id through. The
+        loser reads the number again: its batch recorded, it stops; else it tries again."""
         if producer is None:
             self.table.commit(adds, metadata=metadata)
-        else:  # two processes pushing as one producer at once: ConcurrentWriterError
-            self.table.commit(adds, app_id=PRODUCER_APP_PREFIX + producer, app_version=seq,
-                              metadata=metadata)
+            return True
+        assert seq is not None
+        app_id = PRODUCER_APP_PREFIX + producer
+        for _ in range(_PRODUCER_COMMIT_ATTEMPTS):
+            base = self.table.version()  # looks for other writers' commits
+            last = self.table.transaction_version(app_id)
+            if last is not None and seq <= last:
+                return False
+            try:
+                self.table.commit(adds, app_id=app_id, app_version=seq, metadata=metadata,
+                                  expected_version=base + 1)
+                return True
+            except ConcurrentWriterError:
+                continue  # another push landed first: look again
+        raise ConcurrentWriterError(
+            f"input '{self.name}': {_PRODUCER_COMMIT_ATTEMPTS} pushes of producer "
+            f"'{producer}' lost the race for the log's next version; nothing was appended")
 
     def rejected_between(self, lower: int, upper: int) -> int:
         """How many invalid records the pushes of versions ``lower+1 .. upper`` left out."""

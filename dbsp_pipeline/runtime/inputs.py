@@ -32,8 +32,8 @@ def push_rows(log: InputLog, rows: Any, weight: int, producer: str | None,
         return log.append_spark(df, producer, seq)
     table = records.to_arrow(log.name, rows, log.schema, log.arrow_schema, weight)
     if table.num_rows or producer is not None:
-        log.append_arrow(table, producer, seq)
-    return int(table.num_rows)
+        return log.append_arrow(table, producer, seq)
+    return 0
 
 
 def push_zset(log: InputLog, table: pa.Table, producer: str | None, seq: int | None,
@@ -45,8 +45,8 @@ def push_zset(log: InputLog, table: pa.Table, producer: str | None, seq: int | N
         return 0
     zset = records.zset_to_arrow(log.name, table, log.schema, log.arrow_schema)
     if zset.num_rows or producer is not None:
-        log.append_arrow(zset, producer, seq, rejected)
-    return int(zset.num_rows)
+        return log.append_arrow(zset, producer, seq, rejected)
+    return 0
 
 
 def already_pushed(log: InputLog, producer: str | None, seq: int | None) -> bool:

@@ -150,15 +150,19 @@ class SparkDeltaTable:
 
     def commit(self, adds: Sequence[AddAction] = (), removes: Sequence[str] = (), *,
                app_id: str | None = None, app_version: int | None = None,
-               metadata: dict[str, Any] | None = None, data_change: bool = True) -> int:
+               metadata: dict[str, Any] | None = None, data_change: bool = True,
+               expected_version: int | None = None) -> int:
         """Commit add actions (and removal of the files at the absolute paths ``removes``).
 
         With ``app_id``/``app_version`` the commit records an app transaction (idempotent writes:
         a reader can ask ``transaction_version(app_id)``). A single-writer table commits at the
-        version after the one it last saw, or raises ``ConcurrentWriterError``. Returns the new
-        version.
+        version after the one it last saw, and any table given ``expected_version`` commits at
+        that version, or raises ``ConcurrentWriterError`` (nothing of the commit is visible).
+        Returns the new version.
         """
-        expected = self.store.version(refresh=False) + 1 if self.single_writer else None
+        expected = expected_version
+        if expected is None and self.single_writer:
+            expected = self.store.version(refresh=False) + 1
         return self.store.commit(adds, removes, app_id=app_id, app_version=app_version,
                                  metadata=metadata, data_change=data_change,
                                  expected_version=expected)

@@ -32,6 +32,42 @@ def test_a_repeated_sequence_number_is_a_no_op(spark, tmp_path):
         assert view_counter(p.view("sums")) == {(1, 20, 3): 1, (2, 20, 1): 1}
 
 
+def test_two_processes_pushing_one_batch_at_once_record_it_once(spark, tmp_path):
+    """The window between reading a producer's number and committing: another process pushes
+    the same batch in it (a restarted Kafka source beside the old one). Delta lets two blind
+    appends with one app id through, so the push must be a compare-and-append."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from dbsp_pipeline.runtime.input_log import InputLog
+    from dbsp_pipeline.runtime.inputs import push_rows
+
+    schema = StructType([StructField("k", LongType()), StructField("v", LongType())])
+    first = InputLog(spark, str(tmp_path), "x", schema)
+    second = InputLog(spark, str(tmp_path), "x", schema)
+    batch = [(1, 10), (2, 20)]
+    commit = first.table.commit
+    raced: list[int] = []
+
+    def commit_after_the_other_process(*args, **kwargs):
+        if not raced:  # the other process pushes the same batch between check and commit
+            raced.append(push_rows(second, batch, 1, "loader", 0))
+        return commit(*args, **kwargs)
+
+    first.table.commit = commit_after_the_other_process  # type: ignore[method-assign]
+    assert push_rows(first, batch, 1, "loader", 0) == 0
+    assert raced == [2]
+    rows = first.table.read_arrow(first.table.files())
+    assert sorted(rows.column("k").to_pylist()) == [1, 2]
+    assert first.pushed("loader") == 0
+    # a later batch of the producer still goes through after losing a race to another push
+    raced.clear()
+    first.table.commit = lambda *a, **kw: (raced.append(push_rows(second, [(5, 5)], 1, "other", 0))
+                                           if not raced else None) or commit(*a, **kw)
+    assert push_rows(first, [(3, 30)], 1, "loader", 1) == 1
+    rows = first.table.read_arrow(first.table.files())
+    assert sorted(rows.column("k").to_pylist()) == [1, 2, 3, 5]
+
+
 def test_the_producer_position_survives_reopening(spark, tmp_path):
     with Pipeline(circuit(), str(tmp_path), spark) as p:
         p.push("x", [(1, 1)], producer="loader", seq=17)
