@@ -35,18 +35,22 @@ step reads (the step's own division, recorded durably, does that).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from dataclasses import dataclass
 
-from dbsp_pipeline.runtime.division_log import read_last
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dbsp_pipeline.runtime.division_log import CARRIED_RECORDS_KEY, read_last
 from dbsp_pipeline.storage.delta_table import (
     data_commit_times,
     delta_log,
     table_id,
     table_version,
 )
-from dbsp_pipeline.storage.small_files import is_remote
+from dbsp_pipeline.storage.small_files import is_remote, read_bytes
 from dbsp_pipeline.storage.table_store import root_uri
 
 #: the state database's manifest table
@@ -180,7 +184,7 @@ def read_status(root: str, inputs: list[str]) -> PipelineStatus:
     yet has nothing divided and nothing pending). Reads the division log's newest records
     (bounded by its compaction) and, per input, the commits not yet divided."""
     root = root_uri(root)
-    last = read_last(divisions(root))
+    last = _last_divided(root)
     divided_steps, divided = (0, {}) if last is None else (last[0] + 1, last[1])
     versions: dict[str, int] = {}
     pending: dict[str, int] = {}
@@ -201,7 +205,7 @@ def read_lag(root: str, inputs: list[str], now: float) -> dict[str, float]:
     """Per input, how long (seconds before ``now``, since the epoch) its oldest push not yet
     divided into a step has waited (0.0: nothing waits)."""
     root = root_uri(root)
-    last = read_last(divisions(root))
+    last = _last_divided(root)
     divided = {} if last is None else last[1]
     out: dict[str, float] = {}
     for name in inputs:
@@ -209,3 +213,20 @@ def read_lag(root: str, inputs: list[str], now: float) -> dict[str, float]:
         pushes = data_commit_times(uri, divided.get(name, 0), table_version(uri))
         out[name] = max(0.0, now - min(pushes)) if pushes else 0.0
     return out
+
+
+def _last_divided(root: str) -> tuple[int, dict[str, int]] | None:
+    """The newest divided step and its uppers: in the division log, or carried by the newest
+    state entry (``runtime/step_protocol.py``)."""
+    return read_last(divisions(root), _newest_entry_meta(root, CARRIED_RECORDS_KEY))
+
+
+def _newest_entry_meta(root: str, key: str) -> object:
+    """The metadata ``key`` of the newest manifest entry (None: no entry, or no such key):
+    the one file of the manifest's newest version."""
+    log = delta_log(manifest(root))
+    for path in log.file_uris() if log is not None else []:
+        data = read_bytes(path.removeprefix("file://"))
+        for row in pq.read_table(pa.BufferReader(data)).to_pylist() if data else []:
+            return json.loads(row["entry"]).get("meta", {}).get(key)
+    return None

@@ -16,7 +16,7 @@ change.
 
 from __future__ import annotations
 
-from dbsp_pipeline.runtime import step_protocol
+from dbsp_pipeline.runtime import step_protocol, upkeep
 from dbsp_pipeline.runtime.engine_state import EngineState
 from dbsp_pipeline.runtime.layout import LAYOUT_KEY, Layout
 from dbsp_pipeline.runtime.results import Checkpoint, StepResult
@@ -45,11 +45,13 @@ def restore(state: EngineState, version: int) -> list[StepResult]:
     if state.uncommitted_steps:
         step_protocol.commit(state, compact=False)
     state.compactor.apply_finished(wait=True)
+    upkeep.fold(state)  # the entries about to be discarded carry step records
     if prepare_open(state.root, version, state.retain_checkpoints):  # set damage aside
         state.db = StateDatabase(state.spark, state.root, state.circuit.fingerprint())
     state.db.open(version, retained=state.retain_checkpoints,
                   from_step=state.divisions.compacted_below)  # else UsageError, by name
     state.load_opened()  # operators over the rolled-back traces
+    step_protocol.load_pending(state)
     replayed = step_protocol.recover(state)
     if state.uncommitted_steps:
         step_protocol.commit(state, compact=False)

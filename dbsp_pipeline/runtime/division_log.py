@@ -16,6 +16,18 @@ step executes with no input (its records were moved to the errors table). That r
 atomic point of a quarantine; it never changes where the step's input ends, so the steps after
 it read exactly what they read before.
 
+Every executed step's record also holds its output (``outputs``): per view, the data files of
+the step's change, their row count and content digest (``runtime/output_log.py``). So a step is
+made durable by ONE commit, the record of its division and output together: a step that is not
+a checkpoint commits its record to this log (``record``); a checkpoint step does not commit here
+at all, but *stages* its record (``stage``) for the manifest entry of the checkpoint to carry
+(``pending_records``; the state database's commit is then the step's one commit). Staged
+records are *folded* into this log now and then (``fold``, one commit for all of them), and
+always before a restore discards the entries that carry them. Opening loads the records the
+newest entry carries (``load_pending``) beside the log's own. A step whose execution failed
+records its division alone first, and its output when it succeeds (a second record of the
+step, with the same division).
+
 Compaction (``compact_below``) keeps the log's size bounded by the retained history, not by the
 number of steps ever run: the records of steps below the oldest retained checkpoint's step are
 collapsed into one record, the division of the step just below it, which is all that the
@@ -28,6 +40,7 @@ the same bounded set of files.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -42,6 +55,9 @@ _SCHEMA = StructType([StructField("step", LongType(), False),
                       StructField("uppers", StringType(), False)])
 #: the key of a compacted record: the steps below this one were collapsed into the record
 COMPACTED_KEY = "compacted_below"
+#: the state metadata key under which a manifest entry carries staged step records
+#: (``pending_records``)
+CARRIED_RECORDS_KEY = "step_records"
 
 Offsets = dict[str, dict[str, int | None]]
 
@@ -56,8 +72,13 @@ class DivisionLog:
         self._uppers: dict[int, dict[str, int]] = {}
         self._offsets: dict[int, Offsets] = {}
         self._quarantined: dict[int, str] = {}
-        #: per data file of the newest version, the newest step it holds
-        self._file_steps: dict[str, int] = {}
+        #: per step, its output as recorded (``runtime/output_log.py`` ``StepOutput`` records)
+        self._outputs: dict[int, dict[str, Any]] = {}
+        #: records staged for the state database's next entry, not (yet) in this log: step ->
+        #: record text
+        self._pending: dict[int, str] = {}
+        #: per data file of the newest version, the oldest and the newest step it holds
+        self._file_steps: dict[str, tuple[int, int]] = {}
         self._compacted_below = 0
         for f in self.table.files():
             steps: list[int] = []
@@ -66,7 +87,7 @@ class DivisionLog:
                 steps.append(step)
                 self._load(step, text)
             if steps:
-                self._file_steps[f.path] = max(steps)
+                self._file_steps[f.path] = (min(steps), max(steps))
 
     def _load(self, step: int, text: str) -> None:
         reason = quarantine_reason(text)
@@ -74,6 +95,9 @@ class DivisionLog:
             self._quarantined[step] = reason
             return
         self._uppers[step], self._offsets[step] = parse(text)
+        outputs = recorded_outputs(text)
+        if outputs is not None:
+            self._outputs[step] = outputs
         below = compacted_below(text)
         if below is not None:
             self._compacted_below = max(self._compacted_below, below)
@@ -98,17 +122,92 @@ class DivisionLog:
         division (empty if none was tracked or the step is not divided)."""
         return self._offsets.get(step, {})
 
-    def record(self, step: int, uppers: dict[str, int],
-               offsets: Offsets | None = None) -> dict[str, int]:
-        """Durably record ``step``'s division (and the source offsets it reaches); returns it."""
-        if step in self._uppers:
+    def record(self, step: int, uppers: dict[str, int], offsets: Offsets | None = None,
+               outputs: dict[str, Any] | None = None) -> dict[str, int]:
+        """Durably record ``step``'s division (and the source offsets it reaches), with its
+        output when given (one commit); returns the division. A step divided before (a failed
+        step that now succeeded) may be recorded again with its output, and the same division.
+        """
+        text = self._record_text(step, uppers, offsets, outputs)
+        self._commit_row(step, text)
+        self._load(step, text)
+        return dict(uppers)
+
+    def stage(self, step: int, uppers: dict[str, int], offsets: Offsets | None,
+              outputs: dict[str, Any]) -> None:
+        """Keep ``step``'s record (division and output) for the state database's next entry to
+        carry (``pending_records``): durable once that entry is committed, not before."""
+        text = self._record_text(step, uppers, offsets, outputs)
+        self._pending[step] = text
+        self._load(step, text)
+
+    def _record_text(self, step: int, uppers: dict[str, int], offsets: Offsets | None,
+                     outputs: dict[str, Any] | None) -> str:
+        if step in self._uppers and (outputs is None or step in self._outputs
+                                     or self._uppers[step] != uppers):
             raise DivisionRecordError(f"{self.table.uri}: the division of step {step} is "
                                       "already recorded")
-        text = json.dumps({"uppers": uppers, "offsets": offsets or {}}, sort_keys=True)
-        self._commit_row(step, text)
-        self._uppers[step] = dict(uppers)
-        self._offsets[step] = dict(offsets or {})
-        return dict(uppers)
+        record: dict[str, Any] = {"uppers": uppers, "offsets": offsets or {}}
+        if outputs is not None:
+            record["outputs"] = outputs
+        return json.dumps(record, sort_keys=True)
+
+    def unstage(self, step: int) -> None:
+        """Forget the record ``stage`` kept for ``step`` (the commit meant to carry it failed);
+        a division the log itself holds for the step stays."""
+        if self._pending.pop(step, None) is None:
+            return
+        self._outputs.pop(step, None)
+        if (step, step) not in self._file_steps.values():
+            self._uppers.pop(step, None)
+            self._offsets.pop(step, None)
+
+    def pending_records(self) -> list[list[Any]]:
+        """The staged records, as the state database's entry carries them: ``[step, text]``,
+        oldest first."""
+        return [[step, text] for step, text in sorted(self._pending.items())]
+
+    def load_pending(self, records: object) -> None:
+        """Take the records an opened state entry carries (``pending_records`` of its commit):
+        those this log does not hold already are staged again (the entry is their durable
+        home until they are folded)."""
+        if not isinstance(records, list):
+            return
+        for item in records:
+            step, text = int(item[0]), str(item[1])
+            if step < self._compacted_below:
+                continue  # folded and compacted since (an older entry, opened again)
+            if step in self._outputs or (step in self._uppers and recorded_outputs(text) is None):
+                continue  # this log holds it (folded, or recorded by a step after a failure)
+            self._pending[step] = text
+            self._load(step, text)
+
+    def fold(self) -> int:
+        """Commit the staged records to this log (one commit; crash points
+        ``division.commit.*``) and stage nothing; returns how many were folded. A crash
+        before the commit leaves them in the entry that carries them; after it, a record is in
+        both, which opening reads as one."""
+        if not self._pending:
+            return 0
+        steps = sorted(self._pending)
+        data = pa.table({"step": steps, "uppers": [self._pending[s] for s in steps]},
+                        schema=self.table.arrow_schema)
+        adds = self.table.write_arrow(data)
+        self.table.commit(adds)
+        for add in adds:
+            self._file_steps[self.table.data_file(add).path] = (steps[0], steps[-1])
+        self._pending = {}
+        return len(steps)
+
+    def outputs(self, step: int) -> dict[str, Any] | None:
+        """The output recorded with ``step`` (per view; None: the step has not executed under
+        a record of its output: not executed, failed, or executed before outputs were
+        recorded here)."""
+        return self._outputs.get(step)
+
+    def steps_with_outputs(self, since: int) -> list[int]:
+        """The steps from ``since`` on whose output is recorded, in order."""
+        return sorted(s for s in self._outputs if s >= since)
 
     def quarantined(self, step: int) -> str | None:
         """Why ``step``'s input was quarantined (None: it was not): the step reads no input."""
@@ -154,18 +253,26 @@ class DivisionLog:
         base = step - 1
         if base not in self._uppers or min(self._uppers) >= base:
             return 0
-        replaced = [path for path, last in self._file_steps.items() if last <= base]
+        if any(s <= base for s in self._pending):
+            self.fold()  # the records to collapse must be in the log
+        replaced = [path for path, (first, _) in self._file_steps.items() if first <= base]
+        # a file of folded records may hold steps on both sides: those above stay, rewritten
+        kept = [row for path in replaced if self._file_steps[path][1] > base
+                for row in pq.read_table(path).to_pylist() if int(row["step"]) > base]
         text = json.dumps({"uppers": self._uppers[base], "offsets": self._offsets[base],
                            COMPACTED_KEY: step}, sort_keys=True)
-        data = pa.table({"step": [base], "uppers": [text]}, schema=self.table.arrow_schema)
+        rows = [{"step": base, "uppers": text}, *sorted(kept, key=lambda r: int(r["step"]))]
+        data = pa.Table.from_pylist(rows, schema=self.table.arrow_schema)
         adds = self.table.write_arrow(data)
         self.table.commit(adds, replaced, data_change=False)
         for path in replaced:
             del self._file_steps[path]
         for add in adds:
-            self._file_steps[self.table.data_file(add).path] = base
+            self._file_steps[self.table.data_file(add).path] = (base, int(rows[-1]["step"]))
         for old in [s for s in self._uppers if s < base]:
             del self._uppers[old], self._offsets[old]
+            self._outputs.pop(old, None)
+        self._outputs.pop(base, None)  # the compacted record holds no output
         for old in [s for s in self._quarantined if s < step]:
             del self._quarantined[old]
         self._compacted_below = step
@@ -181,18 +288,24 @@ class DivisionLog:
         adds = self.table.write_arrow(data)
         self.table.commit(adds)
         for add in adds:
-            self._file_steps[self.table.data_file(add).path] = step
+            self._file_steps[self.table.data_file(add).path] = (step, step)
 
 
-def read_last(uri: str) -> tuple[int, dict[str, int]] | None:
+def read_last(uri: str, carried: object = None) -> tuple[int, dict[str, int]] | None:
     """The newest divided step of the division log at ``uri`` and its uppers (None: no step is
-    divided, or no log yet). Read-only, without Spark, on any store (a local path or an
-    ``s3://`` URI, ``storage/small_files.py``): reads the files of the log's newest version,
-    which compaction keeps few."""
+    divided, or no log yet), counting the step records ``carried`` by the newest state entry
+    (``pending_records``, not folded into the log yet). Read-only, without Spark, on any store
+    (a local path or an ``s3://`` URI, ``storage/small_files.py``): reads the files of the
+    log's newest version, which compaction keeps few."""
+    last: tuple[int, dict[str, int]] | None = None
+    if isinstance(carried, list):
+        for item in carried:
+            step = int(item[0])
+            if last is None or step > last[0]:
+                last = step, parse(str(item[1]))[0]
     log = delta_log(uri)
     if log is None:
-        return None
-    last: tuple[int, dict[str, int]] | None = None
+        return last
     for path in log.file_uris():
         data = read_bytes(path.removeprefix("file://"))
         if data is None:
@@ -210,6 +323,14 @@ def quarantine_reason(text: str) -> str | None:
     data = json.loads(text)
     reason = data.get("quarantined") if isinstance(data, dict) else None
     return reason if isinstance(reason, str) else None
+
+
+def recorded_outputs(text: str) -> dict[str, Any] | None:
+    """Per view, the output a stored record holds (None: a division alone, a quarantine mark
+    or the compacted record)."""
+    data = json.loads(text)
+    outputs = data.get("outputs") if isinstance(data, dict) else None
+    return outputs if isinstance(outputs, dict) else None
 
 
 def compacted_below(text: str) -> int | None:

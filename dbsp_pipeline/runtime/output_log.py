@@ -10,13 +10,25 @@ rules (``docs/recovery.md``, section 6), with ``last`` the next step the log exp
   records the step, so a re-write after a crash is recognised; ``last`` becomes ``step + 1``.
 * ``step > last``: an error (a step would be missing).
 
-Every step is committed, even with no change, so ``last`` always follows the executed steps.
+Every step is written, even with no change, so ``last`` always follows the executed steps.
+
+A step's write is not a commit of this log: its files are written (``prepare``), and the step's
+one durable commit, its record (``runtime/division_log.py``, in the division log or carried by
+the checkpoint's manifest entry), holds their add actions, row count and digest. The log then
+holds the write *pending* (``stage``) and serves it to every reader of this object (``changes``,
+``view``, ``step_arrow``, ``view_arrow`` read the Delta version plus the pending writes), and
+*folds* the pending writes into its Delta table now and then (``fold``: one commit for all of
+them, whose app transaction records the newest step). A reader of the Delta table itself (Spark,
+DuckDB) sees the steps folded so far: at most ``FOLD_STEPS`` behind. After a crash the records
+say which steps are written (``load_pending``), and a fold repeated after a crash is recognised
+by its app transaction.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -29,9 +41,10 @@ from pyspark.sql.types import DoubleType, FloatType, LongType, StructField, Stru
 from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.driver import hashing
 from dbsp_pipeline.driver.sql import LocalSQL, zset_arrow_schema
-from dbsp_pipeline.errors import NonDeterminismError, UsageError
-from dbsp_pipeline.storage.delta_table import SparkDeltaTable
+from dbsp_pipeline.errors import ConcurrentWriterError, NonDeterminismError, UsageError
+from dbsp_pipeline.storage.delta_table import DataFile, SparkDeltaTable
 from dbsp_pipeline.storage.small_files import read_text, write_atomically
+from dbsp_pipeline.storage.staged_table import add_from_record, add_record
 from dbsp_pipeline.zset import STEP, WEIGHT, consolidate, quote
 
 APP_ID = "dbsp-output"
@@ -39,6 +52,8 @@ APP_ID = "dbsp-output"
 #: column; ``LEGACY_DIGEST_KEY``: the digest, without floating-point columns, that steps written
 #: before aggregates were exact recorded)
 STEP_KEY, ROWS_KEY, DIGEST_KEY = "dbsp.step", "dbsp.rows", "dbsp.digest.all"
+#: commit metadata of a fold of several steps: the first of them (``STEP_KEY``: the newest)
+FIRST_STEP_KEY = "dbsp.first_step"
 LEGACY_DIGEST_KEY = "dbsp.digest"
 
 
@@ -59,15 +74,31 @@ def content_digest(rows: pa.Table | None, schema: StructType, *, floats: bool = 
     return f"{total:016x}"
 
 
+#: the pending writes are folded into the Delta table once this many steps are pending
+FOLD_STEPS = 16
+_FOLD_ATTEMPTS = 20
+
+
 @dataclass(frozen=True)
 class PreparedWrite:
     """A step's change of one view, written as data files that no commit refers to yet (a
-    crash before ``OutputLog.commit`` leaves them to garbage collection)."""
+    crash before the step's record is committed leaves them to garbage collection)."""
 
     step: int
     adds: list[AddAction]
     rows: int
     digest: str
+
+    def record(self) -> dict[str, Any]:
+        """The write as the step's record holds it (JSON)."""
+        return {"adds": [add_record(a) for a in self.adds], "rows": self.rows,
+                "digest": self.digest}
+
+    @staticmethod
+    def from_record(step: int, record: dict[str, Any]) -> PreparedWrite:
+        """The write ``record`` (from ``record``) describes."""
+        return PreparedWrite(step, [add_from_record(a) for a in record.get("adds", [])],
+                             int(record["rows"]), str(record["digest"]))
 
 
 class OutputLog:
@@ -79,36 +110,91 @@ class OutputLog:
         self.table = SparkDeltaTable(spark, root_layout.output_log(root, name), full,
                                      role="output")
         self.spark = spark
+        #: writes whose step record is durable but which are not folded yet, by step
+        self._pending: dict[int, PreparedWrite] = {}
 
     def last(self) -> int:
-        """The next step this log expects."""
+        """The next step this log expects (every step before it is written)."""
+        return max(self.folded_last(), max(self._pending, default=-1) + 1)
+
+    def folded_last(self) -> int:
+        """The next step the Delta table itself expects (the steps before it are folded)."""
         written = self.table.transaction_version(APP_ID)
         return 0 if written is None else written + 1
 
-    def write(self, step: int, change: DataFrame | pa.Table | None,
-              sql: LocalSQL | None = None) -> int | None:
-        """Apply the write rules; returns the rows appended, or None when the step was discarded
-        (after verifying it against what was written, when that step's record is retained).
-        ``prepare`` then ``commit``, for one view."""
-        prepared = self.prepare(step, change, sql)
-        return None if prepared is None else self.commit(prepared)
+    # -- pending writes ------------------------------------------------------------------------
+    def stage(self, write: PreparedWrite) -> None:
+        """Hold ``write`` pending: its step's record was committed (the caller's duty)."""
+        self._pending[write.step] = write
+
+    def load_pending(self, records: dict[int, dict[str, Any]]) -> None:
+        """Hold pending exactly the recorded writes (step -> this view's record) of the steps
+        the Delta table does not hold yet (after opening or a roll-back)."""
+        folded = self.folded_last()
+        self._pending = {step: PreparedWrite.from_record(step, record)
+                         for step, record in sorted(records.items()) if step >= folded}
+
+    @property
+    def pending_steps(self) -> int:
+        return len(self._pending)
+
+    def pending_paths(self) -> set[str]:
+        """The absolute paths of the pending writes' files (no Delta version refers to them
+        yet; garbage collection keeps them)."""
+        return {self.table.store.path(a.path) for w in self._pending.values() for a in w.adds}
+
+    def fold(self) -> bool:
+        """Commit the pending writes to the Delta table in one commit (crash points
+        ``output.commit.*``) whose app transaction records the newest step; returns whether it
+        committed. Writes of steps the table holds already (a fold before a crash) are
+        dropped, not committed twice."""
+        for _ in range(_FOLD_ATTEMPTS):
+            base = self.table.version()  # first: a commit after it makes ours fail
+            folded = self.folded_last()
+            writes = [w for step, w in sorted(self._pending.items()) if step >= folded]
+            if not writes:
+                break
+            try:  # a compare-and-append: two processes folding one step commit it once
+                self.table.commit(
+                    [a for w in writes for a in w.adds], app_id=APP_ID,
+                    app_version=writes[-1].step, expected_version=base + 1,
+                    metadata={STEP_KEY: writes[-1].step, FIRST_STEP_KEY: writes[0].step,
+                              ROWS_KEY: sum(w.rows for w in writes),
+                              **({DIGEST_KEY: writes[0].digest} if len(writes) == 1 else {})})
+            except ConcurrentWriterError:
+                continue  # another commit landed first (a compaction, another process)
+            self._pending = {}
+            return True
+        else:
+            raise ConcurrentWriterError(f"output '{self.name}': {_FOLD_ATTEMPTS} folds lost "
+                                        "the race for the log's next version")
+        self._pending = {}
+        return False
+
+    def _files(self) -> list[DataFile]:
+        """The files of every written step: the Delta table's and the pending writes'."""
+        return [*self.table.files(), *(self.table.data_file(a)
+                                       for _, w in sorted(self._pending.items()) for a in w.adds)]
 
     def prepare(self, step: int, change: DataFrame | pa.Table | None,
-                sql: LocalSQL | None = None) -> PreparedWrite | None:
+                sql: LocalSQL | None = None,
+                recorded: dict[str, Any] | None = None) -> PreparedWrite | None:
         """Everything of a step's write but its commit: consolidate the change and write its
         data files (not yet part of the log), or, for a step written before (a replay), verify
         it and return None. A step computes every view's write this way first, so an error in
         any view's change (an overflow, a failed task) leaves no view with the step committed.
 
         ``change`` is a Spark DataFrame, or an Arrow table consolidated with ``sql`` on the
-        driver. Raises ``NonDeterminismError`` when a replayed step differs from the written one.
+        driver. ``recorded``: this view's part of the step's record, when the step was written
+        (what a replay is verified against; else the commit that wrote the step). Raises
+        ``NonDeterminismError`` when a replayed step differs from the written one.
         """
         last = self.last()
         if step > last:
             raise UsageError(f"output '{self.name}': step {step} written before step {last}")
         rows = self._consolidated(step, change, sql)
         if step < last:
-            self._verify(step, rows)
+            self._verify(step, rows, recorded)
             return None
         adds = []
         if isinstance(rows, pa.Table):
@@ -123,13 +209,6 @@ class OutputLog:
         count = sum(self.table.data_file(a).rows for a in adds)
         return PreparedWrite(step, adds, count, digest)
 
-    def commit(self, prepared: PreparedWrite) -> int:
-        """Commit a prepared write (one Delta commit recording the step); returns its rows."""
-        self.table.commit(prepared.adds, app_id=APP_ID, app_version=prepared.step,
-                          metadata={STEP_KEY: prepared.step, ROWS_KEY: prepared.rows,
-                                    DIGEST_KEY: prepared.digest})
-        return prepared.rows
-
     def _consolidated(self, step: int, change: pa.Table | DataFrame | None,
                       sql: LocalSQL | None) -> pa.Table | DataFrame | None:
         """The change as the log stores it: consolidated, with ``_step``, in table order."""
@@ -143,9 +222,13 @@ class OutputLog:
             return consolidate(change, cols).withColumn(STEP, F.lit(step).cast("long"))
         return None
 
-    def _verify(self, step: int, rows: pa.Table | DataFrame | None) -> None:
+    def _verify(self, step: int, rows: pa.Table | DataFrame | None,
+                recorded: dict[str, Any] | None) -> None:
         """Compare a replayed step with the record of its first write (rows and digest)."""
-        recorded = self.table.commit_metadata(STEP_KEY, step)
+        if recorded is not None:
+            recorded = {ROWS_KEY: recorded["rows"], DIGEST_KEY: recorded["digest"]}
+        else:
+            recorded = self.table.commit_metadata(STEP_KEY, step)
         if recorded is None or not ({DIGEST_KEY, LEGACY_DIGEST_KEY} & set(recorded)):
             return  # written before digests were recorded, or its commit was cleaned up
         if rows is not None and not isinstance(rows, pa.Table):
@@ -175,6 +258,7 @@ class OutputLog:
 
         The marker that refuses reads below ``through`` is written before the commit, so a
         crash in between only refuses reads that could still have been served."""
+        through = min(through, self.folded_last() - 1)  # pending writes are not rewritten
         if through <= self.compacted_through():
             return False
         files = [f for f in self.table.files()
@@ -217,7 +301,7 @@ class OutputLog:
         with the compacted step holds the sum of all steps up to it)."""
         if since > 0:
             self._check_retained(since - 1, "changes since step")
-        df = self.table.read_version()
+        df = self.table.read(self._files())
         df = df.where(F.col(STEP) >= since)
         if until is not None:
             df = df.where(F.col(STEP) <= until)
@@ -225,7 +309,7 @@ class OutputLog:
 
     def view(self, as_of: int | None = None) -> DataFrame:
         """The view's value after step ``as_of`` (default: the newest): payload + ``_weight``."""
-        df = self.table.read_version()
+        df = self.table.read(self._files())
         if as_of is not None:
             self._check_retained(as_of, "the view as of step")
             df = df.where(F.col(STEP) <= as_of)
@@ -236,7 +320,7 @@ class OutputLog:
         """The change written for ``step`` (payload + ``_weight``), read on the driver; only
         files whose ``_step`` range holds ``step`` are opened."""
         self._check_retained(step - 1, "the change of step")
-        files = [f for f in self.table.files()
+        files = [f for f in self._files()
                  if f.step_min is not None and f.step_max is not None
                  and f.step_min <= step <= f.step_max]
         rows = self.table.read_arrow(files, where=pc.field(STEP) == step)
@@ -244,7 +328,7 @@ class OutputLog:
 
     def view_arrow(self, sql: LocalSQL) -> pa.Table:
         """The view's newest value read on the driver: payload + ``_weight``, consolidated."""
-        files = self.table.files()
+        files = self._files()
         if not files:
             return zset_arrow_schema(self.schema).empty_table()
         return sql.consolidate(self.table.read_arrow(files), self.schema.fieldNames())

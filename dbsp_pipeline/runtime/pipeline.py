@@ -37,7 +37,7 @@ from dbsp_pipeline.errors import (
 )
 from dbsp_pipeline.runtime import checkpoints, inputs, rescaling, step_protocol, upgrade, upkeep
 from dbsp_pipeline.runtime.compactor import BackgroundCompactor
-from dbsp_pipeline.runtime.division_log import DivisionLog
+from dbsp_pipeline.runtime.division_log import CARRIED_RECORDS_KEY, DivisionLog
 from dbsp_pipeline.runtime.engine_state import EngineState, compile_plan, read_layout
 from dbsp_pipeline.runtime.input_log import InputLog
 from dbsp_pipeline.runtime.layout import Layout
@@ -183,6 +183,11 @@ class Pipeline:
         # read before opening: no checkpoint below its compacted_below can be opened
         divisions = DivisionLog(session, root_layout.divisions(root))
         with _fenced_at_open(circuit, root):  # opening rolls back and may commit: a race too
+            # the step records the newest entry carries: opening an older checkpoint discards
+            # that entry, so they go to the division log first
+            divisions.load_pending(db.newest_meta(CARRIED_RECORDS_KEY))
+            if checkpoint is not None:
+                divisions.fold()
             db.open(checkpoint, retained=retain_checkpoints,
                     from_step=divisions.compacted_below)
             #: what opening did about engine and state-format versions (``runtime/upgrade.py``)
@@ -209,6 +214,7 @@ class Pipeline:
         self._halt_at: int | None = None  # run() starts no step >= this (-1: none at all)
         self._closed = False
         with self._lock, self._fenced():
+            step_protocol.load_pending(self._engine)
             #: the steps executed again at open: divided before a crash, not yet committed
             self.recovered_steps: list[StepResult] = step_protocol.recover(self._engine)
 

@@ -5,7 +5,7 @@ lost race on its tables into the fencing error.
 Layout of a pipeline root::
 
     _manifest/        the state database's manifest (one entry per state version)
-    _divisions/       the division of input into steps
+    _divisions/       the step records: the division of input into steps, and their output
     inputs/<name>/    the durable log of each input (one Delta version per push)
     state/<trace>/    the traces of the stateful operators
     outputs/<name>/   the change log of each output view (``_step`` and ``_weight`` columns)
@@ -13,40 +13,47 @@ Layout of a pipeline root::
 A step (``execute_step``), top to bottom:
 
 1. ``s = get_step()``: the next step to execute.
-2. Divide: fix the division of input for step ``s``: the newest version of every input log,
-   recorded durably in the division log *before* any output of ``s`` exists. If ``s`` was
-   already divided (a crash after the division, before the state commit), the recorded
-   division is re-used.
+2. Divide: the division of input for step ``s``: the newest version of every input log. If
+   ``s`` was divided before (a crash after its record, before the checkpoint that follows it;
+   or it failed), the recorded division is re-used.
 3. Read each input's change: the log files appended in versions ``(lower, upper]``.
-4. Evaluate every operator once; stateful operators append to their traces. A step whose input
-   change is small (``driver_step_rows``) runs on the driver (Arrow + DuckDB), a larger one as
-   Spark jobs; both compute the same change and read and write the same traces.
-5. Write every output's change under the output write rules (a step already written is
-   discarded, so replay after a crash duplicates nothing).
-6. Advance: ``set_step(s + 1)``; every ``checkpoint_every`` steps, commit the state database
-   (``commit``): the manifest commit is the atomic point that makes the traces of steps
-   ``..s`` the recovery base. What runs after a commit (garbage collection, background merges,
-   history compaction) is ``upkeep.py``.
+4. Evaluate every operator once; stateful operators stage their trace changes
+   (``storage/staged_table.py``). A step whose input change is small (``driver_step_rows``)
+   runs on the driver (Arrow + DuckDB), a larger one as Spark jobs; both compute the same
+   change and read and write the same traces.
+5. Write every output's change as data files (``OutputLog.prepare``), under the output write
+   rules: a step already written is verified and discarded, so a replay duplicates nothing.
+6. Record: the step's ONE durable commit, its *record*: its division together with every
+   view's change (files, rows, digest). A step that ends a checkpoint (every
+   ``checkpoint_every`` steps) stages its record and commits the state database: the manifest
+   entry carries the record, the traces' staged changes and the next step, so the checkpoint
+   and the step are one atomic commit. Any other step commits its record to the division log.
+   After the commit the output logs hold the change *pending* and fold it into their Delta
+   tables every ``output_log.FOLD_STEPS`` steps; the records staged in entries are folded
+   into the division log at the same time (``upkeep.fold``). What runs after a commit (garbage
+   collection, background merges, history compaction) is ``upkeep.py``.
 
 Durability: when ``execute_step`` returns, the step's division and every view's change are
-durable (a consumer of the output logs sees the step); its state is durable once the commit of
-step 6 returns (``StepResult.committed_version``). Before that a crash loses only state that
-replay rebuilds.
+durable, in one commit (a consumer reading through ``Pipeline`` sees the step; a reader of
+an output's Delta table sees it once folded); its state is durable with the checkpoint
+(``StepResult.committed_version``). A crash before the record's commit loses the whole step
+(its files are garbage, and the next step divides the input again); after it, replay rebuilds
+whatever state was not checkpointed.
 
 Replay at open (``recover``): reopening a root after a crash opens the newest committed state
-version and at once executes again the steps divided after it, from their recorded divisions
-(``recovered_steps``); their outputs were already written and are discarded by the write
-rules, so a consumer of the output logs sees every step exactly once.
+version and at once executes again the steps recorded after it, from their recorded divisions
+(``recovered_steps``); their outputs were already written and are verified against the record
+and discarded by the write rules, so a consumer of the output logs sees every step exactly once.
 
 Failed steps: a step that fails in 3-5 (an overflow, an expression error, a failed task)
-commits nothing: every view's change is computed and its files written before any output log
-commits it, and the state goes back to the newest checkpoint and executes again the steps
-before the failed one (roll back). The division stays recorded, so the step is the next one
-whatever happens: stepping tries it again (a transient cause heals), opening the root reports
-it (``failed_step``) instead of failing, and an operator can quarantine its input
-(``quarantine``: the records go to the errors table and the step executes with no input). If
-the roll-back itself fails, or the step is interrupted half-way (``BaseException``), the state
-is abandoned: nothing more runs on it, and reopening the root recovers.
+commits its division alone (so that it stays the next step, with the same input) and no
+output: every view's change is computed and its files written before the record, and the state
+goes back to the newest checkpoint and executes again the steps before the failed one (roll
+back). Stepping tries the step again (a transient cause heals), opening the root reports it
+(``failed_step``) instead of failing, and an operator can quarantine its input (``quarantine``:
+the records go to the errors table and the step executes with no input). If the roll-back
+itself fails, or the step is interrupted half-way (``BaseException``), the state is abandoned:
+nothing more runs on it, and reopening the root recovers.
 """
 
 from __future__ import annotations
@@ -60,10 +67,12 @@ from dbsp_pipeline.errors import (
     ConcurrentWriterError,
     NonDeterminismError,
     StepFailedError,
+    StorageError,
     UsageError,
 )
 from dbsp_pipeline.operators.base import StepContext
 from dbsp_pipeline.runtime import upkeep
+from dbsp_pipeline.runtime.division_log import CARRIED_RECORDS_KEY
 from dbsp_pipeline.runtime.engine_state import EngineState
 from dbsp_pipeline.runtime.output_log import PreparedWrite
 from dbsp_pipeline.runtime.results import FailedStep, QuarantineResult, StepInfo, StepResult
@@ -85,13 +94,15 @@ def execute_step(state: EngineState) -> StepResult:
     s = state.db.get_step()
     names = list(state.inputs)
 
-    # 1-2. Divide: the division of input for step s, recorded before any output of s exists.
+    # 1-2. Divide: the division of input for step s (recorded with its output, in step 6).
     uppers = state.divisions.get(s)
+    divided = uppers is not None
     if uppers is None:
         offsets = {n: {producer: state.inputs[n].pushed(producer) for producer in sorted(ps)}
                    for n, ps in state.tracked.items()}
-        uppers = state.divisions.record(s, {n: state.inputs[n].version() for n in names},
-                                        offsets)
+        uppers = {n: state.inputs[n].version() for n in names}
+    else:
+        offsets = state.divisions.offsets(s)
     lowers = state.divisions.lower(s, names)
     result = StepResult(step=s, quarantined=state.divisions.quarantined(s))
     result.rejected = {n: state.inputs[n].rejected_between(lowers[n], uppers.get(n, 0))
@@ -102,21 +113,20 @@ def execute_step(state: EngineState) -> StepResult:
     if result.quarantined is not None:
         complete_quarantine(state, s, result.quarantined)
 
-    # 3-5. Evaluate and write: read the input, evaluate the circuit, write every view's change
-    # as files, then commit them. Nothing of a step that fails here stays: the state goes back
-    # to the newest checkpoint; a failure of the computation is StepFailedError.
+    # 3-5. Evaluate and write the files of every view's change. Nothing of a step that fails
+    # here stays but its division: the state goes back to the newest checkpoint; a failure of
+    # the computation is StepFailedError.
     computed = False
     try:
         prepared = _compute(state, s, lowers, uppers, result)
         computed = True
-        for name, write in prepared.items():
-            result.outputs[name] = (None if write is None
-                                    else state.outputs[name].commit(write))
     except ConcurrentWriterError:
         raise  # fenced: the pipeline closes
     except Exception as e:  # noqa: BLE001 (any failure of the step)
         if state.rolling_back:
             raise
+        if not divided:  # the step stays the next one, with the same input
+            state.divisions.record(s, uppers, offsets)
         _roll_back(state, until=s)
         if computed or isinstance(e, (NonDeterminismError, UsageError)):
             raise  # not the computation's fault: the step is retried as it is
@@ -129,20 +139,50 @@ def execute_step(state: EngineState) -> StepResult:
     state.failed_step = None
     result.state_rows_read = sum(t.rows_read for t in state.plan.state_traces())
 
-    # 6. Advance, and commit every checkpoint_every steps.
+    # 6. Record: the step's one commit (with the checkpoint, every checkpoint_every steps).
     state.db.set_step(s + 1)
     state.uncommitted_steps += 1
-    if state.uncommitted_steps >= state.checkpoint_every:
-        result.committed_version = commit(state)
+    writes = {name: w for name, w in prepared.items() if w is not None}
+    record = ({name: w.record() for name, w in writes.items()}
+              if state.divisions.outputs(s) is None else None)  # None: a replay
+    try:
+        if state.uncommitted_steps >= state.checkpoint_every:
+            if record is not None:
+                state.divisions.stage(s, uppers, offsets, record)
+            result.committed_version = commit(state, compact=False)
+        elif record is not None:
+            state.divisions.record(s, uppers, offsets, record)
+    except ConcurrentWriterError:
+        state.abandon()  # fenced: another process recorded the step first
+        raise
+    except StorageError as e:
+        if not e.definitely_failed or state.rolling_back:
+            state.abandon()  # the commit may have happened: reopen the root
+            raise
+        state.divisions.unstage(s)  # nothing of the step was committed
+        _roll_back(state, until=s)
+        raise
+    except BaseException:
+        state.abandon()  # the record's commit may or may not have happened: reopen the root
+        raise
+    for name, write in writes.items():
+        state.outputs[name].stage(write)
+        result.outputs[name] = write.rows
+    for name in prepared:
+        result.outputs.setdefault(name, None)
+    upkeep.fold_if_due(state)
+    if result.committed_version is not None:
+        upkeep.after_commit(state)
     result.seconds = time.monotonic() - started
     return result
 
 
 def _compute(state: EngineState, s: int, lowers: dict[str, int], uppers: dict[str, int],
              result: StepResult) -> dict[str, PreparedWrite | None]:
-    """Steps 3-5 of step ``s`` up to the commits: each input's change (none if the step is
+    """Steps 3-5 of step ``s`` up to the record: each input's change (none if the step is
     quarantined; a small change is read on the driver), the circuit's evaluation (stateful
-    operators append to their traces), and every view's change written as data files."""
+    operators stage their trace changes), and every view's change written as data files (or,
+    for a step written before, verified against its record: None)."""
     names = list(state.inputs)
     files = {n: [] if result.quarantined is not None else
              state.inputs[n].files_between(lowers[n], uppers.get(n, 0)) for n in names}
@@ -156,23 +196,37 @@ def _compute(state: EngineState, s: int, lowers: dict[str, int], uppers: dict[st
     else:
         changes = {n: state.inputs[n].change(files[n]) for n in names}
     ctx = StepContext(state.spark, s, sql=sql)
+    recorded = state.divisions.outputs(s) or {}
     try:
         node_changes = state.plan.evaluate(ctx, changes)
-        return {name: state.outputs[name].prepare(s, node_changes[node_id], sql)
+        return {name: state.outputs[name].prepare(s, node_changes[node_id], sql,
+                                                  recorded.get(name))
                 for name, node_id in state.circuit.outputs.items()}
     finally:
         ctx.release()
 
 
 def commit(state: EngineState, compact: bool = True) -> int:
-    """Commit the state database (a checkpoint; durable when this returns) and return the new
-    state version; then, with ``compact``, the upkeep after a commit (``upkeep.after_commit``)."""
+    """Commit the state database (a checkpoint; durable when this returns), its entry carrying
+    the step records staged since the last fold, and return the new state version; then, with
+    ``compact``, the upkeep after a commit (``upkeep.after_commit``)."""
+    state.db.put(CARRIED_RECORDS_KEY, state.divisions.pending_records())
     version = state.db.commit()
     state.uncommitted_steps = 0
     state.commits += 1
     if compact:
         upkeep.after_commit(state)
     return version
+
+
+def load_pending(state: EngineState) -> None:
+    """After opening a state version: the step records its entry carries, and the output logs'
+    pending writes (the recorded steps their Delta tables do not hold)."""
+    state.divisions.load_pending(state.db.get(CARRIED_RECORDS_KEY))
+    for name, out in state.outputs.items():
+        out.load_pending({s: outputs[name] for s in state.divisions.steps_with_outputs(0)
+                          if (outputs := state.divisions.outputs(s)) is not None
+                          and name in outputs})
 
 
 # -- recovery ------------------------------------------------------------------------------
@@ -204,6 +258,7 @@ def _roll_back(state: EngineState, until: int) -> None:
         state.db.open(state.db.version, retained=state.retain_checkpoints,
                       from_step=state.divisions.compacted_below)
         state.load_opened()
+        load_pending(state)
         while state.db.get_step() < until:
             execute_step(state)
     except BaseException:
@@ -227,7 +282,8 @@ def quarantine(state: EngineState, step: int) -> QuarantineResult:
             f"{state.db.get_step()}, failed step: "
             f"{'none' if failed is None else failed.step}); only the input of a "
             "failed step can be quarantined")
-    written = [n for n, o in state.outputs.items() if o.last() > step]
+    written = [n for n, o in state.outputs.items()
+               if o.last() > step or state.divisions.outputs(step) is not None]
     if written:
         raise UsageError(
             f"step {step} of pipeline '{state.circuit.name}' succeeded once (its output "

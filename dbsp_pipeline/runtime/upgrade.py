@@ -83,10 +83,20 @@ def _staged_state_changes(db: StateDatabase) -> None:
     entries instead of ignoring their staged files)."""
 
 
+def _step_records(db: StateDatabase) -> None:
+    """4 -> 5: a step's record (its division and output) may be carried by the checkpoint's
+    entry instead of the division log, and the output logs may hold steps not folded into their
+    Delta tables yet (``runtime/step_protocol.py``). A format 4 root holds every step in its
+    logs, which is what reading it without carried records gives: nothing to change but the
+    recorded format (an engine that reads only format 4 refuses the new entries instead of
+    ignoring the steps they carry)."""
+
+
 #: MIGRATIONS[n] brings the opened state from format n to n + 1
 MIGRATIONS: dict[int, Callable[[StateDatabase], None]] = {1: _record_layout,
                                                           2: _exact_float_sums,
-                                                          3: _staged_state_changes}
+                                                          3: _staged_state_changes,
+                                                          4: _step_records}
 
 
 @dataclass

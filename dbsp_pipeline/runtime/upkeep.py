@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.runtime.engine_state import EngineState
+from dbsp_pipeline.runtime.output_log import FOLD_STEPS
 from dbsp_pipeline.storage import garbage, keyed_runs
 
 #: Garbage is collected after every this many commits (and at close).
@@ -43,6 +44,7 @@ def collect_garbage(state: EngineState, grace_seconds: float) -> int:
     if state.migration is not None:
         return 0  # a hot layout change is copying files; the next collection will do
     state.compactor.apply_finished(wait=True)
+    fold(state)  # the division records about to be compacted hold unfolded output
     # Input that every retained state version has consumed is no longer needed.
     # A checkpoint below the division log's compacted_below is garbage, whatever the retention.
     floor = state.divisions.compacted_below
@@ -68,6 +70,23 @@ def collect_garbage(state: EngineState, grace_seconds: float) -> int:
     for table in tables:
         deleted += garbage.collect(table, table.version(), grace_seconds)
     return deleted
+
+
+def fold(state: EngineState) -> None:
+    """Fold the output logs' pending writes into their Delta tables and the step records the
+    entries carry into the division log. Order: the records first (every record the outputs
+    are folded from is then in the division log, whatever entry comes next), then the
+    outputs. Not a commit of the state: until the next entry, the newest one still carries the
+    records, which opening reads as the ones the division log holds."""
+    state.divisions.fold()
+    for out in state.outputs.values():
+        out.fold()
+
+
+def fold_if_due(state: EngineState) -> None:
+    """``fold`` once an output log holds ``FOLD_STEPS`` pending steps."""
+    if max((o.pending_steps for o in state.outputs.values()), default=0) >= FOLD_STEPS:
+        fold(state)
 
 
 def compact_history(state: EngineState) -> dict[str, int]:

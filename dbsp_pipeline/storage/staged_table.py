@@ -127,8 +127,7 @@ class StagedTable:
         empty when nothing is staged."""
         if not self._adds and not self._removes:
             return {}
-        return {"adds": [{"path": a.path, "size": a.size, "modification_time":
-                          a.modification_time, "stats": a.stats} for a in self._adds.values()],
+        return {"adds": [add_record(a) for a in self._adds.values()],
                 "removes": [self._relative(p) for p in self._removes]}
 
     def load(self, record: Mapping[str, Any] | None) -> None:
@@ -138,9 +137,7 @@ class StagedTable:
         if not record:
             return
         try:
-            adds = [AddAction(path=str(a["path"]), size=int(a["size"]), partition_values={},
-                              modification_time=int(a["modification_time"]), data_change=True,
-                              stats=str(a["stats"])) for a in record.get("adds", [])]
+            adds = [add_from_record(a) for a in record.get("adds", [])]
             removes = [self.delta.store.path(str(p)) for p in record.get("removes", [])]
         except (KeyError, TypeError, ValueError) as e:
             raise StorageError(f"the staged actions recorded for {self.uri} cannot be read "
@@ -161,3 +158,17 @@ class StagedTable:
     def _relative(self, path: str) -> str:
         prefix = self.uri.rstrip("/") + "/"
         return path[len(prefix):] if path.startswith(prefix) else path
+
+
+def add_record(add: AddAction) -> dict[str, Any]:
+    """An add action as a manifest entry or a step record stores it (JSON)."""
+    return {"path": add.path, "size": add.size, "modification_time": add.modification_time,
+            "stats": add.stats}
+
+
+def add_from_record(record: Mapping[str, Any]) -> AddAction:
+    """The add action ``add_record`` stored (``KeyError``/``TypeError``/``ValueError`` when the
+    record is not one)."""
+    return AddAction(path=str(record["path"]), size=int(record["size"]), partition_values={},
+                     modification_time=int(record["modification_time"]), data_change=True,
+                     stats=str(record["stats"]))

@@ -52,7 +52,7 @@ from dbsp_pipeline.storage.staged_table import STAGED_KEY, StagedTable
 from dbsp_pipeline.storage.table_store import root_uri
 
 MANIFEST_DIR = root_layout.MANIFEST
-STATE_FORMAT = 4  # see runtime/upgrade.py for what each format adds
+STATE_FORMAT = 5  # see runtime/upgrade.py for what each format adds
 #: a state table with this many staged actions or more, or whose staged actions this many
 #: checkpoints have recorded, is folded into its Delta log at the next commit (bounds the size
 #: of a manifest entry and what opening re-stages; a one-step memory, which stages about two
@@ -151,6 +151,11 @@ class StateDatabase:
         self._write_entry(entry)
         self._base = entry
         return int(entry["version"])
+
+    def newest_meta(self, key: str, default: Any = None) -> Any:
+        """The metadata ``key`` of the newest committed entry, whichever version is open (or
+        none is yet)."""
+        return self._latest_entry().get("meta", {}).get(key, default)
 
     def get(self, key: str, default: Any = None) -> Any:
         self._require_open()

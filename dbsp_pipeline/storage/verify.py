@@ -637,6 +637,11 @@ class _RootScan:
         replays and next steps read one by one."""
         damage: list[Damage] = []
         steps = self._divided_steps()
+        carried = _carried_records(cp.entry)  # step records the entry holds (step_protocol.py)
+        first = 0
+        if steps is not None:  # those the log compacted away since are not missing
+            first = self._first_kept_step(steps)
+            steps = [*steps, *(s for s in carried if s not in steps and s >= first)]
         if steps is None:
             if cp.step > 0:
                 damage.append(Damage(root_layout.DIVISIONS, None,
@@ -646,7 +651,6 @@ class _RootScan:
             return damage
         divisions = os.path.join(self.root, root_layout.DIVISIONS)
         divided = max(steps, default=-1)
-        first = self._first_kept_step(steps)
         missing = sorted(set(range(first, divided + 1)) - set(steps))
         if missing or len(steps) != len(set(steps)):
             damage.append(Damage(root_layout.DIVISIONS, self.log(root_layout.DIVISIONS).newest,
@@ -678,6 +682,9 @@ class _RootScan:
                 continue
             written = snap.table.transaction_version(_OUTPUT_APP_ID)
             last = 0 if written is None else written + 1
+            # steps whose output a record holds, not folded into the log yet
+            last = max(last, max((s + 1 for s, has in carried.items() if has), default=0),
+                       self._newest_recorded_output() + 1)
             if last < cp.step:
                 damage.append(Damage(table, log.newest, log.path(log.newest),
                                      f"checkpoint {cp.version} executed steps up to "
@@ -719,9 +726,10 @@ class _RootScan:
         by_file: dict[str, list[int]] = {}
         for rel, (lo, hi) in snap.bounds.items():
             first, last = lo.get("step"), hi.get("step")
-            if isinstance(first, int) and isinstance(last, int):
-                by_file[rel] = list(range(first, last + 1))
-            else:  # a file without statistics: its step column
+            if isinstance(first, int) and first == last:
+                by_file[rel] = [first]
+            else:  # folded or compacted records (steps need not follow), or no statistics
+                # (Delta's): its step column
                 try:
                     by_file[rel] = _parquet_table(os.path.join(log.uri, rel),
                                                   columns=["step"]).column(0).to_pylist()
@@ -740,11 +748,15 @@ class _RootScan:
                 except Exception:  # noqa: BLE001 - a damaged file was reported by its check
                     continue
         for step in twice:
-            plain = [t for t in records.get(step, []) if division_log.quarantine_reason(t) is None]
-            marks = [t for t in records.get(step, []) if division_log.quarantine_reason(t)]
-            if len(plain) == 1 and len(marks) == 1 and \
-                    division_log.parse(plain[0]) == division_log.parse(marks[0]):
-                steps.remove(step)  # the quarantine record of a divided step
+            # a divided step's later records repeat its division: the quarantine mark, and the
+            # output of a failed step that succeeded (at most one of each)
+            texts = records.get(step, [])
+            marks = [t for t in texts if division_log.quarantine_reason(t)]
+            written = [t for t in texts if division_log.recorded_outputs(t) is not None]
+            if len(marks) <= 1 and len(written) <= 1 and len(texts) <= 3 and all(
+                    division_log.parse(t) == division_log.parse(texts[0]) for t in texts):
+                for _ in texts[1:]:
+                    steps.remove(step)
         return steps
 
     def _first_kept_step(self, steps: list[int]) -> int:
@@ -756,6 +768,25 @@ class _RootScan:
         first = min(steps)
         text = self._division_record(first)
         return first if text is not None and division_log.compacted_below(text) else 0
+
+    def _newest_recorded_output(self) -> int:
+        """The newest step whose record in the division log holds its output (-1: none)."""
+        log = self.log(root_layout.DIVISIONS)
+        if log.newest is None:
+            return -1
+        snap = self.snapshot(root_layout.DIVISIONS, log.newest)
+        newest = -1
+        for rel in sorted(snap.bounds, key=lambda r: -int(snap.bounds[r][1].get("step", -1))):
+            try:
+                rows = _parquet_table(os.path.join(log.uri, rel)).to_pylist()
+            except Exception:  # noqa: BLE001 - a damaged file was reported by its check
+                continue
+            for row in rows:
+                if division_log.recorded_outputs(str(row["uppers"])) is not None:
+                    newest = max(newest, int(row["step"]))
+            if newest >= 0:
+                return newest
+        return newest
 
     def _division(self, step: int) -> dict[str, Any] | None:
         """The uppers recorded for ``step`` (read from its one file), None if not found."""
@@ -914,3 +945,17 @@ def _first_line(e: BaseException) -> str:
 
 def _text(value: object) -> str:
     return "-" if value is None else str(value)
+
+
+def _carried_records(entry: dict[str, Any]) -> dict[int, bool]:
+    """The steps whose records a manifest entry carries (``runtime/step_protocol.py``), each
+    with whether its record holds output."""
+    records = entry.get("meta", {}).get(division_log.CARRIED_RECORDS_KEY)
+    out: dict[int, bool] = {}
+    if isinstance(records, list):
+        for item in records:
+            try:
+                out[int(item[0])] = division_log.recorded_outputs(str(item[1])) is not None
+            except (TypeError, ValueError, IndexError):
+                continue
+    return out

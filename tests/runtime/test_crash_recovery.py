@@ -178,7 +178,7 @@ def test_a_crash_at_every_delta_log_cleanup_point_recovers(spark, tmp_path, clea
 @pytest.mark.parametrize("first, second", [
     (("trace.commit.after", 5), ("trace.restore.after", 1)),
     (("trace.commit.after", 2), ("trace.restore.before", 1)),  # a fold before its checkpoint
-    (("output.commit.before", 4), ("output.commit.after", 1)),  # in the replay at open
+    (("division.commit.after", 2), ("manifest.commit.before", 1)),  # in the replay at open
     (("trace.commit.after", 8), ("division.commit.before", 1)),
 ])
 def test_a_crash_during_recovery_recovers_too(spark, tmp_path, reference, first, second):
@@ -196,9 +196,9 @@ def test_a_replay_that_differs_from_the_written_output_is_a_loud_error(spark, tm
     c.output("noisy", x.select("k", "cast(rand() * 1000000 AS BIGINT) AS r"))
     root = str(tmp_path)
     crash_points.reset()
-    p = Pipeline(c, root, spark)
+    p = Pipeline(c, root, spark, checkpoint_every=2)
     p.push("x", [(i,) for i in range(20)])
-    crash_points.arm("manifest.commit.before")  # output of step 0 written, state not committed
+    crash_points.arm("division.commit.after")  # step 0's record written, state not committed
     with pytest.raises(InjectedCrash):
         p.step()
     with pytest.raises(NonDeterminismError, match="replaying step 0"):
@@ -210,9 +210,9 @@ def test_a_deterministic_replay_verifies_silently(spark, tmp_path):
     x = c.input("x", "k BIGINT, v DOUBLE")
     c.output("sums", x.group_by("k").agg(s="sum(v)", n="count(*)"))
     crash_points.reset()
-    p = Pipeline(c, str(tmp_path), spark)
+    p = Pipeline(c, str(tmp_path), spark, checkpoint_every=2)
     p.push("x", [(i % 3, i / 7) for i in range(30)])
-    crash_points.arm("manifest.commit.before")
+    crash_points.arm("division.commit.after")  # step 0's record written, state not committed
     with pytest.raises(InjectedCrash):
         p.step()
     q = Pipeline(c, str(tmp_path), spark)

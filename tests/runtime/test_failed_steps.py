@@ -127,7 +127,7 @@ def test_a_failed_step_on_the_spark_path(spark, tmp_path):
 
 QUARANTINE_POINTS = ["errors.commit.before", "errors.commit.after", "division.commit.before",
                      "division.commit.after", "input.commit.before", "input.commit.after",
-                     "output.commit.before", "manifest.commit.before"]
+                     "manifest.commit.before", "manifest.commit.after"]
 
 
 @pytest.mark.parametrize("point", QUARANTINE_POINTS)
@@ -198,36 +198,40 @@ def _counting_circuit() -> Circuit:
     return c
 
 
-def test_a_failed_output_commit_rolls_the_step_back_and_a_retry_applies_it_once(
-        spark, tmp_path, monkeypatch):
-    """An error after the traces took the step (an output commit's I/O error) is not the
-    computation's fault: the error is raised as it is, but the state is rolled back, so the
-    retry (or a close and reopen) does not apply the step twice."""
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_a_failed_record_commit_rolls_the_step_back_and_a_retry_applies_it_once(
+        spark, tmp_path, monkeypatch, checkpoint):
+    """An error after the traces took the step (the I/O error of the step's record commit, to
+    the division log or with the checkpoint) is not the computation's fault: the error is
+    raised as it is, but the state is rolled back, so the retry (or a close and reopen) does
+    not apply the step twice."""
     from dbsp_pipeline import StorageError
-    from dbsp_pipeline.runtime.output_log import OutputLog
+    from dbsp_pipeline.runtime.division_log import DivisionLog
+    from dbsp_pipeline.storage.state_db import StateDatabase
 
+    cls, name = (StateDatabase, "commit") if checkpoint else (DivisionLog, "_commit_row")
     for reopen in (False, True):
         root = str(tmp_path / f"r{reopen}")
-        p = Pipeline(_counting_circuit(), root, spark, checkpoint_every=2)
+        p = Pipeline(_counting_circuit(), root, spark, checkpoint_every=1 if checkpoint else 3)
         p.push("a", [(1, 10)])
         p.step()
         p.push("a", [(2, 20)])
-        commit, failures = OutputLog.commit, [1]
+        original, failures = getattr(cls, name), [1]
 
-        def flaky(self, prepared, failures=failures, commit=commit):
+        def flaky(self, *args, failures=failures, original=original, **kwargs):
             if failures.pop() if failures else 0:
                 raise StorageError("I/O error (transient)", definitely_failed=True)
-            return commit(self, prepared)
+            return original(self, *args, **kwargs)
 
-        monkeypatch.setattr(OutputLog, "commit", flaky)
+        monkeypatch.setattr(cls, name, flaky)
         with pytest.raises(StorageError):
             p.step()
         assert p.failed_step is None and p.next_step == 1
-        if reopen:
+        if reopen:  # nothing of step 1 is recorded: it is stepped again, its input the same
             p.close()
             p = Pipeline(_counting_circuit(), root, spark)
-        else:
-            p.step()
+            assert p.next_step == 1 and not p.recovered_steps
+        p.step()
         assert sorted(r["n"] for r in p.view_arrow("n").to_pylist()) == [1, 1]
         assert_oracle(p)
         p.close()
@@ -241,15 +245,15 @@ def test_a_step_whose_output_was_written_is_retried_not_quarantined(spark, tmp_p
     from dbsp_pipeline.runtime.plan import Plan
 
     root, c = str(tmp_path), _counting_circuit()
-    p = Pipeline(c, root, spark)
+    p = Pipeline(c, root, spark, checkpoint_every=3)  # steps 0 and 1 record, no checkpoint
     p.push("a", [(1, 10)])
     p.step()
     p.push("a", [(2, 20)])
     crash_points.reset()
-    crash_points.arm("manifest.commit.before")
+    crash_points.arm("division.commit.after")  # step 1's record, with its output
     with pytest.raises(InjectedCrash):
         p.step()
-    evaluate, failures = Plan.evaluate, [1]
+    evaluate, failures = Plan.evaluate, [1, 0]  # the replay of step 0 passes, of step 1 fails
 
     def flaky(self, ctx, changes):
         if failures.pop() if failures else 0:

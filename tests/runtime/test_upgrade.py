@@ -54,7 +54,7 @@ def test_format_1_state_is_migrated_and_runs_on(spark, tmp_path):
     with workload.open_pipeline(root, spark) as p:
         info = p.upgrade_info
         assert (info.from_engine, info.from_format) == ("0.0.9", 1)
-        assert info.migrations == [(1, 2), (2, 3), (3, 4)] and info.upgraded
+        assert info.migrations == [(1, 2), (2, 3), (3, 4), (4, 5)] and info.upgraded
         assert p.recovered_steps == []  # nothing processed again
         assert p.layout == Layout()
         newest = p.checkpoints()[0]
@@ -153,7 +153,7 @@ def test_format_2_double_sums_are_migrated_to_exact_sums(spark, tmp_path):
     root = _first_rounds(spark, tmp_path)
     _as_format_2(root, spark)
     with workload.open_pipeline(root, spark) as p:
-        assert p.upgrade_info.migrations == [(2, 3), (3, 4)]
+        assert p.upgrade_info.migrations == [(2, 3), (3, 4), (4, 5)]
         assert p.recovered_steps == []
         for r, pushes in enumerate(ROUNDS):
             workload.play_round(p, r, pushes)
@@ -185,7 +185,7 @@ def test_format_2_state_of_an_s3_root_is_migrated_like_a_local_one(spark, tmp_pa
                 workload.play_round(p, r, pushes)
         _as_format_2(root, spark)
         with workload.open_pipeline(root, spark) as p:
-            assert p.upgrade_info.migrations == [(2, 3), (3, 4)]
+            assert p.upgrade_info.migrations == [(2, 3), (3, 4), (4, 5)]
             workload.play_round(p, 2, ROUNDS[2])
             views.append({v: sorted(map(str, p.view_arrow(v).to_pylist()))
                           for v in ("by_region", "regions")})
@@ -206,8 +206,8 @@ def test_format_3_state_is_opened_as_staging_nothing(spark, tmp_path):
     entry.pop(state_db.STAGED_KEY, None)
     db._write_entry(entry)
     with workload.open_pipeline(root, spark) as p:
-        assert p.upgrade_info.migrations == [(3, 4)]
-        assert p.checkpoints()[0].state_format == 4
+        assert p.upgrade_info.migrations == [(3, 4), (4, 5)]
+        assert p.checkpoints()[0].state_format == 5
         for r, pushes in enumerate(ROUNDS):
             workload.play_round(p, r, pushes)
     assert workload.consumer_view(spark, root) == expected
