@@ -37,7 +37,8 @@ class Deployment:
 
     ``spark`` is every pipeline's ``spark`` resource; ``kafka`` the ``kafka`` resource (None:
     no broker, so no pipeline may bind Kafka topics); ``driver_step_rows`` the store option of
-    every pipeline (steps changing more input rows run on Spark; 0: every step)."""
+    every pipeline (None: each step where its estimated work fits, ``runtime/path_choice.py``;
+    N: steps changing more input rows run on Spark; 0: every step)."""
 
     name: str
     data: str
