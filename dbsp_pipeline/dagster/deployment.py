@@ -37,18 +37,19 @@ class Deployment:
 
     ``spark`` is every pipeline's ``spark`` resource; ``kafka`` the ``kafka`` resource (None:
     no broker, so no pipeline may bind Kafka topics); ``driver_step_rows`` the store option of
-    every pipeline (steps changing more input rows run on Spark; 0: every step)."""
+    every pipeline (None: each step where its estimated work fits, ``runtime/path_choice.py``;
+    N: steps changing more input rows run on Spark; 0: every step)."""
 
     name: str
     data: str
     spark: SparkResource
     kafka: KafkaResource | None = None
-    driver_step_rows: int = DRIVER_STEP_ROWS
+    driver_step_rows: int | None = DRIVER_STEP_ROWS
 
     @classmethod
     def local(cls, data: str = "var/dagster", *, cores: int = 2,
               kafka: KafkaResource | None = None,
-              driver_step_rows: int = DRIVER_STEP_ROWS) -> Deployment:
+              driver_step_rows: int | None = DRIVER_STEP_ROWS) -> Deployment:
         """Embedded defaults: local-mode Spark with ``cores`` cores in the run process."""
         return cls("local", data, SparkResource(mode="local", cores=cores), kafka,
                    driver_step_rows)
@@ -57,7 +58,7 @@ class Deployment:
     def connect(cls, data: str, *, url: str = dg.EnvVar("DBSP_SPARK_CONNECT_URL"),
                 token: str = dg.EnvVar("DBSP_SPARK_CONNECT_TOKEN"),
                 kafka: KafkaResource | None = None,
-                driver_step_rows: int = DRIVER_STEP_ROWS) -> Deployment:
+                driver_step_rows: int | None = DRIVER_STEP_ROWS) -> Deployment:
         """A long-lived Spark Connect server at ``url`` holding ``token`` ("" for a server
         that asks for none)."""
         return cls("connect", data, SparkResource(mode="connect", connect_url=url,
@@ -66,14 +67,14 @@ class Deployment:
     @classmethod
     def standalone(cls, data: str, *, master: str = dg.EnvVar("DBSP_SPARK_MASTER"),
                    kafka: KafkaResource | None = None,
-                   driver_step_rows: int = DRIVER_STEP_ROWS) -> Deployment:
+                   driver_step_rows: int | None = DRIVER_STEP_ROWS) -> Deployment:
         """A Spark standalone cluster whose master is ``master`` (``spark://host:port``)."""
         return cls("standalone", data, SparkResource(mode="standalone", master=master), kafka,
                    driver_step_rows)
 
     @classmethod
     def named(cls, name: str, data: str, *, kafka: KafkaResource | None = None,
-              driver_step_rows: int = DRIVER_STEP_ROWS) -> Deployment:
+              driver_step_rows: int | None = DRIVER_STEP_ROWS) -> Deployment:
         """The deployment called ``name`` (``local``, ``connect`` or ``standalone``) with its
         default settings; any other name is refused, naming the ones there are."""
         if name == "local":

@@ -38,7 +38,8 @@ class PipelineStore(dg.ConfigurableResource):  # type: ignore[type-arg]  # its v
     retain_checkpoints: int = 2
     checkpoint_every: int = 1
     #: steps changing at most this many input rows run on the driver, bigger ones on Spark
-    driver_step_rows: int = DRIVER_STEP_ROWS
+    #: (None: each step where its estimated work fits the driver's memory)
+    driver_step_rows: int | None = DRIVER_STEP_ROWS
 
     def open(self, circuit: Circuit, spark: SparkResource,
              checkpoint: int | None = None) -> Pipeline:

@@ -13,6 +13,7 @@ outside the lock, on the traces only; their results are applied under the lock.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
@@ -27,10 +28,12 @@ from dbsp_pipeline.runtime.input_log import InputLog
 from dbsp_pipeline.runtime.layout import LAYOUT_KEY, Layout
 from dbsp_pipeline.runtime.migration import ShardMigration
 from dbsp_pipeline.runtime.output_log import OutputLog
+from dbsp_pipeline.runtime.path_choice import PathChoice, choose_for_step
 from dbsp_pipeline.runtime.plan import Plan
 from dbsp_pipeline.runtime.readers import LeaseRegistry
 from dbsp_pipeline.runtime.results import FailedStep
 from dbsp_pipeline.storage.state_db import StateDatabase
+from dbsp_pipeline.storage.table_store import DataFile
 
 
 def read_layout(db: StateDatabase) -> Layout:
@@ -69,12 +72,15 @@ class EngineState:
     compactor: BackgroundCompactor
     #: commit the state database after this many steps
     checkpoint_every: int
-    #: a step whose input changed by at most this many rows runs on the driver
-    driver_step_rows: int
+    #: a step whose input changed by at most this many rows runs on the driver (0: none);
+    #: None: each step runs where its estimated work fits (``runtime/path_choice.py``)
+    driver_step_rows: int | None
     #: the steps of exact history every output log keeps (None: all)
     retain_steps: int | None
     #: how many state versions stay readable
     retain_checkpoints: int
+    #: the most memory (bytes) a step on the driver may take (None: the machine's budget)
+    driver_memory: int | None = None
     #: steps executed since the last commit (a crash now would replay them)
     uncommitted_steps: int = 0
     #: commits since opening (garbage is collected every ``GC_EVERY_COMMITS``)
@@ -112,6 +118,11 @@ class EngineState:
         self.layout = read_layout(self.db)
         self.plan = compile_plan(self.circuit, self.spark, self.db)
         self.uncommitted_steps = 0
+
+    def choose_path(self, files: Mapping[str, Sequence[DataFile]]) -> PathChoice:
+        """Where the step whose input change is ``files`` (per input, its log files) runs, and
+        why (``runtime/path_choice.py``)."""
+        return choose_for_step(self.plan, files, self.driver_step_rows, self.driver_memory)
 
     def require_no_migration(self, what: str) -> None:
         """``UsageError`` if a hot layout change is in progress (``what``: the refused action)."""

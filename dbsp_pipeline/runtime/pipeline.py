@@ -62,8 +62,9 @@ from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.trace import COMPACT_FILE_THRESHOLD
 from dbsp_pipeline.storage.verify import VerifyReport, prepare_open, verify_root
 
-#: Default of ``Pipeline(driver_step_rows=...)``.
-DRIVER_STEP_ROWS = 200_000
+#: Default of ``Pipeline(driver_step_rows=...)``: None, each step runs where its estimated work
+#: fits (``runtime/path_choice.py``).
+DRIVER_STEP_ROWS: int | None = None
 
 __all__ = ["DRIVER_STEP_ROWS", "Checkpoint", "FailedStep", "Pipeline", "QuarantineResult",
            "RescaleResult", "StepInfo", "StepResult"]
@@ -126,9 +127,15 @@ class Pipeline:
             session, started only when something needs Spark (a large step, a read as a
             DataFrame, the first compilation of the circuit at this root).
         checkpoint_every: commit the state database after this many steps (1: every step).
-        driver_step_rows: a step whose inputs changed by at most this many rows runs on the
-            driver (Arrow + DuckDB) instead of as Spark jobs, which saves Spark's fixed cost of
-            about 0.1 s per job; 0 runs every step on Spark.
+        driver_step_rows: None (the default) runs each step on the driver (Arrow + DuckDB,
+            no Spark job) when the memory its estimated work takes there fits the driver's
+            budget, and as Spark jobs otherwise (``runtime/path_choice.py``;
+            ``StepResult.path_reason`` says why); a number N instead runs a step whose inputs
+            changed by at most N rows on the driver and a bigger one on Spark; 0 runs every
+            step on Spark.
+        driver_memory: the most memory (bytes) one step on the driver may take, when
+            ``driver_step_rows`` is None; the budget is the lesser of it and half the memory
+            available when the step starts (None: that half alone).
         compact_threshold: a trace with more files than this is merged in the background.
         retain_steps: keep the exact history of the last this many steps of every output log
             (``view(as_of=...)``, ``changes(since=...)``) and collapse older history at each
@@ -147,8 +154,11 @@ class Pipeline:
 
     #: commit the state database after this many steps
     checkpoint_every: _EngineSetting[int] = _EngineSetting(_at_least(1))
-    #: a step whose input changed by at most this many rows runs on the driver
-    driver_step_rows: _EngineSetting[int] = _EngineSetting(_at_least(0))
+    #: a step whose input changed by at most this many rows runs on the driver (0: none;
+    #: None: each step where its estimated work fits)
+    driver_step_rows: _EngineSetting[int | None] = _EngineSetting(_at_least(0))
+    #: the most memory (bytes) one step on the driver may take (None: half the available)
+    driver_memory: _EngineSetting[int | None] = _EngineSetting(_at_least(1))
     #: the steps of exact history every output log keeps (None: all)
     retain_steps: _EngineSetting[int | None] = _EngineSetting(_at_least(0))
     #: how many state versions (checkpoints) stay readable
@@ -157,7 +167,8 @@ class Pipeline:
     def __init__(self, circuit: Circuit, root: str,
                  spark: SparkSession | LazySession | None = None, *,
                  checkpoint_every: int = 1,
-                 driver_step_rows: int = DRIVER_STEP_ROWS,
+                 driver_step_rows: int | None = DRIVER_STEP_ROWS,
+                 driver_memory: int | None = None,
                  compact_threshold: int = COMPACT_FILE_THRESHOLD,
                  retain_steps: int | None = None,
                  retain_checkpoints: int = 2,
@@ -171,6 +182,8 @@ class Pipeline:
         if retain_checkpoints < 2:
             raise UsageError("retain_checkpoints must be at least 2 (the current state version "
                              "and the one before it)")
+        _at_least(0)("driver_step_rows", driver_step_rows)
+        _at_least(1)("driver_memory", driver_memory)
         self.circuit = circuit
         self.root = root
         self.spark: SparkSession | LazySession = (
@@ -206,7 +219,8 @@ class Pipeline:
             divisions=divisions,
             leases=LeaseRegistry(db.root),
             compactor=BackgroundCompactor(compact_threshold), checkpoint_every=checkpoint_every,
-            driver_step_rows=driver_step_rows, retain_steps=retain_steps,
+            driver_step_rows=driver_step_rows, driver_memory=driver_memory,
+            retain_steps=retain_steps,
             retain_checkpoints=retain_checkpoints)
         self._lock = threading.RLock()  # one push, step or commit at a time
         self._control = threading.Condition()  # run() and pause/stop/resume

@@ -60,8 +60,14 @@ class Plan:
         for node in circuit.nodes:
             if node.op != "input":
                 self.operators[node.id] = self._operator(node, db)
-        #: whether small steps can run on the driver (decided once, from the compiled plan)
-        self.runs_on_driver = self._runs_on_driver()
+        #: the operator that has no driver implementation, described (None: every operator
+        #: has one, so steps can run on the driver); decided once, from the compiled plan
+        self.spark_only = self._spark_only()
+
+    @property
+    def runs_on_driver(self) -> bool:
+        """Whether steps can run on the driver (no operator is ``spark_only``)."""
+        return self.spark_only is None
 
     def input_schema(self, name: str) -> StructType:
         return self.schemas[self.circuit.inputs[name]]
@@ -84,9 +90,10 @@ class Plan:
                                 else operator.step(ctx, inputs))
         return changes
 
-    def _runs_on_driver(self) -> bool:
-        """Whether small steps can run on the driver: every key a trace is sharded by has a
-        type whose Spark hash the driver reproduces, and every aggregate has a driver path."""
+    def _spark_only(self) -> str | None:
+        """The first operator that keeps steps off the driver, described: a key a trace is
+        sharded by whose type's Spark hash the driver does not reproduce, or an aggregate with
+        no driver path. None when there is none."""
         for node in self.circuit.nodes:
             if not node.inputs:
                 continue
@@ -96,15 +103,16 @@ class Plan:
                 keys = [schema[k].dataType for k in node.params["on"]]
             elif node.op == "aggregate":
                 if not (isinstance(operator, Aggregate) and operator.runs_on_driver):
-                    return False
+                    return f"{_describe(node)} (a sum of decimals)"
                 keys = [schema[k].dataType for k in node.params["keys"]]
             elif node.op in ("distinct", "integrate", "delay", "differentiate"):
                 keys = [f.dataType for f in schema.fields]
             else:
                 continue
-            if not all(hashing.supports(t) for t in keys):
-                return False
-        return True
+            unhashable = [t.simpleString() for t in keys if not hashing.supports(t)]
+            if unhashable:
+                return f"{_describe(node)} (a key of type {', '.join(unhashable)})"
+        return None
 
     def traces(self) -> list[Trace]:
         """Every growing trace of the circuit (the ones compaction keeps small)."""

@@ -69,7 +69,8 @@ def recompute(pipeline: Pipeline, views: Sequence[str] | None = None) -> dict[st
         cached = read_text(root_layout.plan_schemas(pipeline.root))
         if cached is not None:
             write_atomically(root_layout.plan_schemas(scratch), cached)
-        with Pipeline(circuit, scratch, spark, driver_step_rows=pipeline.driver_step_rows) as fresh:
+        with Pipeline(circuit, scratch, spark, driver_step_rows=pipeline.driver_step_rows,
+                      driver_memory=pipeline.driver_memory) as fresh:
             for name in circuit.inputs:
                 fresh.push_zset(name, pipeline.input_view_arrow(name))
             fresh.step()

@@ -36,6 +36,8 @@ class StepResult:
     committed_version: int | None = None
     #: whether the step ran on the driver (small change) rather than as Spark jobs
     on_driver: bool = False
+    #: why the step ran where it did (``runtime/path_choice.py``): the rule and its figures
+    path_reason: str = ""
     #: per input fed by a tracked source, invalid records left out of the step's pushes (they
     #: are in the errors sink); empty for inputs fed by ``push`` alone
     rejected: dict[str, int] = field(default_factory=dict)

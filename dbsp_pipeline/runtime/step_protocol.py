@@ -187,9 +187,7 @@ def _compute(state: EngineState, s: int, lowers: dict[str, int], uppers: dict[st
     files = {n: [] if result.quarantined is not None else
              state.inputs[n].files_between(lowers[n], uppers.get(n, 0)) for n in names}
     result.inputs = {n: sum(f.rows for f in fs) for n, fs in files.items()}
-    result.on_driver = (0 < state.driver_step_rows
-                        and sum(result.inputs.values()) <= state.driver_step_rows
-                        and state.plan.runs_on_driver)
+    result.on_driver, result.path_reason = state.choose_path(files)
     sql = state.sql if result.on_driver else None
     if sql is not None:
         changes = {n: state.inputs[n].change_arrow(sql, files[n]) for n in names}

@@ -139,7 +139,7 @@ def test_pipeline_id_is_the_id_of_the_roots_state(spark, tmp_path):
 
 
 @pytest.mark.parametrize("setting, value", [
-    ("checkpoint_every", 0), ("driver_step_rows", -1), ("retain_steps", -1),
+    ("checkpoint_every", 0), ("driver_step_rows", -1), ("driver_memory", 0), ("retain_steps", -1),
     ("retain_checkpoints", 1), ("retain_checkpoints", "3"),
 ])
 def test_a_setting_changed_on_an_open_pipeline_is_checked(spark, tmp_path, setting, value):

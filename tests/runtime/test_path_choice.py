@@ -1,0 +1,169 @@
+"""Where a step runs (``runtime/path_choice.py``): the decision's rules, the estimate on a real
+plan, and a load that runs where the decision says with the same output on both paths."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from dbsp_pipeline import Circuit, Pipeline
+from dbsp_pipeline.errors import UsageError
+from dbsp_pipeline.examples.shop import shop_circuit
+from dbsp_pipeline.runtime.path_choice import (
+    DRIVER_OVERHEAD,
+    Budget,
+    WorkEstimate,
+    available_memory,
+    budget,
+    choose,
+    estimate,
+)
+
+GIB = 1 << 30
+
+
+def work(input_rows: int, change_bytes: int) -> WorkEstimate:
+    return WorkEstimate(input_rows=input_rows, change_rows=input_rows, change_bytes=change_bytes,
+                        lookup_rows=0, lookup_bytes=0, scan_rows=0)
+
+
+# -- the decision --------------------------------------------------------------------------
+def test_auto_runs_a_change_that_fits_the_budget_on_the_driver():
+    # a 1M-row load of about 300 MB, against 8 GiB: the driver, however many rows
+    choice = choose(work(1_000_000, 300 << 20), driver_step_rows=None, spark_only=None,
+                    budget=Budget(8 * GIB, "test"))
+    assert choice.on_driver
+    assert choice.reason.startswith("driver: 1,000,000 input rows") and "within" in choice.reason
+
+
+def test_auto_runs_a_change_over_the_budget_on_spark():
+    small = work(10, 1_000)
+    assert choose(small, driver_step_rows=None, spark_only=None,
+                  budget=Budget(10**6, "test")).on_driver
+    big = work(5_000, 10**6)  # 2 MB with the driver's copies, against 1 MB
+    choice = choose(big, driver_step_rows=None, spark_only=None, budget=Budget(10**6, "test"))
+    assert not choice.on_driver
+    assert choice.reason.startswith("Spark: 5,000 input rows")
+    assert "over the budget" in choice.reason
+    assert big.driver_bytes == 10**6 * DRIVER_OVERHEAD
+
+
+def test_an_explicit_driver_step_rows_is_the_threshold_whatever_the_estimate():
+    huge_budget, no_budget = Budget(100 * GIB, "test"), Budget(0, "test")
+    at = choose(work(500, 10**9), driver_step_rows=500, spark_only=None, budget=no_budget)
+    assert at == (True, "driver: 500 input rows, at most driver_step_rows=500")
+    over = choose(work(501, 10), driver_step_rows=500, spark_only=None, budget=huge_budget)
+    assert over == (False, "Spark: 501 input rows, more than driver_step_rows=500")
+
+
+def test_driver_step_rows_zero_runs_every_step_on_spark():
+    choice = choose(work(1, 10), driver_step_rows=0, spark_only=None,
+                    budget=Budget(100 * GIB, "test"))
+    assert choice == (False, "Spark: driver_step_rows=0 runs every step on Spark")
+
+
+def test_an_operator_with_only_a_spark_implementation_forces_spark():
+    for rows in (None, 10**9):
+        choice = choose(work(1, 10), driver_step_rows=rows, spark_only="operator #2 aggregate",
+                        budget=Budget(100 * GIB, "test"))
+        assert choice == (False, "Spark: operator #2 aggregate has no driver implementation")
+
+
+def test_the_budget_is_half_the_available_memory_capped_by_driver_memory():
+    available = available_memory()
+    assert available is not None and available > 0  # Linux: /proc/meminfo
+    machine = budget(None)
+    assert 0 < machine.bytes <= available and "available" in machine.source
+    assert budget(12_345) == Budget(12_345, "driver_memory=12,345")
+    assert "available" in budget(10**18).source  # a cap above the machine's budget: no effect
+
+
+# -- on a real plan ------------------------------------------------------------------------
+def _join_circuit() -> Circuit:
+    c = Circuit("orders_customers")
+    orders = c.input("orders", "order_id BIGINT, customer_id BIGINT, amount DOUBLE")
+    customers = c.input("customers", "customer_id BIGINT, region STRING")
+    c.output("joined", orders.join(customers, on="customer_id"))
+    return c
+
+
+def _change_files(p: Pipeline, since: dict[str, int]) -> dict[str, list]:
+    logs = p.engine.inputs
+    return {n: logs[n].files_between(since[n], logs[n].version()) for n in logs}
+
+
+def test_the_estimate_looks_up_the_rows_of_the_changed_keys_where_spark_scans(spark, tmp_path):
+    """Moving 2 of 5,000 customers (4 change rows) in a join with 50,000 orders: the estimate
+    looks up about their 20 orders (rows per key from the two traces' sizes), while the Spark
+    path would scan the whole orders trace."""
+    with Pipeline(_join_circuit(), root=str(tmp_path), spark=spark) as p:
+        ids = np.arange(50_000)
+        p.push("orders", pa.table({"order_id": ids, "customer_id": ids % 5_000,
+                                   "amount": np.full(50_000, 20.0)}))
+        p.push("customers", [(c, "eu") for c in range(5_000)])
+        assert p.step().on_driver
+        since = {n: p.engine.inputs[n].version() for n in p.engine.inputs}
+        p.push("customers", [(1, "eu"), (2, "eu")], weight=-1)
+        p.push("customers", [(1, "us"), (2, "us")])
+        w = estimate(p.engine.plan, _change_files(p, since))
+        assert w.input_rows == 4
+        assert 20 <= w.lookup_rows <= 80 and w.scan_rows == 50_000
+        r = p.step()
+        assert r.on_driver and r.outputs["joined"] == 40
+        assert "4 input rows" in r.path_reason and "Spark would scan 50,000" in r.path_reason
+
+
+def test_a_circuit_with_a_decimal_sum_runs_on_spark_whatever_driver_step_rows(spark, tmp_path):
+    c = Circuit("decimal_sums")
+    c.output("sums", c.input("t", "k BIGINT, v DECIMAL(10,2)").group_by("k").agg(s="sum(v)"))
+    with Pipeline(c, root=str(tmp_path), spark=spark, driver_step_rows=10**9) as p:
+        p.push("t", [(1, 1), (1, 2)])
+        choice = p.engine.choose_path(_change_files(p, {"t": 0}))
+        assert choice == (False, "Spark: operator #1 aggregate by ['k'] (a sum of decimals) "
+                                 "has no driver implementation")
+        p.driver_step_rows = None
+        assert not p.engine.choose_path(_change_files(p, {"t": 0})).on_driver
+
+
+@pytest.mark.parametrize("value", [-1, 0, "auto", 1.5])
+def test_driver_memory_must_be_a_positive_number_of_bytes(tmp_path, value):
+    with pytest.raises(UsageError, match="driver_memory must be an integer of at least 1"):
+        Pipeline(_join_circuit(), root=str(tmp_path), driver_memory=value)
+
+
+# -- end to end ----------------------------------------------------------------------------
+ORDERS = 200_000
+
+
+def _load(p: Pipeline) -> dict[str, list]:
+    """Push the load (200k orders of 1,000 customers) and return the files of its change."""
+    since = {n: p.engine.inputs[n].version() for n in p.engine.inputs}
+    ids = np.arange(ORDERS, dtype=np.int64)
+    p.push("orders", pa.table({"order_id": ids, "customer_id": ids * 7919 % 1_000,
+                               "amount": (ids * 104729 % 19997) / 100.0}))
+    p.push("customers", [(c, f"region-{c % 7}") for c in range(1_000)])
+    return _change_files(p, since)
+
+
+def test_a_load_runs_where_its_estimate_fits_and_gives_the_same_view_on_both_paths(
+        spark, tmp_path):
+    """By default (auto) a 201,000-row load runs on the driver when its estimated memory fits
+    the budget, and on Spark when the budget (lowered through ``driver_memory``) is one byte
+    short of it; the view is the same either way."""
+    views, reasons = {}, {}
+    for path in ("driver", "spark"):
+        with Pipeline(shop_circuit(extra_views=False), root=str(tmp_path / path),
+                      spark=spark) as p:
+            assert p.driver_step_rows is None  # the default: auto
+            needed = estimate(p.engine.plan, _load(p)).driver_bytes
+            p.driver_memory = needed if path == "driver" else needed - 1
+            r = p.step()
+            assert r.on_driver == (path == "driver"), r.path_reason
+            assert r.inputs == {"orders": ORDERS, "customers": 1_000}
+            reasons[path] = r.path_reason
+            views[path] = p.view_arrow("revenue_by_region").sort_by("region").to_pylist()
+    assert reasons["driver"].startswith("driver: 201,000 input rows")
+    assert reasons["spark"].startswith("Spark: 201,000 input rows")
+    assert "over the budget" in reasons["spark"] and "driver_memory=" in reasons["spark"]
+    assert len(views["driver"]) == 7 and views["driver"] == views["spark"]
