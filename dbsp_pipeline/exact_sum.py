@@ -28,10 +28,12 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 
 #: every finite double is an integer multiple of 2**-SCALE_BITS
 SCALE_BITS = 1074
+_ONE = 1 << SCALE_BITS
 
 
 @dataclass(frozen=True)
@@ -49,20 +51,25 @@ class ExactSum:
 
     def value(self) -> float:
         """The sum rounded once to the nearest double, with SQL's NaN and infinity rules."""
-        if self.nan > 0 or (self.pos_inf > 0 and self.neg_inf > 0):
-            return math.nan
-        if self.pos_inf > 0:
-            return math.inf
-        if self.neg_inf > 0:
-            return -math.inf
-        try:
-            return self.finite / (1 << SCALE_BITS)  # int / int rounds correctly
-        except OverflowError:
-            return math.inf if self.finite > 0 else -math.inf
+        return _value(self.finite, self.nan, self.pos_inf, self.neg_inf)
 
     def mean(self, count: int) -> float:
         """``avg``: the rounded sum divided by the count (Spark's ``sum / count``)."""
         return self.value() / count
+
+
+def _value(finite: int, nan: int, pos_inf: int, neg_inf: int) -> float:
+    """:meth:`ExactSum.value` of the four parts of a sum."""
+    if nan > 0 or (pos_inf > 0 and neg_inf > 0):
+        return math.nan
+    if pos_inf > 0:
+        return math.inf
+    if neg_inf > 0:
+        return -math.inf
+    try:
+        return finite / _ONE  # int / int rounds correctly
+    except OverflowError:
+        return math.inf if finite > 0 else -math.inf
 
 
 def of_pairs(values: Sequence[float | None], weights: Sequence[int]) -> ExactSum:
@@ -86,27 +93,37 @@ def of_pairs(values: Sequence[float | None], weights: Sequence[int]) -> ExactSum
 def encode(s: ExactSum) -> str:
     """The canonical text of ``s``: ``<hex mantissa>p<binary exponent>`` of the finite sum with
     an odd mantissa (``0`` for zero), then ``;nan;+inf;-inf`` counts when any is non-zero."""
-    if s.finite == 0:
+    return _encode(s.finite, s.nan, s.pos_inf, s.neg_inf)
+
+
+def _encode(finite: int, nan: int, pos_inf: int, neg_inf: int) -> str:
+    """:func:`encode` of the four parts of a sum."""
+    if finite == 0:
         text = "0"
     else:
-        shift = (s.finite & -s.finite).bit_length() - 1  # trailing zero bits
-        text = f"{s.finite >> shift:x}p{shift - SCALE_BITS}"
-    if s.nan or s.pos_inf or s.neg_inf:
-        text += f";{s.nan};{s.pos_inf};{s.neg_inf}"
+        shift = (finite & -finite).bit_length() - 1  # trailing zero bits
+        text = f"{finite >> shift:x}p{shift - SCALE_BITS}"
+    if nan or pos_inf or neg_inf:
+        text += f";{nan};{pos_inf};{neg_inf}"
     return text
 
 
 def decode(text: str | None) -> ExactSum:
     """The inverse of :func:`encode`; ``None`` (no state yet) is the empty sum."""
-    if not text:
-        return ExactSum()
+    return ExactSum(*_decode(text)) if text else ExactSum()
+
+
+def _decode(text: str) -> tuple[int, int, int, int]:
+    """:func:`decode` of a non-empty text, as the four parts of the sum."""
     finite_text, *counts = text.split(";")
     finite = 0
     if finite_text != "0":
         mantissa, exponent = finite_text.split("p")
         finite = int(mantissa, 16) << (int(exponent) + SCALE_BITS)
-    nan, pos_inf, neg_inf = (int(c) for c in counts) if counts else (0, 0, 0)
-    return ExactSum(finite, nan, pos_inf, neg_inf)
+    if not counts:
+        return finite, 0, 0, 0
+    nan, pos_inf, neg_inf = (int(c) for c in counts)
+    return finite, nan, pos_inf, neg_inf
 
 
 @dataclass(frozen=True)
@@ -128,8 +145,39 @@ class FoldSpec:
 
 
 def fold_arrow(batch: pa.RecordBatch, specs: Sequence[FoldSpec]) -> pa.RecordBatch:
-    """Add each spec's ``state`` and ``result`` columns to ``batch`` (row by row: old state plus
-    the step's pairs). A pure function of each row, so the same on any engine path or batching."""
+    """Add each spec's ``state`` and ``result`` columns to ``batch`` (per row: old state plus
+    the step's pairs). A pure function of each row, so the same on any engine path or batching.
+
+    The pairs are summed vectorized (:func:`pair_sums`: exact integer arithmetic, so the same
+    integers as :func:`of_pairs`); decoding the old state, adding, encoding and rounding stay
+    per row, through the same functions as before. Bit for bit the same as
+    :func:`fold_arrow_reference` (``tests/test_exact_sum.py`` compares them)."""
+    columns, names = list(batch.columns), list(batch.schema.names)
+    for spec in specs:
+        olds = batch.column(spec.old).to_pylist()
+        counts = batch.column(spec.count).to_pylist()
+        finites, nans, pos_infs, neg_infs = _pair_parts(batch.column(spec.pairs))
+        states: list[str] = []
+        results: list[float | None] = []
+        for old, count, f, n, p, m in zip(olds, counts, finites, nans, pos_infs, neg_infs):
+            if old:
+                of, on, op, om = _decode(old)
+                f, n, p, m = f + of, n + on, p + op, m + om
+            states.append(_encode(f, n, p, m))
+            if not count or count <= 0:
+                results.append(None)
+            else:
+                value = _value(f, n, p, m)
+                results.append(value / count if spec.mean else value)
+        columns += [pa.array(states, _string_type(batch, spec)), pa.array(results, pa.float64())]
+        names += [spec.state, spec.result]
+    return pa.RecordBatch.from_arrays(columns, names=names)
+
+
+def fold_arrow_reference(batch: pa.RecordBatch, specs: Sequence[FoldSpec]) -> pa.RecordBatch:
+    """:func:`fold_arrow` computed row by row and pair by pair with :func:`of_pairs`: the
+    definition the vectorized path must equal bit for bit (kept for tests and as the fallback
+    for pairs whose weights are too big for :func:`pair_sums`' 64-bit limbs)."""
     columns, names = list(batch.columns), list(batch.schema.names)
     for spec in specs:
         olds = batch.column(spec.old).to_pylist()
@@ -151,12 +199,148 @@ def fold_arrow(batch: pa.RecordBatch, specs: Sequence[FoldSpec]) -> pa.RecordBat
                 results.append(None)
             else:
                 results.append(total.mean(count) if spec.mean else total.value())
-        string_type = batch.schema.field(spec.old).type
-        if not pa.types.is_string(string_type) and not pa.types.is_large_string(string_type):
-            string_type = pa.string()
-        columns += [pa.array(states, string_type), pa.array(results, pa.float64())]
+        columns += [pa.array(states, _string_type(batch, spec)), pa.array(results, pa.float64())]
         names += [spec.state, spec.result]
     return pa.RecordBatch.from_arrays(columns, names=names)
+
+
+def _string_type(batch: pa.RecordBatch, spec: FoldSpec) -> pa.DataType:
+    string_type = batch.schema.field(spec.old).type
+    if not pa.types.is_string(string_type) and not pa.types.is_large_string(string_type):
+        string_type = pa.string()
+    return string_type
+
+
+#: bits per limb of :func:`pair_sums`' accumulators
+_LIMB = 32
+_LIMB_MASK = np.uint64((1 << _LIMB) - 1)
+#: a row's pairs go through the limbs only if the sum of their weights' magnitudes is below
+#: this: every limb term is below 2**33, so no int64 sum of terms can overflow (2**33 * 2**29)
+_WEIGHT_BOUND = 1 << 29
+#: accumulator cells (rows x limbs) per chunk of rows, to bound memory for wide exponent ranges
+_CHUNK_CELLS = 1 << 21
+
+
+def pair_sums(pairs: pa.Array) -> list[ExactSum]:
+    """Per row of ``pairs``, the exact sum :func:`of_pairs` of its pairs (see
+    :func:`_pair_parts`)."""
+    return [ExactSum(*parts) for parts in zip(*_pair_parts(pairs))]
+
+
+def _pair_parts(pairs: pa.Array) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Per row of ``pairs`` (a ``list<struct<_v double, _w int64>>`` column, NULL for none), the
+    parts (finite, nan, pos_inf, neg_inf) of the exact sum :func:`of_pairs` of its pairs,
+    computed with numpy.
+
+    Exact by construction: each finite double is split from its IEEE bits into an integer
+    mantissa ``m`` (< 2**53) and a scale ``s`` with ``value * 2**1074 == m * 2**s``; ``m * w``
+    is added into 32-bit limbs of the row's sum at bit ``s`` with int64 arithmetic that cannot
+    overflow (a row whose weights' magnitudes sum to ``_WEIGHT_BOUND`` or more, or with a NULL
+    weight, is summed by :func:`of_pairs` instead); the limbs are then carried and read back as
+    one Python integer. NaN and infinities are weighted counts, NULL values are skipped, zeros
+    add nothing, as in :func:`of_pairs`."""
+    rows = len(pairs)
+    offsets = pairs.offsets.to_numpy().astype(np.int64)
+    if rows == 0:
+        return [], [], [], []
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    offsets = offsets - lo
+    counts = np.diff(offsets)
+    pair_row = np.repeat(np.arange(rows, dtype=np.int64), counts)
+    v_arr = pairs.values.field("_v").slice(lo, hi - lo)
+    w_arr = pairs.values.field("_w").slice(lo, hi - lo)
+    present = pairs.is_valid().to_numpy(zero_copy_only=False)
+    active = present[pair_row] & v_arr.is_valid().to_numpy(zero_copy_only=False)
+    bits = v_arr.fill_null(0.0).to_numpy(zero_copy_only=False).astype(np.float64).view(np.uint64)
+    w = w_arr.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    w_null = ~w_arr.is_valid().to_numpy(zero_copy_only=False)
+
+    # Rows the limbs cannot take: a NULL weight (of_pairs fails on it as before) or big weights.
+    small = (w > -_WEIGHT_BOUND) & (w < _WEIGHT_BOUND)
+    fallback = np.zeros(rows, dtype=bool)
+    np.logical_or.at(fallback, pair_row[active & (w_null | ~small)], True)
+    magnitude = np.where(active & small, np.abs(w), 0)
+    row_magnitude = np.zeros(rows, dtype=np.int64)
+    np.add.at(row_magnitude, pair_row, magnitude)
+    fallback |= row_magnitude >= _WEIGHT_BOUND
+    active &= ~fallback[pair_row]
+
+    negative = (bits >> np.uint64(63)).astype(bool)
+    exponent = ((bits >> np.uint64(52)) & np.uint64(0x7FF)).astype(np.int64)
+    fraction = bits & np.uint64((1 << 52) - 1)
+    special = exponent == 0x7FF
+    is_nan = active & special & (fraction != 0)
+    is_inf = active & special & (fraction == 0)
+    finite = active & ~special & ((exponent != 0) | (fraction != 0))
+
+    def weighted_count(mask: np.ndarray) -> np.ndarray:
+        out = np.zeros(rows, dtype=np.int64)
+        np.add.at(out, pair_row[mask], w[mask])
+        return out
+
+    nan = weighted_count(is_nan)
+    pos_inf = weighted_count(is_inf & ~negative)
+    neg_inf = weighted_count(is_inf & negative)
+    finite_sums = _finite_sums(rows, pair_row[finite], exponent[finite], fraction[finite],
+                               np.where(negative[finite], -w[finite], w[finite]))
+
+    parts = (finite_sums, nan.tolist(), pos_inf.tolist(), neg_inf.tolist())
+    if fallback.any():
+        values = pairs.values.field("_v").to_pylist()
+        weights = pairs.values.field("_w").to_pylist()
+        for row in np.flatnonzero(fallback).tolist():
+            a, b = lo + int(offsets[row]), lo + int(offsets[row + 1])
+            exact = of_pairs(values[a:b], weights[a:b])
+            for column, part in zip(parts, (exact.finite, exact.nan, exact.pos_inf,
+                                            exact.neg_inf)):
+                column[row] = part
+    return parts
+
+
+def _finite_sums(rows: int, pair_row: np.ndarray, exponent: np.ndarray, fraction: np.ndarray,
+                 weight: np.ndarray) -> list[int]:
+    """The exact integer sum per row of ``mantissa * weight * 2**scale`` over the given finite
+    non-zero doubles (their IEEE exponent and fraction fields, and signed weights), in units of
+    ``2**-SCALE_BITS``; ``pair_row`` is sorted."""
+    sums = [0] * rows
+    if len(pair_row) == 0:
+        return sums
+    mantissa = np.where(exponent == 0, fraction, fraction | np.uint64(1 << 52))
+    scale = np.maximum(exponent - 1, 0)  # value * 2**1074 == mantissa * 2**scale
+    limb = scale >> 5
+    shift = (scale & 31).astype(np.uint64)
+    low = (mantissa & _LIMB_MASK) << shift  # < 2**63
+    high = (mantissa >> np.uint64(_LIMB)) << shift  # < 2**52
+    terms = [(low & _LIMB_MASK).astype(np.int64),
+             ((low >> np.uint64(_LIMB)) + (high & _LIMB_MASK)).astype(np.int64),
+             (high >> np.uint64(_LIMB)).astype(np.int64)]  # each < 2**33
+    first = int(limb.min())
+    width = int(limb.max()) - first + 3
+    limb = limb - first
+    chunk_rows = max(1, _CHUNK_CELLS // width)
+    starts = np.searchsorted(pair_row, np.arange(0, rows + chunk_rows, chunk_rows))
+    for c, row0 in enumerate(range(0, rows, chunk_rows)):
+        a, b = int(starts[c]), int(starts[c + 1])
+        if a == b:
+            continue
+        n = min(chunk_rows, rows - row0)
+        flat = np.zeros(n * width, dtype=np.int64)
+        cell = (pair_row[a:b] - row0) * width + limb[a:b]
+        for j, term in enumerate(terms):
+            np.add.at(flat, cell + j, term[a:b] * weight[a:b])
+        acc = flat.reshape(n, width)
+        for k in range(width - 1):  # carry: every limb but the top one in [0, 2**32)
+            acc[:, k + 1] += acc[:, k] >> _LIMB
+            acc[:, k] &= (1 << _LIMB) - 1
+        low_bytes = acc[:, :-1].astype("<u4").tobytes()
+        stride = 4 * (width - 1)
+        top = acc[:, -1].tolist()
+        base = _LIMB * first
+        top_shift = _LIMB * (width - 1)
+        for i in np.flatnonzero(acc.any(axis=1)).tolist():
+            value = int.from_bytes(low_bytes[i * stride:(i + 1) * stride], "little")
+            sums[row0 + i] = (value + (top[i] << top_shift)) << base
+    return sums
 
 
 def fold_table(table: pa.Table, specs: Sequence[FoldSpec]) -> pa.Table:

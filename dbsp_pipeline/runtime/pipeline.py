@@ -57,6 +57,7 @@ from dbsp_pipeline.runtime.results import (
     StepResult,
 )
 from dbsp_pipeline.spark_session import LazySession, as_session, configure
+from dbsp_pipeline.storage import keyed_runs
 from dbsp_pipeline.storage.garbage import ORPHAN_GRACE_SECONDS
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.trace import COMPACT_FILE_THRESHOLD
@@ -286,6 +287,7 @@ class Pipeline:
             self.commit(compact=False)
         self.collect_garbage()
         engine.compactor.close()
+        keyed_runs.wait_for_writes()  # the runs of this pipeline's files in hand
         engine.sql.close()
         self._closed = True
 

@@ -18,9 +18,9 @@ A step (``execute_step``), top to bottom:
    or it failed), the recorded division is re-used.
 3. Read each input's change: the log files appended in versions ``(lower, upper]``.
 4. Evaluate every operator once; stateful operators stage their trace changes
-   (``storage/staged_table.py``). A step whose input change is small (``driver_step_rows``)
-   runs on the driver (Arrow + DuckDB), a larger one as Spark jobs; both compute the same
-   change and read and write the same traces.
+   (``storage/staged_table.py``). A step whose estimated work fits the driver's memory runs
+   there (Arrow + DuckDB), a larger one as Spark jobs (``path_choice.py``); both compute the
+   same change and read and write the same traces.
 5. Write every output's change as data files (``OutputLog.prepare``), under the output write
    rules: a step already written is verified and discarded, so a replay duplicates nothing.
 6. Record: the step's ONE durable commit, its *record*: its division together with every

@@ -21,6 +21,17 @@ disk (``fsync``) and renamed into place, so a crash or a power loss leaves the o
 run) or a whole run. Which files a lookup reads is decided by the trace's Delta version, as
 before, so crash rollback, restore and time travel need nothing from here.
 
+Off the step path. The writer of a data file (``add``: a driver step's append, a driver merge)
+hands the rows to one background thread per process (``_RunWriter``), which sorts, writes and
+``fsync``s the run, one run at a time; ``add`` returns at once and a step never waits for, nor
+fails by, a run write (its errors are logged). Until the run is in place, a lookup in that
+file reads the data file (as for a small file) and gets the same rows; at most
+``PENDING_WRITES`` runs wait, and a run given beyond that is built at its file's first
+lookup instead, as the run of a file Spark wrote is. ``flush`` waits until the runs handed
+over are written (tests, benchmarks, closing). The thread lives while it has work and is not a
+daemon: a process that exits lets it finish the run in hand (a killed one leaves a temporary
+file that ``retain`` removes).
+
 A cache must not stop the engine: a run that cannot be written (a full or read-only local disk)
 is skipped with a warning, and a lookup in a file whose run cannot be built or read reads the
 data file instead (as for small files). Runs are uncompressed, so they take more local disk than
@@ -36,6 +47,7 @@ and the trace's compaction merges them into big ones soon.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -43,7 +55,7 @@ import shutil
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -64,6 +76,8 @@ RUN_FORMAT = "1:xxhash64-spark-seed42"
 OPEN_RUNS = 32
 #: temporary files younger than this are another writer's run in progress, not crash leftovers
 TMP_GRACE_SECONDS = 3600.0
+#: runs handed to the background writer and not yet written, per process (each holds its rows)
+PENDING_WRITES = 4
 #: the top bits of a key hash that are its ``_shard`` (``zset.SHARD_BITS``)
 _SHARD_SHIFT = np.uint64(64 - 10)
 
@@ -90,15 +104,34 @@ class KeyedRuns:
 
     # -- building -----------------------------------------------------------------------------
     def add(self, data_file: DataFile, rows: pa.Table) -> None:
-        """Write the run of ``data_file``, whose rows (in any order) are ``rows``, if it is big
-        enough to get one and has none yet. For the writer of a data file, which has its rows
-        in hand: the run then costs no read."""
+        """Have the run of ``data_file``, whose rows (in any order) are ``rows``, written in the
+        background if it is big enough to get one and has none yet. For the writer of a data
+        file, which has its rows in hand: the run then costs no read. Returns at once; never
+        raises for the run (see the module docstring)."""
         if self.covers(data_file) and not os.path.exists(self._path(data_file)):
-            try:
-                self._write(data_file, rows)
-            except OSError as e:  # a cache: the lookup reads the data file instead
-                log.warning("keyed run of %s not written to %s: %s", data_file.path,
-                            self.folder, e)
+            _WRITER.submit(self, data_file, rows)
+
+    def write_now(self, data_file: DataFile, rows: pa.Table) -> None:
+        """Write the run of ``data_file`` from ``rows`` in this thread (the background writer's
+        job); an unwritable local disk is logged, not raised."""
+        try:
+            self._write(data_file, rows)
+        except OSError as e:  # a cache: the lookup reads the data file instead
+            log.warning("keyed run of %s not written to %s: %s", data_file.path,
+                        self.folder, e)
+
+    def pending(self, data_file: DataFile) -> bool:
+        """Whether the run of ``data_file`` is handed to the background writer and not yet
+        written."""
+        return _WRITER.pending(self.run_path(data_file))
+
+    def flush(self) -> None:
+        """Wait until every run handed to the background writer is written (or given up)."""
+        wait_for_writes()
+
+    def run_path(self, data_file: DataFile) -> str:
+        """Where the run of ``data_file`` is (or goes)."""
+        return self._path(data_file)
 
     def _metadata(self, data_file: DataFile) -> dict[bytes, bytes]:
         return {b"dbsp.run_format": RUN_FORMAT.encode(), b"dbsp.key": self._key.encode(),
@@ -137,8 +170,10 @@ class KeyedRuns:
         """The rows of ``data_file`` (in trace schema) whose key hash is one of ``hashes``
         (sorted, unique ``uint64``). Uses the file's run, built first from ``read_file(
         data_file)`` (its rows) when there is none or the one there is not whole; without a
-        usable run (a local disk that cannot hold one), ``None``: the caller reads the data
-        file."""
+        usable run (a local disk that cannot hold one) or while the background writer has its
+        run in hand, ``None``: the caller reads the data file."""
+        if data_file.path not in self._open and self.pending(data_file):
+            return None  # its run is being written: read the data file meanwhile
         try:
             reader = self._reader(data_file, read_file)
         except OSError as e:
@@ -229,6 +264,92 @@ class KeyedRuns:
     def _path(self, data_file: DataFile | str) -> str:
         path = data_file if isinstance(data_file, str) else data_file.path
         return os.path.join(self.folder, hashlib.sha1(path.encode()).hexdigest()[:32] + ".arrow")
+
+
+class _RunWriter:
+    """The process's background writer of runs: one thread at a time, started when a run is
+    handed over and ending when none waits; at most ``PENDING_WRITES`` runs wait (more are
+    dropped: built at first lookup)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        #: by the run's path
+        self._jobs: OrderedDict[str, tuple[KeyedRuns, DataFile, pa.Table]] = OrderedDict()
+        self._thread: threading.Thread | None = None
+        #: runs dropped because too many waited (for tests and figures)
+        self.dropped = 0
+        #: while positive, the thread writes nothing (``held_writes``)
+        self.held = 0
+
+    def submit(self, runs: KeyedRuns, data_file: DataFile, rows: pa.Table) -> None:
+        with self._lock:
+            key = runs.run_path(data_file)
+            if key in self._jobs:
+                return
+            if len(self._jobs) >= PENDING_WRITES:
+                self.dropped += 1
+                log.info("keyed run of %s left to its first lookup: %d runs wait",
+                         data_file.path, len(self._jobs))
+                return
+            self._jobs[key] = (runs, data_file, rows)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="keyed-run-writer")
+                self._thread.start()
+
+    def pending(self, run_path: str) -> bool:
+        with self._lock:
+            return run_path in self._jobs
+
+    def flush(self) -> None:
+        with self._lock:
+            if self.held:
+                raise RuntimeError("keyed runs: waiting for writes while they are held")
+            while self._jobs:
+                self._lock.wait()
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        with self._lock:
+            self.held += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.held -= 1
+                self._lock.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while self.held and self._jobs:
+                    self._lock.wait()
+                if not self._jobs:
+                    self._thread = None
+                    self._lock.notify_all()
+                    return
+                key, (runs, data_file, rows) = next(iter(self._jobs.items()))
+            try:
+                runs.write_now(data_file, rows)
+            except Exception:  # a cache: never let a run stop the engine
+                log.exception("keyed run of %s not written to %s", data_file.path, runs.folder)
+            with self._lock:
+                del self._jobs[key]  # only after the rename: a lookup then finds the run
+                self._lock.notify_all()
+
+
+_WRITER = _RunWriter()
+
+
+def held_writes() -> contextlib.AbstractContextManager[None]:
+    """A context in which the background writer writes no run (runs handed over wait, up to
+    ``PENDING_WRITES``): to see what lookups do while a run is not there yet."""
+    return _WRITER.hold()
+
+
+def wait_for_writes() -> None:
+    """Wait until every run handed to this process's background writer is written (or given
+    up): before measuring, in tests, before a process hands its local folder over."""
+    _WRITER.flush()
 
 
 def remove_other_traces(folder: str, traces: Iterable[str]) -> int:

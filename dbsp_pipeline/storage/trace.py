@@ -10,7 +10,8 @@ some keys can skip files (``files_for_shards``), and a layout change (which move
 between workers) rewrites only the files whose shard range crosses an owner boundary. A lookup by
 key (``lookup_arrow``) reads a big file through its keyed run (``keyed_runs.py``: a local,
 memory-mapped copy sorted by the key's hash), so its cost follows the keys looked up and the
-rows found, not the file's size; the writer of a file on the driver writes its run at once.
+rows found, not the file's size; the writer of a file on the driver hands its run to a
+background writer (the step does not wait for it; lookups read the file until it is there).
 
 Durability: every change (``append``, ``replace``, a merge's or a layout change's file swap)
 writes its data files at once and *stages* its add and remove actions on the state table

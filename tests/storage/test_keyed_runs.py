@@ -53,8 +53,9 @@ def big_trace(spark, tmp_path):
     sql = LocalSQL()
     trace = Trace(db, "t", SCHEMA, ["c", "tag"])
     rng = np.random.default_rng(7)
-    trace.append_arrow(sql, _rows(rng, ROWS, 0))  # one big file: gets a run at once
+    trace.append_arrow(sql, _rows(rng, ROWS, 0))  # one big file: gets a run in the background
     trace.append_arrow(sql, _rows(rng, 500, ROWS))  # one small file: read whole
+    keyed_runs.wait_for_writes()
     return trace, sql, rng, db
 
 
@@ -170,6 +171,7 @@ def test_garbage_collection_keeps_live_runs_and_drops_other_traces(spark, tmp_pa
         p.step()
         p.push("x", [(7, -1)], weight=1)
         p.step()
+        keyed_runs.wait_for_writes()
         folder = root_layout.keyed_runs(root)
         live = {t.name for t in p.engine.plan.state_traces()
                 if any(f.rows >= keyed_runs.MIN_ROWS for f in t.files())}
@@ -191,3 +193,48 @@ def test_a_lookup_of_few_keys_counts_only_the_rows_it_read(big_trace):
     assert trace.rows_read < trace.rows() // 50
     trace.reset_rows_read()
     assert trace.read_arrow().num_rows == trace.rows_read == trace.rows()
+
+
+def test_a_step_does_not_wait_for_its_run_and_lookups_meanwhile_read_the_data_file(spark,
+                                                                                   tmp_path):
+    """An append hands its run to the background writer and returns; until the run is in
+    place, lookups read the data file (same rows, no run built on the step path); then the run
+    serves them."""
+    db = StateDatabase(spark, str(tmp_path), "fp")
+    db.open()
+    sql, rng = LocalSQL(), np.random.default_rng(5)
+    trace = Trace(db, "t", SCHEMA, ["c", "tag"])
+    keys = _keys(rng, 20)
+    with keyed_runs.held_writes():
+        trace.append_arrow(sql, _rows(rng, ROWS, 0))
+        (big,) = trace.files()
+        assert trace.runs.pending(big) and not os.path.exists(trace.runs.run_path(big))
+        trace.reset_rows_read()
+        got = sorted(trace.lookup_arrow(sql, keys).to_pylist(), key=repr)
+        assert got == _scan(trace, keys) and got
+        assert trace.runs.built == 0 and not os.path.exists(trace.runs.run_path(big))
+    keyed_runs.wait_for_writes()
+    assert not trace.runs.pending(big) and os.path.exists(trace.runs.run_path(big))
+    trace.reset_rows_read()
+    assert sorted(trace.lookup_arrow(sql, keys).to_pylist(), key=repr) == got
+    assert trace.rows_read < ROWS // 10 and trace.runs.built == 0  # through the run now
+
+
+def test_runs_beyond_the_pending_bound_are_built_at_first_lookup(spark, tmp_path):
+    db = StateDatabase(spark, str(tmp_path), "fp")
+    db.open()
+    sql, rng = LocalSQL(), np.random.default_rng(6)
+    traces = [Trace(db, f"t{i}", SCHEMA, ["c", "tag"])
+              for i in range(keyed_runs.PENDING_WRITES + 1)]
+    with keyed_runs.held_writes():
+        for i, trace in enumerate(traces):
+            trace.append_arrow(sql, _rows(rng, keyed_runs.MIN_ROWS, i * keyed_runs.MIN_ROWS))
+        *waiting, last = traces
+        assert all(t.runs.pending(t.files()[0]) for t in waiting)
+        assert not last.runs.pending(last.files()[0])  # dropped: the writer holds enough
+    keyed_runs.wait_for_writes()
+    assert all(os.path.exists(t.runs.run_path(t.files()[0])) for t in waiting)
+    assert not os.path.exists(last.runs.run_path(last.files()[0]))
+    keys = _keys(rng, 50)
+    assert sorted(last.lookup_arrow(sql, keys).to_pylist(), key=repr) == _scan(last, keys)
+    assert last.runs.built == 1 and os.path.exists(last.runs.run_path(last.files()[0]))
