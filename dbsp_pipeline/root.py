@@ -218,13 +218,14 @@ def read_lag(root: str, inputs: list[str], now: float) -> dict[str, float]:
 def _last_divided(root: str) -> tuple[int, dict[str, int]] | None:
     """The newest divided step and its uppers: in the division log, or carried by the newest
     state entry (``runtime/step_protocol.py``)."""
-    return read_last(divisions(root), _newest_entry_meta(root, CARRIED_RECORDS_KEY))
+    return read_last(divisions(root), newest_entry_meta(root, CARRIED_RECORDS_KEY))
 
 
-def _newest_entry_meta(root: str, key: str) -> object:
-    """The metadata ``key`` of the newest manifest entry (None: no entry, or no such key):
-    the one file of the manifest's newest version."""
-    log = delta_log(manifest(root))
+def newest_entry_meta(root: str, key: str) -> object:
+    """The metadata ``key`` of the newest manifest entry of the root ``root`` (None: no entry,
+    or no such key): the one file of the manifest's newest version. Read-only, without Spark,
+    on any store."""
+    log = delta_log(manifest(root_uri(root)))
     for path in log.file_uris() if log is not None else []:
         data = read_bytes(path.removeprefix("file://"))
         for row in pq.read_table(pa.BufferReader(data)).to_pylist() if data else []:

@@ -16,12 +16,21 @@ change.
 
 from __future__ import annotations
 
+import logging
+
+from pyspark.sql import SparkSession
+
+from dbsp_pipeline import root as root_layout
+from dbsp_pipeline.errors import DbspError
 from dbsp_pipeline.runtime import step_protocol, upkeep
+from dbsp_pipeline.runtime.division_log import CARRIED_RECORDS_KEY, DivisionLog
 from dbsp_pipeline.runtime.engine_state import EngineState
 from dbsp_pipeline.runtime.layout import LAYOUT_KEY, Layout
 from dbsp_pipeline.runtime.results import Checkpoint, StepResult
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.verify import prepare_open
+
+log = logging.getLogger(__name__)
 
 
 def retained(state: EngineState) -> list[Checkpoint]:
@@ -56,3 +65,22 @@ def restore(state: EngineState, version: int) -> list[StepResult]:
     if state.uncommitted_steps:
         step_protocol.commit(state, compact=False)
     return replayed
+
+
+def fold_carried_records(spark: SparkSession, root: str) -> int:
+    """Fold the step records the newest manifest entry carries into the division log, before
+    an older checkpoint is opened (which discards that entry and may set it aside as damage
+    after the checkpoint); returns how many. The records are the steps' only durable home
+    until then: their outputs were seen. A division log that cannot be read is left to the
+    damage check that follows."""
+    records = root_layout.newest_entry_meta(root, CARRIED_RECORDS_KEY)
+    if not records:
+        return 0
+    try:
+        divisions = DivisionLog(spark, root_layout.divisions(root))
+    except (DbspError, OSError) as e:
+        log.warning("the step records carried by the newest checkpoint of %s were not folded "
+                    "(%s); the damage check follows", root, e)
+        return 0
+    divisions.load_pending(records)
+    return divisions.fold()

@@ -199,6 +199,12 @@ class DivisionLog:
         self._pending = {}
         return len(steps)
 
+    def fence(self) -> None:
+        """Commit nothing, at the version after the one this handle loaded
+        (compare-and-append): from here on a commit by a process that opened the log before
+        fails. Opening a pipeline fences its two step-record tables this way."""
+        self.table.commit([])
+
     def outputs(self, step: int) -> dict[str, Any] | None:
         """The output recorded with ``step`` (per view; None: the step has not executed under
         a record of its output: not executed, failed, or executed before outputs were

@@ -192,22 +192,25 @@ class Pipeline:
             LazySession() if spark is None else configure(spark))
         sql = LocalSQL()
         session = as_session(self.spark)
+        if checkpoint is not None:  # opening it discards the newer entries, and what they carry
+            with _fenced_at_open(circuit, root):
+                checkpoints.fold_carried_records(session, root)
         prepare_open(root, checkpoint, retain_checkpoints)  # damage: CorruptStateError
         db = StateDatabase(session, root, circuit.fingerprint())
         # read before opening: no checkpoint below its compacted_below can be opened
         divisions = DivisionLog(session, root_layout.divisions(root))
         with _fenced_at_open(circuit, root):  # opening rolls back and may commit: a race too
-            # the step records the newest entry carries: opening an older checkpoint discards
-            # that entry, so they go to the division log first
             divisions.load_pending(db.newest_meta(CARRIED_RECORDS_KEY))
-            if checkpoint is not None:
-                divisions.fold()
             db.open(checkpoint, retained=retain_checkpoints,
                     from_step=divisions.compacted_below)
             #: what opening did about engine and state-format versions (``runtime/upgrade.py``)
             self.upgrade_info = upgrade.migrate(db)
             if self.upgrade_info.migrations:
                 db.commit()  # the migrated state, as a checkpoint in the current format
+            # This process owns the root from here: a commit to either table a step records
+            # in, by a process that opened the root before, fails (it is fenced).
+            divisions.fence()
+            db.fence()
             layout = read_layout(db)
             plan = compile_plan(circuit, session, db)
         self._engine = EngineState(

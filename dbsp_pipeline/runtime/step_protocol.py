@@ -126,7 +126,11 @@ def execute_step(state: EngineState) -> StepResult:
         if state.rolling_back:
             raise
         if not divided:  # the step stays the next one, with the same input
-            state.divisions.record(s, uppers, offsets)
+            try:
+                state.divisions.record(s, uppers, offsets)
+            except BaseException:
+                state.abandon()  # the record may or may not be there: reopen the root
+                raise
         _roll_back(state, until=s)
         if computed or isinstance(e, (NonDeterminismError, UsageError)):
             raise  # not the computation's fault: the step is retried as it is
@@ -170,7 +174,13 @@ def execute_step(state: EngineState) -> StepResult:
         result.outputs[name] = write.rows
     for name in prepared:
         result.outputs.setdefault(name, None)
-    upkeep.fold_if_due(state)
+    try:
+        upkeep.fold_if_due(state)
+    except ConcurrentWriterError:
+        raise  # fenced
+    except StorageError as e:  # the step is durable; the fold is tried again later
+        log.warning("folding the output logs of pipeline '%s' after step %d failed: %s",
+                    state.circuit.name, s, e)
     if result.committed_version is not None:
         upkeep.after_commit(state)
     result.seconds = time.monotonic() - started

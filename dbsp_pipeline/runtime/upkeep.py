@@ -67,8 +67,10 @@ def collect_garbage(state: EngineState, grace_seconds: float) -> int:
                                    [t.name for t in state.plan.state_traces()])
     tables = [*(log_.table for log_ in state.outputs.values()),
               *(log_.table for log_ in state.inputs.values()), state.divisions.table]
-    for table in tables:
-        deleted += garbage.collect(table, table.version(), grace_seconds)
+    pending = set().union(*(log_.pending_paths() for log_ in state.outputs.values()))
+    for table in tables:  # (pending writes were just folded; kept whatever happens)
+        deleted += garbage.collect(table, table.version(), grace_seconds,
+                                   also_referenced=pending)
     return deleted
 
 

@@ -157,6 +157,12 @@ class StateDatabase:
         none is yet)."""
         return self._latest_entry().get("meta", {}).get(key, default)
 
+    def fence(self) -> None:
+        """Commit the open entry again, unchanged (the same state version), at the manifest's
+        next version (compare-and-append): from here on a commit by a process that opened the
+        manifest before fails."""
+        self._write_entry(dict(self._require_open()))
+
     def get(self, key: str, default: Any = None) -> Any:
         self._require_open()
         return self._meta.get(key, default)

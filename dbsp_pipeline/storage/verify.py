@@ -417,6 +417,8 @@ class _RootScan:
         self._checked: dict[str, set[int]] = {}
         self._checkpoints: list[_Checkpoint] | None = None
         self._log_damage: list[Damage] | None = None
+        #: step -> record text of the step records carried by the entries being checked
+        self._carried: dict[int, str] = {}
         #: damage in the newest manifest commits, whose checkpoints cannot be read
         self.lost: list[Damage] = []
         #: damage in an older manifest entry, where the chain of retained checkpoints ends
@@ -505,7 +507,7 @@ class _RootScan:
     def _compacted_below(self) -> int:
         """The division log's ``compacted_below`` (0: nothing compacted, or no readable log)."""
         steps = self._divided_steps()
-        text = self._division_record(min(steps)) if steps else None
+        text = self._division_record(min(steps), carried=False) if steps else None
         return (division_log.compacted_below(text) or 0) if text is not None else 0
 
     def _entry_at(self, m: int) -> tuple[_Checkpoint | None, list[Damage], bool]:
@@ -637,7 +639,13 @@ class _RootScan:
         replays and next steps read one by one."""
         damage: list[Damage] = []
         steps = self._divided_steps()
-        carried = _carried_records(cp.entry)  # step records the entry holds (step_protocol.py)
+        # Step records not folded into the division log yet are carried by entries
+        # (``runtime/step_protocol.py``): every one not folded is in the newest entry, and
+        # ``cp``'s own are what a restore of ``cp`` reads first.
+        newest = self._checkpoints[0] if self._checkpoints else cp
+        self._carried = {**_carried_records(newest.entry), **_carried_records(cp.entry)}
+        carried = {step: division_log.recorded_outputs(text) is not None
+                   for step, text in self._carried.items()}
         first = 0
         if steps is not None:  # those the log compacted away since are not missing
             first = self._first_kept_step(steps)
@@ -766,7 +774,7 @@ class _RootScan:
         if not steps or min(steps) == 0:
             return 0
         first = min(steps)
-        text = self._division_record(first)
+        text = self._division_record(first, carried=False)
         return first if text is not None and division_log.compacted_below(text) else 0
 
     def _newest_recorded_output(self) -> int:
@@ -800,9 +808,11 @@ class _RootScan:
         uppers = data.get("uppers", data) if isinstance(data, dict) else None
         return uppers if isinstance(uppers, dict) else None
 
-    def _division_record(self, step: int) -> str | None:
-        """The text recorded for ``step`` (its plain record, read from its file), None if not
-        found."""
+    def _division_record(self, step: int, carried: bool = True) -> str | None:
+        """The text recorded for ``step`` (its plain record, read from its file or, with
+        ``carried``, carried by an entry), None if not found."""
+        if carried and step in self._carried:
+            return self._carried[step]
         log = self.log(root_layout.DIVISIONS)
         snap = self.snapshot(root_layout.DIVISIONS, log.newest or 0)
         for rel, (lo, hi) in snap.bounds.items():
@@ -947,15 +957,17 @@ def _text(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def _carried_records(entry: dict[str, Any]) -> dict[int, bool]:
-    """The steps whose records a manifest entry carries (``runtime/step_protocol.py``), each
-    with whether its record holds output."""
+def _carried_records(entry: dict[str, Any]) -> dict[int, str]:
+    """The step records a manifest entry carries (``runtime/step_protocol.py``): step -> the
+    record's text."""
     records = entry.get("meta", {}).get(division_log.CARRIED_RECORDS_KEY)
-    out: dict[int, bool] = {}
+    out: dict[int, str] = {}
     if isinstance(records, list):
         for item in records:
             try:
-                out[int(item[0])] = division_log.recorded_outputs(str(item[1])) is not None
-            except (TypeError, ValueError, IndexError):
+                text = str(item[1])
+                division_log.parse(text)
+                out[int(item[0])] = text
+            except (TypeError, ValueError, IndexError, KeyError):
                 continue
     return out

@@ -84,3 +84,31 @@ def test_garbage_collection_that_loses_the_race_is_fenced_too(spark, tmp_path):
     first.close()  # closed by the fence: nothing to do
     with Pipeline(circuit(), root, spark) as p:
         assert p.next_step == 7
+
+
+def test_the_later_opener_fences_the_earlier_whichever_table_their_steps_record_in(spark,
+                                                                                  tmp_path):
+    """A step's record goes to the manifest (a checkpoint step) or the division log (any
+    other): two processes that record the same step in different tables would both succeed,
+    so opening fences both tables. The earlier process is fenced at its next record, and the
+    root holds the later one's steps only."""
+    import pytest
+
+    for first_every, second_every in ((1, 4), (4, 1)):
+        root = str(tmp_path / f"r{first_every}")
+        first = Pipeline(circuit(), root, spark, checkpoint_every=first_every)
+        second = Pipeline(circuit(), root, spark, checkpoint_every=second_every)
+        second.push("x", [(1, "b")])
+        second.step()
+        first.push("x", [(2, "a")])
+        with pytest.raises(PipelineFencedError, match="being run by another process"):
+            first.step()
+        second.push("x", [(3, "b")])
+        second.step()
+        second.close()
+        with Pipeline(circuit(), root, spark) as p:
+            assert p.next_step == 2  # the fenced process's step is not one of them
+            assert p.verify().ok
+            counts = {r["who"]: (r["n"], r["_weight"]) for r in p.view_arrow("counts").to_pylist()}
+            assert counts == {"a": (1, 1), "b": (2, 1)}  # every push counted once
+            assert sorted(r["_step"] for r in p.changes("counts").collect()) == [0, 1, 1, 1]

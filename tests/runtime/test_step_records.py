@@ -155,3 +155,26 @@ def test_restoring_an_older_checkpoint_keeps_the_steps_its_newer_entries_carried
         assert changes(q, "sums") == expected
         assert delta_steps(root, "sums") == [0, 1, 2]
     assert verify_root(root).ok
+
+
+def test_a_crash_after_input_log_cleanup_reopens_from_the_carried_record(spark, tmp_path):
+    """Garbage collection cleans an input log's commits below the consumed version; after a
+    crash whose newest step is carried by the entry only (not folded), opening must take the
+    step's division from the entry, not read the input log from version 0 (where the cleaned
+    commits are missing)."""
+    root = str(tmp_path)
+    with Pipeline(circuit(), root, spark) as p:
+        for s in range(55):  # past the input log's Delta checkpoint (50 commits)
+            p.push("x", [(s, s)])
+            p.step()
+    p = Pipeline(circuit(), root, spark)
+    p.push("x", [(99, 99)])
+    crash_points.reset()
+    crash_points.arm("manifest.commit.after")
+    with pytest.raises(InjectedCrash):
+        p.step()  # recorded (carried by the entry), then the process dies
+    crash_points.reset()
+    assert verify_root(root).ok
+    with Pipeline(circuit(), root, spark) as q:
+        assert q.next_step == 56 and not q.recovered_steps
+        assert q.step_changes_arrow("rows", 55).column("k").to_pylist() == [99]
