@@ -100,10 +100,10 @@ def test_recovery_after_a_crash_following_a_compaction(spark, tmp_path):
     with Pipeline(c, root, spark, checkpoint_every=1) as p:
         run_steps(p, 0, 40)
     crash_points.reset()
-    p = Pipeline(c, root, spark, checkpoint_every=1)
+    p = Pipeline(c, root, spark, checkpoint_every=2)
     assert p.step_info(39).step == 39
     p.push("a", [(40, 40)])
-    crash_points.arm("manifest.commit.before")  # step 40's division and output are written
+    crash_points.arm("division.commit.after")  # step 40's record is written, not checkpointed
     with pytest.raises(InjectedCrash):
         p.step()
     q = Pipeline(c, root, spark, checkpoint_every=1)
