@@ -23,6 +23,15 @@ def local_dir(tmp_path_factory):
         yield folder
 
 
+@pytest.fixture(autouse=True)
+def no_armed_crash_points():
+    """No test starts with a crash point another test armed and did not pass."""
+    from dbsp_pipeline.storage import crash_points
+
+    crash_points.reset()
+    yield
+
+
 @pytest.fixture(scope="session")
 def spark():
     from dbsp_pipeline.spark_session import local_session

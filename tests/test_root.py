@@ -116,11 +116,12 @@ def test_division_compaction_bounds_what_status_reads_on_an_s3_root(
         monkeypatch.setenv(name, value)
     root = f"s3://{new_bucket(object_store, 'compact')}/shop"
     steps = 8
-    with Pipeline(circuit(), root, spark, checkpoint_every=1) as p:
+    with Pipeline(circuit(), root, spark, checkpoint_every=2) as p:  # half in _divisions
         for s in range(steps):
             p.push("x", [(s,)])
             p.step()
-        assert division_files(root) == steps  # no collection yet
+        assert division_files(root) == steps // 2  # no collection yet
+        assert read_status(root, ["x"]).divided_steps == steps  # the rest carried by entries
     # closing collected garbage: the steps below the oldest retained checkpoint collapsed
     assert division_files(root) <= 3
     status = read_status(root, ["x"])

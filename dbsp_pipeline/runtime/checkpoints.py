@@ -21,7 +21,6 @@ import logging
 from pyspark.sql import SparkSession
 
 from dbsp_pipeline import root as root_layout
-from dbsp_pipeline.errors import DbspError
 from dbsp_pipeline.runtime import step_protocol, upkeep
 from dbsp_pipeline.runtime.division_log import CARRIED_RECORDS_KEY, DivisionLog
 from dbsp_pipeline.runtime.engine_state import EngineState
@@ -73,12 +72,12 @@ def fold_carried_records(spark: SparkSession, root: str) -> int:
     after the checkpoint); returns how many. The records are the steps' only durable home
     until then: their outputs were seen. A division log that cannot be read is left to the
     damage check that follows."""
-    records = root_layout.newest_entry_meta(root, CARRIED_RECORDS_KEY)
-    if not records:
-        return 0
     try:
+        records = root_layout.newest_entry_meta(root, CARRIED_RECORDS_KEY)
+        if not records:
+            return 0
         divisions = DivisionLog(spark, root_layout.divisions(root))
-    except (DbspError, OSError) as e:
+    except Exception as e:  # noqa: BLE001 - damage: the check that follows names it
         log.warning("the step records carried by the newest checkpoint of %s were not folded "
                     "(%s); the damage check follows", root, e)
         return 0

@@ -209,8 +209,8 @@ class Pipeline:
                 db.commit()  # the migrated state, as a checkpoint in the current format
             # This process owns the root from here: a commit to either table a step records
             # in, by a process that opened the root before, fails (it is fenced).
+            db.fence()  # first: of two processes opening at once, the loser stops here
             divisions.fence()
-            db.fence()
             layout = read_layout(db)
             plan = compile_plan(circuit, session, db)
         self._engine = EngineState(
@@ -544,8 +544,10 @@ class Pipeline:
     def compact_history(self) -> dict[str, int]:
         """Collapse each output log's history older than ``retain_steps`` steps, but never past
         the ``since`` of a live reader; returns, per view, the step history is collapsed through.
-        """
+        The output logs' pending steps are folded first (history is collapsed in the Delta
+        tables)."""
         with self._exclusive():  # their rewrites race other processes' commits too
+            upkeep.fold(self._engine)
             return upkeep.compact_history(self._engine)
 
     def compact(self, threshold: int = COMPACT_FILE_THRESHOLD) -> int:

@@ -24,12 +24,14 @@ def circuit() -> Circuit:
 
 
 def main(root: str, barrier: str, name: str, steps: int) -> int:
-    p = Pipeline(circuit(), root)
-    open(os.path.join(barrier, name), "w").close()
-    deadline = time.monotonic() + 120
-    while len(os.listdir(barrier)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
     try:
+        try:  # opening fences the pipeline's tables: of two at once, one may lose here
+            p = Pipeline(circuit(), root)
+        finally:
+            open(os.path.join(barrier, name), "w").close()
+        deadline = time.monotonic() + 120
+        while len(os.listdir(barrier)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
         for i in range(steps):
             p.push("x", [(i, name)])
             p.step()

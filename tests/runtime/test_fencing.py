@@ -30,8 +30,8 @@ def test_two_processes_race_for_the_same_pipeline(spark, tmp_path):
     fenced = next(msg for code, msg in outcomes if code == 3)
     assert "is being run by another process" in fenced and root in fenced
 
-    # The winner's steps are all there, once each; the loser's one push (made before its step
-    # was fenced) was recorded like any input and goes into a step too.
+    # The winner's steps are all there, once each; the loser's one push, if it opened and
+    # pushed before its step was fenced, was recorded like any input and goes into a step too.
     winner = "a" if outcomes[0][0] == 0 else "b"
     loser = "b" if winner == "a" else "a"
     with Pipeline(circuit(), root, spark) as p:
@@ -40,7 +40,7 @@ def test_two_processes_race_for_the_same_pipeline(spark, tmp_path):
         steps = sorted({r["_step"] for r in p.changes("counts").collect()})
         assert steps == list(range(len(steps))) and steps[-1] >= 3
         view = {r["who"]: r["n"] for r in p.view("counts").collect()}
-        assert view == {winner: 4, loser: 1}
+        assert view[winner] == 4 and view.get(loser, 0) <= 1
 
 
 def test_a_pipeline_fenced_in_process_is_closed(spark, tmp_path):

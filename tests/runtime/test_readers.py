@@ -60,7 +60,8 @@ def test_a_live_reader_holds_history_back(spark, tmp_path):
 
 def test_an_expired_lease_stops_holding_history(spark, tmp_path):
     with Pipeline(circuit(), str(tmp_path), spark, retain_steps=0) as p:
-        run_steps(p, 2)  # retain_steps=0: history through step 1 is collapsed
+        run_steps(p, 2)
+        p.compact_history()  # retain_steps=0: history through step 1 is collapsed
         with pytest.raises(UsageError, match="cannot start"):
             p.reader("sums", since=0)
         reader = p.reader("sums", since=1, lease_seconds=0.5)

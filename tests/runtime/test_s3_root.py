@@ -27,7 +27,7 @@ def play(spark, root: str, crash_at: str | None = None) -> list[tuple[list, list
     """The rounds, each pushed and stepped; with ``crash_at``, the pipeline crashes there in
     the second round, is abandoned and reopened. Returns each step's changes and the view."""
     testing.reset()
-    p = Pipeline(circuit(), root=root, spark=spark)
+    p = Pipeline(circuit(), root=root, spark=spark, checkpoint_every=2)
     for r, rows in enumerate(ROUNDS):
         p.push("orders", [{"order_id": o, "customer_id": c, "amount": a} for o, c, a in rows],
                producer="loader", seq=r)
@@ -35,9 +35,10 @@ def play(spark, root: str, crash_at: str | None = None) -> list[tuple[list, list
             testing.arm(crash_at)
             with pytest.raises(testing.InjectedCrash):
                 p.step()
-            p = Pipeline(circuit(), root=root, spark=spark)  # the crashed one is abandoned
-            # step 1 was divided and its output written: reopening executes it again from
-            # its recorded input and verifies it against the written output
+            # the crashed one is abandoned
+            p = Pipeline(circuit(), root=root, spark=spark, checkpoint_every=2)
+            # step 1's record (division and output) was written, not its checkpoint:
+            # reopening executes it again from its recorded input and verifies it
             assert [s.step for s in p.recovered_steps] == [1] and p.next_step == 2
         else:
             p.step()
@@ -57,7 +58,7 @@ def test_an_s3_root_runs_recovers_and_collects_like_a_local_root(
     monkeypatch.chdir(tmp_path)  # nothing of an s3:// root may land on the local disk
     local = play(spark, str(tmp_path / "local"))
     root = f"s3://{new_bucket(object_store, 'root')}/shop"
-    assert play(spark, root, crash_at="output.commit.after") == local
+    assert play(spark, root, crash_at="division.commit.after") == local
     assert os.listdir(tmp_path) == ["local"]
 
     p = Pipeline(circuit(), root=root, spark=spark)
