@@ -702,7 +702,47 @@ class _RootScan:
                                      f"the log holds steps up to {last - 1} but divisions are "
                                      f"recorded up to step {divided}"))
             damage += self._output_commits_damage(log, cp.step)
+            damage += self._pending_output_damage(table, 0 if written is None else written + 1)
         return damage
+
+    def _pending_output_damage(self, table: str, folded: int) -> list[Damage]:
+        """The damage in the data files of output ``table``'s writes that step records hold
+        and its Delta table does not yet (steps from ``folded`` on): they must be there, as
+        recorded (``runtime/output_log.py``), or a reader and the next fold lose the step."""
+        view = table.split("/", 1)[1]
+        out = []
+        for step, outputs in sorted(self._recorded_outputs().items()):
+            if step < folded or not isinstance(outputs.get(view), dict):
+                continue
+            for add in outputs[view].get("adds", []):
+                path = os.path.join(self.root, table, str(add.get("path")))
+                problem = _data_file_problem(path, add.get("size"), _num_records(add.get("stats")))
+                if problem is not None:
+                    out.append(Damage(table, None, path, f"step {step}'s change, recorded but "
+                                                         f"not folded yet: {problem}"))
+        return out
+
+    def _recorded_outputs(self) -> dict[int, dict[str, Any]]:
+        """Per step, the outputs its record holds: in the division log or carried by the
+        entries being checked."""
+        out: dict[int, dict[str, Any]] = {}
+        log = self.log(root_layout.DIVISIONS) if root_layout.DIVISIONS in self.kinds else None
+        if log is not None and log.newest is not None:
+            snap = self.snapshot(root_layout.DIVISIONS, log.newest)
+            for rel in snap.bounds:
+                try:
+                    rows = _parquet_table(os.path.join(log.uri, rel)).to_pylist()
+                except Exception:  # noqa: BLE001 - a damaged file was reported by its check
+                    continue
+                for row in rows:
+                    outputs = division_log.recorded_outputs(str(row["uppers"]))
+                    if outputs is not None:
+                        out[int(row["step"])] = outputs
+        for step, text in self._carried.items():
+            outputs = division_log.recorded_outputs(text)
+            if outputs is not None:
+                out[step] = outputs
+        return out
 
     def _output_commits_damage(self, log: _Log, step: int) -> list[Damage]:
         """The damage in an output log's commits of steps ``step ..`` (which a replay verifies

@@ -178,3 +178,29 @@ def test_a_crash_after_input_log_cleanup_reopens_from_the_carried_record(spark, 
     with Pipeline(circuit(), root, spark) as q:
         assert q.next_step == 56 and not q.recovered_steps
         assert q.step_changes_arrow("rows", 55).column("k").to_pylist() == [99]
+
+
+def test_a_lost_file_of_a_step_not_folded_yet_is_named_by_verify(spark, tmp_path):
+    """An output write that only a step record holds (not folded into the log's Delta table)
+    is part of the view: its file going missing is damage, named, not a silently shorter
+    view."""
+    import os
+
+    from dbsp_pipeline.errors import CorruptStateError
+
+    root = str(tmp_path)
+    with Pipeline(circuit(), root, spark) as p:
+        p.push("x", [(1, 10)])
+        p.step()
+        p.push("x", [(2, 20)])
+        p.step()
+        write = p.engine.outputs["rows"]._pending[1]  # step 1 of view rows, not folded
+        lost = p.engine.outputs["rows"].table.store.path(write.adds[0].path)
+        p.engine.abandon()  # the process dies: no close, no fold
+    os.remove(lost)
+    report = verify_root(root)
+    assert not report.ok
+    assert any(d.file == lost and "step 1" in d.problem for d in report.damage), \
+        report.describe()
+    with pytest.raises(CorruptStateError):
+        Pipeline(circuit(), root, spark)
