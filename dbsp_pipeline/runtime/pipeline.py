@@ -401,7 +401,8 @@ class Pipeline:
             checkpoint_every: int | None = None, idle_seconds: float = 0.0) -> list[StepResult]:
         """Execute steps while input is available (a coordinator iteration), then commit.
 
-        Stops when no input is pending (after waiting up to ``idle_seconds`` for some), after
+        Stops when no input is pending (after waiting up to ``idle_seconds`` for some; the
+        output logs' Delta tables are brought up to date whenever it waits), after
         ``max_steps`` steps, once ``max_seconds`` have passed (the step running then completes),
         or when ``pause``/``stop`` say so. ``checkpoint_every`` overrides the pipeline's for this
         run. Other threads may ``push`` meanwhile. Returns the results of the executed steps.
@@ -425,6 +426,7 @@ class Pipeline:
                     if self.input_pending():
                         results.append(self.step())
                         continue
+                    self._fold_when_idle()
                 if not self._wait_for_input(started, idle_seconds, max_seconds):
                     break
         finally:
@@ -438,6 +440,14 @@ class Pipeline:
                 self._running = False
                 self._control.notify_all()
         return results
+
+    def _fold_when_idle(self) -> None:
+        """With no input pending, fold the output logs' pending steps into their Delta tables,
+        so that a reader of those tables (not through this object) is not left up to
+        ``FOLD_STEPS`` steps behind while the pipeline waits."""
+        if any(log.pending_steps for log in self._engine.outputs.values()):
+            with self._fenced():
+                upkeep.fold(self._engine)
 
     def pause(self, timeout: float | None = 600.0) -> int:
         """Stop ``run`` (in another thread) after the step it is executing, and keep it from

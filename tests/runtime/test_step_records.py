@@ -204,3 +204,15 @@ def test_a_lost_file_of_a_step_not_folded_yet_is_named_by_verify(spark, tmp_path
         report.describe()
     with pytest.raises(CorruptStateError):
         Pipeline(circuit(), root, spark)
+
+
+def test_run_brings_the_output_tables_up_to_date_when_input_runs_out(spark, tmp_path):
+    root = str(tmp_path)
+    with Pipeline(circuit(), root, spark) as p:
+        for s in range(3):
+            p.push("x", [(s, s)])
+        p.step()
+        assert delta_steps(root, "sums") == []  # pending
+        p.push("x", [(7, 7)])
+        assert [r.step for r in p.run()] == [1]
+        assert delta_steps(root, "sums") == [0, 1]  # folded while idle
