@@ -32,7 +32,7 @@ from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from dbsp_pipeline.errors import StorageError
+from dbsp_pipeline.errors import ConcurrentWriterError, StorageError
 from dbsp_pipeline.storage.delta_store import LOG_DIR
 from dbsp_pipeline.storage.s3_store import s3_options
 from dbsp_pipeline.storage.small_files import is_remote, read_text
@@ -159,13 +159,49 @@ class SparkDeltaTable:
         version after the one it last saw, and any table given ``expected_version`` commits at
         that version, or raises ``ConcurrentWriterError`` (nothing of the commit is visible).
         Returns the new version.
+
+        A commit at a known version that adds files and fails with an unknown outcome (a
+        ``StorageError`` that "may have happened") is resolved before raising: when that
+        version is on the log and adds these files (their names are unique) the commit
+        happened and its version is returned; when it holds another writer's commit, or (a
+        single writer's table) another writer committed after it, ``ConcurrentWriterError``
+        (this writer is fenced). Only when the version is not on the log (the commit may
+        still land, or not) does the doubt reach the caller.
         """
         expected = expected_version
         if expected is None and self.single_writer:
             expected = self.store.version(refresh=False) + 1
-        return self.store.commit(adds, removes, app_id=app_id, app_version=app_version,
-                                 metadata=metadata, data_change=data_change,
-                                 expected_version=expected)
+        try:
+            return self.store.commit(adds, removes, app_id=app_id, app_version=app_version,
+                                     metadata=metadata, data_change=data_change,
+                                     expected_version=expected)
+        except StorageError as e:
+            if e.definitely_failed or expected is None or not adds:
+                raise
+            if self._landed(expected, adds, e):
+                return expected
+            raise
+
+    def _landed(self, version: int, adds: Sequence[AddAction], error: StorageError) -> bool:
+        """Whether the commit of ``adds`` at ``version``, which failed with the unknown outcome
+        ``error``, is on the log (False: not known yet); ``ConcurrentWriterError`` when the
+        version holds another commit."""
+        try:
+            newest = self.store.version(refresh=True)
+            if newest < version:
+                return False
+            landed = {f.path for f in self.store.added_files(version - 1, version)}
+        except StorageError:
+            return False  # the store cannot tell yet: the doubt stays
+        if not {self.store.path(a.path) for a in adds} <= landed:
+            raise ConcurrentWriterError(f"another writer committed version {version} of "
+                                        f"{self.uri} first") from error
+        if newest > version and self.single_writer:
+            # ours landed, but a single writer's next commit must not be based past another
+            # writer's: that writer fenced this one
+            raise ConcurrentWriterError(f"version {version} of {self.uri} holds this commit, "
+                                        "and another writer committed after it") from error
+        return True
 
     def restore(self, version: int) -> None:
         """Roll the table back to ``version`` (a new commit whose files are those of

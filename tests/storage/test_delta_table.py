@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from dbsp_pipeline.errors import StorageError
+from dbsp_pipeline.errors import ConcurrentWriterError, StorageError
 from dbsp_pipeline.storage.delta_table import SparkDeltaTable
 from tests.object_store_helpers import new_bucket
 
@@ -27,3 +29,30 @@ def test_spark_on_an_s3_table_without_hadoop_aws_names_the_jars(spark, object_st
     with pytest.raises(StorageError, match=f"Spark cannot reach {uri}: .*hadoop-aws"):
         table.read_version().collect()
     assert table.read_arrow(table.files()).to_pylist() == [{"key": "a", "_step": 1}]
+
+
+def _rows(table: SparkDeltaTable, key: str) -> list:
+    return table.write_arrow(pa.table({"key": [key], "_step": [1]}, schema=table.arrow_schema))
+
+
+@pytest.mark.parametrize("what_lands", ["another writer's", "ours, then another writer's"])
+def test_a_commit_of_unknown_outcome_is_a_lost_race_when_the_log_says_so(
+        spark, tmp_path, monkeypatch, what_lands) -> None:
+    """A single writer's commit fails with an unknown outcome; the log holds another writer's
+    commit at that version, or ours followed by another writer's: either way this writer is
+    fenced (``ConcurrentWriterError``), never told its commit is in doubt or done."""
+    table = SparkDeltaTable(spark, str(tmp_path / "t"), SCHEMA, single_writer=True)
+    table.commit(_rows(table, "a"))
+    other = SparkDeltaTable(spark, str(tmp_path / "t"), SCHEMA)
+    original = DeltaTable.create_write_transaction
+
+    def commit(self, actions, **kwargs):
+        monkeypatch.undo()
+        if what_lands != "another writer's":
+            original(self, actions, **kwargs)
+        other.commit(_rows(other, "b"))
+        raise DeltaError("connection reset")
+
+    monkeypatch.setattr(DeltaTable, "create_write_transaction", commit)
+    with pytest.raises(ConcurrentWriterError):
+        table.commit(_rows(table, "c"))
