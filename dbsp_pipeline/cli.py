@@ -38,7 +38,8 @@ def demo(root: str, steps: int, batch: int, fresh: bool) -> None:
             if deletes:
                 p.push("orders", deletes, weight=-1)
             r = p.step()
-            print(f"step {r.step}: in {r.inputs} -> changed {r.outputs} ({r.seconds:.1f}s)")
+            print(f"step {r.step}: in {r.inputs} -> changed {r.outputs} ({r.seconds:.1f}s; "
+                  f"{r.path_reason or ('driver' if r.on_driver else 'Spark')})")
         # read on the driver (no Spark read: a root in an object store needs no Hadoop S3A)
         print("\nrevenue_by_region:")
         _show(p.view_arrow("revenue_by_region").sort_by("region"))

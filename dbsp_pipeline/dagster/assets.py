@@ -77,11 +77,14 @@ def views_asset(ref: PipelineRef) -> dg.AssetsDefinition:
             done = time.time()
             context.log.info(f"executed steps {[r.step for r in results]}")
             if results:
-                common = {
+                common: dict[str, int | float | str] = {
                     "steps_executed": len(results),
                     "first_step": results[0].step,
                     "input_rows": sum(n for r in results for n in r.inputs.values()),
                     "seconds_per_step": round(sum(r.seconds for r in results) / len(results), 4),
+                    "steps_on_driver": sum(1 for r in results if r.on_driver),
+                    # where the newest step ran and why (runtime/path_choice.py)
+                    "last_step_path": results[-1].path_reason,
                     "state_version": pipeline.state_version,
                     "rejected_records": sum(n for r in results for n in r.rejected.values()),
                 }

@@ -40,6 +40,9 @@ class PipelineStore(dg.ConfigurableResource):  # type: ignore[type-arg]  # its v
     #: steps changing at most this many input rows run on the driver, bigger ones on Spark
     #: (None: each step where its estimated work fits the driver's memory)
     driver_step_rows: int | None = DRIVER_STEP_ROWS
+    #: the most memory (bytes) one step on the driver may take when ``driver_step_rows`` is
+    #: None (None: half the memory available to the process)
+    driver_memory: int | None = None
 
     def open(self, circuit: Circuit, spark: SparkResource,
              checkpoint: int | None = None) -> Pipeline:
@@ -48,7 +51,8 @@ class PipelineStore(dg.ConfigurableResource):  # type: ignore[type-arg]  # its v
         return Pipeline(circuit, root=self.root, spark=spark.session(),
                         checkpoint_every=self.checkpoint_every,
                         retain_checkpoints=self.retain_checkpoints,
-                        driver_step_rows=self.driver_step_rows, checkpoint=checkpoint)
+                        driver_step_rows=self.driver_step_rows,
+                        driver_memory=self.driver_memory, checkpoint=checkpoint)
 
     def status(self, circuit: Circuit) -> PipelineStatus:
         """What the pipeline has pending, read without opening it (no Spark, no writes)."""

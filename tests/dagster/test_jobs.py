@@ -48,6 +48,7 @@ def test_step_ingests_steps_and_materializes_every_view(defs, root, instance, sp
     assert m["steps_executed"] == 1 and m["step"] == 0 and m["input_rows"] == 6
     assert m["rows"] == 1 and m["rows_changed"] == 1 and m["state_version"] >= 1
     assert m["lag_seconds"] > 0 and m["seconds_per_step"] > 0
+    assert m["steps_on_driver"] == 1 and m["last_step_path"].startswith("driver")
     checks = {(c.asset_key.to_user_string(), c.check_name): c.passed
               for c in result.get_asset_check_evaluations()}
     assert len(checks) == 6 and all(checks.values())
@@ -109,9 +110,14 @@ def test_resources_can_be_overridden_in_materialize(root, spark, tmp_path):
         p.push("customers", [(5, "west")])
     result = dg.materialize(
         [views_asset(ref), view_checks(ref)],
-        resources={"spark": SparkResource(), "shop_pipeline": PipelineStore(root=elsewhere)})
+        # a driver budget of one byte: the step runs on Spark, and the metadata says why
+        resources={"spark": SparkResource(),
+                   "shop_pipeline": PipelineStore(root=elsewhere, driver_memory=1)})
     assert result.success and not os.path.exists(root)
     assert all(c.passed for c in result.get_asset_check_evaluations())
+    m = {k: v.value for e in result.get_asset_materialization_events()
+         for k, v in e.step_materialization_data.materialization.metadata.items()}
+    assert m["steps_on_driver"] == 0 and "over the budget of 1 B" in m["last_step_path"]
 
 
 def test_a_drifted_view_fails_its_check(root, instance, spark):
