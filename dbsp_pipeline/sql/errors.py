@@ -34,13 +34,13 @@ class SqlError(CircuitError):
 
 
 def position(node: exp.Expr | None) -> tuple[int | None, int | None]:
-    """The (line, column) sqlglot recorded for ``node``: its own, else its first located
-    descendant's, else its nearest located ancestor's."""
+    """Where ``node`` starts in the text: the first of the positions sqlglot recorded for it
+    and its descendants, else its nearest located ancestor's."""
     if node is None:
         return None, None
-    for n in node.walk():
-        if n.meta.get("line") is not None:
-            return _start(n)
+    located = [_start(n) for n in node.walk() if n.meta.get("line") is not None]
+    if located:
+        return min(located)
     parent = node.parent
     while parent is not None:
         if parent.meta.get("line") is not None:

@@ -91,6 +91,11 @@ def _declare_query(circuit: Circuit, name: str, query: exp.Expr | None,
     if query is None:
         raise SqlError(name, statement, "CREATE VIEW needs AS SELECT ...")
     compiler = QueryCompiler(name, Catalog.of(circuit))
-    relation = compiler.relation(query, {})
-    circuit.output(name, relation.collection)
+    declared = len(circuit.nodes)
+    try:
+        relation = compiler.relation(query, {})
+        circuit.output(name, relation.collection)
+    except BaseException:
+        del circuit.nodes[declared:]  # nothing reads them: the failed view leaves no trace
+        raise
     circuit.sql_views[name] = relation.columns
