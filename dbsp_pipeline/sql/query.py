@@ -23,6 +23,9 @@ How a SELECT becomes operators:
   semi- and anti-joins; a correlated subquery may refer to the outer query only in equalities of
   its WHERE clause (they become join keys). ``NOT IN`` is compiled only when both sides are
   declared NOT NULL (otherwise SQL's NULL rules make it differ from an anti-join);
+* ``x < (SELECT avg(y) FROM ... WHERE inner.k = outer.k)`` (any comparison, a correlated scalar
+  subquery whose value is sum/avg/min/max with arithmetic) becomes a join with the subquery
+  grouped by its correlated columns, then a filter;
 * GROUP BY projects its key expressions and the aggregates' argument expressions first, then
   aggregates (``count(*)``, ``count``, ``sum``, ``avg``, ``min``, ``max``), then HAVING filters
   and the SELECT list is computed over keys and aggregates;
@@ -34,7 +37,7 @@ How a SELECT becomes operators:
 
 What needs operators the circuit does not have is refused with a ``SqlError``: aggregates
 without GROUP BY, ``DISTINCT`` aggregates, RIGHT and FULL joins, ORDER BY / LIMIT, window
-functions, scalar subqueries.
+functions, scalar subqueries that are not correlated (global aggregates).
 """
 
 from __future__ import annotations
@@ -54,6 +57,12 @@ AGGREGATES: dict[type[exp.Expr], str] = {
     exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max"}
 
 Ctes = dict[str, Relation]
+
+_COMPARISONS: dict[type[exp.Expr], str] = {
+    exp.EQ: "=", exp.NEQ: "<>", exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<="}
+#: the nodes of a scalar subquery's value that keep it NULL when no row matches
+_NULL_ON_EMPTY = (exp.Sum, exp.Avg, exp.Min, exp.Max, exp.Literal, exp.Add, exp.Sub, exp.Mul,
+                  exp.Div, exp.Paren, exp.Neg, exp.Identifier)
 
 
 class Namer:
@@ -529,11 +538,16 @@ class QueryCompiler:
                                  "NOT NULL in CREATE TABLE")
         elif isinstance(inner, exp.Exists):
             relation, outer_exprs = self._subquery_keys(inner.this, scope, ctes, None)
+        elif (not negated and type(node) in _COMPARISONS
+              and any(isinstance(side, exp.Subquery) for side in (node.this, node.expression))):
+            self._apply_scalar_comparison(node, scope, ctes)
+            return
         else:
             raise self.error(node, "this subquery is not supported",
                              "subqueries compile as WHERE conjuncts x IN (SELECT ...), "
-                             "EXISTS (...) and NOT EXISTS (...); scalar subqueries need a join "
-                             "with an aggregate the compiler does not build yet")
+                             "EXISTS (...), NOT EXISTS (...) and x < (SELECT agg(...) ... WHERE "
+                             "inner.k = outer.k); other scalar subqueries need a global aggregate "
+                             "the circuit does not have yet")
         on = [scope.namer.fresh("match_key") for _ in outer_exprs]
         left = scope.collection.select(
             *[quote(c) for c in scope.columns],
@@ -542,6 +556,57 @@ class QueryCompiler:
             *[f"{quote(c)} AS {quote(n)}" for c, n in zip(relation.columns, on)])
         scope.collection = left.antijoin(right, on) if negated else left.semijoin(right, on)
         scope.columns = scope.columns + on
+
+    def _apply_scalar_comparison(self, node: exp.Expr, scope: Scope, ctes: Ctes) -> None:
+        """``x OP (SELECT agg(...) FROM ... WHERE inner.k = outer.k ...)`` as a WHERE conjunct:
+        the subquery grouped by its correlated columns, joined on them, then the comparison as a
+        filter. Exact because the scalar is NULL where the subquery has no row (only aggregates
+        that are NULL over no rows, and arithmetic on them, are accepted), and a comparison with
+        NULL drops the row as the missing join partner does."""
+        query = node.this if isinstance(node.this, exp.Subquery) else node.expression
+        sub = query.this
+        if not isinstance(sub, exp.Select) or sub.args.get("with_"):
+            raise self.error(query, "a scalar subquery must be one SELECT")
+        self._refuse_modifiers(sub)
+        if sub.args.get("group") or sub.args.get("having") or sub.args.get("distinct") \
+                or len(sub.expressions) != 1:
+            raise self.error(query, "a scalar subquery compiles only as one aggregate without "
+                             "GROUP BY, HAVING or DISTINCT")
+        sub_scope, correlations = self._from_where(sub, ctes, scope)
+        if not correlations:
+            raise self.error(query, "a scalar subquery that is not correlated is not supported",
+                             "it is a global aggregate, which needs an operator the circuit "
+                             "does not have yet")
+        item = sub.expressions[0].unalias()
+        bad = next((n for n in _own_nodes(item) if not isinstance(n, _NULL_ON_EMPTY)
+                    and not (isinstance(n, exp.Column) and n.find_ancestor(exp.AggFunc))), None)
+        if bad is not None or not _aggregates(item):
+            raise self.error(bad or item, "this scalar subquery's value is not supported",
+                             "it must be sum/avg/min/max (with arithmetic and literals), "
+                             "which is NULL when no row matches; count and coalesce are not")
+        keys = [f"key_{i}" for i in range(len(correlations))]
+        value = "scalar_value"
+        synthetic = exp.Select(
+            expressions=[exp.alias_(c.inner.copy(), k, quoted=True)
+                         for c, k in zip(correlations, keys)]
+            + [exp.alias_(item.copy(), value, quoted=True)],
+            group=exp.Group(expressions=[c.inner.copy() for c in correlations]))
+        grouped = self._project(synthetic, sub_scope)
+        assert scope.collection is not None
+        on = [scope.namer.fresh("match_key") for _ in correlations]
+        value_name = scope.namer.fresh("scalar_value")
+        left = scope.collection.select(
+            *[quote(c) for c in scope.columns],
+            *[f"{self._render(c.outer, scope)} AS {quote(n)}" for c, n in zip(correlations, on)])
+        right = grouped.collection.select(
+            *[f"{quote(k)} AS {quote(n)}" for k, n in zip(keys, on)],
+            f"{quote(value)} AS {quote(value_name)}")
+        joined = left.join(right, on)
+        scope.columns = on + scope.columns + [value_name]
+
+        sides = [quote(value_name) if side is query else f"({self._render(side, scope)})"
+                 for side in (node.this, node.expression)]
+        scope.collection = joined.filter(f"{sides[0]} {_COMPARISONS[type(node)]} {sides[1]}")
 
     def _subquery_keys(self, sub: exp.Expr, outer: Scope, ctes: Ctes,
                        in_expr: exp.Expr | None

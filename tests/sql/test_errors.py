@@ -54,8 +54,13 @@ def refused(query: str) -> SqlError:
     ("SELECT customer_id, amount, count(*) AS n FROM orders GROUP BY customer_id", 4, 21,
      "neither grouped nor aggregated", "GROUP BY"),
     ("SELECT id FROM customers, orders WHERE id = customer_id AND order_id = "
-     "(SELECT max(id) FROM customers)", 4, 61, "this subquery is not supported",
-     "scalar subqueries"),
+     "(SELECT max(id) FROM customers)", 4, 80,
+     "a scalar subquery that is not correlated is not supported", "global aggregate"),
+    ("SELECT id FROM customers c WHERE id < (SELECT count(*) FROM orders o\n"
+     "WHERE o.customer_id = c.id)", 4, 47, "this scalar subquery's value is not supported",
+     "count"),
+    ("SELECT id FROM customers c WHERE id IN (SELECT customer_id FROM orders)\n"
+     "OR region = 'x'", 4, 34, "this subquery is not supported", "IN (SELECT"),
     ("SELECT o.order_id FROM orders o JOIN customers c USING (id)", 4, 38,
      "USING is not supported", "ON a.k = b.k"),
 ])

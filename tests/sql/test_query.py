@@ -50,6 +50,10 @@ VIEWS = {
                 "(SELECT 1 FROM orders o WHERE o.customer_id = c.id AND o.amount > 10)",
     "v_not_exists": "SELECT id, region FROM customers c WHERE NOT EXISTS "
                     "(SELECT * FROM orders o WHERE c.id = o.customer_id)",
+    "v_scalar": "SELECT o.order_id, o.amount FROM orders o WHERE o.amount >= "
+                "(SELECT avg(p.amount) FROM orders p WHERE p.customer_id = o.customer_id)",
+    "v_scalar_expr": "SELECT id, region FROM customers c WHERE c.id * 2 < (SELECT max(o.qty) "
+                     "+ 1 FROM orders o WHERE o.customer_id = c.id AND o.amount > 4)",
     "v_from_subquery": "SELECT t.region, t.n FROM (SELECT region, count(*) AS n "
                        "FROM customers GROUP BY region) t WHERE t.n > 1",
     "v_cte": "WITH big AS (SELECT * FROM orders WHERE qty > 1) "
