@@ -91,6 +91,7 @@ class Source:
     bindings: dict[str, str]  # lower-cased user column name -> internal column name
     null_supplied: bool = False  # the right side of a LEFT JOIN
     not_null: frozenset[str] = frozenset()
+    node: exp.Expr | None = None  # where it is named in the SQL
 
 
 @dataclass
@@ -249,7 +250,7 @@ class QueryCompiler:
             collection = collection.select(
                 *[f"{quote(c)} AS {quote(bindings[c.lower()])}" for c in relation.columns])
         return Source(qualifier.lower(), collection, list(relation.columns), bindings,
-                      not_null=relation.not_null)
+                      not_null=relation.not_null, node=item)
 
     def _from_where(self, q: exp.Select, ctes: Ctes, outer: Scope | None
                     ) -> tuple[Scope, list[Correlation]]:
@@ -432,7 +433,8 @@ class QueryCompiler:
                     break
             else:
                 table = scope.sources[pending[0]]
-                raise self.error(None, f"no equality joins '{table.qualifier or 'a subquery'}' "
+                raise self.error(table.node, "no equality joins "
+                                 f"'{table.qualifier or 'a subquery'}' "
                                  "to the tables before it: a cross join is not supported",
                                  "add a condition a.k = b.k between the tables")
             pending.remove(i)

@@ -128,7 +128,7 @@ def test_every_construct_equals_duckdb_after_every_step_on_the_driver(spark, tmp
 
 
 def test_joins_aggregates_and_subqueries_on_the_spark_path(spark, tmp_path):
-    names = ["v_agg_expr", "v_left"]
+    names = ["v_left", "v_scalar"]
     script = TABLES + "".join(f"CREATE VIEW {n} AS {VIEWS[n]};\n" for n in names)
     run_and_check(spark, str(tmp_path), script, names, driver_step_rows=0, seed=3, steps=2,
                   ops=20)
