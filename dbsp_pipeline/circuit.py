@@ -74,6 +74,28 @@ class Circuit:
         self.inputs: dict[str, int] = {}
         self.input_schemas: dict[str, str] = {}
         self.outputs: dict[str, int] = {}
+        #: the column names of the outputs declared from SQL (``view``), which later SQL reads
+        self.sql_views: dict[str, tuple[str, ...]] = {}
+
+    @classmethod
+    def from_sql(cls, text: str, name: str = "sql") -> Circuit:
+        """A circuit declared by a SQL script (Spark SQL): ``CREATE TABLE t (columns)`` declares
+        an input, ``CREATE [MATERIALIZED] VIEW v AS SELECT ...`` an output view, which may read
+        the tables and views before it. See ``docs/sql.md`` for what compiles;
+        anything else is a ``SqlError`` naming the view, the line and column, and a hint."""
+        from dbsp_pipeline.sql.script import declare_script
+
+        circuit = cls(name)
+        declare_script(circuit, text)
+        return circuit
+
+    def view(self, name: str, query: str) -> Collection:
+        """Compile the Spark SQL ``query`` (one SELECT over this circuit's inputs and SQL views)
+        and declare it as output view ``name``; returns its collection."""
+        from dbsp_pipeline.sql.script import declare_view
+
+        declare_view(self, name, query)
+        return node_collection(self, self.outputs[name])
 
     # -- declaration -----------------------------------------------------------------------
     def input(self, name: str, schema: str) -> Collection:

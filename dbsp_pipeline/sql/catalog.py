@@ -1,0 +1,81 @@
+"""The relations a SQL text can name: a circuit's inputs (tables) and its SQL views.
+
+A ``Relation`` is a collection of the circuit with the names of its columns, in order (the
+compiler needs them before Spark analyses the circuit: to expand ``*``, to tell which table a
+column belongs to, to rename columns before a join). Names are case-insensitive, as in Spark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import sqlglot
+from sqlglot import exp
+
+from dbsp_pipeline.circuit import Circuit, Collection, node_collection
+from dbsp_pipeline.errors import CircuitError
+
+
+@dataclass(frozen=True)
+class Relation:
+    """A collection and its column names. ``not_null`` holds the columns known never to be NULL
+    (declared ``NOT NULL`` in ``CREATE TABLE``)."""
+
+    collection: Collection
+    columns: tuple[str, ...]
+    not_null: frozenset[str] = field(default_factory=frozenset)
+
+
+@dataclass
+class Catalog:
+    """Relations by lower-cased name: the circuit's inputs and the views SQL declared on it."""
+
+    circuit: Circuit
+    relations: dict[str, Relation] = field(default_factory=dict)
+
+    def lookup(self, name: str) -> Relation | None:
+        return self.relations.get(name.lower())
+
+    def add(self, name: str, relation: Relation) -> None:
+        self.relations[name.lower()] = relation
+
+    @classmethod
+    def of(cls, circuit: Circuit) -> Catalog:
+        """The catalog of ``circuit`` as declared so far: every input (columns parsed from its
+        DDL schema) and every output declared from SQL."""
+        catalog = cls(circuit)
+        for name, node_id in circuit.inputs.items():
+            columns, not_null = ddl_columns(circuit.input_schemas[name])
+            catalog.add(name, Relation(node_collection(circuit, node_id), columns, not_null))
+        for name, columns in circuit.sql_views.items():
+            catalog.add(name, Relation(node_collection(circuit, circuit.outputs[name]),
+                                       tuple(columns)))
+        return catalog
+
+
+def ddl_columns(ddl: str) -> tuple[tuple[str, ...], frozenset[str]]:
+    """The column names of a Spark DDL schema (``"id BIGINT NOT NULL, name STRING"``) and those
+    declared NOT NULL."""
+    try:
+        create = sqlglot.parse_one(f"CREATE TABLE t ({ddl})", read="spark")
+    except sqlglot.errors.ParseError as e:
+        raise CircuitError(f"schema '{ddl}' is not a Spark DDL column list: {e}") from None
+    schema = create.this
+    if not isinstance(schema, exp.Schema):
+        raise CircuitError(f"schema '{ddl}' is not a Spark DDL column list")
+    return column_defs(schema.expressions)
+
+
+def column_defs(defs: Sequence[exp.Expr]) -> tuple[tuple[str, ...], frozenset[str]]:
+    """Names of ``ColumnDef`` nodes, and those with a NOT NULL constraint."""
+    names: list[str] = []
+    not_null: set[str] = set()
+    for d in defs:
+        if not isinstance(d, exp.ColumnDef):
+            continue
+        names.append(d.name)
+        if any(isinstance(c.args.get("kind"), exp.NotNullColumnConstraint)
+               for c in d.args.get("constraints") or []):
+            not_null.add(d.name.lower())
+    return tuple(names), frozenset(not_null)

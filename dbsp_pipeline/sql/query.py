@@ -1,0 +1,958 @@
+"""One query (SELECT, set operations, CTEs, subqueries) compiled onto a circuit's operators.
+
+The query is read as sqlglot parsed it (Spark dialect) and built from ``Collection.select``,
+``filter``, ``union``, ``distinct``, ``join``, ``left_join``, ``semijoin``, ``antijoin`` and
+``group_by().agg()``. Expressions are not interpreted here: each one is rendered back to Spark SQL
+text (``.sql(dialect="spark")``) with its column references renamed, so it means what Spark says
+it means, on both engine paths.
+
+How a SELECT becomes operators:
+
+* every table of the FROM clause gets internal column names unique within the SELECT (a column
+  keeps its name unless another table has it too);
+* WHERE and inner-join ON conditions are split into conjuncts. A conjunct on one table filters
+  that table first; an equality between the tables joined so far and a new table is a join key
+  (keys may be expressions: they are computed as columns first); the rest filter after the joins.
+  Tables are joined in FROM order, each with the first table it has a join key with; two tables
+  with no equality between them would be a cross join, which is refused;
+* ``LEFT JOIN ... ON`` takes equalities between the two sides as keys, and conditions on its right
+  side alone as a filter of the right side; anything else in its ON clause is refused (a filter
+  after a left join is not the same query). NULL keys never match (SQL equality), in inner and
+  left joins alike;
+* ``x IN (SELECT y ...)``, ``EXISTS (...)`` and ``NOT EXISTS (...)`` as conjuncts of WHERE become
+  semi- and anti-joins; a correlated subquery may refer to the outer query only in equalities of
+  its WHERE clause (they become join keys). ``NOT IN`` is compiled only when both sides are
+  declared NOT NULL (otherwise SQL's NULL rules make it differ from an anti-join);
+* ``x < (SELECT avg(y) FROM ... WHERE inner.k = outer.k)`` (any comparison, a correlated scalar
+  subquery whose value is sum/avg/min/max with arithmetic) becomes a join with the subquery
+  grouped by its correlated columns, then a filter;
+* GROUP BY projects its key expressions and the aggregates' argument expressions first, then
+  aggregates (``count(*)``, ``count``, ``sum``, ``avg``, ``min``, ``max``), then HAVING filters
+  and the SELECT list is computed over keys and aggregates;
+* ``UNION ALL`` is the Z-set sum, ``UNION`` its ``distinct``. ``INTERSECT`` and ``EXCEPT`` (the
+  set forms) count, per distinct row, on which sides it occurs (a grouping, so NULLs compare
+  equal as SQL's set operations say). ``INTERSECT ALL`` and ``EXCEPT ALL`` are refused: their
+  multiplicities (``min(m, n)``, ``max(m - n, 0)``) are not a sum of the inputs' and no operator
+  of the circuit computes them (``minus`` would give ``m - n``, negative where ``n > m``).
+
+What needs operators the circuit does not have is refused with a ``SqlError``: aggregates
+without GROUP BY, ``DISTINCT`` aggregates, RIGHT and FULL joins, ORDER BY / LIMIT, window
+functions, scalar subqueries that are not correlated (global aggregates).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlglot import exp
+
+from dbsp_pipeline.circuit import Collection
+from dbsp_pipeline.sql.catalog import Catalog, Relation
+from dbsp_pipeline.sql.errors import SqlError
+from dbsp_pipeline.zset import quote
+
+#: aggregate node classes of sqlglot and the circuit's aggregate function each compiles to
+AGGREGATES: dict[type[exp.Expr], str] = {
+    exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max"}
+
+Ctes = dict[str, Relation]
+
+_COMPARISONS: dict[type[exp.Expr], str] = {
+    exp.EQ: "=", exp.NEQ: "<>", exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<="}
+#: the nodes of a scalar subquery's value that keep it NULL when no row matches
+_NULL_ON_EMPTY = (exp.Sum, exp.Avg, exp.Min, exp.Max, exp.Literal, exp.Add, exp.Sub, exp.Mul,
+                  exp.Div, exp.Paren, exp.Neg, exp.Identifier)
+
+
+class Namer:
+    """Column names unique within one SELECT (case-insensitively, as Spark resolves them)."""
+
+    def __init__(self) -> None:
+        self.used: set[str] = set()
+
+    def fresh(self, base: str) -> str:
+        name, n = base, 1
+        while name.lower() in self.used:
+            n += 1
+            name = f"{base}_{n}"
+        self.used.add(name.lower())
+        return name
+
+
+@dataclass
+class Source:
+    """A relation of a FROM clause: its qualifier, its collection (internal column names) and
+    its user-visible columns, each bound to an internal column."""
+
+    qualifier: str
+    collection: Collection
+    names: list[str]
+    bindings: dict[str, str]  # lower-cased user column name -> internal column name
+    null_supplied: bool = False  # the right side of a LEFT JOIN
+    not_null: frozenset[str] = frozenset()
+    node: exp.Expr | None = None  # where it is named in the SQL
+
+
+@dataclass
+class Scope:
+    """The tables of one SELECT's FROM clause, and the enclosing query's (for correlation)."""
+
+    sources: list[Source]
+    namer: Namer
+    outer: Scope | None = None
+    collection: Collection | None = None  # every source joined (after from_where)
+    columns: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Correlation:
+    """``outer = inner``: an equality of a subquery's WHERE between the enclosing query's
+    columns and the subquery's."""
+
+    outer: exp.Expr
+    inner: exp.Expr
+
+
+@dataclass
+class Conjunct:
+    node: exp.Expr
+    sources: frozenset[int]
+
+
+@dataclass
+class Joined:
+    collection: Collection
+    columns: list[str]
+    members: set[int]
+
+
+class QueryCompiler:
+    """Compiles the queries of one view (``view`` names it in errors) against ``catalog``."""
+
+    def __init__(self, view: str, catalog: Catalog) -> None:
+        self.view = view
+        self.catalog = catalog
+
+    def error(self, node: exp.Expr | None, problem: str, hint: str = "") -> SqlError:
+        return SqlError(self.view, node, problem, hint)
+
+    # -- queries ---------------------------------------------------------------------------
+    def relation(self, q: exp.Expr, ctes: Ctes) -> Relation:
+        """The relation query ``q`` computes."""
+        if isinstance(q, exp.Subquery):
+            self._refuse_modifiers(q)
+            return self.relation(q.this, ctes)
+        ctes = self._with_ctes(q, ctes)
+        if isinstance(q, exp.SetOperation):
+            return self._set_operation(q, ctes)
+        if isinstance(q, exp.Select):
+            self._refuse_modifiers(q)
+            scope, correlations = self._from_where(q, ctes, None)
+            assert not correlations  # no outer scope to correlate with
+            return self._project(q, scope)
+        raise self.error(q, f"{type(q).__name__} is not a query",
+                         "a view is one SELECT (with UNION/INTERSECT/EXCEPT, WITH, subqueries)")
+
+    def _with_ctes(self, q: exp.Expr, ctes: Ctes) -> Ctes:
+        with_ = q.args.get("with_")
+        if not with_:
+            return ctes
+        if with_.args.get("recursive"):
+            raise self.error(with_, "WITH RECURSIVE is not supported",
+                             "recursive queries need a fixed-point operator the circuit lacks")
+        scoped = dict(ctes)
+        for cte in with_.expressions:
+            relation = self.relation(cte.this, scoped)
+            relation = self._rename_columns(cte, relation, cte.args.get("alias"))
+            scoped[cte.alias.lower()] = relation
+        return scoped
+
+    def _refuse_modifiers(self, q: exp.Expr) -> None:
+        for arg, what in (("order", "ORDER BY"), ("limit", "LIMIT"), ("offset", "OFFSET"),
+                          ("qualify", "QUALIFY"), ("laterals", "LATERAL VIEW"),
+                          ("pivots", "PIVOT"), ("windows", "WINDOW")):
+            value = q.args.get(arg)
+            if value:
+                node = value[0] if isinstance(value, list) else value
+                raise self.error(node, f"{what} is not supported in a view",
+                                 "a view is an unordered multiset; top-k (ORDER BY ... LIMIT) "
+                                 "needs an operator the circuit does not have yet: drop the "
+                                 "clause and order or limit when reading the view")
+
+    def _set_operation(self, q: exp.SetOperation, ctes: Ctes) -> Relation:
+        self._refuse_modifiers(q)
+        left = self.relation(q.this, ctes)
+        right = self.relation(q.expression, ctes)
+        if len(left.columns) != len(right.columns):
+            raise self.error(q, f"the two sides of {q.key.upper()} have {len(left.columns)} and "
+                             f"{len(right.columns)} columns", "select the same number of columns")
+        columns = list(left.columns)
+        right_c = right.collection
+        if [c.lower() for c in right.columns] != [c.lower() for c in columns]:
+            right_c = right_c.select(*[f"{quote(r)} AS {quote(c)}"
+                                       for r, c in zip(right.columns, columns)])
+        distinct = bool(q.args.get("distinct"))
+        if isinstance(q, exp.Union):
+            union = left.collection.union(right_c)
+            return Relation(union.distinct() if distinct else union, tuple(columns))
+        what = "INTERSECT" if isinstance(q, exp.Intersect) else "EXCEPT"
+        if not distinct:
+            raise self.error(q, f"{what} ALL is not supported",
+                             f"use {what} (the set form), or rewrite with NOT EXISTS / EXISTS: "
+                             f"{what} ALL's multiplicity is not computed by any circuit operator")
+        # each distinct row tagged 1 (left) or 2 (right); the sum of tags says where it occurs
+        tag = _fresh_name("side", columns)
+        tags = _fresh_name("sides", columns)
+        cols = [quote(c) for c in columns]
+        tagged = left.collection.distinct().select(*cols, f"1 AS {quote(tag)}").union(
+            right_c.distinct().select(*cols, f"2 AS {quote(tag)}"))
+        counted = tagged.group_by(*columns).agg(**{tags: f"sum({quote(tag)})"})
+        keep = f"{quote(tags)} = 3" if what == "INTERSECT" else f"{quote(tags)} = 1"
+        return Relation(counted.filter(keep).select(*cols), tuple(columns))
+
+    def _rename_columns(self, node: exp.Expr, relation: Relation,
+                        alias: exp.Expr | None) -> Relation:
+        """``name(c1, c2)`` (a CTE's or a FROM alias's column list) renames the columns."""
+        names = [c.name for c in alias.args.get("columns") or []] if alias else []
+        if not names:
+            return relation
+        if len(names) != len(relation.columns):
+            raise self.error(node, f"{len(names)} column names given for "
+                             f"{len(relation.columns)} columns")
+        renamed = relation.collection.select(
+            *[f"{quote(o)} AS {quote(n)}" for o, n in zip(relation.columns, names)])
+        return Relation(renamed, tuple(names))
+
+    # -- FROM and WHERE --------------------------------------------------------------------
+    def _source(self, item: exp.Expr, ctes: Ctes, namer: Namer) -> Source:
+        if isinstance(item, exp.Table):
+            if item.args.get("db") or item.args.get("catalog"):
+                raise self.error(item, f"qualified table name '{item.sql(dialect='spark')}'",
+                                 "name a table or view of this circuit without a database")
+            name = item.name
+            relation = ctes.get(name.lower()) or self.catalog.lookup(name)
+            if relation is None:
+                known = sorted(set(ctes) | set(self.catalog.relations))
+                raise self.error(item, f"unknown table or view '{name}'",
+                                 f"declare it first (CREATE TABLE / CREATE VIEW); known: {known}")
+            qualifier = item.alias_or_name
+        elif isinstance(item, exp.Subquery):
+            relation = self.relation(item.this, ctes)
+            qualifier = item.alias
+        else:
+            raise self.error(item, f"{type(item).__name__} in FROM is not supported",
+                             "FROM takes tables, views, CTEs and subqueries")
+        relation = self._rename_columns(item, relation, item.args.get("alias"))
+        bindings = {c.lower(): namer.fresh(c) for c in relation.columns}
+        collection = relation.collection
+        if any(bindings[c.lower()] != c for c in relation.columns):
+            collection = collection.select(
+                *[f"{quote(c)} AS {quote(bindings[c.lower()])}" for c in relation.columns])
+        return Source(qualifier.lower(), collection, list(relation.columns), bindings,
+                      not_null=relation.not_null, node=item)
+
+    def _from_where(self, q: exp.Select, ctes: Ctes, outer: Scope | None
+                    ) -> tuple[Scope, list[Correlation]]:
+        """The FROM clause joined and filtered by WHERE: the scope with its ``collection``, and
+        the equalities with the enclosing query (``outer``) the WHERE clause holds."""
+        from_ = q.args.get("from_")
+        if from_ is None:
+            raise self.error(q, "SELECT without FROM is not supported",
+                             "a view reads at least one table or view")
+        namer = Namer()
+        joins: list[exp.Join] = list(q.args.get("joins") or [])
+        items: list[tuple[exp.Expr, exp.Join | None]] = [(from_.this, None)]
+        items += [(j.this, j) for j in joins]
+        scope = Scope([], namer, outer)
+        kinds: list[str] = []
+        for item, join in items:
+            kind = self._join_kind(join)
+            source = self._source(item, ctes, namer)
+            source.null_supplied = kind == "left"
+            scope.sources.append(source)
+            kinds.append(kind)
+
+        correlations: list[Correlation] = []
+        pool: list[Conjunct] = []
+        predicates: list[exp.Expr] = []  # subquery predicates, applied after the joins
+        where = q.args.get("where")
+        for node in _conjuncts(where.this if where else None):
+            self._classify(node, scope, pool, predicates, correlations)
+        left_keys: dict[int, list[tuple[exp.Expr, exp.Expr]]] = {}
+        for i, ((_, join), kind) in enumerate(zip(items, kinds)):
+            on = join.args.get("on") if join is not None else None
+            if kind == "inner":
+                for node in _conjuncts(on):
+                    if _has_subquery(node):
+                        raise self.error(node, "a subquery in JOIN ... ON is not supported",
+                                         "move it to WHERE")
+                    self._classify(node, scope, pool, predicates, correlations)
+            else:
+                if on is None:
+                    raise self.error(join, "LEFT JOIN needs an ON condition")
+                left_keys[i] = self._left_join_keys(on, scope, i)
+
+        # conjuncts on one table (not the right side of a LEFT JOIN) filter it first
+        for c in list(pool):
+            if len(c.sources) == 1:
+                (i,) = c.sources
+                source = scope.sources[i]
+                if not source.null_supplied:
+                    source.collection = source.collection.filter(self._render(c.node, scope))
+                    pool.remove(c)
+
+        state: Joined | None = None
+        pending: list[int] = []
+        for i, kind in enumerate(kinds):
+            if kind == "inner":
+                pending.append(i)
+                continue
+            state = self._join_pending(state, pending, pool, scope)
+            pending = []
+            assert state is not None
+            state = self._left_join(state, i, left_keys[i], scope)
+            state = self._apply_covered(state, pool, scope)
+        state = self._join_pending(state, pending, pool, scope)
+        assert state is not None
+        collection = state.collection
+        rest = [c.node for c in pool]
+        if rest:
+            collection = collection.filter(" AND ".join(
+                f"({self._render(n, scope)})" for n in rest))
+        scope.collection, scope.columns = collection, state.columns
+        for node in predicates:
+            self._apply_subquery_predicate(node, scope, ctes)
+        return scope, correlations
+
+    def _join_kind(self, join: exp.Join | None) -> str:
+        if join is None:
+            return "inner"
+        if join.args.get("using"):
+            raise self.error(join, "JOIN ... USING is not supported",
+                             "write the condition as ON a.k = b.k")
+        side = (join.args.get("side") or "").upper()
+        kind = (join.args.get("kind") or "").upper()
+        if join.args.get("method"):
+            raise self.error(join, f"{join.args['method']} JOIN is not supported",
+                             "write the join condition explicitly with ON")
+        if not side and kind in ("", "INNER", "CROSS"):
+            return "inner"
+        if side == "LEFT" and kind in ("", "OUTER"):
+            return "left"
+        what = " ".join(w for w in (side, kind) if w) or "this"
+        raise self.error(join, f"{what} JOIN is not supported",
+                         "only inner and LEFT joins compile for now: RIGHT and FULL outer joins "
+                         "need engine operators (swap the sides to make a RIGHT JOIN a LEFT JOIN)")
+
+    def _columns_of(self, node: exp.Expr, scope: Scope) -> tuple[set[int], bool]:
+        """The FROM sources ``node``'s own columns (not its subqueries') belong to, and whether
+        it refers to the enclosing query."""
+        found: set[int] = set()
+        outer = False
+        for col in _own_columns(node):
+            i = self._locate(col, scope)
+            if i is None:
+                if scope.outer is None or self._locate(col, scope.outer) is None:
+                    raise self._unknown_column(col, scope)
+                outer = True
+            else:
+                found.add(i)
+        return found, outer
+
+    def _classify(self, node: exp.Expr, scope: Scope, pool: list[Conjunct],
+                  predicates: list[exp.Expr], correlations: list[Correlation]) -> None:
+        if _has_subquery(node):
+            predicates.append(node)
+            return
+        sources, outer = self._columns_of(node, scope)
+        if not outer:
+            pool.append(Conjunct(node, frozenset(sources)))
+            return
+        if isinstance(node, exp.EQ):
+            l_sources, l_outer = self._columns_of(node.this, scope)
+            r_sources, r_outer = self._columns_of(node.expression, scope)
+            if l_outer and not l_sources and r_sources and not r_outer:
+                correlations.append(Correlation(node.this, node.expression))
+                return
+            if r_outer and not r_sources and l_sources and not l_outer:
+                correlations.append(Correlation(node.expression, node.this))
+                return
+        raise self.error(node, "a correlated condition other than an equality between the outer "
+                         "query's and the subquery's columns is not supported",
+                         "correlated subqueries decorrelate into semi/anti joins on equal keys "
+                         "only; a non-equi correlation needs a join with an aggregate")
+
+    def _left_join_keys(self, on: exp.Expr, scope: Scope, right: int
+                        ) -> list[tuple[exp.Expr, exp.Expr]]:
+        keys: list[tuple[exp.Expr, exp.Expr]] = []
+        source = scope.sources[right]
+        for node in _conjuncts(on):
+            if _has_subquery(node):
+                raise self.error(node, "a subquery in LEFT JOIN ... ON is not supported")
+            sources, outer = self._columns_of(node, scope)
+            if outer:
+                raise self.error(node, "a LEFT JOIN condition refers to an enclosing query")
+            if sources == {right}:  # on the right side alone: filters it before the join
+                source.collection = source.collection.filter(self._render(node, scope))
+                continue
+            if isinstance(node, exp.EQ):
+                l_sources, _ = self._columns_of(node.this, scope)
+                r_sources, _ = self._columns_of(node.expression, scope)
+                if r_sources == {right} and l_sources and right not in l_sources \
+                        and max(l_sources) < right:
+                    keys.append((node.this, node.expression))
+                    continue
+                if l_sources == {right} and r_sources and right not in r_sources \
+                        and max(r_sources) < right:
+                    keys.append((node.expression, node.this))
+                    continue
+            raise self.error(node, "this LEFT JOIN condition is not supported",
+                             "a LEFT JOIN's ON clause may hold equalities between the two sides "
+                             "and conditions on its right side only; a condition on the left "
+                             "side or a non-equality between the sides needs an outer join "
+                             "operator with a residual condition")
+        if not keys:
+            raise self.error(on, "a LEFT JOIN needs at least one equality between its sides")
+        return keys
+
+    def _join_pending(self, state: Joined | None, pending: list[int], pool: list[Conjunct],
+                      scope: Scope) -> Joined | None:
+        pending = list(pending)
+        while pending:
+            if state is None:
+                i = pending.pop(0)
+                source = scope.sources[i]
+                state = Joined(source.collection,
+                               [source.bindings[n.lower()] for n in source.names], {i})
+                state = self._apply_covered(state, pool, scope)
+                continue
+            for i in pending:
+                keys = self._inner_keys(state, i, pool, scope)
+                if keys:
+                    break
+            else:
+                table = scope.sources[pending[0]]
+                raise self.error(table.node, "no equality joins "
+                                 f"'{table.qualifier or 'a subquery'}' "
+                                 "to the tables before it: a cross join is not supported",
+                                 "add a condition a.k = b.k between the tables")
+            pending.remove(i)
+            for c, _, _ in keys:
+                pool.remove(c)
+            state = self._inner_join(state, i, keys, scope)
+            state = self._apply_covered(state, pool, scope)
+        return state
+
+    def _inner_keys(self, state: Joined, right: int, pool: list[Conjunct], scope: Scope
+                    ) -> list[tuple[Conjunct, exp.Expr, exp.Expr]]:
+        keys = []
+        for c in pool:
+            if not isinstance(c.node, exp.EQ) or right not in c.sources:
+                continue
+            l_sources, _ = self._columns_of(c.node.this, scope)
+            r_sources, _ = self._columns_of(c.node.expression, scope)
+            if l_sources and l_sources <= state.members and r_sources == {right}:
+                keys.append((c, c.node.this, c.node.expression))
+            elif r_sources and r_sources <= state.members and l_sources == {right}:
+                keys.append((c, c.node.expression, c.node.this))
+        return keys
+
+    def _inner_join(self, state: Joined, right: int,
+                    keys: list[tuple[Conjunct, exp.Expr, exp.Expr]],
+                    scope: Scope) -> Joined:
+        source = scope.sources[right]
+        right_columns = [source.bindings[n.lower()] for n in source.names]
+        pairs = [(left, r) for _, left, r in keys
+                 if isinstance(left, exp.Column) and isinstance(r, exp.Column)]
+        bare = len(pairs) == len(keys)
+        if bare:
+            l_names = [self._internal(left, scope) for left, _ in pairs]
+            r_names = [self._internal(r, scope) for _, r in pairs]
+            bare = len(set(l_names)) == len(l_names) and len(set(r_names)) == len(r_names)
+        if bare:
+            # inner join on columns: the right key column takes the left key's name (they are
+            # equal in every joined row)
+            rename = dict(zip(r_names, l_names))
+            right_c = source.collection.select(
+                *[f"{quote(c)} AS {quote(rename[c])}" if c in rename else quote(c)
+                  for c in right_columns])
+            for user, internal in list(source.bindings.items()):
+                if internal in rename:
+                    source.bindings[user] = rename[internal]
+                    scope.namer.used.discard(internal.lower())
+            on = l_names
+            left_c = state.collection
+            right_columns = [rename.get(c, c) for c in right_columns]
+        else:
+            on = [scope.namer.fresh("join_key") for _ in keys]
+            left_c = state.collection.select(
+                *[quote(c) for c in state.columns],
+                *[f"{self._render(left, scope)} AS {quote(n)}"
+                  for (_, left, _), n in zip(keys, on)])
+            right_c = source.collection.select(
+                *[quote(c) for c in right_columns],
+                *[f"{self._render(r, scope)} AS {quote(n)}" for (_, _, r), n in zip(keys, on)])
+        joined = left_c.join(right_c, on=on)
+        columns = on + [c for c in state.columns if c not in on] \
+            + [c for c in right_columns if c not in on]
+        return Joined(joined, columns, state.members | {right})
+
+    def _left_join(self, state: Joined, right: int,
+                   keys: list[tuple[exp.Expr, exp.Expr]], scope: Scope) -> Joined:
+        source = scope.sources[right]
+        right_columns = [source.bindings[n.lower()] for n in source.names]
+        on = [scope.namer.fresh("join_key") for _ in keys]
+        left_c = state.collection.select(
+            *[quote(c) for c in state.columns],
+            *[f"{self._render(left, scope)} AS {quote(n)}" for (left, _), n in zip(keys, on)])
+        right_c = source.collection.select(
+            *[quote(c) for c in right_columns],
+            *[f"{self._render(r, scope)} AS {quote(n)}" for (_, r), n in zip(keys, on)])
+        joined = left_c.left_join(right_c, on=on)
+        return Joined(joined, on + state.columns + right_columns, state.members | {right})
+
+    def _apply_covered(self, state: Joined, pool: list[Conjunct], scope: Scope) -> Joined:
+        """Filter by the conjuncts on tables joined so far (the earlier, the smaller)."""
+        covered = [c for c in pool if c.sources and c.sources <= state.members]
+        if not covered:
+            return state
+        for c in covered:
+            pool.remove(c)
+        predicate = " AND ".join(f"({self._render(c.node, scope)})" for c in covered)
+        return Joined(state.collection.filter(predicate), state.columns, state.members)
+
+    # -- subqueries in WHERE ---------------------------------------------------------------
+    def _apply_subquery_predicate(self, node: exp.Expr, scope: Scope,
+                                  ctes: Ctes) -> None:
+        negated = isinstance(node, exp.Not)
+        inner = node.this if negated else node
+        assert scope.collection is not None
+        if isinstance(inner, exp.In) and inner.args.get("query") is not None:
+            query = inner.args["query"]
+            sub = query.this if isinstance(query, exp.Subquery) else query
+            relation, outer_exprs = self._subquery_keys(sub, scope, ctes, inner.this)
+            if negated and not self._never_null(inner.this, scope, relation):
+                raise self.error(node, "NOT IN (subquery) over columns that may be NULL is not "
+                                 "supported",
+                                 "SQL's NOT IN is unknown when either side holds a NULL; write "
+                                 "NOT EXISTS (... WHERE inner = outer), or declare the columns "
+                                 "NOT NULL in CREATE TABLE")
+        elif isinstance(inner, exp.Exists):
+            relation, outer_exprs = self._subquery_keys(inner.this, scope, ctes, None)
+        elif (not negated and type(node) in _COMPARISONS
+              and any(isinstance(side, exp.Subquery) for side in (node.this, node.expression))):
+            self._apply_scalar_comparison(node, scope, ctes)
+            return
+        else:
+            raise self.error(node, "this subquery is not supported",
+                             "subqueries compile as WHERE conjuncts x IN (SELECT ...), "
+                             "EXISTS (...), NOT EXISTS (...) and x < (SELECT agg(...) ... WHERE "
+                             "inner.k = outer.k); other scalar subqueries need a global aggregate "
+                             "the circuit does not have yet")
+        on = [scope.namer.fresh("match_key") for _ in outer_exprs]
+        left = scope.collection.select(
+            *[quote(c) for c in scope.columns],
+            *[f"{self._render(e, scope)} AS {quote(n)}" for e, n in zip(outer_exprs, on)])
+        right = relation.collection.select(
+            *[f"{quote(c)} AS {quote(n)}" for c, n in zip(relation.columns, on)])
+        scope.collection = left.antijoin(right, on) if negated else left.semijoin(right, on)
+        scope.columns = scope.columns + on
+
+    def _apply_scalar_comparison(self, node: exp.Expr, scope: Scope, ctes: Ctes) -> None:
+        """``x OP (SELECT agg(...) FROM ... WHERE inner.k = outer.k ...)`` as a WHERE conjunct:
+        the subquery grouped by its correlated columns, joined on them, then the comparison as a
+        filter. Exact because the scalar is NULL where the subquery has no row (only aggregates
+        that are NULL over no rows, and arithmetic on them, are accepted), and a comparison with
+        NULL drops the row as the missing join partner does."""
+        query = node.this if isinstance(node.this, exp.Subquery) else node.expression
+        sub = query.this
+        if not isinstance(sub, exp.Select) or sub.args.get("with_"):
+            raise self.error(query, "a scalar subquery must be one SELECT")
+        self._refuse_modifiers(sub)
+        if sub.args.get("group") or sub.args.get("having") or sub.args.get("distinct") \
+                or len(sub.expressions) != 1:
+            raise self.error(query, "a scalar subquery compiles only as one aggregate without "
+                             "GROUP BY, HAVING or DISTINCT")
+        sub_scope, correlations = self._from_where(sub, ctes, scope)
+        if not correlations:
+            raise self.error(query, "a scalar subquery that is not correlated is not supported",
+                             "it is a global aggregate, which needs an operator the circuit "
+                             "does not have yet")
+        item = sub.expressions[0].unalias()
+        bad = next((n for n in _own_nodes(item) if not isinstance(n, _NULL_ON_EMPTY)
+                    and not (isinstance(n, exp.Column) and n.find_ancestor(exp.AggFunc))), None)
+        if bad is not None or not _aggregates(item):
+            raise self.error(bad or item, "this scalar subquery's value is not supported",
+                             "it must be sum/avg/min/max (with arithmetic and literals), "
+                             "which is NULL when no row matches; count and coalesce are not")
+        keys = [f"key_{i}" for i in range(len(correlations))]
+        value = "scalar_value"
+        synthetic = exp.Select(
+            expressions=[exp.alias_(c.inner.copy(), k, quoted=True)
+                         for c, k in zip(correlations, keys)]
+            + [exp.alias_(item.copy(), value, quoted=True)],
+            group=exp.Group(expressions=[c.inner.copy() for c in correlations]))
+        grouped = self._project(synthetic, sub_scope)
+        assert scope.collection is not None
+        on = [scope.namer.fresh("match_key") for _ in correlations]
+        value_name = scope.namer.fresh("scalar_value")
+        left = scope.collection.select(
+            *[quote(c) for c in scope.columns],
+            *[f"{self._render(c.outer, scope)} AS {quote(n)}" for c, n in zip(correlations, on)])
+        right = grouped.collection.select(
+            *[f"{quote(k)} AS {quote(n)}" for k, n in zip(keys, on)],
+            f"{quote(value)} AS {quote(value_name)}")
+        joined = left.join(right, on)
+        scope.columns = on + scope.columns + [value_name]
+
+        sides = [quote(value_name) if side is query else f"({self._render(side, scope)})"
+                 for side in (node.this, node.expression)]
+        scope.collection = joined.filter(f"{sides[0]} {_COMPARISONS[type(node)]} {sides[1]}")
+
+    def _subquery_keys(self, sub: exp.Expr, outer: Scope, ctes: Ctes,
+                       in_expr: exp.Expr | None
+                       ) -> tuple[Relation, list[exp.Expr]]:
+        """The subquery as a relation of key columns, and the outer expressions they match."""
+        if not isinstance(sub, exp.Select) or sub.args.get("with_"):
+            relation = self.relation(sub, ctes)  # not correlated (a set operation, a CTE)
+            if in_expr is None:
+                raise self.error(sub, "EXISTS over a query that is not correlated is not "
+                                 "supported", "correlate it with WHERE inner.k = outer.k")
+            return self._single_column(sub, relation), [in_expr]
+        self._refuse_modifiers(sub)
+        scope, correlations = self._from_where(sub, ctes, outer)
+        if not correlations:
+            if in_expr is None:
+                raise self.error(sub, "EXISTS over a query that is not correlated is not "
+                                 "supported", "correlate it with WHERE inner.k = outer.k")
+            return self._single_column(sub, self._project(sub, scope)), [in_expr]
+        if sub.args.get("group") or sub.args.get("having") or any(
+                _aggregates(e) for e in sub.expressions):
+            raise self.error(sub, "a correlated subquery with aggregates is not supported",
+                             "only correlated subqueries that are semi/anti joins on equal keys "
+                             "compile")
+        inner_exprs = [c.inner for c in correlations]
+        outer_exprs = [c.outer for c in correlations]
+        if in_expr is not None:
+            if len(sub.expressions) != 1 or isinstance(sub.expressions[0], exp.Star):
+                raise self.error(sub, "an IN subquery must select exactly one column")
+            inner_exprs.insert(0, sub.expressions[0].unalias())
+            outer_exprs.insert(0, in_expr)
+        names = [f"key_{i}" for i in range(len(inner_exprs))]
+        assert scope.collection is not None
+        keys = scope.collection.select(
+            *[f"{self._render(e, scope)} AS {quote(n)}" for e, n in zip(inner_exprs, names)])
+        return Relation(keys, tuple(names)), outer_exprs
+
+    def _single_column(self, sub: exp.Expr, relation: Relation) -> Relation:
+        if len(relation.columns) != 1:
+            raise self.error(sub, f"an IN subquery must select exactly one column, this one "
+                             f"selects {len(relation.columns)}")
+        return relation
+
+    def _never_null(self, expr: exp.Expr, scope: Scope, relation: Relation) -> bool:
+        if not isinstance(expr, exp.Column) or not relation.not_null:
+            return False
+        i = self._locate(expr, scope)
+        return (i is not None and expr.name.lower() in scope.sources[i].not_null
+                and relation.columns[0].lower() in relation.not_null)
+
+    # -- SELECT list, GROUP BY, HAVING -----------------------------------------------------
+    def _project(self, q: exp.Select, scope: Scope) -> Relation:
+        items = self._items(q, scope)
+        names = [name for name, _ in items]
+        seen: set[str] = set()
+        for (name, node) in items:
+            if name.lower() in seen:
+                raise self.error(node, f"the view has two columns named '{name}'",
+                                 "give one of them another name with AS")
+            seen.add(name.lower())
+        for _, node in items:
+            window = next(iter(node.find_all(exp.Window)), None)
+            if window is not None:
+                raise self.error(window, "window functions are not supported",
+                                 "OVER (...) needs an operator the circuit does not have yet")
+            if _has_subquery(node):
+                raise self.error(node, "a subquery in the SELECT list is not supported",
+                                 "join with the subquery in FROM instead")
+        having = q.args.get("having")
+        grouped = (q.args.get("group") is not None or having is not None
+                   or any(_aggregates(node) for _, node in items))
+        assert scope.collection is not None
+        if grouped:
+            collection = self._aggregate(q, scope, items)
+        else:
+            collection = scope.collection.select(
+                *[f"{self._render(node, scope)} AS {quote(name)}" for name, node in items])
+        distinct = q.args.get("distinct")
+        if distinct is not None:
+            if distinct.args.get("on"):
+                raise self.error(distinct, "DISTINCT ON is not supported")
+            collection = collection.distinct()
+        not_null = frozenset(
+            name.lower() for name, node in items if isinstance(node, exp.Column) and
+            (i := self._locate(node, scope)) is not None
+            and node.name.lower() in scope.sources[i].not_null)
+        return Relation(collection, tuple(names), not_null)
+
+    def _items(self, q: exp.Select, scope: Scope) -> list[tuple[str, exp.Expr]]:
+        """The SELECT list as (output name, expression), ``*`` and ``t.*`` expanded."""
+        items: list[tuple[str, exp.Expr]] = []
+        for e in q.expressions:
+            star_of = None
+            if isinstance(e, exp.Star):
+                star_of = ""
+            elif isinstance(e, exp.Column) and isinstance(e.this, exp.Star):
+                star_of = e.table.lower()
+            if star_of is not None:
+                matched = False
+                for source in scope.sources:
+                    if star_of and source.qualifier != star_of:
+                        continue
+                    matched = True
+                    for n in source.names:
+                        col = exp.column(n, table=source.qualifier or None, quoted=True)
+                        items.append((n, col))
+                if not matched:
+                    raise self.error(e, f"no table '{star_of}' in FROM for {star_of}.*")
+                continue
+            if isinstance(e, exp.Alias):
+                items.append((e.alias, e.this))
+            elif isinstance(e, exp.Column):
+                items.append((e.name, e))
+            else:
+                raise self.error(e, "a computed column needs a name",
+                                 "add AS name (the view's columns are named by the SELECT list)")
+        return items
+
+    def _aggregate(self, q: exp.Select, scope: Scope,
+                   items: list[tuple[str, exp.Expr]]) -> Collection:
+        assert scope.collection is not None
+        group = q.args.get("group")
+        having = q.args.get("having")
+        if group is not None and any(group.args.get(a) for a in ("rollup", "cube",
+                                                                  "grouping_sets")):
+            raise self.error(group, "ROLLUP, CUBE and GROUPING SETS are not supported",
+                             "declare one view per grouping")
+        group_exprs: list[exp.Expr] = list(group.expressions) if group else []
+        aggregate_nodes = [a for _, node in items for a in _aggregates(node)]
+        if having is not None:
+            aggregate_nodes += _aggregates(having.this)
+        if not group_exprs:
+            raise self.error(aggregate_nodes[0] if aggregate_nodes else q,
+                             "an aggregate without GROUP BY (a global aggregate) is not "
+                             "supported",
+                             "it needs an operator that keeps the one row of an empty input "
+                             "(count(*) = 0); group by a column for now")
+        by_alias = {name.lower(): node for name, node in items}
+        pre: list[str] = []
+        keys: dict[str, str] = {}  # rendered group expression -> key column
+        for g in group_exprs:
+            if isinstance(g, exp.Literal) and not g.is_string:
+                position = int(g.this)
+                if not 1 <= position <= len(items):
+                    raise self.error(g, f"GROUP BY {position}: the SELECT list has "
+                                     f"{len(items)} columns")
+                g = items[position - 1][1]
+            elif (isinstance(g, exp.Column) and not g.table
+                  and self._locate(g, scope) is None and g.name.lower() in by_alias):
+                g = by_alias[g.name.lower()]
+            if _aggregates(g):
+                raise self.error(g, "an aggregate in GROUP BY")
+            rendered = self._render(g, scope)
+            if rendered in keys:
+                continue
+            if isinstance(g, exp.Column):
+                name = self._internal(g, scope)
+                pre.append(quote(name))
+            else:
+                name = scope.namer.fresh("group_key")
+                pre.append(f"{rendered} AS {quote(name)}")
+            keys[rendered] = name
+        aggs: dict[str, tuple[str, str | None]] = {}  # rendered call -> (name, fn(arg) column)
+        calls: dict[str, str] = {}  # rendered aggregate call -> output column
+        computed = False
+        for node in aggregate_nodes:
+            fn = AGGREGATES.get(type(node))
+            if fn is None:
+                raise self.error(node, f"aggregate {node.key}() is not supported",
+                                 "the aggregates are count(*), count, sum, avg, min, max")
+            arg = node.this
+            if isinstance(arg, exp.Distinct) or node.args.get("distinct"):
+                raise self.error(node, f"{fn}(DISTINCT ...) is not supported",
+                                 "aggregate a subquery that selects DISTINCT instead, or wait "
+                                 "for the distinct-aggregate operator")
+            if _aggregates(arg) if arg is not None else False:
+                raise self.error(node, "an aggregate inside an aggregate")
+            if fn == "count" and (arg is None or isinstance(arg, exp.Star) or (
+                    isinstance(arg, exp.Literal) and not isinstance(arg, exp.Null))):
+                call, column = "count(*)", None
+            else:
+                rendered = self._render(arg, scope)
+                call = f"{fn}({rendered})"
+                if isinstance(arg, exp.Column):
+                    column = self._internal(arg, scope)
+                    pre.append(quote(column))
+                else:
+                    column = scope.namer.fresh("agg_arg")
+                    pre.append(f"{rendered} AS {quote(column)}")
+                    computed = True
+            if call not in calls:
+                name = scope.namer.fresh("agg")
+                calls[call] = name
+                aggs[name] = (fn, column)
+        if not aggs:
+            aggs[scope.namer.fresh("agg")] = ("count", None)
+        source = scope.collection
+        if computed or any(" AS " in p for p in pre):
+            source = source.select(*list(dict.fromkeys(pre)))
+        grouped = source.group_by(*keys.values()).agg(**{
+            name: f"{fn}({quote(col) if col else '*'})" for name, (fn, col) in aggs.items()})
+
+        def post(node: exp.Expr) -> str:
+            return _rewrite(node, lambda n: self._after_grouping(n, scope, keys, calls)).sql(
+                dialect="spark")
+
+        if having is not None:
+            grouped = grouped.filter(post(having.this))
+        return grouped.select(*[f"{post(node)} AS {quote(name)}" for name, node in items])
+
+    def _after_grouping(self, node: exp.Expr, scope: Scope, keys: dict[str, str],
+                        calls: dict[str, str]) -> exp.Expr | None:
+        """``node`` of a SELECT item or HAVING over the grouped rows: an aggregate or a group
+        key becomes its column; None leaves the node (its children are visited)."""
+        if type(node) in AGGREGATES:
+            fn = AGGREGATES[type(node)]
+            arg = node.this
+            if fn == "count" and (arg is None or isinstance(arg, exp.Star) or (
+                    isinstance(arg, exp.Literal) and not isinstance(arg, exp.Null))):
+                call = "count(*)"
+            else:
+                call = f"{fn}({self._render(arg, scope)})"
+            return exp.column(calls[call], quoted=True)
+        if isinstance(node, (exp.Literal, exp.Null, exp.Boolean)) or not _own_columns(node):
+            return None
+        rendered = self._render(node, scope)
+        if rendered in keys:
+            return exp.column(keys[rendered], quoted=True)
+        if isinstance(node, exp.Column):
+            raise self.error(node, f"column '{node.sql(dialect='spark')}' is neither grouped "
+                             "nor aggregated", "add it to GROUP BY or aggregate it")
+        return None
+
+    # -- columns ---------------------------------------------------------------------------
+    def _locate(self, col: exp.Column, scope: Scope) -> int | None:
+        """The index of the FROM source of ``scope`` column ``col`` names (None: none)."""
+        name, table = col.name.lower(), col.table.lower()
+        hits = [i for i, s in enumerate(scope.sources)
+                if name in s.bindings and (not table or s.qualifier == table)]
+        if len(hits) > 1:
+            raise self.error(col, f"column '{col.name}' is ambiguous: it is in "
+                             f"{[scope.sources[i].qualifier for i in hits]}",
+                             "qualify it with its table's name or alias")
+        return hits[0] if hits else None
+
+    def _unknown_column(self, col: exp.Column, scope: Scope) -> SqlError:
+        known = sorted({f"{s.qualifier + '.' if s.qualifier else ''}{n}"
+                        for s in scope.sources for n in s.names})
+        return self.error(col, f"unknown column '{col.sql(dialect='spark')}'",
+                          f"the tables in FROM have {known}")
+
+    def _internal(self, col: exp.Column, scope: Scope) -> str:
+        i = self._locate(col, scope)
+        if i is None:
+            if scope.outer is not None and self._locate(col, scope.outer) is not None:
+                raise self.error(col, "a reference to the enclosing query is supported only "
+                                 "in an equality of the subquery's WHERE clause")
+            raise self._unknown_column(col, scope)
+        return scope.sources[i].bindings[col.name.lower()]
+
+    def _render(self, node: exp.Expr, scope: Scope) -> str:
+        """``node`` as Spark SQL text over the internal column names."""
+        def rename(n: exp.Expr) -> exp.Expr | None:
+            if isinstance(n, exp.Column) and not isinstance(n.this, exp.Star):
+                return exp.column(self._internal(n, scope), quoted=True)
+            if isinstance(n, (exp.Subquery, exp.Select)):
+                raise self.error(n, "a subquery here is not supported",
+                                 "subqueries compile as WHERE conjuncts IN / EXISTS / NOT EXISTS")
+            return None
+        return _rewrite(node, rename).sql(dialect="spark")
+
+
+def _rewrite(node: exp.Expr,
+             replace: Callable[[exp.Expr], exp.Expr | None]) -> exp.Expr:
+    """A copy of ``node`` with every node for which ``replace`` returns an expression replaced
+    by it (top-down: a replaced node's children are not visited)."""
+    def visit(n: exp.Expr) -> exp.Expr:
+        new = replace(n)
+        if new is not None:
+            return new
+        for child in list(n.iter_expressions()):
+            replaced = visit(child)
+            if replaced is not child:
+                child.replace(replaced)
+        return n
+    original = node
+    copy = node.copy()
+    _copy_meta(original, copy)
+    return visit(copy)
+
+
+def _copy_meta(original: exp.Expr, copy: exp.Expr) -> None:
+    for a, b in zip(original.walk(), copy.walk()):
+        if a.meta and not b.meta:
+            b.meta.update(a.meta)
+
+
+def _conjuncts(node: exp.Expr | None) -> list[exp.Expr]:
+    if node is None:
+        return []
+    if isinstance(node, exp.Paren):
+        return _conjuncts(node.this)
+    if isinstance(node, exp.And):
+        return _conjuncts(node.this) + _conjuncts(node.expression)
+    return [node]
+
+
+def _is_query(n: exp.Expr) -> bool:
+    return isinstance(n, (exp.Subquery, exp.Select, exp.SetOperation))
+
+
+def _own_nodes(node: exp.Expr) -> list[exp.Expr]:
+    """The nodes of ``node`` outside its subqueries."""
+    return list(node.walk(prune=lambda n: _is_query(n) and n is not node))
+
+
+def _own_columns(node: exp.Expr) -> list[exp.Column]:
+    return [n for n in _own_nodes(node)
+            if isinstance(n, exp.Column) and not isinstance(n.this, exp.Star)]
+
+
+def _has_subquery(node: exp.Expr) -> bool:
+    return any(_is_query(n) for n in _own_nodes(node))
+
+
+def _aggregates(node: exp.Expr) -> list[exp.Expr]:
+    """The aggregate calls of ``node`` (outside subqueries; not those inside an aggregate)."""
+    found: list[exp.Expr] = []
+
+    def visit(n: exp.Expr) -> None:
+        if isinstance(n, exp.AggFunc):
+            found.append(n)
+            return
+        if _is_query(n) or isinstance(n, exp.Window):
+            return
+        for child in n.iter_expressions():
+            visit(child)
+    visit(node)
+    return found
+
+
+def _fresh_name(base: str, taken: list[str]) -> str:
+    lower = {t.lower() for t in taken}
+    name, n = base, 1
+    while name.lower() in lower:
+        n += 1
+        name = f"{base}_{n}"
+    return name

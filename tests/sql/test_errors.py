@@ -1,0 +1,93 @@
+"""What the SQL compiler refuses: each error names the view, the line and column of the SQL,
+what is not supported, and a hint. No Spark needed (compiling is pure declaration)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dbsp_pipeline import Circuit, CircuitError
+from dbsp_pipeline.sql import SqlError
+
+TABLES = """CREATE TABLE orders (order_id BIGINT NOT NULL, customer_id BIGINT, amount DOUBLE);
+CREATE TABLE customers (id BIGINT NOT NULL, region STRING);
+"""
+
+
+def refused(query: str) -> SqlError:
+    with pytest.raises(SqlError) as info:
+        Circuit.from_sql(TABLES + f"CREATE VIEW v AS\n{query}")
+    assert isinstance(info.value, CircuitError)
+    assert info.value.view == "v"
+    return info.value
+
+
+@pytest.mark.parametrize("query, line, column, problem, hint", [
+    ("SELECT count(*) AS n FROM orders", 4, 8, "global aggregate", "group by"),
+    ("SELECT customer_id, count(DISTINCT amount) AS n\nFROM orders GROUP BY customer_id",
+     4, 21, "count(DISTINCT ...) is not supported", "DISTINCT"),
+    ("SELECT o.order_id FROM orders o\nRIGHT JOIN customers c ON o.customer_id = c.id",
+     5, 12, "RIGHT JOIN is not supported", "LEFT JOIN"),
+    ("SELECT o.order_id FROM orders o FULL OUTER JOIN customers c ON o.customer_id = c.id",
+     4, 49, "FULL OUTER JOIN is not supported", "outer joins"),
+    ("SELECT order_id FROM orders\nORDER BY amount DESC LIMIT 3", 5, 10,
+     "ORDER BY is not supported", "top-k"),
+    ("SELECT order_id, row_number() OVER (PARTITION BY customer_id ORDER BY amount) AS r "
+     "FROM orders", 4, 18, "window functions are not supported", "OVER"),
+    ("SELECT customer_id FROM orders INTERSECT ALL SELECT id FROM customers", 4, 8,
+     "INTERSECT ALL is not supported", "set form"),
+    ("SELECT customer_id FROM orders EXCEPT ALL SELECT id FROM customers", 4, 8,
+     "EXCEPT ALL is not supported", "NOT EXISTS"),
+    ("SELECT order_id FROM orders\nWHERE customer_id NOT IN (SELECT id FROM customers)", 5, 7,
+     "NOT IN (subquery) over columns that may be NULL", "NOT EXISTS"),
+    ("SELECT id FROM customers c WHERE EXISTS (SELECT 1 FROM orders o\n"
+     "WHERE o.customer_id < c.id)", 5, 7, "correlated condition other than an equality",
+     "semi/anti joins"),
+    ("SELECT o.order_id FROM orders o LEFT JOIN customers c\n"
+     "ON o.customer_id = c.id AND o.amount > 3", 5, 29, "this LEFT JOIN condition",
+     "right side"),
+    ("SELECT o.order_id, c.region FROM orders o, customers c", 4, 44,
+     "cross join is not supported", "a.k = b.k"),
+    ("SELECT order_id, amount * 2 FROM orders", 4, 18, "a computed column needs a name",
+     "AS name"),
+    ("SELECT order_id, nope FROM orders", 4, 18, "unknown column 'nope'", "order_id"),
+    ("SELECT order_id FROM nowhere", 4, 22, "unknown table or view 'nowhere'", "orders"),
+    ("SELECT customer_id, amount, count(*) AS n FROM orders GROUP BY customer_id", 4, 21,
+     "neither grouped nor aggregated", "GROUP BY"),
+    ("SELECT id FROM customers, orders WHERE id = customer_id AND order_id = "
+     "(SELECT max(id) FROM customers)", 4, 80,
+     "a scalar subquery that is not correlated is not supported", "global aggregate"),
+    ("SELECT id FROM customers c WHERE id < (SELECT count(*) FROM orders o\n"
+     "WHERE o.customer_id = c.id)", 4, 47, "this scalar subquery's value is not supported",
+     "count"),
+    ("SELECT id FROM customers c WHERE id IN (SELECT customer_id FROM orders)\n"
+     "OR region = 'x'", 4, 34, "this subquery is not supported", "IN (SELECT"),
+    ("SELECT o.order_id FROM orders o JOIN customers c USING (id)", 4, 38,
+     "USING is not supported", "ON a.k = b.k"),
+])
+def test_unsupported_sql_is_refused_with_view_position_problem_and_hint(
+        query, line, column, problem, hint):
+    error = refused(query)
+    assert problem in str(error) and hint in error.hint, str(error)
+    assert (error.line, error.column) == (line, column), str(error)
+    assert f"view 'v' at line {line}, column {column}: " in str(error)
+
+
+def test_ambiguous_column_names_the_tables():
+    error = refused("SELECT order_id FROM orders o JOIN orders p ON o.customer_id = p.order_id")
+    assert "column 'order_id' is ambiguous" in str(error) and "['o', 'p']" in str(error)
+
+
+def test_not_in_compiles_when_both_sides_are_declared_not_null():
+    c = Circuit.from_sql(TABLES + "CREATE VIEW v AS SELECT order_id FROM orders "
+                         "WHERE order_id NOT IN (SELECT id FROM customers)")
+    assert "v" in c.outputs
+
+
+def test_a_statement_that_is_not_create_is_refused():
+    with pytest.raises(SqlError, match="INSERT statement is not supported"):
+        Circuit.from_sql(TABLES + "INSERT INTO orders VALUES (1, 2, 3.0)")
+
+
+def test_sql_that_does_not_parse_names_the_line_and_column():
+    with pytest.raises(SqlError, match=r"view 'v'.*does not parse at line 1, column \d+"):
+        Circuit("c").view("v", "SELECT FROM WHERE )")
