@@ -46,6 +46,7 @@ from dbsp_pipeline.driver.sql import (
     LocalSQL,
     arrow_groups_like_duckdb,
     conform,
+    consolidate_arrow,
     ident,
     idents,
     null_safe_ids,
@@ -503,8 +504,11 @@ class Aggregate(Operator):
             hit = (pc.less_equal if is_min else pc.greater_equal)(deleted, old_value)
             redo = pc.and_kleene(pc.and_kleene(pc.is_valid(deleted), pc.is_valid(old_value)),
                                  pc.and_kleene(hit, live))
-            pick = (pc.min_element_wise if is_min else pc.max_element_wise)(
-                old_value, cand, skip_nulls=True)
+            # least/greatest skipping NULLs (pyarrow's min_element_wise takes no strings, no
+            # timestamps with a time zone; comparisons take every type that gets here)
+            better = pc.fill_null((pc.less if is_min else pc.greater)(cand, old_value), False)
+            pick = pc.if_else(pc.or_(pc.is_null(old_value), better),
+                              cand, old_value)
             out = out.append_column(f"_redo{i}", pc.fill_null(redo, False)).append_column(
                 f"_mm{i}", pc.if_else(live, pick, pa.nulls(out.num_rows, old_value.type)))
         return out
@@ -537,6 +541,27 @@ class Aggregate(Operator):
             return g
         values = self.values[i].lookup_arrow(ctx.local, redo)
         best = "min" if a["fn"] == "min" else "max"
+        limit = local_sql.FAST_PATH_ROWS
+        if (values.num_rows <= limit and g.num_rows <= limit and self.keys
+                and arrow_groups_like_duckdb(values, [*self.keys, "_v"])
+                and arrow_groups_like_duckdb(g, self.keys) and weights_fit(values[WEIGHT])):
+            live = consolidate_arrow(values, [*self.keys, "_v"])
+            live = live.filter(pc.greater(live.column(WEIGHT), 0))
+            rec = live.group_by(self.keys, use_threads=False).aggregate([("_v", best)])
+            g_ids, rec_ids = null_safe_ids(g, rec, self.keys)
+            ids = [f"_id{j}" for j in range(len(self.keys))]
+            pairs = pa.table({**dict(zip(ids, g_ids)),
+                              "_gi": np.arange(g.num_rows, dtype=np.int64)}).join(
+                pa.table({**dict(zip(ids, rec_ids)),
+                          "_ri": np.arange(rec.num_rows, dtype=np.int64)}),
+                keys=ids, join_type="left outer", use_threads=False).sort_by("_gi")
+            g = g.take(pairs.column("_gi"))
+            recomputed = rec.column(f"_v_{best}").take(pairs.column("_ri"))
+            mm = g.column(f"_mm{i}")
+            if recomputed.type != mm.type:
+                recomputed = recomputed.cast(mm.type)
+            return g.set_column(g.schema.get_field_index(f"_mm{i}"), f"_mm{i}",
+                                pc.if_else(g.column(f"_redo{i}"), recomputed, mm))
         keys = idents(self.keys)
         return ctx.local.query(
             f"WITH live AS (SELECT {keys}, _v FROM v GROUP BY {keys}, _v "

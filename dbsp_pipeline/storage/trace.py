@@ -37,7 +37,14 @@ from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
 from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.driver import hashing
-from dbsp_pipeline.driver.sql import LocalSQL, idents, null_safe_on
+from dbsp_pipeline.driver import sql as local_sql
+from dbsp_pipeline.driver.sql import (
+    LocalSQL,
+    arrow_groups_like_duckdb,
+    idents,
+    null_safe_ids,
+    null_safe_on,
+)
 from dbsp_pipeline.storage.delta_table import DataFile
 from dbsp_pipeline.storage.keyed_runs import KeyedRuns
 from dbsp_pipeline.storage.state_db import StateDatabase
@@ -92,6 +99,24 @@ def _shard_chunks(rows: pa.Table) -> list[pa.Table]:
             start = edge
     pieces.append(rows.slice(start))
     return pieces
+
+
+def _small_keyed(table: pa.Table, key: Sequence[str]) -> bool:
+    """Whether pyarrow may match ``table``'s rows on ``key`` in place of a DuckDB query (the
+    driver's fast path, ``driver/sql.py``)."""
+    return table.num_rows <= local_sql.FAST_PATH_ROWS and arrow_groups_like_duckdb(table, key)
+
+
+def _null_safe_semi_join(rows: pa.Table, keys: pa.Table, key: Sequence[str]) -> pa.Table:
+    """The rows of ``rows`` whose ``key`` equals a row of ``keys`` (NULL equals NULL)."""
+    row_ids, key_ids = null_safe_ids(rows, keys, key)
+    ids = [f"_id{j}" for j in range(len(key))]
+    left = pa.table({**dict(zip(ids, row_ids)),
+                     "_row": np.arange(rows.num_rows, dtype=np.int64)})
+    hits = left.join(pa.table(dict(zip(ids, key_ids))), keys=ids, join_type="left semi",
+                     use_threads=False)
+    found = hits.column("_row")
+    return rows.take(pc.take(found, pc.sort_indices(found)))
 
 
 #: Compact a trace once it has more files than this (size-tiered merge of the smallest).
@@ -233,6 +258,9 @@ class Trace:
             return self.table.arrow_schema.empty_table()
         if len(self.key) == 1:
             wanted_keys = pa.table({self.key[0]: pc.unique(keys.column(self.key[0]))})
+        elif self.key and _small_keyed(keys, self.key):
+            wanted_keys = keys.select(self.key).group_by(self.key, use_threads=False).aggregate(
+                [])
         elif self.key:
             wanted_keys = sql.query(f"SELECT DISTINCT {idents(self.key)} FROM k",
                                     k=keys.select(self.key))
@@ -267,6 +295,8 @@ class Trace:
             key = self.key[0]
             return rows.filter(pc.is_in(rows.column(key), value_set=wanted_keys.column(key),
                                         skip_nulls=False))
+        if _small_keyed(rows, self.key) and _small_keyed(wanted_keys, self.key):
+            return _null_safe_semi_join(rows, wanted_keys, self.key)
         return sql.query(f"SELECT r.* FROM r SEMI JOIN k ON {null_safe_on('r', 'k', self.key)}",
                          r=rows, k=wanted_keys).cast(self.table.arrow_schema)
 
