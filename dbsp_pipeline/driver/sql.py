@@ -33,7 +33,7 @@ from dbsp_pipeline.zset import WEIGHT, spark_to_arrow_schema
 #: a consolidation of 4,096 rows costs about as much in pyarrow as the query's fixed overhead;
 #: ``benchmarks/lookup_bench.py --small-steps``). Read at every call, so tests can set it to 0
 #: (DuckDB always) or raise it.
-FAST_PATH_ROWS = 4096
+FAST_PATH_ROWS = 65_536
 _INT64_LIMIT = 1 << 63
 
 

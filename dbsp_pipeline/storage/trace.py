@@ -119,6 +119,12 @@ def _null_safe_semi_join(rows: pa.Table, keys: pa.Table, key: Sequence[str]) -> 
     return rows.take(pc.take(found, pc.sort_indices(found)))
 
 
+#: The small files a trace wrote on the driver in this process keep their rows in memory, up to
+#: this many rows in all (the oldest go first), so the next steps' lookups read them without
+#: opening a Parquet file. Data files are immutable: the kept rows are the file's content for
+#: as long as the file is part of the trace (a lookup only reads the trace's current files).
+RECENT_FILE_ROWS = 65_536
+
 #: Compact a trace once it has more files than this (size-tiered merge of the smallest).
 COMPACT_FILE_THRESHOLD = 16
 #: Merges of at most this many rows run on the driver (when it offers a ``LocalSQL``).
@@ -141,6 +147,9 @@ class Trace:
         #: the keyed runs of the trace's big files, for lookups by key
         self.runs = KeyedRuns(root_layout.keyed_runs(db.root, name), self.table.arrow_schema,
                               self.key, self._key_hashes)
+        #: the rows of small files written by ``append_arrow``, by path (``RECENT_FILE_ROWS``)
+        self._recent: dict[str, pa.Table] = {}
+        self._recent_rows = 0
         #: rows read from the trace by ``read``, ``read_arrow`` and ``lookup_arrow`` since the
         #: last ``reset_rows_read`` (what steps read from state; merges are not counted)
         self.rows_read = 0
@@ -228,7 +237,19 @@ class Trace:
         self._files = before + new
         for f in new:  # one file: the whole change
             self.runs.add(f, change)
+            self._remember(f, change)
         return change
+
+    def _remember(self, f: DataFile, rows: pa.Table) -> None:
+        """Keep ``rows`` (the whole content of the new file ``f``) for lookups."""
+        if rows.num_rows > RECENT_FILE_ROWS:
+            return
+        self._recent[f.path] = rows.select(self.table.arrow_schema.names).cast(
+            self.table.arrow_schema)
+        self._recent_rows += rows.num_rows
+        while self._recent_rows > RECENT_FILE_ROWS:
+            oldest = next(iter(self._recent))
+            self._recent_rows -= self._recent.pop(oldest).num_rows
 
     def replace_arrow(self, delta: pa.Table | None) -> None:
         """``replace`` on the driver (``delta`` is already consolidated)."""
@@ -286,7 +307,12 @@ class Trace:
         if unread:
             field = pc.field(SHARD)
             where = (field >= min(shards)) & (field <= max(shards)) & field.isin(shards)
-            parts.append(self.table.read_arrow(unread, where))
+            kept = [self._recent[f.path] for f in unread if f.path in self._recent]
+            if kept:
+                parts += [t.filter(where) for t in kept]
+                unread = [f for f in unread if f.path not in self._recent]
+            if unread:
+                parts.append(self.table.read_arrow(unread, where))
         rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
         self.rows_read += rows.num_rows  # the rows of small files and of the runs' hash ranges
         if rows.num_rows == 0 or not self.key:
