@@ -7,6 +7,15 @@ Arrow tables (payload + ``_weight``); operators express their work as DuckDB SQL
 Contract: ``query`` returns a new Arrow table and keeps no reference to its inputs. Results are
 *not* typed like Spark's (DuckDB widens some types, e.g. ``sum(BIGINT)`` is ``HUGEINT``), so
 every operator casts its output to its Spark-analysed schema with ``conform``.
+
+Small changes skip DuckDB: below ``FAST_PATH_ROWS`` rows a consolidation (and the aggregate's
+and the join's per-step work, ``operators/``) runs with pyarrow compute in-process, which costs
+microseconds where a query costs milliseconds of fixed overhead. The fast path gives the same
+rows, types and values as the query, bit for bit, or does not run: it runs only where pyarrow's
+grouping and joining agree with DuckDB's (``arrow_groups_like_duckdb``: no nested types, no
+floating-point key holding -0.0 or a NaN, which pyarrow compares by bits and DuckDB by value)
+and where no 64-bit weight sum can wrap (``weights_fit``: pyarrow's sums wrap silently, DuckDB's
+raise); otherwise the query runs, with its own errors.
 """
 
 from __future__ import annotations
@@ -19,6 +28,93 @@ import pyarrow.compute as pc
 from pyspark.sql.types import LongType, StructField, StructType
 
 from dbsp_pipeline.zset import WEIGHT, spark_to_arrow_schema
+
+#: At most this many input rows take the pyarrow fast path instead of a DuckDB query. Measured
+#: (one core, 3-column key): a consolidation costs pyarrow 0.3 ms at 1,000 rows, 0.9 ms at
+#: 10,000, 2.4 ms at 30,000, 10 ms at 100,000 rows, DuckDB 1.9, 2.5, 3.7 and 13 ms; the
+#: aggregate's and join's phases do more pyarrow calls per row, so the limit stays below
+#: 100,000. Read at every call, so tests can set it to 0 (DuckDB always) or raise it.
+FAST_PATH_ROWS = 65_536
+_INT64_LIMIT = 1 << 63
+
+
+def arrow_groups_like_duckdb(table: pa.Table, columns: Sequence[str]) -> bool:
+    """Whether pyarrow groups and joins the rows of ``table`` on ``columns`` exactly as DuckDB's
+    ``GROUP BY`` and ``IS NOT DISTINCT FROM`` do: every column of a primitive type (numbers,
+    strings, binaries, decimals, dates, times, timestamps, booleans; NULLs group together in
+    both), and no floating-point column holding ``-0.0`` or a NaN (pyarrow tells ``-0.0`` from
+    ``0.0`` and NaNs apart by their bits, DuckDB takes them as equal; with neither, equal values
+    have equal bits). The same condition makes pyarrow's ``min``/``max`` of such a column agree
+    with DuckDB's (which orders NaN above every number)."""
+    for name in columns:
+        column = table.column(name)
+        kind = column.type
+        if pa.types.is_floating(kind):
+            if column.null_count == len(column):
+                continue
+            negative_zero = pc.and_(pc.equal(column, 0), pc.less(pc.divide(1.0, column), 0))
+            if pc.any(pc.or_kleene(negative_zero, pc.is_nan(column))).as_py():
+                return False
+        elif not (pa.types.is_integer(kind) or pa.types.is_boolean(kind)
+                  or pa.types.is_string(kind) or pa.types.is_large_string(kind)
+                  or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
+                  or pa.types.is_decimal(kind) or pa.types.is_temporal(kind)):
+            return False
+    return True
+
+
+def weights_fit(weights: pa.ChunkedArray | pa.Array, terms: int | None = None) -> bool:
+    """Whether no sum of up to ``terms`` (default: all) of ``weights`` can leave int64: the
+    largest magnitude times the number of terms is below 2**63 (pyarrow's ``sum`` wraps around
+    silently where DuckDB's raises)."""
+    if len(weights) == 0:
+        return True
+    bounds = pc.min_max(weights).as_py()
+    if bounds["min"] is None:
+        return True
+    largest = max(abs(int(bounds["min"])), abs(int(bounds["max"])))
+    return largest * (len(weights) if terms is None else terms) < _INT64_LIMIT
+
+
+def fast_path(table: pa.Table, columns: Sequence[str]) -> bool:
+    """Whether a consolidation of ``table`` over ``columns`` takes the pyarrow fast path."""
+    return (table.num_rows <= FAST_PATH_ROWS and arrow_groups_like_duckdb(table, columns)
+            and weights_fit(table.column(WEIGHT)))
+
+
+def consolidate_arrow(table: pa.Table, columns: Sequence[str]) -> pa.Table:
+    """``LocalSQL.consolidate`` in pyarrow (the caller checked ``fast_path``): ``columns`` in
+    their input types and ``_weight`` (int64), one row per distinct ``columns`` (NULLs group),
+    zero weights dropped."""
+    cols = list(columns)
+    if cols:
+        grouped = table.select([*cols, WEIGHT]).group_by(cols, use_threads=False).aggregate(
+            [(WEIGHT, "sum")])
+        weights = grouped.column(f"{WEIGHT}_sum").cast(pa.int64())
+        out = pa.Table.from_arrays([*(grouped.column(c) for c in cols), weights],
+                                   names=[*cols, WEIGHT])
+    else:
+        total = pc.sum(table.column(WEIGHT)).as_py()
+        out = pa.table({WEIGHT: pa.array([] if total is None else [total], pa.int64())})
+    return out.filter(pc.not_equal(out.column(WEIGHT), 0))
+
+
+def null_safe_ids(left: pa.Table, right: pa.Table,
+                  columns: Sequence[str]) -> tuple[list[pa.Array], list[pa.Array]]:
+    """Per column of ``columns``, an int32 id of each value of ``left`` and of ``right``, equal
+    exactly where the values are NULL-safe equal (NULL has an id of its own): joining on the ids
+    is joining with ``IS NOT DISTINCT FROM``. ``right``'s columns are cast to ``left``'s types;
+    the caller checked ``arrow_groups_like_duckdb`` on both."""
+    left_ids, right_ids = [], []
+    n = left.num_rows
+    for name in columns:
+        both = pa.chunked_array([*left.column(name).chunks,
+                                 *right.column(name).cast(left.column(name).type).chunks],
+                                type=left.column(name).type)
+        ids = pc.dictionary_encode(both.combine_chunks(), null_encoding="encode").indices
+        left_ids.append(ids.slice(0, n))
+        right_ids.append(ids.slice(n))
+    return left_ids, right_ids
 
 
 def ident(name: str) -> str:
@@ -61,7 +157,10 @@ class LocalSQL:
                 self._con.unregister(name)
 
     def consolidate(self, table: pa.Table, columns: Sequence[str]) -> pa.Table:
-        """Sum the weights of equal rows over ``columns`` and drop zero weights (NULLs group)."""
+        """Sum the weights of equal rows over ``columns`` and drop zero weights (NULLs group).
+        A small table is consolidated in pyarrow (``fast_path``), with the same result."""
+        if fast_path(table, columns):
+            return consolidate_arrow(table, columns)
         cols = idents(columns)
         group = f"GROUP BY {cols}" if columns else ""
         return self.query(

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from functools import partial, reduce
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
@@ -40,7 +41,18 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from dbsp_pipeline.driver.sql import conform, ident, idents, null_safe_on
+from dbsp_pipeline.driver import sql as local_sql
+from dbsp_pipeline.driver.sql import (
+    LocalSQL,
+    arrow_groups_like_duckdb,
+    conform,
+    consolidate_arrow,
+    ident,
+    idents,
+    null_safe_ids,
+    null_safe_on,
+    weights_fit,
+)
 from dbsp_pipeline.exact_sum import FoldSpec, fold_batches, fold_table
 from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContext
 from dbsp_pipeline.operators.lookup import touched_shards
@@ -213,16 +225,71 @@ class Aggregate(Operator):
                        for a in self.aggs)
 
     def step_local(self, ctx: StepContext, changes: Sequence[LocalDelta]) -> LocalDelta:
-        """``step`` on the driver, in the same five phases, as few DuckDB queries as it takes."""
+        """``step`` on the driver, in the same five phases. Each phase runs in pyarrow on a small
+        step (``arrow_partials``, ``arrow_extremes``, ``arrow_new_state``) or else as one DuckDB
+        query; both give the same table, bit for bit (a phase whose checked arithmetic
+        overflows in pyarrow runs as the query, which raises its own error or sums exactly)."""
         (d,) = changes
         if d is None or d.num_rows == 0:
             return None
-        sql, w = ctx.local, ident(WEIGHT)
+        sql = ctx.local
+
+        # 1. The change's partials per group.
+        g = self._partials_arrow(d)
+        if g is None:
+            g = self._partials_sql(sql, d)
+
+        # 2. min/max: record the change's values; candidate and deleted extremes per group.
+        extremes: dict[int, pa.Table | None] = {}
+        for i, trace in self.values.items():
+            arg = self.aggs[i]["arg"]
+            present = d.filter(pc.is_valid(d.column(arg)))
+            vals = pa.Table.from_arrays(
+                [*(present.column(k) for k in self.keys), present.column(arg),
+                 present.column(WEIGHT)], names=[*self.keys, "_v", WEIGHT])
+            extremes[i] = trace.append_arrow(sql, vals) if vals.num_rows else None
+
+        # 3. The old state of the touched groups (consolidated: the live state rows).
+        state_cols = self.state_schema.fieldNames()
+        old = self.groups.lookup_arrow(sql, g)
+        old = sql.consolidate(old, state_cols).drop_columns([WEIGHT])
+
+        # 4. New state: partials, then each min/max either from the old extreme and the
+        #    candidates, or (``_redo``) re-read from the values of a group whose extreme went.
+        state = self._new_state_arrow(g, extremes, old)
+        if state is None:
+            state = self._new_state_sql(sql, g, extremes, old)
+        for i in self.values:
+            state = self._redo_extreme_local(ctx, state, self.aggs[i])
+        if self.exact:
+            state = fold_table(state, self.exact)
+
+        # 5. Emit -old/+new for changed groups and record the new state.
+        final = self._with_values(state)
+        old_rows = final.filter(pc.is_valid(final.column(_O + _N)))
+        new_rows = final.filter(pc.not_equal(final.column(_N), 0))
+        old_part = pa.Table.from_arrays([old_rows.column(_O + c) for c in state_cols],
+                                        names=state_cols)
+        new_part = new_rows.select(state_cols)
+        state_change = pa.concat_tables([
+            conform(old_part.append_column(WEIGHT, pa.array(np.full(old_part.num_rows, -1))),
+                    self.state_schema),
+            conform(new_part.append_column(WEIGHT, pa.array(np.full(new_part.num_rows, 1))),
+                    self.state_schema)])
+        self.groups.append_arrow(sql, state_change)
+        visible = self.schema.fieldNames()
+        out = sql.consolidate(state_change.filter(pc.greater(state_change.column(_N), 0)), visible)
+        return conform(out, self.schema) if out.num_rows else None
+
+    # -- the phases of ``step_local``: pyarrow (small steps) and DuckDB ---------------------
+    def _partials_sql(self, sql: LocalSQL, d: pa.Table) -> pa.Table:
+        """Phase 1 as a query: per group of ``d``, ``_dn`` (weight sum), and per aggregate
+        ``_dc<i>`` (weight sum of non-NULL values) and ``_ds<i>`` (the weighted sum, or the
+        (value, weight) pairs of an exact sum)."""
+        w = ident(WEIGHT)
         keys = idents(self.keys)
         keys_sel = keys + ", " if self.keys else ""
         group_by = f"GROUP BY {keys}" if self.keys else ""
-
-        # 1. The change's partials per group.
         parts = [f"CAST(sum({w}) AS BIGINT) AS _dn"]
         for a in self.aggs:
             i, arg = a["i"], a["arg"]
@@ -237,36 +304,109 @@ class Aggregate(Operator):
                 t = "DOUBLE" if isinstance(a["sum_type"], DoubleType) else "BIGINT"
                 parts.append(f"CAST(sum(CAST({ident(arg)} AS {t}) * CAST({w} AS {t})) AS {t}) "
                              f"AS _ds{i}")
-        tables = {"g": sql.query(f"SELECT {keys_sel}{', '.join(parts)} FROM d {group_by}", d=d)}
+        return sql.query(f"SELECT {keys_sel}{', '.join(parts)} FROM d {group_by}", d=d)
 
-        # 2. min/max: record the change's values; candidate and deleted extremes per group.
+    def _partials_arrow(self, d: pa.Table) -> pa.Table | None:
+        """Phase 1 in pyarrow, or None where it might differ from ``_partials_sql``: a big
+        change, keys pyarrow groups otherwise, a weight sum or a weighted value that could
+        leave int64. An exact sum's pairs hold every row's value (NULL where the value is, which
+        the exact fold skips), and are NULL for a group without a value, as the query's."""
+        if (d.num_rows > local_sql.FAST_PATH_ROWS or not self.keys
+                or not arrow_groups_like_duckdb(d, self.keys) or not weights_fit(d[WEIGHT])):
+            return None
+        w = d.column(WEIGHT)
+        cols: dict[str, Any] = {k: d.column(k) for k in self.keys}
+        cols["_dn"] = w
+        aggs: list[tuple[str, str]] = [("_dn", "sum")]
+        lists: list[tuple[int, str]] = []
+        for a in self.aggs:
+            i, arg = a["i"], a["arg"]
+            if arg is None:
+                continue
+            value = d.column(arg)
+            present = pc.is_valid(value)
+            cols[f"_dc{i}"] = pc.if_else(present, w, 0)
+            aggs.append((f"_dc{i}", "sum"))
+            if a.get("exact"):
+                cols[f"_row{i}"] = pa.array(np.arange(d.num_rows, dtype=np.int64))
+                cols[f"_has{i}"] = present
+                aggs += [(f"_row{i}", "list"), (f"_has{i}", "any")]
+                lists.append((i, arg))
+            elif a["fn"] in ("sum", "avg"):
+                if isinstance(a["sum_type"], DoubleType):
+                    return None  # double sums are exact; no other double sum runs here
+                try:
+                    product = pc.multiply_checked(value.cast(pa.int64()), w)
+                except pa.ArrowInvalid:
+                    return None
+                if not weights_fit(product):
+                    return None
+                cols[f"_ds{i}"] = product
+                aggs.append((f"_ds{i}", "sum"))
+        grouped = pa.table(cols).group_by(self.keys, use_threads=False).aggregate(aggs)
+        out = {k: grouped.column(k) for k in self.keys}
+        for name, fn in aggs:
+            column = grouped.column(f"{name}_{fn}")
+            if name.startswith("_row"):
+                i = int(name[4:])
+                arg = dict(lists)[i]
+                rows = column.combine_chunks()
+                flat = rows.flatten()
+                pairs = pa.StructArray.from_arrays(
+                    [d.column(arg).take(flat).cast(pa.float64(), safe=False).combine_chunks(),
+                     w.take(flat).combine_chunks()], names=["_v", "_w"])
+                listed = pa.ListArray.from_arrays(rows.offsets, pairs)
+                has = grouped.column(f"_has{i}_any")
+                out[f"_ds{i}"] = pc.if_else(has, listed, pa.nulls(len(listed), listed.type))
+            elif name.startswith("_has"):
+                continue
+            else:
+                out[name] = column.cast(pa.int64())
+        return pa.table(out)
+
+    def _extremes_arrow(self, new: pa.Table, a: dict[str, Any]) -> pa.Table | None:
+        """Per group of ``new`` (the consolidated values appended in this step), ``_cand<i>``
+        (the best inserted value) and ``_del<i>`` (the best deleted one); None where pyarrow
+        might differ from the query."""
+        i = a["i"]
+        if (new.num_rows > local_sql.FAST_PATH_ROWS
+                or not arrow_groups_like_duckdb(new, [*self.keys, "_v"])):
+            return None
+        best = "min" if a["fn"] == "min" else "max"
+        value, w = new.column("_v"), new.column(WEIGHT)
+        nulls = pa.nulls(len(value), value.type)
+        t = pa.table({**{k: new.column(k) for k in self.keys},
+                      f"_cand{i}": pc.if_else(pc.greater(w, 0), value, nulls),
+                      f"_del{i}": pc.if_else(pc.less(w, 0), value, nulls)})
+        grouped = t.group_by(self.keys, use_threads=False).aggregate(
+            [(f"_cand{i}", best), (f"_del{i}", best)])
+        return grouped.rename_columns([*self.keys, f"_cand{i}", f"_del{i}"])
+
+    def _new_state_sql(self, sql: LocalSQL, g: pa.Table, extremes: dict[int, pa.Table | None],
+                       old: pa.Table) -> pa.Table:
+        """Phase 4 as a query: ``g`` joined with the old state (``_o_``-prefixed) and each
+        min/max's candidates; the new ``_n``, counts and sums; per min/max ``_redo<i>`` (the
+        old extreme was deleted: re-read the group's values) and ``_mm<i>``."""
+        w = ident(WEIGHT)
+        keys = idents(self.keys)
+        keys_sel = keys + ", " if self.keys else ""
+        group_by = f"GROUP BY {keys}" if self.keys else ""
+        tables = {"g": g, "old": old}
         ctes, joins, picks = [], [], []
-        for i, trace in self.values.items():
-            a = self.aggs[i]
-            best = "min" if a["fn"] == "min" else "max"
-            vals = sql.query(f"SELECT {keys_sel}{ident(a['arg'])} AS _v, {w} FROM d "
-                             f"WHERE {ident(a['arg'])} IS NOT NULL", d=d)
-            new = trace.append_arrow(sql, vals) if vals.num_rows else None
+        for i, new in extremes.items():
             if new is None:
                 picks.append(f"NULL AS _cand{i}, NULL AS _del{i}")
                 continue
+            best = "min" if self.aggs[i]["fn"] == "min" else "max"
             tables[f"v{i}"] = new
             ctes.append(f"e{i} AS (SELECT {keys_sel}{best}(CASE WHEN {w} > 0 THEN _v END) AS "
                         f"_cand{i}, {best}(CASE WHEN {w} < 0 THEN _v END) AS _del{i} "
                         f"FROM v{i} {group_by})")
             joins.append(f"LEFT JOIN e{i} ON {null_safe_on('g', f'e{i}', self.keys)}")
             picks.append(f"e{i}._cand{i}, e{i}._del{i}")
-
-        # 3. The old state of the touched groups.
         state_cols = self.state_schema.fieldNames()
-        tables["old"] = self.groups.lookup_arrow(sql, tables["g"])
-        ctes.append(f"o AS (SELECT {idents(state_cols)} FROM old GROUP BY ALL "
-                    f"HAVING sum({w}) <> 0)")
-        joins.append(f"LEFT JOIN o ON {null_safe_on('g', 'o', self.keys)}")
+        joins.append(f"LEFT JOIN old o ON {null_safe_on('g', 'o', self.keys)}")
         picks.append(", ".join(f"o.{ident(c)} AS {ident(_O + c)}" for c in state_cols))
-
-        # 4. New state: partials, then each min/max either from the old extreme and the
-        #    candidates, or (``_redo``) re-read from the values of a group whose extreme went.
         new_cols = [f"coalesce({ident(_O + _N)}, 0) + _dn AS {_N}"]
         for a in self.aggs:
             i = a["i"]
@@ -275,49 +415,123 @@ class Aggregate(Operator):
             if a["fn"] in ("sum", "avg") and not a.get("exact"):
                 new_cols.append(f"coalesce({ident(f'{_O}_s{i}')}, 0) + coalesce(_ds{i}, 0) "
                                 f"AS _s{i}")
-        extremes = []
+        extreme_cols = []
         for i in self.values:
             is_min = self.aggs[i]["fn"] == "min"
-            old = ident(_O + self.aggs[i]["name"])
+            old_value = ident(_O + self.aggs[i]["name"])
             cmp, pick = ("<=", "least") if is_min else (">=", "greatest")
-            extremes.append(f"(_del{i} IS NOT NULL AND {old} IS NOT NULL AND _del{i} {cmp} {old} "
-                            f"AND _c{i} > 0) AS _redo{i}, CASE WHEN _c{i} > 0 THEN "
-                            f"{pick}({old}, _cand{i}) END AS _mm{i}")
-        g = sql.query(
-            f"WITH {', '.join(ctes)}, j AS (SELECT g.*, {', '.join(picks)} FROM g "
+            extreme_cols.append(
+                f"(_del{i} IS NOT NULL AND {old_value} IS NOT NULL AND _del{i} {cmp} "
+                f"{old_value} AND _c{i} > 0) AS _redo{i}, CASE WHEN _c{i} > 0 THEN "
+                f"{pick}({old_value}, _cand{i}) END AS _mm{i}")
+        with_ctes = f"WITH {', '.join(ctes)}, " if ctes else "WITH "
+        return sql.query(
+            f"{with_ctes}j AS (SELECT g.*, {', '.join(picks)} FROM g "
             f"{' '.join(joins)}), n AS (SELECT *, {', '.join(new_cols)} FROM j) "
-            f"SELECT *{''.join(', ' + e for e in extremes)} FROM n", **tables)
+            f"SELECT *{''.join(', ' + e for e in extreme_cols)} FROM n", **tables)
+
+    def _new_state_arrow(self, g: pa.Table, extremes: dict[int, pa.Table | None],
+                         old: pa.Table) -> pa.Table | None:
+        """Phase 4 in pyarrow (the columns of ``_new_state_sql``), or None where it might
+        differ: a big step, keys or extremes pyarrow compares otherwise (a floating-point zero
+        or NaN), or checked arithmetic that overflows."""
+        limit = local_sql.FAST_PATH_ROWS
+        if (g.num_rows > limit or old.num_rows > limit or not self.keys
+                or not arrow_groups_like_duckdb(g, self.keys)
+                or not arrow_groups_like_duckdb(old, self.keys)):
+            return None
+        sides: list[tuple[str, pa.Table]] = [(_O, old.rename_columns(
+            [_O + c for c in old.column_names]))]
+        for i, new in extremes.items():
+            e = None if new is None else self._extremes_arrow(new, self.aggs[i])
+            if new is not None and e is None:
+                return None
+            if e is not None:
+                sides.append((f"_e{i}_", e))
+        joined = g
+        ids = [f"_id{j}" for j in range(len(self.keys))]
+        for prefix, side in sides:
+            side_keys = [prefix + k for k in self.keys] if prefix == _O else self.keys
+            g_ids, side_ids = null_safe_ids(
+                joined.select(self.keys), side.select(side_keys).rename_columns(self.keys),
+                self.keys)
+            # Join row numbers on the key ids (pyarrow joins no list columns), then take rows.
+            left = pa.table({**dict(zip(ids, g_ids)),
+                             "_gi": np.arange(joined.num_rows, dtype=np.int64)})
+            right = pa.table({**dict(zip(ids, side_ids)),
+                              "_si": np.arange(side.num_rows, dtype=np.int64)})
+            pairs = left.join(right, keys=ids, join_type="left outer", use_threads=False)
+            pairs = pairs.sort_by("_gi")
+            # the old state keeps its (prefixed) key columns, as the query's ``o.*`` does
+            taken = (side if prefix == _O else side.drop_columns(self.keys)).take(
+                pairs.column("_si"))
+            joined = joined.take(pairs.column("_gi"))
+            for name in taken.column_names:
+                joined = joined.append_column(name, taken.column(name))
+        try:
+            return self._compute_new_state(joined, extremes)
+        except pa.ArrowInvalid:  # an overflow: the query raises its own error, or sums exactly
+            return None
+
+    def _compute_new_state(self, j: pa.Table,
+                           extremes: dict[int, pa.Table | None]) -> pa.Table | None:
+        """The new-state columns of phase 4 over the joined table ``j`` (checked arithmetic)."""
+        def coalesce0(name: str) -> Any:
+            column = j.column(name)
+            return pc.coalesce(column, pa.scalar(0, column.type))
+
+        out = j.append_column(_N, pc.add_checked(coalesce0(_O + _N), j.column("_dn")))
+        for a in self.aggs:
+            i = a["i"]
+            if a["arg"] is not None:
+                out = out.append_column(f"_c{i}", pc.add_checked(coalesce0(f"{_O}_c{i}"),
+                                                                 j.column(f"_dc{i}")))
+            if a["fn"] in ("sum", "avg") and not a.get("exact"):
+                out = out.append_column(f"_s{i}", pc.add_checked(
+                    coalesce0(f"{_O}_s{i}"), pc.coalesce(j.column(f"_ds{i}"), 0)))
         for i in self.values:
-            g = self._redo_extreme_local(ctx, g, self.aggs[i])
-        if self.exact:
-            g = fold_table(g, self.exact)
-        values = []
+            a = self.aggs[i]
+            old_value = out.column(_O + a["name"])
+            if f"_cand{i}" not in out.column_names:
+                nulls = pa.nulls(out.num_rows, old_value.type)
+                out = out.append_column(f"_cand{i}", nulls).append_column(f"_del{i}", nulls)
+            cand, deleted = out.column(f"_cand{i}"), out.column(f"_del{i}")
+            if cand.type != old_value.type or not arrow_groups_like_duckdb(
+                    out, [_O + a["name"]]):
+                return None
+            live = pc.greater(out.column(f"_c{i}"), 0)
+            is_min = a["fn"] == "min"
+            hit = (pc.less_equal if is_min else pc.greater_equal)(deleted, old_value)
+            redo = pc.and_kleene(pc.and_kleene(pc.is_valid(deleted), pc.is_valid(old_value)),
+                                 pc.and_kleene(hit, live))
+            # least/greatest skipping NULLs (pyarrow's min_element_wise takes no strings, no
+            # timestamps with a time zone; comparisons take every type that gets here)
+            better = pc.fill_null((pc.less if is_min else pc.greater)(cand, old_value), False)
+            pick = pc.if_else(pc.or_(pc.is_null(old_value), better),
+                              cand, old_value)
+            out = out.append_column(f"_redo{i}", pc.fill_null(redo, False)).append_column(
+                f"_mm{i}", pc.if_else(live, pick, pa.nulls(out.num_rows, old_value.type)))
+        return out
+
+    def _with_values(self, state: pa.Table) -> pa.Table:
+        """``state`` (phase 4's columns) with each aggregate's value under its name."""
+        out = state
         for a in self.aggs:
             i, fn, name = a["i"], a["fn"], a["name"]
             if fn == "count":
-                value = _N if a["arg"] is None else f"_c{i}"
+                value = state.column(_N if a["arg"] is None else f"_c{i}")
             elif a.get("exact"):
-                value = f"_fv{i}"
-            elif fn == "sum":
-                value = f"CASE WHEN _c{i} > 0 THEN _s{i} END"
-            elif fn == "avg":
-                value = f"CASE WHEN _c{i} > 0 THEN CAST(_s{i} AS DOUBLE) / _c{i} END"
+                value = state.column(f"_fv{i}")
+            elif fn in ("sum", "avg"):
+                count = state.column(f"_c{i}")
+                total = state.column(f"_s{i}")
+                if fn == "avg":
+                    total = pc.divide(total.cast(pa.float64()), count.cast(pa.float64()))
+                value = pc.if_else(pc.greater(count, 0), total, pa.nulls(len(total), total.type))
             else:
-                value = f"_mm{i}"
-            values.append(f"{value} AS {ident(name)}")
-
-        # 5. Emit -old/+new for changed groups and record the new state.
-        old_state = ", ".join(f"{ident(_O + c)} AS {ident(c)}" for c in state_cols)
-        state_change = sql.query(
-            f"WITH s AS (SELECT *, {', '.join(values)} FROM g) "
-            f"SELECT {old_state}, -1 AS {w} FROM s WHERE {ident(_O + _N)} IS NOT NULL "
-            f"UNION ALL SELECT {idents(state_cols)}, 1 AS {w} FROM s WHERE {_N} <> 0", g=g)
-        self.groups.append_arrow(sql, conform(state_change, self.state_schema))
-        visible = idents(self.schema.fieldNames())
-        out = sql.query(
-            f"SELECT {visible}, CAST(sum({w}) AS BIGINT) AS {w} FROM c GROUP BY ALL "
-            f"HAVING sum({w}) <> 0", c=state_change.filter(pc.field(_N) > 0))
-        return conform(out, self.schema) if out.num_rows else None
+                value = state.column(f"_mm{i}")
+            out = out.append_column(name, value)
+        return out
 
     def _redo_extreme_local(self, ctx: StepContext, g: pa.Table, a: dict[str, Any]) -> pa.Table:
         """Set ``_mm<i>`` of the groups flagged ``_redo<i>`` from their live values."""
@@ -327,6 +541,27 @@ class Aggregate(Operator):
             return g
         values = self.values[i].lookup_arrow(ctx.local, redo)
         best = "min" if a["fn"] == "min" else "max"
+        limit = local_sql.FAST_PATH_ROWS
+        if (values.num_rows <= limit and g.num_rows <= limit and self.keys
+                and arrow_groups_like_duckdb(values, [*self.keys, "_v"])
+                and arrow_groups_like_duckdb(g, self.keys) and weights_fit(values[WEIGHT])):
+            live = consolidate_arrow(values, [*self.keys, "_v"])
+            live = live.filter(pc.greater(live.column(WEIGHT), 0))
+            rec = live.group_by(self.keys, use_threads=False).aggregate([("_v", best)])
+            g_ids, rec_ids = null_safe_ids(g, rec, self.keys)
+            ids = [f"_id{j}" for j in range(len(self.keys))]
+            pairs = pa.table({**dict(zip(ids, g_ids)),
+                              "_gi": np.arange(g.num_rows, dtype=np.int64)}).join(
+                pa.table({**dict(zip(ids, rec_ids)),
+                          "_ri": np.arange(rec.num_rows, dtype=np.int64)}),
+                keys=ids, join_type="left outer", use_threads=False).sort_by("_gi")
+            g = g.take(pairs.column("_gi"))
+            recomputed = rec.column(f"_v_{best}").take(pairs.column("_ri"))
+            mm = g.column(f"_mm{i}")
+            if recomputed.type != mm.type:
+                recomputed = recomputed.cast(mm.type)
+            return g.set_column(g.schema.get_field_index(f"_mm{i}"), f"_mm{i}",
+                                pc.if_else(g.column(f"_redo{i}"), recomputed, mm))
         keys = idents(self.keys)
         return ctx.local.query(
             f"WITH live AS (SELECT {keys}, _v FROM v GROUP BY {keys}, _v "
@@ -415,3 +650,4 @@ def _semi_join_keys(df: DataFrame, keys_df: DataFrame, keys: Sequence[str],
 def _null_safe_prefixed(keys: Sequence[str], prefix: str) -> Column:
     return reduce(lambda x, y: x & y,
                   [F.col(quote(k)).eqNullSafe(F.col(quote(prefix + k))) for k in keys])
+

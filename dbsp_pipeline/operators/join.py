@@ -9,6 +9,11 @@ a shuffle.
 
 SQL semantics: NULL keys never match. Output columns: the keys (once), then the left side's
 other columns, then the right side's.
+
+On the driver a small join (``driver/sql.py``'s ``FAST_PATH_ROWS`` rows a side at most) runs as
+a pyarrow hash join instead of a DuckDB query, with the same rows: it runs only where pyarrow
+compares the keys as DuckDB does (``arrow_groups_like_duckdb``), and a product of weights that
+overflows int64 is an error naming the join and the two weights (DuckDB's query raises too).
 """
 
 from __future__ import annotations
@@ -17,11 +22,13 @@ from collections.abc import Sequence
 from functools import reduce
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from dbsp_pipeline.driver.sql import conform, empty_zset, ident, idents
+from dbsp_pipeline.driver import sql as local_sql
+from dbsp_pipeline.driver.sql import arrow_groups_like_duckdb, conform, empty_zset, ident, idents
 from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContext
 from dbsp_pipeline.storage.delta_table import DataFile
 from dbsp_pipeline.storage.state_db import StateDatabase
@@ -34,6 +41,7 @@ _LW, _RW = "_wl", "_wr"
 class Join(Operator):
     def __init__(self, db: StateDatabase, name: str, on: Sequence[str], left: StructType,
                  right: StructType, schema: StructType) -> None:
+        self.name = name
         self.on = list(on)
         self.left = Trace(db, f"{name}_left", left, self.on)
         self.right = Trace(db, f"{name}_right", right, self.on)
@@ -95,6 +103,8 @@ class Join(Operator):
     def _join_local(self, ctx: StepContext, left: pa.Table, right: pa.Table) -> pa.Table:
         if left.num_rows == 0 or right.num_rows == 0:
             return empty_zset(self.schema)
+        if self._joins_in_arrow(left, right):
+            return self._join_arrow(left, right)
         on = " AND ".join(f"l.{ident(k)} = r.{ident(k)}" for k in self.on)
         out = ctx.local.query(
             f"SELECT {idents(self.on, 'l.')}"
@@ -102,6 +112,35 @@ class Join(Operator):
             f"{', ' + idents(self.right_rest, 'r.') if self.right_rest else ''}, "
             f"l.{ident(WEIGHT)} * r.{ident(WEIGHT)} AS {ident(WEIGHT)} "
             f"FROM l JOIN r ON {on}", l=left, r=right)
+        return conform(out, self.schema)
+
+    def _joins_in_arrow(self, left: pa.Table, right: pa.Table) -> bool:
+        """Whether ``_join_arrow`` gives what the DuckDB query gives for these sides."""
+        limit = local_sql.FAST_PATH_ROWS
+        return (left.num_rows <= limit and right.num_rows <= limit
+                and not set(self.left_rest) & set(self.right_rest)
+                and all(left.schema.field(k).type == right.schema.field(k).type for k in self.on)
+                and arrow_groups_like_duckdb(left, self.on)
+                and arrow_groups_like_duckdb(right, self.on))
+
+    def _join_arrow(self, left: pa.Table, right: pa.Table) -> pa.Table:
+        """The join of ``left`` and ``right`` (rows of the two traces) as a pyarrow hash join;
+        NULL keys never match (pyarrow's default, as SQL's ``=``)."""
+        lt = left.select([*self.on, *self.left_rest, WEIGHT]).rename_columns(
+            [*self.on, *self.left_rest, _LW])
+        rt = right.select([*self.on, *self.right_rest, WEIGHT]).rename_columns(
+            [*self.on, *self.right_rest, _RW])
+        joined = lt.join(rt, keys=self.on, join_type="inner", use_threads=False)
+        try:
+            weight = pc.multiply_checked(joined.column(_LW), joined.column(_RW))
+        except pa.ArrowInvalid as e:
+            lw, rw = joined.column(_LW).to_pylist(), joined.column(_RW).to_pylist()
+            a, b = next((x, y) for x, y in zip(lw, rw) if not -(1 << 63) <= x * y < (1 << 63))
+            raise OverflowError(
+                f"join '{self.name}': the weight of a joined row overflows 64 bits: {a} x {b} "
+                "(the rows' weights multiply)") from e
+        out = joined.select([*self.on, *self.left_rest, *self.right_rest]).append_column(
+            WEIGHT, weight)
         return conform(out, self.schema)
 
     def traces(self) -> list[Trace]:

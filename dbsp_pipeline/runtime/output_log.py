@@ -112,15 +112,28 @@ class OutputLog:
         self.spark = spark
         #: writes whose step record is durable but which are not folded yet, by step
         self._pending: dict[int, PreparedWrite] = {}
+        #: ``folded_last`` as of this object's last look at the table or its own last fold;
+        #: None: read it from the table next time
+        self._folded: int | None = None
 
     def last(self) -> int:
         """The next step this log expects (every step before it is written)."""
         return max(self.folded_last(), max(self._pending, default=-1) + 1)
 
     def folded_last(self) -> int:
-        """The next step the Delta table itself expects (the steps before it are folded)."""
-        written = self.table.transaction_version(APP_ID)
-        return 0 if written is None else written + 1
+        """The next step the Delta table itself expects (the steps before it are folded).
+
+        Cached: read from the table once, then moved by this object's own folds. That is exact
+        because only the pipeline that owns the root folds (it holds the root's lock; this
+        object exists only in it, ``runtime/pipeline.py``): no other process moves the table's
+        app transaction while this one owns the root. A process that lost the root (fenced by a
+        later opener, which may fold) may see a stale value, but it can commit nothing more:
+        its next step record or fold is refused (``ConcurrentWriterError``). A fold that fails
+        in any way, and ``load_pending`` (opening, roll-back), forget the cached value."""
+        if self._folded is None:
+            written = self.table.transaction_version(APP_ID)
+            self._folded = 0 if written is None else written + 1
+        return self._folded
 
     # -- pending writes ------------------------------------------------------------------------
     def stage(self, write: PreparedWrite) -> None:
@@ -130,6 +143,7 @@ class OutputLog:
     def load_pending(self, records: dict[int, dict[str, Any]]) -> None:
         """Hold pending exactly the recorded writes (step -> this view's record) of the steps
         the Delta table does not hold yet (after opening or a roll-back)."""
+        self._folded = None
         folded = self.folded_last()
         self._pending = {step: PreparedWrite.from_record(step, record)
                          for step, record in sorted(records.items()) if step >= folded}
@@ -154,6 +168,7 @@ class OutputLog:
             writes = [w for step, w in sorted(self._pending.items()) if step >= folded]
             if not writes:
                 break
+            self._folded = None  # until the commit is known to have landed
             try:  # a compare-and-append: two processes folding one step commit it once
                 self.table.commit(
                     [a for w in writes for a in w.adds], app_id=APP_ID,
@@ -164,6 +179,7 @@ class OutputLog:
             except ConcurrentWriterError:
                 continue  # another commit landed first (a compaction, another process)
             self._pending = {}
+            self._folded = writes[-1].step + 1
             return True
         else:
             raise ConcurrentWriterError(f"output '{self.name}': {_FOLD_ATTEMPTS} folds lost "

@@ -37,7 +37,14 @@ from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
 from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.driver import hashing
-from dbsp_pipeline.driver.sql import LocalSQL, idents, null_safe_on
+from dbsp_pipeline.driver import sql as local_sql
+from dbsp_pipeline.driver.sql import (
+    LocalSQL,
+    arrow_groups_like_duckdb,
+    idents,
+    null_safe_ids,
+    null_safe_on,
+)
 from dbsp_pipeline.storage.delta_table import DataFile
 from dbsp_pipeline.storage.keyed_runs import KeyedRuns
 from dbsp_pipeline.storage.state_db import StateDatabase
@@ -94,6 +101,30 @@ def _shard_chunks(rows: pa.Table) -> list[pa.Table]:
     return pieces
 
 
+def _small_keyed(table: pa.Table, key: Sequence[str]) -> bool:
+    """Whether pyarrow may match ``table``'s rows on ``key`` in place of a DuckDB query (the
+    driver's fast path, ``driver/sql.py``)."""
+    return table.num_rows <= local_sql.FAST_PATH_ROWS and arrow_groups_like_duckdb(table, key)
+
+
+def _null_safe_semi_join(rows: pa.Table, keys: pa.Table, key: Sequence[str]) -> pa.Table:
+    """The rows of ``rows`` whose ``key`` equals a row of ``keys`` (NULL equals NULL)."""
+    row_ids, key_ids = null_safe_ids(rows, keys, key)
+    ids = [f"_id{j}" for j in range(len(key))]
+    left = pa.table({**dict(zip(ids, row_ids)),
+                     "_row": np.arange(rows.num_rows, dtype=np.int64)})
+    hits = left.join(pa.table(dict(zip(ids, key_ids))), keys=ids, join_type="left semi",
+                     use_threads=False)
+    found = hits.column("_row")
+    return rows.take(pc.take(found, pc.sort_indices(found)))
+
+
+#: The small files a trace wrote on the driver in this process keep their rows in memory, up to
+#: this many rows in all (the oldest go first), so the next steps' lookups read them without
+#: opening a Parquet file. Data files are immutable: the kept rows are the file's content for
+#: as long as the file is part of the trace (a lookup only reads the trace's current files).
+RECENT_FILE_ROWS = 65_536
+
 #: Compact a trace once it has more files than this (size-tiered merge of the smallest).
 COMPACT_FILE_THRESHOLD = 16
 #: Merges of at most this many rows run on the driver (when it offers a ``LocalSQL``).
@@ -116,6 +147,9 @@ class Trace:
         #: the keyed runs of the trace's big files, for lookups by key
         self.runs = KeyedRuns(root_layout.keyed_runs(db.root, name), self.table.arrow_schema,
                               self.key, self._key_hashes)
+        #: the rows of small files written by ``append_arrow``, by path (``RECENT_FILE_ROWS``)
+        self._recent: dict[str, pa.Table] = {}
+        self._recent_rows = 0
         #: rows read from the trace by ``read``, ``read_arrow`` and ``lookup_arrow`` since the
         #: last ``reset_rows_read`` (what steps read from state; merges are not counted)
         self.rows_read = 0
@@ -203,7 +237,19 @@ class Trace:
         self._files = before + new
         for f in new:  # one file: the whole change
             self.runs.add(f, change)
+            self._remember(f, change)
         return change
+
+    def _remember(self, f: DataFile, rows: pa.Table) -> None:
+        """Keep ``rows`` (the whole content of the new file ``f``) for lookups."""
+        if rows.num_rows > RECENT_FILE_ROWS:
+            return
+        self._recent[f.path] = rows.select(self.table.arrow_schema.names).cast(
+            self.table.arrow_schema)
+        self._recent_rows += rows.num_rows
+        while self._recent_rows > RECENT_FILE_ROWS:
+            oldest = next(iter(self._recent))
+            self._recent_rows -= self._recent.pop(oldest).num_rows
 
     def replace_arrow(self, delta: pa.Table | None) -> None:
         """``replace`` on the driver (``delta`` is already consolidated)."""
@@ -233,6 +279,9 @@ class Trace:
             return self.table.arrow_schema.empty_table()
         if len(self.key) == 1:
             wanted_keys = pa.table({self.key[0]: pc.unique(keys.column(self.key[0]))})
+        elif self.key and _small_keyed(keys, self.key):
+            wanted_keys = keys.select(self.key).group_by(self.key, use_threads=False).aggregate(
+                [])
         elif self.key:
             wanted_keys = sql.query(f"SELECT DISTINCT {idents(self.key)} FROM k",
                                     k=keys.select(self.key))
@@ -258,7 +307,12 @@ class Trace:
         if unread:
             field = pc.field(SHARD)
             where = (field >= min(shards)) & (field <= max(shards)) & field.isin(shards)
-            parts.append(self.table.read_arrow(unread, where))
+            kept = [self._recent[f.path] for f in unread if f.path in self._recent]
+            if kept:
+                parts += [t.filter(where) for t in kept]
+                unread = [f for f in unread if f.path not in self._recent]
+            if unread:
+                parts.append(self.table.read_arrow(unread, where))
         rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
         self.rows_read += rows.num_rows  # the rows of small files and of the runs' hash ranges
         if rows.num_rows == 0 or not self.key:
@@ -267,6 +321,8 @@ class Trace:
             key = self.key[0]
             return rows.filter(pc.is_in(rows.column(key), value_set=wanted_keys.column(key),
                                         skip_nulls=False))
+        if _small_keyed(rows, self.key) and _small_keyed(wanted_keys, self.key):
+            return _null_safe_semi_join(rows, wanted_keys, self.key)
         return sql.query(f"SELECT r.* FROM r SEMI JOIN k ON {null_safe_on('r', 'k', self.key)}",
                          r=rows, k=wanted_keys).cast(self.table.arrow_schema)
 

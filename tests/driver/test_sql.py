@@ -1,0 +1,92 @@
+"""The pyarrow fast path of ``LocalSQL.consolidate`` gives DuckDB's table, bit for bit, or does
+not run: random small Z-sets over several key columns (NULLs, strings, decimals, timestamps,
+doubles with zeros, -0.0 and NaN), zero-sum rows, and weights near the int64 limit."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import math
+import random
+
+import pyarrow as pa
+import pytest
+
+from dbsp_pipeline.driver import sql as local_sql
+from dbsp_pipeline.driver.sql import LocalSQL, consolidate_arrow, fast_path
+
+SCHEMA = pa.schema([("s", pa.string()), ("i", pa.int32()), ("d", pa.decimal128(10, 2)),
+                    ("t", pa.timestamp("us", tz="UTC")), ("f", pa.float64()),
+                    ("_weight", pa.int64())])
+COLUMNS = ["s", "i", "d", "t", "f"]
+
+
+def _value(rng: random.Random, column: str, odd_floats: bool) -> object:
+    if rng.random() < 0.2:
+        return None
+    if column == "s":
+        return rng.choice(["", "a", "b", "é"])
+    if column == "i":
+        return rng.choice([-1, 0, 7])
+    if column == "d":
+        return decimal.Decimal(rng.choice(["0.00", "1.10", "-2.50"]))
+    if column == "t":
+        return datetime.datetime(2026, 1, rng.choice([1, 2]), tzinfo=datetime.UTC)
+    return rng.choice([1.5, 0.0, 2.25] + ([-0.0, math.nan] if odd_floats else []))
+
+
+def random_zset(rng: random.Random, rows: int, odd_floats: bool = False) -> pa.Table:
+    """``rows`` rows over small domains (so rows repeat and cancel), weights in [-3, 3]."""
+    records = [{**{c: _value(rng, c, odd_floats) for c in COLUMNS},
+                "_weight": rng.choice([-3, -1, 1, 1, 2])} for _ in range(rows)]
+    return pa.Table.from_pylist(records, schema=SCHEMA)
+
+
+def _bits(table: pa.Table) -> list[str]:
+    """The rows as sortable text that tells -0.0 from 0.0 (``repr``) and keeps NaN."""
+    return sorted(repr(sorted(r.items())) for r in table.to_pylist())
+
+
+def test_fast_consolidation_equals_duckdb_bit_for_bit(monkeypatch):
+    sql, rng = LocalSQL(), random.Random(14)
+    ran_fast = 0
+    for case in range(300):
+        table = random_zset(rng, rng.randint(0, 60), odd_floats=case % 10 == 0)
+        columns = rng.sample(COLUMNS, rng.randint(1, len(COLUMNS)))
+        monkeypatch.setattr(local_sql, "FAST_PATH_ROWS", 0)  # DuckDB
+        expected = sql.consolidate(table, columns)
+        monkeypatch.setattr(local_sql, "FAST_PATH_ROWS", 4096)
+        ran_fast += fast_path(table, columns)
+        got = sql.consolidate(table, columns)  # fast, or DuckDB where it must
+        assert _bits(got) == _bits(expected.cast(got.schema)), (case, columns)
+        if fast_path(table, columns):
+            assert got.schema == table.select([*columns, "_weight"]).schema
+    assert ran_fast > 250  # only tables with -0.0 / NaN keys were left to DuckDB
+
+
+def test_negative_zero_and_nan_keys_go_to_duckdb():
+    """pyarrow groups floats by their bits: -0.0 and 0.0, or NaNs, would not meet."""
+    for odd in (-0.0, math.nan):
+        table = pa.table({"f": [0.0, odd, 1.0], "_weight": [1, 1, 1]})
+        assert not fast_path(table, ["f"])
+        assert fast_path(table, [])  # no key: nothing to compare
+    table = pa.table({"f": [0.0, 0.0, None], "_weight": [1, -1, 2]})
+    assert fast_path(table, ["f"])
+    assert consolidate_arrow(table, ["f"]).to_pylist() == [{"f": None, "_weight": 2}]
+
+
+def test_weight_sums_that_could_wrap_go_to_duckdb_and_raise_there():
+    """pyarrow's sum wraps around silently; DuckDB's raises, as consolidation always did."""
+    big = pa.table({"k": [1, 1], "_weight": pa.array([2**62, 2**62], pa.int64())})
+    assert not fast_path(big, ["k"])
+    with pytest.raises(Exception, match="out of range"):
+        LocalSQL().consolidate(big, ["k"])
+    fits = pa.table({"k": [1, 1], "_weight": pa.array([2**61, 2**61], pa.int64())})
+    assert fast_path(fits, ["k"])
+    assert consolidate_arrow(fits, ["k"]).to_pylist() == [{"k": 1, "_weight": 2**62}]
+
+
+def test_big_tables_go_to_duckdb(monkeypatch):
+    table = random_zset(random.Random(1), 50)
+    monkeypatch.setattr(local_sql, "FAST_PATH_ROWS", 49)
+    assert not fast_path(table, ["s"])
