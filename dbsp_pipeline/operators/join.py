@@ -104,5 +104,8 @@ class Join(Operator):
             f"FROM l JOIN r ON {on}", l=left, r=right)
         return conform(out, self.schema)
 
+    def owner_keys(self) -> list[list[str]] | None:
+        return [self.on, self.on]
+
     def traces(self) -> list[Trace]:
         return [self.left, self.right]
