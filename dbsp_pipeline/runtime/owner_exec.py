@@ -39,7 +39,6 @@ import re
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -219,10 +218,11 @@ def owner_stage(ctx: StepContext, plan: Plan, node: Node, inputs: Sequence[Delta
             F.col(WEIGHT), layout.owner_column(side_keys).alias(OWNER)).groupBy(OWNER))
     out_type = result_schema(plan.schemas[node.id])
     if len(grouped) == 1:
-        result = grouped[0].applyInArrow(partial(_grouped_task, spec), out_type)
+        # A lambda: PySpark infers the UDF's form from type hints, and fails on a partial.
+        result = grouped[0].applyInArrow(lambda key, t: _grouped_task(spec, key, t), out_type)
     elif len(grouped) == 2:
-        result = grouped[0].cogroup(grouped[1]).applyInArrow(partial(_cogrouped_task, spec),
-                                                            out_type)
+        result = grouped[0].cogroup(grouped[1]).applyInArrow(
+            lambda key, left, right: _cogrouped_task(spec, key, left, right), out_type)
     else:  # pragma: no cover - owner_keys names one or two inputs
         raise AssertionError(f"operator #{node.id} {node.op}: {len(grouped)} inputs")
     result = result.cache()
