@@ -58,6 +58,10 @@ if TYPE_CHECKING:
 
     from dbsp_pipeline.runtime.plan import Plan
 
+#: the environment variable (read by the driver when a stage starts) naming the tasks that fail
+#: on purpose after writing their files, ``"<node>:<owner>:<attempt>"`` with ``*`` for any: the
+#: crash tests' way to make orphan files and failed stages
+FAIL_OWNER_TASK = "DBSP_FAIL_OWNER_TASK"
 #: the grouping column of an owner stage: the owner of the row's key
 OWNER = "_owner"
 #: what a row of a task's result is: 0 a row of the output change, 1 the task's actions
@@ -86,6 +90,9 @@ class OwnerTaskSpec:
     schemas: Mapping[int, StructType]
     tables: Mapping[str, TaskTableSpec]
     task_memory: str | None = None
+    #: tests only: ``"<node>:<owner>:<attempt>"`` (``*`` matches any) makes the matching task
+    #: fail after writing its files (``FAIL_OWNER_TASK``)
+    fault: str | None = None
 
 
 # -- the task (in a Python worker) -------------------------------------------------------------
@@ -145,11 +152,22 @@ def run_owner_task(spec: OwnerTaskSpec, key: tuple[pa.Scalar, ...],
     from pyspark import TaskContext
 
     context = TaskContext.get()
+    attempt = context.attemptNumber() if context is not None else 0
+    if spec.fault is not None and _fault_matches(spec.fault, spec.node.id, owner, attempt):
+        raise RuntimeError(f"injected fault ({FAIL_OWNER_TASK}={spec.fault}): task of owner "
+                           f"{owner} of operator #{spec.node.id}, attempt {attempt}, after "
+                           "writing its files")
     action = {"step": spec.step, "owner": owner, "layout_version": spec.layout.version,
-              "attempt": context.attemptNumber() if context is not None else 0,
+              "attempt": attempt,
               "traces": {t.name: {**db.opened[t.name].record(), "rows_read": t.rows_read}
                          for t in op.state_traces()}}
     return _task_result(spec, out, json.dumps(action))
+
+
+def _fault_matches(fault: str, node: int, owner: int, attempt: int) -> bool:
+    parts = fault.split(":")
+    return len(parts) == 3 and all(p == "*" or p == str(v)
+                                   for p, v in zip(parts, (node, owner, attempt)))
 
 
 def _grouped_task(spec: OwnerTaskSpec, key: tuple[pa.Scalar, ...], table: pa.Table) -> pa.Table:
@@ -206,7 +224,7 @@ def owner_stage(ctx: StepContext, plan: Plan, node: Node, inputs: Sequence[Delta
         tables={t.name: TaskTableSpec(t.name, t.table.uri, t.table.arrow_schema, tuple(t.key),
                                       owner_files(t.files(), layout))
                 for t in op.state_traces()},
-        task_memory=task_memory(spark))
+        task_memory=task_memory(spark), fault=os.environ.get(FAIL_OWNER_TASK) or None)
     grouped = []
     for d, input_id, side_keys in zip(inputs, node.inputs, keys):
         schema = plan.schemas[input_id]

@@ -162,3 +162,50 @@ def test_a_pipeline_runs_its_spark_steps_per_owner(spark, tmp_path: Path) -> Non
         for name in ("joined", "totals", "names"):
             assert counter(again.view_arrow(name)) == counter(ref.view_arrow(name)), name
     ref.close()
+
+
+def test_a_failing_owner_task_fails_the_step_and_leaves_only_orphans(spark, tmp_path: Path,
+                                                                    monkeypatch) -> None:
+    """A task that fails (on every attempt) after writing its files fails the step
+    (``StepFailedError``: nothing staged, the step stays next); the retry gives the driver
+    path's views, and garbage collection deletes exactly the failed attempt's files."""
+    from dbsp_pipeline import StepFailedError
+    from dbsp_pipeline.runtime.owner_exec import FAIL_OWNER_TASK
+    from dbsp_pipeline.runtime.pipeline import Pipeline
+
+    ref = Pipeline(circuit(), str(tmp_path / "ref"), spark)
+    with Pipeline(circuit(), str(tmp_path / "p"), spark, driver_step_rows=0) as p:
+        p.rescale(2)
+        p.spark_per_owner = True
+        join = p.circuit.outputs["joined"]
+        traces = p.engine.plan.state_traces()
+
+        def stored() -> set[str]:
+            return {f.path for t in traces for f in t.table.store.stored_data_files()}
+
+        for q in (ref, p):
+            q.push("orders", [(1, 2.0), (2, 5.0), (5, 1.0)])
+            q.push("customers", [(1, "n"), (2, "s"), (5, "e")])
+            q.step()
+        before = stored()
+        monkeypatch.setenv(FAIL_OWNER_TASK, f"{join}:*:*")
+        for q in (ref, p):
+            q.push("orders", [(1, 3.0), (2, 4.0), (5, 6.0)])
+            q.push("customers", [(2, "t")])
+        with pytest.raises(StepFailedError, match="injected fault"):
+            p.step()
+        orphans = stored() - before
+        assert orphans  # the failed tasks wrote files
+        monkeypatch.delenv(FAIL_OWNER_TASK)
+        p.step()
+        ref.step()
+        for name in ("joined", "totals", "names"):
+            assert counter(p.view_arrow(name)) == counter(ref.view_arrow(name)), name
+        live = {f.path for t in traces for f in t.files()}
+        assert not orphans & live
+        p.collect_garbage(0)
+        assert not orphans & stored() and live <= stored()
+        assert p.verify().ok
+        for name in ("joined", "totals", "names"):
+            assert counter(p.view_arrow(name)) == counter(ref.view_arrow(name)), name
+    ref.close()
