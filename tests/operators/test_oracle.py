@@ -309,6 +309,7 @@ def test_seeded_workload_per_owner(spark, tmp_path):
     with Pipeline(build_circuit(), str(tmp_path), spark, driver_step_rows=0) as p:
         p.rescale(2, "modulo")
         p.spark_per_owner = True
+        assert p.engine.spark_per_owner  # the setting reaches the engine
         for i, ops in enumerate(seeded_workload(seed=11, steps=3, ops_per_step=30)):
             w.apply(p, ops)
             assert not p.step().on_driver
@@ -322,6 +323,7 @@ def test_per_owner_and_driver_steps_alternate_across_a_rescale(spark, tmp_path):
     with Pipeline(build_circuit(), str(tmp_path), spark) as p:
         p.rescale(2)
         p.spark_per_owner = True
+        assert p.engine.spark_per_owner
         for i, ops in enumerate(seeded_workload(seed=5, steps=4, ops_per_step=25)):
             if i == 2:
                 p.rescale(3)
