@@ -141,8 +141,17 @@ def null_safe_on(left: str, right: str, columns: Sequence[str],
 class LocalSQL:
     """One DuckDB connection, used by one pipeline's driver-side steps (not thread-safe)."""
 
-    def __init__(self, threads: int = 2) -> None:
-        self._con = duckdb.connect(config={"threads": threads})
+    def __init__(self, threads: int = 2, memory_limit: str | None = None,
+                 temp_directory: str | None = None) -> None:
+        """``memory_limit`` (DuckDB's, e.g. ``"2GB"``) and ``temp_directory`` (where DuckDB
+        spills beyond it) default to DuckDB's own; a Spark task sets both
+        (``runtime/owner_exec.py``)."""
+        config: dict[str, str | bool | int | float | list[str]] = {"threads": threads}
+        if memory_limit is not None:
+            config["memory_limit"] = memory_limit
+        if temp_directory is not None:
+            config["temp_directory"] = temp_directory
+        self._con = duckdb.connect(config=config)
 
     def query(self, sql: str, **tables: pa.Table) -> pa.Table:
         """Run ``sql``, in which each Arrow table passed as ``name=table`` is the table ``name``."""

@@ -599,6 +599,10 @@ class Aggregate(Operator):
         return g.withColumn(f"_mm{i}", F.when(F.col(f"_redo{i}"), F.col(f"_rec{i}"))
                             .otherwise(quick))
 
+    def owner_keys(self) -> list[list[str]] | None:
+        """The group columns; None for a sum of decimals (no driver path, so no task path)."""
+        return [self.keys] if self.runs_on_driver else None
+
     def traces(self) -> list[Trace]:
         return [self.groups, *self.values.values()]
 

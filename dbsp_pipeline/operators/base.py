@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -29,6 +29,9 @@ from pyspark.sql.types import StructType
 
 from dbsp_pipeline.driver.sql import LocalSQL
 from dbsp_pipeline.storage.trace import Trace
+
+if TYPE_CHECKING:
+    from dbsp_pipeline.runtime.layout import Layout
 
 #: one operator's change on the Spark path (None: no change)
 Delta: TypeAlias = DataFrame | None
@@ -40,12 +43,22 @@ LocalDelta: TypeAlias = "pa.Table | None"
 class StepContext:
     """What an operator may use during one step."""
 
-    spark: SparkSession
+    #: the Spark session; None in a Spark task running one owner's part of an operator
+    #: (``runtime/owner_exec.py``), where only ``step_local`` runs
+    spark: SparkSession | None
     step: int
-    #: the driver-side engine; set when the step runs on the driver (``step_local``)
+    #: the driver-side engine; set when the step runs on the driver (``step_local``), and in a
+    #: Spark task (the task's own DuckDB)
     sql: LocalSQL | None = None
     #: a change smaller than this many rows is broadcast to the trace it is joined with
     broadcast_rows: int = 2_000_000
+    #: the state's layout (who owns which key); what an owner stage groups the change by
+    layout: Layout | None = None
+    #: whether a Spark step runs each operator that can (``Plan.owner_capable``) as one task
+    #: per owner (``runtime/owner_exec.py``) instead of as DataFrame jobs
+    per_owner: bool = False
+    #: in a Spark task, the owner whose keys it runs (None on the driver)
+    owner: int | None = None
     _cached: list[DataFrame] = field(default_factory=list)
 
     def materialize(self, df: DataFrame) -> tuple[DataFrame, int]:
@@ -56,6 +69,15 @@ class StepContext:
         cached = df.cache()
         self._cached.append(cached)
         return cached, cached.count()
+
+    @property
+    def session(self) -> SparkSession:
+        """The Spark session, for a step (or a driver step's fallback) that runs Spark jobs:
+        a Spark task has none, so asking for it there is a bug in the engine."""
+        if self.spark is None:
+            raise AssertionError(f"step {self.step} runs in a Spark task (owner {self.owner}): "
+                                 "no Spark session")
+        return self.spark
 
     @property
     def on_driver(self) -> bool:
@@ -88,6 +110,12 @@ class Operator:
         """``step`` on the driver: the same result, as an Arrow table in the Spark schema's types
         (payload + ``_weight``)."""
         raise NotImplementedError
+
+    def owner_keys(self) -> list[list[str]] | None:
+        """Per input, the columns whose owner (``Layout.owner_column``) decides which task of
+        an owner stage gets a row of its change (``runtime/owner_exec.py``); None when the
+        operator does not run per owner (it keeps ``step``)."""
+        return None
 
     def traces(self) -> list[Trace]:
         """The traces that integrate over time and so grow (and are compacted); a one-step

@@ -68,5 +68,8 @@ class Distinct(Operator):
             FROM b WHERE (_before > 0) <> (_after > 0)""", n=new, old=old)
         return conform(out, self.schema)
 
+    def owner_keys(self) -> list[list[str]] | None:
+        return [self.columns]
+
     def traces(self) -> list[Trace]:
         return [self.trace]

@@ -143,5 +143,8 @@ class Join(Operator):
             WEIGHT, weight)
         return conform(out, self.schema)
 
+    def owner_keys(self) -> list[list[str]] | None:
+        return [self.on, self.on]
+
     def traces(self) -> list[Trace]:
         return [self.left, self.right]

@@ -50,7 +50,7 @@ class _UserSQL(Operator):
             except duckdb.Error:
                 pass  # e.g. an overflow in a branch Spark would not evaluate: Spark decides
         # One Spark job over the small change.
-        frame = ctx.spark.createDataFrame(d.cast(zset_arrow_schema(self.input_schema)))
+        frame = ctx.session.createDataFrame(d.cast(zset_arrow_schema(self.input_schema)))
         return conform(self._spark(frame).toArrow(), self.schema)
 
     def _spark(self, d: DataFrame) -> DataFrame:

@@ -19,7 +19,7 @@ from deltalake.transaction import AddAction
 
 from dbsp_pipeline.driver.sql import LocalSQL
 from dbsp_pipeline.storage.delta_table import DataFile
-from dbsp_pipeline.storage.trace import COMPACT_FILE_THRESHOLD, Trace
+from dbsp_pipeline.storage.trace import COMPACT_FILE_THRESHOLD, OwnerLayout, Trace
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +35,15 @@ class BackgroundCompactor:
         self._sql = LocalSQL(threads=1)  # used by the background thread only
         self._running: Future[Merged] | None = None
 
-    def start(self, traces: Sequence[Trace]) -> bool:
-        """Start merging every trace that is due (unless a merge is still running)."""
+    def start(self, traces: Sequence[Trace], layout: OwnerLayout | None = None) -> bool:
+        """Start merging every trace that is due (unless a merge is still running); with
+        ``layout``, merges write one file per owner (``Trace.merge``)."""
         if self._running is not None:
             return False
         work = [(t, files) for t in traces if (files := t.compaction_candidates(self.threshold))]
         if not work:
             return False
-        self._running = self._executor.submit(self._merge, work)
+        self._running = self._executor.submit(self._merge, work, layout)
         return True
 
     def apply_finished(self, wait: bool = False) -> int:
@@ -67,5 +68,6 @@ class BackgroundCompactor:
         self._executor.shutdown(wait=True)
         self._sql.close()
 
-    def _merge(self, work: list[tuple[Trace, list[DataFile]]]) -> Merged:
-        return [(trace, files, trace.merge(files, self._sql)) for trace, files in work]
+    def _merge(self, work: list[tuple[Trace, list[DataFile]]],
+               layout: OwnerLayout | None) -> Merged:
+        return [(trace, files, trace.merge(files, self._sql, layout)) for trace, files in work]

@@ -81,6 +81,9 @@ class EngineState:
     retain_checkpoints: int
     #: the most memory (bytes) a step on the driver may take (None: the machine's budget)
     driver_memory: int | None = None
+    #: a Spark step runs each operator that can as one task per owner of its change
+    #: (``runtime/owner_exec.py``) instead of as DataFrame jobs
+    spark_per_owner: bool = False
     #: steps executed since the last commit (a crash now would replay them)
     uncommitted_steps: int = 0
     #: commits since opening (garbage is collected every ``GC_EVERY_COMMITS``)

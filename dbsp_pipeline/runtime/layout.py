@@ -24,13 +24,17 @@ layouts were recorded reads back as one worker owning everything under fixed sha
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+from pyspark.sql import Column
+from pyspark.sql import functions as F
 
+from dbsp_pipeline.driver.hashing import SEED
 from dbsp_pipeline.errors import UsageError
-from dbsp_pipeline.zset import SHARD_BITS, SHARD_COUNT
+from dbsp_pipeline.zset import SHARD_BITS, SHARD_COUNT, quote, shard_of
 
 #: The key under which the state database's metadata records the layout.
 LAYOUT_KEY = "layout"
@@ -96,6 +100,34 @@ class Layout:
         table = np.asarray(self.assignment, dtype=np.int64)
         owners: np.ndarray = table[np.asarray(shard, dtype=np.int64) >> (SHARD_BITS - self._bits())]
         return owners
+
+    def owner_column(self, keys: Sequence[str]) -> Column:
+        """A Spark column holding the owning worker (int) of the row's key ``keys``: the same
+        worker as ``owners`` gives for the row's ``_shard`` and full hash (``Trace.owners``),
+        so a row is grouped to exactly the worker whose part of a trace holds its key. With no
+        keys (a global aggregate) every row has the owner of the hash of no columns: shard 0,
+        or, under ``modulo``, the seed."""
+        if self.sharding == "modulo":
+            w = self.workers
+            if not keys:
+                return F.lit(SEED % w).cast("int")
+            # ``owners`` takes the unsigned hash mod W; Spark's xxhash64 is signed, so a
+            # negative hash h stands for h + 2**64.
+            h = F.xxhash64(*[F.col(quote(k)) for k in keys])
+            wrapped = F.pmod(h, F.lit(w)) + F.when(h < 0, F.lit(2**64 % w)).otherwise(F.lit(0))
+            return F.pmod(wrapped, F.lit(w)).cast("int")
+        if self.workers == 1:
+            return F.lit(0).cast("int")
+        table = F.array(*[F.lit(w) for w in self.assignment])
+        index = F.shiftright(shard_of(list(keys)), SHARD_BITS - self._bits()) + 1
+        return F.element_at(table, index).cast("int")
+
+    def partition_owner(self, partition: int) -> int:
+        """The worker that reads input partition ``partition`` (a Kafka partition): ``p mod W``,
+        stable while W is, and needing no record."""
+        if partition < 0:
+            raise UsageError(f"partition {partition} is negative")
+        return partition % self.workers
 
     def owners_of_range(self, lo: int, hi: int) -> set[int]:
         """The workers owning some ``_shard`` in ``lo..hi`` (inclusive); None-free only for

@@ -105,6 +105,12 @@ def _at_least(low: int) -> Callable[[str, int | None], None]:
     return check
 
 
+def _boolean(name: str, value: bool) -> None:
+    """A setting's check: True or False."""
+    if not isinstance(value, bool):
+        raise UsageError(f"{name} must be True or False, got {value!r}")
+
+
 @contextlib.contextmanager
 def _fenced_at_open(circuit: Circuit, root: str) -> Iterator[None]:
     """Opening rolls state tables back to the newest checkpoint: if another process writes
@@ -164,6 +170,8 @@ class Pipeline:
     retain_steps: _EngineSetting[int | None] = _EngineSetting(_at_least(0))
     #: how many state versions (checkpoints) stay readable
     retain_checkpoints: _EngineSetting[int] = _EngineSetting(_at_least(2))
+    #: a Spark step runs Join, Aggregate and Distinct as one task per owner (W tasks at most)
+    spark_per_owner: _EngineSetting[bool] = _EngineSetting(_boolean)
 
     def __init__(self, circuit: Circuit, root: str,
                  spark: SparkSession | LazySession | None = None, *,

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import cast
 
 import pyspark
 from pyspark.errors import PySparkException
@@ -30,9 +31,11 @@ from dbsp_pipeline.operators.distinct import Distinct
 from dbsp_pipeline.operators.integration import Delay, Differentiate, Integrate
 from dbsp_pipeline.operators.join import Join
 from dbsp_pipeline.operators.linear import Conform, Filter, Negate, Select, Union
+from dbsp_pipeline.runtime.owner_exec import owner_stage
 from dbsp_pipeline.spark_session import LazySession
 from dbsp_pipeline.storage.small_files import read_text, write_atomically
 from dbsp_pipeline.storage.state_db import StateDatabase
+from dbsp_pipeline.storage.task_table import TaskStateDb
 from dbsp_pipeline.storage.trace import Trace
 from dbsp_pipeline.zset import quote
 
@@ -46,6 +49,8 @@ class Plan:
                  schema_cache: str | None = None) -> None:
         self.circuit = circuit
         self.spark = spark
+        #: the root of the state the operators are bound to
+        self.root = db.root
         self.schemas: dict[int, StructType] = {}
         self.operators: dict[int, Operator] = {}
         cached = _load_schemas(schema_cache, circuit)
@@ -59,10 +64,14 @@ class Plan:
             _store_schemas(schema_cache, circuit, self.schemas)
         for node in circuit.nodes:
             if node.op != "input":
-                self.operators[node.id] = self._operator(node, db)
+                self.operators[node.id] = make_operator(node, self.schemas, db)
         #: the operator that has no driver implementation, described (None: every operator
         #: has one, so steps can run on the driver); decided once, from the compiled plan
         self.spark_only = self._spark_only()
+        #: the nodes whose Spark steps can run as one task per owner (``runtime/owner_exec.py``):
+        #: the operator names the keys its change is grouped by (``Operator.owner_keys``) and
+        #: the driver hashes their types (the tasks shard and look up as the driver path does)
+        self.owner_capable = self._owner_capable()
 
     @property
     def runs_on_driver(self) -> bool:
@@ -86,9 +95,27 @@ class Plan:
                 continue
             operator = self.operators[node.id]
             inputs = [changes[i] for i in node.inputs]
-            changes[node.id] = (operator.step_local(ctx, inputs) if ctx.on_driver
-                                else operator.step(ctx, inputs))
+            if ctx.on_driver:
+                changes[node.id] = operator.step_local(ctx, inputs)
+            elif ctx.per_owner and node.id in self.owner_capable:
+                changes[node.id] = owner_stage(ctx, self, node, inputs)
+            else:
+                changes[node.id] = operator.step(ctx, inputs)
         return changes
+
+    def _owner_capable(self) -> set[int]:
+        capable = set()
+        for node in self.circuit.nodes:
+            if node.op == "input":
+                continue
+            keys = self.operators[node.id].owner_keys()
+            if keys is None:
+                continue
+            types = [self.schemas[i][k].dataType for i, side in zip(node.inputs, keys)
+                     for k in side]
+            if all(hashing.supports(t) for t in types):
+                capable.add(node.id)
+        return capable
 
     def _spark_only(self) -> str | None:
         """The first operator that keeps steps off the driver, described: a key a trace is
@@ -206,36 +233,6 @@ class Plan:
         return self._analyse(what, lambda: self._empty(src).groupBy(
             *[quote(k) for k in keys]).agg(*exprs))
 
-    # -- operators -------------------------------------------------------------------------
-    def _operator(self, node: Node, db: StateDatabase) -> Operator:
-        schema = self.schemas[node.id]
-        src = self.schemas[node.inputs[0]]
-        name = f"n{node.id}_{node.op}"
-        p = node.params
-        if node.op == "select":
-            return Select(p["exprs"], src, schema)
-        if node.op == "filter":
-            return Filter(p["predicate"], schema)
-        if node.op == "union":
-            return Union(schema)
-        if node.op == "negate":
-            return Negate(schema)
-        if node.op == "conform":
-            return Conform(src, schema)
-        if node.op == "distinct":
-            return Distinct(db, name, schema)
-        if node.op == "join":
-            return Join(db, name, p["on"], src, self.schemas[node.inputs[1]], schema)
-        if node.op == "aggregate":
-            return Aggregate(db, name, p["keys"], p["aggregates"], src, schema)
-        if node.op == "integrate":
-            return Integrate(db, name, schema)
-        if node.op == "delay":
-            return Delay(db, name, schema)
-        if node.op == "differentiate":
-            return Differentiate(db, name, schema)
-        raise CircuitError(f"{_describe(node)}: unknown operator")  # pragma: no cover
-
     # -- helpers ---------------------------------------------------------------------------
     def _empty(self, schema: StructType) -> DataFrame:
         return self.spark.createDataFrame([], schema)
@@ -246,6 +243,43 @@ class Plan:
             return schema
         except PySparkException as e:
             raise CircuitError(f"{what}: {_first_line(e)}") from None
+
+
+def make_operator(node: Node, schemas: Mapping[int, StructType],
+                  db: StateDatabase | TaskStateDb) -> Operator:
+    """The operator of ``node`` (not an input), its traces bound to ``db``: the driver's state
+    database (``Plan``), or one owner's view of it in a Spark task (``runtime/owner_exec.py``).
+    ``schemas`` are the analysed schemas of the circuit's nodes."""
+    # Operators reach state only through ``Trace``, which uses ``db.table``, ``db.spark`` and
+    # ``db.root``; a ``TaskStateDb`` offers those three (``storage/task_table.py``).
+    state = cast(StateDatabase, db)
+    schema = schemas[node.id]
+    src = schemas[node.inputs[0]]
+    name = f"n{node.id}_{node.op}"
+    p = node.params
+    if node.op == "select":
+        return Select(p["exprs"], src, schema)
+    if node.op == "filter":
+        return Filter(p["predicate"], schema)
+    if node.op == "union":
+        return Union(schema)
+    if node.op == "negate":
+        return Negate(schema)
+    if node.op == "conform":
+        return Conform(src, schema)
+    if node.op == "distinct":
+        return Distinct(state, name, schema)
+    if node.op == "join":
+        return Join(state, name, p["on"], src, schemas[node.inputs[1]], schema)
+    if node.op == "aggregate":
+        return Aggregate(state, name, p["keys"], p["aggregates"], src, schema)
+    if node.op == "integrate":
+        return Integrate(state, name, schema)
+    if node.op == "delay":
+        return Delay(state, name, schema)
+    if node.op == "differentiate":
+        return Differentiate(state, name, schema)
+    raise CircuitError(f"{_describe(node)}: unknown operator")  # pragma: no cover
 
 
 def _schema_cache_key(circuit: Circuit) -> str:

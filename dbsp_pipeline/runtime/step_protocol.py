@@ -203,7 +203,8 @@ def _compute(state: EngineState, s: int, lowers: dict[str, int], uppers: dict[st
         changes = {n: state.inputs[n].change_arrow(sql, files[n]) for n in names}
     else:
         changes = {n: state.inputs[n].change(files[n]) for n in names}
-    ctx = StepContext(state.spark, s, sql=sql)
+    ctx = StepContext(state.spark, s, sql=sql, layout=state.layout,
+                      per_owner=state.spark_per_owner)
     recorded = state.divisions.outputs(s) or {}
     try:
         node_changes = state.plan.evaluate(ctx, changes)

@@ -18,17 +18,14 @@ by garbage collection (``storage/garbage.py``).
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import json
 import re
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
@@ -36,12 +33,12 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction
 
 from dbsp_pipeline.errors import ConcurrentWriterError, StorageError
+from dbsp_pipeline.storage.data_files import DataFiles, millis
 from dbsp_pipeline.storage.table_store import ACTIONS_KEY, DATA_DIR, DataFile, StoredFile
 
 LOG_DIR = "_delta_log"
 #: Delta configuration of every table the engine creates (a caller's configuration wins)
 DEFAULT_CONFIGURATION = {"delta.checkpointInterval": "50"}
-_STATS_STRING_LIMIT = 32
 
 
 class DeltaTableStore:
@@ -55,15 +52,18 @@ class DeltaTableStore:
         self.schema = schema
         self._fs = filesystem
         self._options: dict[str, str] | None = dict(storage_options) if storage_options else None
+        #: the table's data files (written and read without the log)
+        self.data = DataFiles(uri, schema, filesystem)
         self._table = self._open_or_create(configuration)
 
     # -- what a backend says -----------------------------------------------------------------
     def fs_path(self, path: str) -> str:
         """The filesystem path of ``path`` (an absolute path or object URI of this store)."""
-        return path
+        return self.data.fs_path(path)
 
     def _make_folder(self, fs_path: str) -> None:
         """Make the folder ``fs_path`` exist before files are written into it."""
+        self.data.make_folder(fs_path)
 
     def _remove_empty_folders(self) -> None:
         """Remove data folders that hold no file (after garbage collection)."""
@@ -133,53 +133,25 @@ class DeltaTableStore:
         self._refresh()
         return self._table.transaction_version(app_id)
 
-    # -- data files --------------------------------------------------------------------------
+    # -- data files (``storage/data_files.py``) ---------------------------------------------
     def path(self, relative: str) -> str:
-        return f"{self.uri}/{relative}"
+        return self.data.path(relative)
 
     def write_arrow(self, table: pa.Table) -> list[AddAction]:
-        if table.num_rows == 0:
-            return []
-        folder = f"{DATA_DIR}/{uuid.uuid4().hex}"
-        target = self.fs_path(self.path(f"{folder}/part-00000.parquet"))
-        try:
-            self._make_folder(self.fs_path(self.path(folder)))
-            pq.write_table(table.cast(self.schema), target, filesystem=self._fs)
-        except OSError as e:
-            raise StorageError(f"writing a data file to {self.path(folder)} failed: {e}",
-                               definitely_failed=True) from e
-        return self.describe_folder(folder)
+        return self.data.write_arrow(table)
 
     def describe_folder(self, relative: str) -> list[AddAction]:
-        adds = []
-        infos = self._fs.get_file_info(pafs.FileSelector(self.fs_path(self.path(relative))))
-        for info in sorted(infos, key=lambda i: i.base_name):
-            if info.type != pafs.FileType.File or not info.base_name.endswith(".parquet"):
-                continue
-            meta = pq.read_metadata(info.path, filesystem=self._fs)
-            if meta.num_rows == 0:
-                self._fs.delete_file(info.path)
-                continue
-            adds.append(AddAction(
-                path=f"{relative}/{info.base_name}", size=info.size, partition_values={},
-                modification_time=_millis(info), data_change=True,
-                stats=json.dumps(file_stats(meta))))
-        return adds
+        return self.data.describe_folder(relative)
 
     def read_arrow(self, paths: Sequence[str], where: pc.Expression | None = None,
                    columns: Sequence[str] | None = None) -> pa.Table:
-        if not paths:
-            empty = self.schema.empty_table()
-            return empty.select(list(columns)) if columns is not None else empty
-        dataset = ds.dataset([self.fs_path(p) for p in paths], schema=self.schema,
-                             format="parquet", filesystem=self._fs)
-        return dataset.to_table(filter=where, columns=list(columns) if columns else None)
+        return self.data.read_arrow(paths, where, columns)
 
     def stored_data_files(self) -> list[StoredFile]:
         selector = pafs.FileSelector(self.fs_path(self.path(DATA_DIR)), recursive=True,
                                      allow_not_found=True)
         prefix = self.fs_path(self.path(""))
-        return [StoredFile(self.path(info.path[len(prefix):]), _millis(info) / 1000)
+        return [StoredFile(self.path(info.path[len(prefix):]), millis(info) / 1000)
                 for info in self._fs.get_file_info(selector)
                 if info.type == pafs.FileType.File and info.base_name.endswith(".parquet")]
 
@@ -342,52 +314,3 @@ class DeltaTableStore:
 
 _VERSIONED_LOG_FILE = re.compile(r"^(\d{20})\.(json|crc|checkpoint(\.\d+\.\d+)?\.parquet)$")
 _CHECKPOINT_LOG_FILE = re.compile(r"^(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet$")
-
-
-def _millis(info: pafs.FileInfo) -> int:
-    """A file's modification time in milliseconds since the epoch (0 if the store gives none)."""
-    ns = info.mtime_ns
-    return int(ns // 1_000_000) if ns is not None else 0
-
-
-def file_stats(meta: pq.FileMetaData) -> dict[str, Any]:
-    """Delta per-file statistics (numRecords, minValues, maxValues, nullCount) from a footer."""
-    mins: dict[str, Any] = {}
-    maxs: dict[str, Any] = {}
-    nulls: dict[str, int] = {}
-    schema = meta.schema.to_arrow_schema()
-    for ci, field in enumerate(schema):
-        lo = hi = None
-        null_count = 0
-        ok = True
-        for rg in range(meta.num_row_groups):
-            st = meta.row_group(rg).column(ci).statistics
-            if st is None:
-                ok = False
-                break
-            null_count += st.null_count or 0
-            if st.has_min_max:
-                lo = st.min if lo is None else min(lo, st.min)
-                hi = st.max if hi is None else max(hi, st.max)
-        if not ok:
-            continue
-        nulls[field.name] = null_count
-        lo, hi = _json_stat(lo), _json_stat(hi)
-        if lo is not None and hi is not None:
-            mins[field.name] = lo
-            maxs[field.name] = hi
-    return {"numRecords": meta.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
-
-
-def _json_stat(v: object) -> object:
-    if isinstance(v, bool) or v is None:
-        return None
-    if isinstance(v, (int, float)):
-        return v if v == v and v not in (float("inf"), float("-inf")) else None
-    if isinstance(v, str):
-        return v if len(v) <= _STATS_STRING_LIMIT else None
-    if isinstance(v, _dt.datetime):
-        return v.isoformat()
-    if isinstance(v, _dt.date):
-        return v.isoformat()
-    return None

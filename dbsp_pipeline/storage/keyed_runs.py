@@ -90,8 +90,11 @@ class KeyedRuns:
     schema (``uint64``)."""
 
     def __init__(self, folder: str, schema: pa.Schema, key: Sequence[str],
-                 hash_of: Callable[[pa.Table], np.ndarray]) -> None:
+                 hash_of: Callable[[pa.Table], np.ndarray], *, build_on_miss: bool = True) -> None:
         self.folder = folder
+        #: whether a lookup builds a missing run from its data file first; off in a Spark task
+        #: (``runtime/owner_exec.py``), which reads only its owner's rows of the file instead
+        self.build_on_miss = build_on_miss
         self.schema = schema
         self.run_schema = schema.append(pa.field(HASH, pa.uint64(), False))
         self._key = ",".join(key)
@@ -170,12 +173,15 @@ class KeyedRuns:
         """The rows of ``data_file`` (in trace schema) whose key hash is one of ``hashes``
         (sorted, unique ``uint64``). Uses the file's run, built first from ``read_file(
         data_file)`` (its rows) when there is none or the one there is not whole; without a
-        usable run (a local disk that cannot hold one) or while the background writer has its
-        run in hand, ``None``: the caller reads the data file."""
+        usable run (a local disk that cannot hold one), while the background writer has its
+        run in hand, or with no run in place and ``build_on_miss`` off, ``None``: the caller
+        reads the data file."""
         if data_file.path not in self._open and self.pending(data_file):
             return None  # its run is being written: read the data file meanwhile
         try:
             reader = self._reader(data_file, read_file)
+            if reader is None:
+                return None  # no run and none built here: the caller reads the data file
         except OSError as e:
             log.warning("keyed run of %s unusable in %s (%s): reading the data file",
                         data_file.path, self.folder, e)
@@ -197,12 +203,14 @@ class KeyedRuns:
         return pa.Table.from_batches(parts, self.run_schema).drop_columns([HASH])
 
     def _reader(self, data_file: DataFile,
-                read_file: Callable[[DataFile], pa.Table]) -> pa.ipc.RecordBatchFileReader:
+                read_file: Callable[[DataFile], pa.Table]) -> pa.ipc.RecordBatchFileReader | None:
         reader = self._open.get(data_file.path)
         if reader is not None:
             self._open.move_to_end(data_file.path)
             return reader
         reader = self._checked(data_file)
+        if reader is None and not self.build_on_miss:
+            return None
         if reader is None:
             self._write(data_file, read_file(data_file))
             self.built += 1

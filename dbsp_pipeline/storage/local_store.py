@@ -30,12 +30,6 @@ class LocalTableStore(DeltaTableStore):
         super().__init__(local_path(uri), schema, configuration,
                          filesystem=pafs.LocalFileSystem())
 
-    def path(self, relative: str) -> str:
-        return os.path.join(self.uri, relative)
-
-    def _make_folder(self, fs_path: str) -> None:
-        os.makedirs(fs_path, exist_ok=True)
-
     def _remove_empty_folders(self) -> None:
         data_root = os.path.join(self.uri, DATA_DIR)
         for folder, _, _ in os.walk(data_root, topdown=False):

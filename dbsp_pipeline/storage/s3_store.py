@@ -97,6 +97,3 @@ class S3TableStore(DeltaTableStore):
         options = s3_options(normalized, storage_options)
         super().__init__(normalized, schema, configuration, filesystem=s3_filesystem(options),
                          storage_options=options)
-
-    def fs_path(self, path: str) -> str:
-        return path.split("://", 1)[1] if "://" in path else path

@@ -370,20 +370,31 @@ class Trace:
             rows += f.rows
         return chosen
 
-    def merge(self, files: Sequence[DataFile], sql: LocalSQL | None = None) -> list[AddAction]:
+    def merge(self, files: Sequence[DataFile], sql: LocalSQL | None = None,
+              layout: OwnerLayout | None = None) -> list[AddAction]:
         """Write the consolidated content of ``files`` as new, uncommitted, shard-sorted files.
 
         Pure: reads only the given (immutable) files and commits nothing, so it may run in the
         background while steps append to the trace. Small merges run on the driver with ``sql``
-        (when given), large ones as a Spark job.
+        (when given), large ones as a Spark job. With ``layout``, a driver merge writes one
+        file per owner (cut as ``split_by_owner`` cuts), so the files an owner task reads hold
+        only its rows.
         """
         rows = sum(f.rows for f in files)
         if sql is not None and rows <= DRIVER_MERGE_ROWS:
             merged = sql.consolidate(self.table.read_arrow(files), [*self.payload, SHARD])
             merged = merged.sort_by([(SHARD, "ascending"), *[(k, "ascending") for k in self.key]])
-            adds = self.table.write_arrow(merged.select(self.table.arrow_schema.names))
-            for a in adds:  # one file: the whole merge (its run is of use once it commits)
-                self.runs.add(self.table.data_file(a), merged)
+            merged = merged.select(self.table.arrow_schema.names)
+            pieces = [merged]
+            if layout is not None and layout.workers > 1 and merged.num_rows:
+                owner = self.owners(layout, merged)
+                pieces = [chunk for w in np.unique(owner)
+                         for chunk in _shard_chunks(merged.filter(pa.array(owner == w)))]
+            adds = []
+            for part in pieces:  # one file a piece (its run is of use once it commits)
+                for a in self.table.write_arrow(part):
+                    adds.append(a)
+                    self.runs.add(self.table.data_file(a), part)
             return adds
         merged = consolidate(self.table.read(files), [*self.payload, SHARD])
         parts = max(1, min(64, rows // 2_000_000 + 1))

@@ -299,3 +299,35 @@ def test_column_names_with_any_character(spark, tmp_path, driver_step_rows):
         }
         for view, rows in expected.items():
             assert view_counter(p.view(view)) == Counter(rows), view
+
+
+def test_seeded_workload_per_owner(spark, tmp_path):
+    """Spark steps run as one task per owner (``spark_per_owner``) at W=2 under modulo
+    sharding: every view still equals the recomputation after every step (W=1 and 4, and the
+    other shardings, per operator in ``tests/runtime/test_owner_exec.py``)."""
+    w = Workload()
+    with Pipeline(build_circuit(), str(tmp_path), spark, driver_step_rows=0) as p:
+        p.rescale(2, "modulo")
+        p.spark_per_owner = True
+        assert p.engine.spark_per_owner  # the setting reaches the engine
+        for i, ops in enumerate(seeded_workload(seed=11, steps=3, ops_per_step=30)):
+            w.apply(p, ops)
+            assert not p.step().on_driver
+            check_step(spark, p, w, i)
+
+
+def test_per_owner_and_driver_steps_alternate_across_a_rescale(spark, tmp_path):
+    """Per-owner Spark steps and driver steps read and write the same traces, and a layout
+    change between them (2 to 3 workers) keeps every view exact."""
+    w = Workload()
+    with Pipeline(build_circuit(), str(tmp_path), spark) as p:
+        p.rescale(2)
+        p.spark_per_owner = True
+        assert p.engine.spark_per_owner
+        for i, ops in enumerate(seeded_workload(seed=5, steps=4, ops_per_step=25)):
+            if i == 2:
+                p.rescale(3)
+            p.driver_step_rows = 0 if i % 2 else 10**9
+            w.apply(p, ops)
+            assert p.step().on_driver == (i % 2 == 0)
+            check_step(spark, p, w, i)

@@ -90,3 +90,45 @@ def test_impossible_layouts_are_usage_errors():
         Layout().owner(SHARD_COUNT)
     with pytest.raises(UsageError):
         Layout.initial(2, "modulo").owners(SHARDS)  # modulo needs the full hashes
+
+
+# -- the owner column (Spark) equals the owners of the rows' hashes --------------------------
+OWNER_LAYOUTS = [Layout.initial(w, s) for s in SHARDINGS for w in range(1, 6)] + [
+    Layout.initial(3, "fixed").rescaled(5), Layout.initial(2, "dynamic").rescaled(5),
+    Layout.initial(4, "dynamic").rescaled(3), Layout.initial(2, "modulo").rescaled(5)]
+
+
+def test_owner_column_equals_the_owners_of_every_layout(spark):
+    """Spark's owner of a key equals ``Layout.owners`` of the Arrow hash of the same key (what
+    ``Trace.owners`` computes), for negative hashes, NULLs, one and several key columns and no
+    key, under every sharding and W in 1..5 (also rescaled, non-contiguous assignments)."""
+    from dbsp_pipeline.driver import hashing
+
+    rng = np.random.default_rng(11)
+    n = 600
+    ints = [None if i % 17 == 0 else int(v) for i, v in enumerate(rng.integers(-2**31, 2**31, n))]
+    strs = [None if i % 13 == 0 else f"k{v}" for i, v in enumerate(rng.integers(0, 10**9, n))]
+    longs = [int(v) for v in rng.integers(-2**63, 2**63 - 1, n, dtype=np.int64)]
+    df = spark.createDataFrame(list(zip(ints, strs, longs)), "`a.b` int, c string, d long")
+    keysets = [["a.b"], ["c", "d"], []]
+    cols = [layout.owner_column(keys).alias(f"o{i}_{j}")
+            for i, layout in enumerate(OWNER_LAYOUTS) for j, keys in enumerate(keysets)]
+    got = df.select("`a.b`", "c", "d", *cols).toArrow()  # one job
+    signs = hashing.xxhash64_arrow(got, ["c", "d"])
+    assert (signs < 0).any() and (signs > 0).any()
+    for i, layout in enumerate(OWNER_LAYOUTS):
+        for j, keys in enumerate(keysets):
+            shards = hashing.shard_arrow(got, keys).to_numpy()
+            hashes = hashing.xxhash64_arrow(got, keys).astype(np.uint64)
+            expected = layout.owners(shards, hashes)
+            actual = got.column(f"o{i}_{j}").to_numpy()
+            assert (actual == expected).all(), (layout, keys)
+            if keys and layout.workers > 1:
+                assert len(set(actual)) == layout.workers  # every worker owns some key
+
+
+def test_partitions_are_read_by_p_mod_w():
+    layout = Layout.initial(3, "dynamic")
+    assert [layout.partition_owner(p) for p in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    with pytest.raises(UsageError, match="partition -1"):
+        layout.partition_owner(-1)

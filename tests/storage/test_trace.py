@@ -54,3 +54,39 @@ def test_split_parts_are_cut_at_shard_block_boundaries(monkeypatch):
     assert all(p.num_rows >= 10 for p in pieces[:-1])
     for a, b in zip(pieces, pieces[1:]):  # no block is split between two pieces
         assert a.column("_shard")[-1].as_py() >> 4 < b.column("_shard")[0].as_py() >> 4
+
+
+def test_a_merge_given_a_layout_writes_one_owners_rows_a_file(tmp_path):
+    """Merged files feed owner tasks: with a layout, a driver merge cuts its output by owner
+    (same rows); without, it writes one file."""
+    import pyarrow as pa
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from dbsp_pipeline.driver.sql import LocalSQL
+    from dbsp_pipeline.runtime.layout import Layout
+    from dbsp_pipeline.spark_session import LazySession
+    from dbsp_pipeline.storage.state_db import StateDatabase
+
+    db = StateDatabase(LazySession(), str(tmp_path), "merge-test")  # never starts Spark
+    db.open()
+    schema = StructType([StructField("k", LongType()), StructField("v", StringType())])
+    trace = Trace(db, "t", schema, ["k"])
+    sql = LocalSQL()
+    for step in range(3):
+        keys = list(range(step * 500, step * 500 + 800))
+        trace.append_arrow(sql, pa.table({"k": keys, "v": [f"v{k % 7}" for k in keys],
+                                          "_weight": [1] * len(keys)}))
+    files = trace.files()
+    whole = sorted(sql.consolidate(trace.read_arrow(files), trace.payload).to_pylist(),
+                   key=repr)
+    assert len(trace.merge(files, sql)) == 1
+    for layout in (Layout.initial(3, "fixed"), Layout.initial(2, "modulo")):
+        adds = trace.merge(files, sql, layout)
+        merged = [trace.table.data_file(a) for a in adds]
+        assert len(merged) == layout.workers
+        owners = [set(trace.owners(layout, trace.table.read_arrow([f])).tolist())
+                  for f in merged]
+        assert all(len(o) == 1 for o in owners) and set().union(*owners) == set(
+            range(layout.workers))
+        assert sorted(sql.consolidate(trace.table.read_arrow(merged), trace.payload).to_pylist(),
+                      key=repr) == whole

@@ -1,0 +1,310 @@
+"""Owner stages: a stateful operator's Spark step run as one task per owner, each task running
+the operator's unchanged driver-path ``step_local`` over its owner's part of the state.
+
+On the Spark path, an operator that can run per owner (``Operator.owner_keys`` is not None and
+the driver hashes its key types: ``Plan.owner_capable``) becomes one *owner stage*
+(``owner_stage``, on the driver):
+
+1. each input change (a DataFrame) gets ``_owner``, the layout's owner of the row's key
+   (``Layout.owner_column``), and its columns cross under positional names (``_c0``..), since
+   PySpark's Arrow UDFs look columns up by unquoted name and names may hold dots or backticks;
+2. the change is grouped by ``_owner`` (``cogroup`` for a join's two sides) and each group is one
+   call of ``run_owner_task`` in a Python worker: only owners with rows form groups, so the work
+   follows the change, in at most W tasks;
+3. a task rebuilds the operator against a ``TaskStateDb`` (``storage/task_table.py``) whose
+   traces see only the owner's files, runs ``step_local`` with the worker's DuckDB
+   (``task_sql``), writes its trace files under fresh names, and returns Arrow rows: the output
+   change (``_kind = 0``) and one JSON row of its staged actions (``_kind = 1``);
+4. the driver caches the result, collects the action rows in one job (which runs every task),
+   checks there is at most one per owner, all of this step and layout, and stages them on its
+   ``StagedTable``s; the ``_kind = 0`` rows are the change fed to the next operator.
+
+Determinism: a task's output is a function of its owner's change rows and its owner's trace rows
+for those keys; each key's rows are in exactly one task; the code is the driver path's. So the
+output and the traces' values equal the driver path's for any W and any task order (files
+differ, values do not).
+
+Durability: tasks make no durable action. Their files are orphans until the driver stages the
+actions it *collected*, and those become state only when the step's record or checkpoint
+commits them (``storage/staged_table.py``), as on the other paths. Files of failed or retried
+attempts, speculative copies and recomputed cache partitions are never staged; garbage
+collection deletes them. A stage that fails raises out of the step (a failed step, rolled back).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyspark.sql import functions as F
+from pyspark.sql.types import ByteType, LongType, StringType, StructField, StructType
+
+from dbsp_pipeline.circuit import Node
+from dbsp_pipeline.driver.sql import LocalSQL, conform, zset_arrow_schema
+from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContext
+from dbsp_pipeline.runtime.layout import Layout
+from dbsp_pipeline.storage.staged_table import add_from_record
+from dbsp_pipeline.storage.task_table import TaskStateDb, TaskTableSpec, owner_files
+from dbsp_pipeline.zset import WEIGHT, quote, spark_to_arrow_schema
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from dbsp_pipeline.runtime.plan import Plan
+
+#: the environment variable (read by the driver when a stage starts) naming the tasks that fail
+#: on purpose after writing their files, ``"<node>:<owner>:<attempt>"`` with ``*`` for any: the
+#: crash tests' way to make orphan files and failed stages
+FAIL_OWNER_TASK = "DBSP_FAIL_OWNER_TASK"
+#: the grouping column of an owner stage: the owner of the row's key
+OWNER = "_owner"
+#: what a row of a task's result is: 0 a row of the output change, 1 the task's actions
+KIND = "_kind"
+#: the task's staged actions (JSON), on its ``_kind = 1`` row
+ACTION = "_action"
+
+
+def positional(i: int) -> str:
+    """The name column ``i`` of a change crosses to a task under."""
+    return f"_c{i}"
+
+
+@dataclass(frozen=True)
+class OwnerTaskSpec:
+    """What every task of one owner stage gets (pickled into the UDF's closure): the step,
+    the state's ``root`` and ``layout``, the ``node`` with the analysed ``schemas`` of it and its
+    inputs, each trace's table (``tables``, by trace name), and the memory one task's DuckDB
+    may take (``task_memory``, DuckDB's spelling; None: DuckDB's default). Holds no session,
+    connection, Delta handle or credentials."""
+
+    step: int
+    root: str
+    layout: Layout
+    node: Node
+    schemas: Mapping[int, StructType]
+    tables: Mapping[str, TaskTableSpec]
+    task_memory: str | None = None
+    #: tests only: ``"<node>:<owner>:<attempt>"`` (``*`` matches any) makes the matching task
+    #: fail after writing its files (``FAIL_OWNER_TASK``)
+    fault: str | None = None
+
+
+# -- the task (in a Python worker) -------------------------------------------------------------
+_SQL: tuple[int, LocalSQL] | None = None
+
+
+def task_sql(spec: OwnerTaskSpec) -> LocalSQL:
+    """The DuckDB of this Python worker process: one per process (workers are reused across
+    tasks, and a forked worker gets a connection of its own), with as many threads as the task
+    has cores, ``spec.task_memory`` and a spill folder under ``$DBSP_LOCAL_DIR`` (or the
+    temporary folder)."""
+    global _SQL
+    if _SQL is None or _SQL[0] != os.getpid():
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        threads = max(1, context.cpus()) if context is not None else 1
+        base = os.environ.get("DBSP_LOCAL_DIR") or tempfile.gettempdir()
+        _SQL = (os.getpid(), LocalSQL(threads, memory_limit=spec.task_memory,
+                                      temp_directory=os.path.join(
+                                          base, f"dbsp-duckdb-{os.getpid()}")))
+    return _SQL[1]
+
+
+def task_operator(node: Node, schemas: Mapping[int, StructType], db: TaskStateDb) -> Operator:
+    """The operator of ``node`` over one owner's state ``db``; its traces read a data file
+    whose keyed run is missing instead of building the run (a task never builds one)."""
+    from dbsp_pipeline.runtime.plan import make_operator
+
+    op = make_operator(node, schemas, db)
+    for trace in op.state_traces():
+        trace.runs.build_on_miss = False
+    return op
+
+
+def run_owner_task(spec: OwnerTaskSpec, key: tuple[pa.Scalar, ...],
+                   *sides: pa.Table) -> pa.Table:
+    """One owner's part of the stage: ``key`` holds the owner, ``sides`` the owner's rows of each
+    input's change (positional columns, ``_weight``, ``_owner``). Returns the output change
+    (``_kind = 0``) and one row of staged actions (``_kind = 1``), in ``result_schema``."""
+    owner = int(key[0].as_py())
+    changes: list[LocalDelta] = []
+    for side, input_id in zip(sides, spec.node.inputs):
+        schema = spec.schemas[input_id]
+        if side.num_rows == 0:
+            changes.append(None)
+            continue
+        names = schema.fieldNames()
+        renamed = pa.Table.from_arrays(
+            [side.column(positional(i)) for i in range(len(names))] + [side.column(WEIGHT)],
+            names=[*names, WEIGHT])
+        changes.append(conform(renamed, schema))
+    db = TaskStateDb(spec.root, spec.tables, owner, spec.layout)
+    op = task_operator(spec.node, spec.schemas, db)
+    ctx = StepContext(None, spec.step, sql=task_sql(spec), layout=spec.layout, owner=owner)
+    out = op.step_local(ctx, changes)
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    attempt = context.attemptNumber() if context is not None else 0
+    if spec.fault is not None and _fault_matches(spec.fault, spec.node.id, owner, attempt):
+        raise RuntimeError(f"injected fault ({FAIL_OWNER_TASK}={spec.fault}): task of owner "
+                           f"{owner} of operator #{spec.node.id}, attempt {attempt}, after "
+                           "writing its files")
+    action = {"step": spec.step, "owner": owner, "layout_version": spec.layout.version,
+              "attempt": attempt,
+              "traces": {t.name: {**db.opened[t.name].record(), "rows_read": t.rows_read}
+                         for t in op.state_traces()}}
+    return _task_result(spec, out, json.dumps(action))
+
+
+def _fault_matches(fault: str, node: int, owner: int, attempt: int) -> bool:
+    parts = fault.split(":")
+    return len(parts) == 3 and all(p == "*" or p == str(v)
+                                   for p, v in zip(parts, (node, owner, attempt)))
+
+
+def _grouped_task(spec: OwnerTaskSpec, key: tuple[pa.Scalar, ...], table: pa.Table) -> pa.Table:
+    return run_owner_task(spec, key, table)
+
+
+def _cogrouped_task(spec: OwnerTaskSpec, key: tuple[pa.Scalar, ...], left: pa.Table,
+                    right: pa.Table) -> pa.Table:
+    return run_owner_task(spec, key, left, right)
+
+
+def result_schema(schema: StructType) -> StructType:
+    """The schema of an owner stage's result for an operator of output ``schema``."""
+    return StructType([*[StructField(positional(i), f.dataType, True)
+                         for i, f in enumerate(schema.fields)],
+                       StructField(WEIGHT, LongType(), True), StructField(KIND, ByteType(), True),
+                       StructField(ACTION, StringType(), True)])
+
+
+def _task_result(spec: OwnerTaskSpec, out: LocalDelta, action: str) -> pa.Table:
+    schema = spec.schemas[spec.node.id]
+    target = spark_to_arrow_schema(result_schema(schema))
+    n = len(schema.fields)
+    change = out if out is not None else zset_arrow_schema(schema).empty_table()
+    rows = change.num_rows
+    columns: list[pa.Array | pa.ChunkedArray] = [change.column(i) for i in range(n)]
+    columns += [change.column(WEIGHT), pa.array([0] * rows, pa.int8()),
+                pa.nulls(rows, pa.string())]
+    body = pa.Table.from_arrays(columns, schema=target)
+    tail = pa.Table.from_arrays(
+        [pa.nulls(1, target.field(i).type) for i in range(n)]
+        + [pa.array([0], pa.int64()), pa.array([1], pa.int8()), pa.array([action])],
+        schema=target)
+    return pa.concat_tables([body, tail])
+
+
+# -- the stage (on the driver) -----------------------------------------------------------------
+def owner_stage(ctx: StepContext, plan: Plan, node: Node, inputs: Sequence[Delta]) -> Delta:
+    """Run operator ``node`` of ``plan`` for this step as one task per owner of its change
+    (see the module docstring); returns its output change, or None when no input changed.
+    Stages the tasks' trace actions on the driver's tables. Raises ``AssertionError`` (a failed
+    step: rolled back, retried) when the tasks' records do not fit this step."""
+    if all(d is None for d in inputs):
+        return None
+    op = plan.operators[node.id]
+    keys = op.owner_keys()
+    layout = ctx.layout
+    if keys is None or layout is None:
+        raise AssertionError(f"operator #{node.id} {node.op} cannot run per owner")
+    spark = ctx.session
+    spec = OwnerTaskSpec(
+        step=ctx.step, root=plan.root, layout=layout, node=node,
+        schemas={i: plan.schemas[i] for i in (node.id, *node.inputs)},
+        tables={t.name: TaskTableSpec(t.name, t.table.uri, t.table.arrow_schema, tuple(t.key),
+                                      owner_files(t.files(), layout))
+                for t in op.state_traces()},
+        task_memory=task_memory(spark), fault=os.environ.get(FAIL_OWNER_TASK) or None)
+    grouped = []
+    for d, input_id, side_keys in zip(inputs, node.inputs, keys):
+        schema = plan.schemas[input_id]
+        if d is None:
+            d = spark.createDataFrame([], StructType([*schema.fields,
+                                                      StructField(WEIGHT, LongType(), False)]))
+        grouped.append(d.select(
+            *[F.col(quote(n)).alias(positional(i)) for i, n in enumerate(schema.fieldNames())],
+            F.col(WEIGHT), layout.owner_column(side_keys).alias(OWNER)).groupBy(OWNER))
+    out_type = result_schema(plan.schemas[node.id])
+    if len(grouped) == 1:
+        # A lambda: PySpark infers the UDF's form from type hints, and fails on a partial.
+        result = grouped[0].applyInArrow(lambda key, t: _grouped_task(spec, key, t), out_type)
+    elif len(grouped) == 2:
+        result = grouped[0].cogroup(grouped[1]).applyInArrow(
+            lambda key, left, right: _cogrouped_task(spec, key, left, right), out_type)
+    else:  # pragma: no cover - owner_keys names one or two inputs
+        raise AssertionError(f"operator #{node.id} {node.op}: {len(grouped)} inputs")
+    result = result.cache()
+    ctx._cached.append(result)
+    records = [json.loads(r[ACTION]) for r in
+               result.where(F.col(KIND) == 1).select(ACTION).collect()]
+    stage_records(op, records, ctx.step, layout)
+    names = plan.schemas[node.id].fieldNames()
+    return result.where(F.col(KIND) == 0).select(
+        *[F.col(positional(i)).alias(n) for i, n in enumerate(names)], F.col(WEIGHT))
+
+
+def stage_records(op: Operator, records: Sequence[Mapping[str, Any]], step: int,
+                  layout: Layout) -> None:
+    """Stage the trace actions of one owner stage's task ``records`` on the driver's tables, in
+    owner order. ``AssertionError`` naming the record when an owner has two records, or a
+    record is of another step, layout or trace."""
+    traces = {t.name: t for t in op.state_traces()}
+    seen: set[int] = set()
+    for record in sorted(records, key=lambda r: int(r["owner"])):
+        owner = int(record["owner"])
+        if owner in seen or not 0 <= owner < layout.workers:
+            raise AssertionError(f"owner stage of step {step}: owner {owner} reported twice or "
+                                 f"is not one of {layout.workers} workers: {record}")
+        seen.add(owner)
+        if record["step"] != step or record["layout_version"] != layout.version:
+            raise AssertionError(f"owner stage of step {step} (layout version "
+                                 f"{layout.version}): a task reported {record}")
+        if set(record["traces"]) != set(traces):
+            raise AssertionError(f"owner stage of step {step}: task of owner {owner} reported "
+                                 f"traces {sorted(record['traces'])}, not {sorted(traces)}")
+    for record in sorted(records, key=lambda r: int(r["owner"])):
+        for name, actions in record["traces"].items():
+            trace = traces[name]
+            adds = [add_from_record(a) for a in actions.get("adds", [])]
+            removes = [trace.table.store.path(str(p)) for p in actions.get("removes", [])]
+            if adds or removes:
+                trace.table.stage(adds, removes)
+                trace.reset_cache()
+            trace.rows_read += int(actions.get("rows_read", 0))
+
+
+_MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)b?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def memory_bytes(text: str) -> int | None:
+    """Bytes of a JVM-style memory size (``4g``, ``512m``, ``1024``); None if unreadable."""
+    m = _MEMORY.match(text)
+    return None if m is None else int(float(m[1]) * _UNITS[m[2].lower()])
+
+
+def task_memory(spark: SparkSession) -> str | None:
+    """The memory one task's DuckDB may take, in DuckDB's spelling: half the executor's memory
+    over its cores (in local mode, the driver's memory over the local cores). None when Spark's
+    configuration does not say."""
+    conf = spark.sparkContext.getConf()
+    master = conf.get("spark.master", "") or ""
+    if master.startswith("local"):
+        total = memory_bytes(conf.get("spark.driver.memory", "1g") or "1g")
+        cores = spark.sparkContext.defaultParallelism
+    else:
+        total = memory_bytes(conf.get("spark.executor.memory", "1g") or "1g")
+        cores = int(conf.get("spark.executor.cores", "1") or "1")
+    if total is None:
+        return None
+    return f"{max(64, total // 2 // max(1, cores) >> 20)}MB"

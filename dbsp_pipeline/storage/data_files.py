@@ -1,0 +1,176 @@
+"""The data files of a Delta table: written, described and read as plain Parquet, with no Delta
+log and no commit.
+
+A ``DeltaTableStore`` (``storage/delta_store.py``) delegates its data files here and keeps the
+log. The split lets a process that must never touch the log, such as a Spark task running one
+owner's part of a step (``runtime/owner_exec.py``), write and read a table's files:
+``DataFiles.for_uri`` builds the filesystem from the URI alone (a local path, or ``s3://`` with
+the *current process's* ``AWS_*`` environment, ``storage/s3_store.py::s3_options``), never opens
+or creates the Delta table, and carries no credentials of its own.
+
+Durability: none. ``write_arrow`` writes one new file into a fresh folder ``data/<uuid4>/`` (so a
+retried writer never overwrites a file) and returns its add action; the file is invisible to every
+Delta reader until a commit, or a manifest entry staging the action, records it. Files nobody
+records are orphans that garbage collection deletes (``storage/garbage.py``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake.transaction import AddAction
+
+from dbsp_pipeline.errors import StorageError
+from dbsp_pipeline.storage.table_store import DATA_DIR
+
+_STATS_STRING_LIMIT = 32
+
+
+class DataFiles:
+    """The data files of the table at ``uri`` (absolute local path or ``s3://bucket/prefix``, as
+    the table's store spells it), rows of Arrow ``schema``, reached through ``filesystem``."""
+
+    def __init__(self, uri: str, schema: pa.Schema, filesystem: pafs.FileSystem) -> None:
+        self.uri = uri
+        self.schema = schema
+        self.filesystem = filesystem
+
+    @classmethod
+    def for_uri(cls, uri: str, schema: pa.Schema) -> DataFiles:
+        """The data files of the table at ``uri``: a local path (or ``file://``), or ``s3://``
+        reached with this process's ``AWS_*`` environment. Reads no log and creates nothing, so
+        it is safe on a Spark executor. A ``StorageError`` naming the URI for another scheme."""
+        scheme, sep, _ = uri.partition("://")
+        if not sep or scheme == "file":
+            from dbsp_pipeline.storage.local_store import local_path
+
+            return cls(local_path(uri), schema, pafs.LocalFileSystem())
+        if scheme in ("s3", "s3a"):
+            from dbsp_pipeline.storage.s3_store import s3_filesystem, s3_options, split_s3_uri
+
+            bucket, key = split_s3_uri(uri)
+            normalized = f"s3://{bucket}/{key}" if key else f"s3://{bucket}"
+            return cls(normalized, schema, s3_filesystem(s3_options(normalized)))
+        raise StorageError(f"table URI {uri!r}: unsupported scheme '{scheme}://' (a local path, "
+                           "file:// or s3://bucket/prefix)", definitely_failed=True)
+
+    # -- paths -------------------------------------------------------------------------------
+    def path(self, relative: str) -> str:
+        """The absolute path (or object URI) of ``relative`` inside the table."""
+        return f"{self.uri}/{relative}"
+
+    def fs_path(self, path: str) -> str:
+        """The filesystem path of ``path`` (an absolute path or object URI of this table)."""
+        return path.split("://", 1)[1] if "://" in path else path
+
+    def make_folder(self, fs_path: str) -> None:
+        """Make the folder ``fs_path`` exist before files are written into it (a local disk
+        needs it; an object store has no folders)."""
+        if isinstance(self.filesystem, pafs.LocalFileSystem):
+            os.makedirs(fs_path, exist_ok=True)
+
+    # -- files -------------------------------------------------------------------------------
+    def write_arrow(self, table: pa.Table) -> list[AddAction]:
+        """Write ``table`` (cast to the schema) as one new file in a fresh ``data/<uuid4>/``
+        folder; its add action (none for no rows). Nothing is committed. A ``StorageError``
+        (definitely failed) naming the folder when the write fails."""
+        if table.num_rows == 0:
+            return []
+        folder = f"{DATA_DIR}/{uuid.uuid4().hex}"
+        target = self.fs_path(self.path(f"{folder}/part-00000.parquet"))
+        try:
+            self.make_folder(self.fs_path(self.path(folder)))
+            pq.write_table(table.cast(self.schema), target, filesystem=self.filesystem)
+        except OSError as e:
+            raise StorageError(f"writing a data file to {self.path(folder)} failed: {e}",
+                               definitely_failed=True) from e
+        return self.describe_folder(folder)
+
+    def describe_folder(self, relative: str) -> list[AddAction]:
+        """The add actions of the Parquet files in the folder ``relative`` (with Delta
+        statistics from their footers), in name order; empty files are deleted, not described."""
+        adds = []
+        infos = self.filesystem.get_file_info(
+            pafs.FileSelector(self.fs_path(self.path(relative))))
+        for info in sorted(infos, key=lambda i: i.base_name):
+            if info.type != pafs.FileType.File or not info.base_name.endswith(".parquet"):
+                continue
+            meta = pq.read_metadata(info.path, filesystem=self.filesystem)
+            if meta.num_rows == 0:
+                self.filesystem.delete_file(info.path)
+                continue
+            adds.append(AddAction(
+                path=f"{relative}/{info.base_name}", size=info.size, partition_values={},
+                modification_time=millis(info), data_change=True,
+                stats=json.dumps(file_stats(meta))))
+        return adds
+
+    def read_arrow(self, paths: Sequence[str], where: pc.Expression | None = None,
+                   columns: Sequence[str] | None = None) -> pa.Table:
+        """The rows of the files at ``paths`` (absolute) that satisfy ``where`` (only
+        ``columns``, if given); row groups whose statistics exclude ``where`` are skipped."""
+        if not paths:
+            empty = self.schema.empty_table()
+            return empty.select(list(columns)) if columns is not None else empty
+        dataset = ds.dataset([self.fs_path(p) for p in paths], schema=self.schema,
+                             format="parquet", filesystem=self.filesystem)
+        return dataset.to_table(filter=where, columns=list(columns) if columns else None)
+
+
+def millis(info: pafs.FileInfo) -> int:
+    """A file's modification time in milliseconds since the epoch (0 if the store gives none)."""
+    ns = info.mtime_ns
+    return int(ns // 1_000_000) if ns is not None else 0
+
+
+def file_stats(meta: pq.FileMetaData) -> dict[str, Any]:
+    """Delta per-file statistics (numRecords, minValues, maxValues, nullCount) from a footer."""
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    schema = meta.schema.to_arrow_schema()
+    for ci, field in enumerate(schema):
+        lo = hi = None
+        null_count = 0
+        ok = True
+        for rg in range(meta.num_row_groups):
+            st = meta.row_group(rg).column(ci).statistics
+            if st is None:
+                ok = False
+                break
+            null_count += st.null_count or 0
+            if st.has_min_max:
+                lo = st.min if lo is None else min(lo, st.min)
+                hi = st.max if hi is None else max(hi, st.max)
+        if not ok:
+            continue
+        nulls[field.name] = null_count
+        lo, hi = _json_stat(lo), _json_stat(hi)
+        if lo is not None and hi is not None:
+            mins[field.name] = lo
+            maxs[field.name] = hi
+    return {"numRecords": meta.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+
+
+def _json_stat(v: object) -> object:
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, (int, float)):
+        return v if v == v and v not in (float("inf"), float("-inf")) else None
+    if isinstance(v, str):
+        return v if len(v) <= _STATS_STRING_LIMIT else None
+    if isinstance(v, _dt.datetime):
+        return v.isoformat()
+    if isinstance(v, _dt.date):
+        return v.isoformat()
+    return None

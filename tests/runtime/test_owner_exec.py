@@ -1,0 +1,211 @@
+"""Owner stages on real Spark (local mode): Join, Aggregate (count, an exact double sum, a min
+whose minimum is deleted) and Distinct run as one task per owner give the driver path's output
+and, consolidated, its traces, at W in {1, 2, 4} under each sharding; every file a task appends
+holds one owner's rows; column names hold dots, backticks and other characters to quote."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from dbsp_pipeline.circuit import Circuit
+from dbsp_pipeline.driver.sql import LocalSQL, zset_arrow_schema
+from dbsp_pipeline.operators.base import StepContext
+from dbsp_pipeline.runtime.layout import Layout
+from dbsp_pipeline.runtime.owner_exec import memory_bytes, result_schema
+from dbsp_pipeline.runtime.plan import Plan
+from dbsp_pipeline.storage.state_db import StateDatabase
+from dbsp_pipeline.zset import SHARD, WEIGHT
+
+ODD = 'a.b`c"d e'
+K, A, N = "k " + ODD, "amount " + ODD, "name " + ODD
+
+
+def _bt(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def circuit() -> Circuit:
+    c = Circuit("owners")
+    orders = c.input("orders", f"{_bt(K)} INT, {_bt(A)} DOUBLE")
+    customers = c.input("customers", f"{_bt(K)} INT, {_bt(N)} STRING")
+    c.output("joined", orders.join(customers, on=K))
+    c.output("totals", orders.group_by(K).agg(n="count(*)", s=f"sum({_bt(A)})",
+                                              lo=f"min({_bt(A)})"))
+    c.output("names", customers.distinct())
+    return c
+
+
+def changes(plan: Plan, seed: int, rows: int, retract: dict[str, pa.Table] | None = None
+            ) -> dict[str, pa.Table]:
+    """Random changes of both inputs (NULL keys, repeats); with ``retract``, also the
+    deletion of some of those rows (a group's minimum among them)."""
+    rng = np.random.default_rng(seed)
+    keys = [None if i % 53 == 0 else int(v) for i, v in enumerate(rng.integers(-400, 400, rows))]
+    amounts = [float(v) for v in rng.integers(-1000, 1000, rows) / 8]
+    names = [f"n{v}" for v in rng.integers(0, 300, rows)]
+    out = {"orders": pa.table({K: pa.array(keys, pa.int32()), A: amounts, WEIGHT: [1] * rows}),
+           "customers": pa.table({K: pa.array(keys[::-1], pa.int32()), N: names,
+                                  WEIGHT: [1] * rows})}
+    if retract:
+        for name, base in retract.items():
+            gone = base.slice(0, rows // 3)
+            out[name] = pa.concat_tables([out[name], gone.set_column(
+                2, WEIGHT, pa.array([-1] * gone.num_rows, pa.int64()))])
+    return {n: t.cast(zset_arrow_schema(plan.input_schema(n))) for n, t in out.items()}
+
+
+def counter(table: pa.Table | None) -> Counter[tuple[Any, ...]]:
+    out: Counter[tuple[Any, ...]] = Counter()
+    if table is not None:
+        names = [n for n in table.column_names if n not in (WEIGHT, SHARD)]
+        for row in table.to_pylist():
+            out[tuple(row[n] for n in names)] += row[WEIGHT]
+    return Counter({k: v for k, v in out.items() if v != 0})
+
+
+def open_plan(spark: Any, root: Path) -> Plan:
+    db = StateDatabase(spark, str(root), "owner-exec-test")
+    db.open()
+    return Plan(circuit(), spark, db)
+
+
+@pytest.mark.parametrize("layout", [Layout.initial(1), Layout.initial(2, "modulo"),
+                                    Layout.initial(4, "dynamic")],
+                         ids=["W1-fixed", "W2-modulo", "W4-dynamic"])
+def test_owner_stages_equal_the_driver_path(spark, tmp_path: Path, layout: Layout) -> None:
+    sql = LocalSQL()
+    ref, plan = open_plan(spark, tmp_path / "ref"), open_plan(spark, tmp_path / "owners")
+    c = plan.circuit
+    assert plan.owner_capable == {c.outputs["joined"], c.outputs["totals"],
+                                  c.outputs["names"]}
+    base = changes(plan, seed=1, rows=3000)
+    for p in (ref, plan):  # step 1 on the driver: files straddling every owner
+        p.evaluate(StepContext(spark, 1, sql=sql), dict(base))
+    step2 = changes(plan, seed=2, rows=400, retract=base)
+    expected = ref.evaluate(StepContext(spark, 2, sql=sql), dict(step2))
+
+    before = {t.name: set(t.files()) for t in plan.state_traces()}
+    ctx = StepContext(spark, 2, layout=layout, per_owner=True)
+    try:
+        got = plan.evaluate(ctx, {n: spark.createDataFrame(t) for n, t in step2.items()})
+        for name, node_id in c.outputs.items():
+            frame = got[node_id]
+            assert frame is not None
+            assert frame.columns == [*plan.output_schema(name).fieldNames(), WEIGHT]
+            assert counter(frame.toArrow()) == counter(expected[node_id]), name
+    finally:
+        ctx.release()
+
+    for mine, theirs in zip(plan.state_traces(), ref.state_traces()):
+        assert counter(sql.consolidate(mine.read_arrow(), mine.payload)) == counter(
+            sql.consolidate(theirs.read_arrow(), theirs.payload)), mine.name
+        new = [f for f in mine.files() if f not in before[mine.name]]
+        assert new, mine.name
+        for f in new:  # a task's file: one owner's rows
+            assert len(set(mine.owners(layout, mine.read_arrow([f])).tolist())) == 1, mine.name
+        assert mine.rows_read > 0 or mine.name.endswith("_right")  # the tasks' reads count
+
+
+def test_result_rows_cross_under_positional_names() -> None:
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    out = result_schema(StructType([StructField(ODD, StringType(), False)]))
+    assert out.fieldNames() == ["_c0", WEIGHT, "_kind", "_action"]
+    assert all(f.nullable for f in out.fields)
+    assert (memory_bytes("4g"), memory_bytes("512m"), memory_bytes("12"),
+            memory_bytes("lots")) == (4 << 30, 512 << 20, 12, None)
+
+
+def test_a_pipeline_runs_its_spark_steps_per_owner(spark, tmp_path: Path) -> None:
+    """``Pipeline.spark_per_owner`` at W=2: Spark steps run the owner stages; the views equal a
+    driver-path pipeline's, the staged task files are recorded by the step's commit (reopening
+    gives the same state, ``verify`` is clean), and a later driver step continues on them."""
+    from dbsp_pipeline.runtime.pipeline import Pipeline
+
+    ref = Pipeline(circuit(), str(tmp_path / "ref"), spark)
+    p = Pipeline(circuit(), str(tmp_path / "p"), spark, driver_step_rows=0)
+    with pytest.raises(Exception, match="spark_per_owner must be True or False"):
+        p.spark_per_owner = 1  # type: ignore[assignment]
+    p.rescale(2)
+    p.spark_per_owner = True
+    rounds = [([(1, 2.0), (1, 3.0), (2, 5.0), (None, 1.0)], [(1, "n"), (4, "s"), (1, "n")]),
+              ([(1, 2.0), (3, 1.0)], [(4, "s")])]
+    for i, (orders, customers) in enumerate(rounds):
+        before = {t.name: set(t.files()) for t in p.engine.plan.state_traces()}
+        for q in (ref, p):
+            q.push("orders", orders, weight=1 if i == 0 else -1)
+            q.push("customers", customers, weight=1 if i == 0 else -1)
+            q.push("orders", [(3, 7.0)])
+            result = q.step()
+            assert result.on_driver is (q is ref)
+        for name in ("joined", "totals", "names"):
+            assert counter(p.view_arrow(name)) == counter(ref.view_arrow(name)), (i, name)
+        for t in p.engine.plan.state_traces():  # the step's files: one owner's rows each
+            for f in set(t.files()) - before[t.name]:
+                owners = t.owners(p.engine.layout, t.read_arrow([f]))
+                assert len(set(owners.tolist())) == 1, (i, t.name)
+    p.close()
+    with Pipeline(circuit(), str(tmp_path / "p"), spark) as again:  # driver steps from here
+        assert again.verify().ok
+        for name in ("joined", "totals", "names"):
+            assert counter(again.view_arrow(name)) == counter(ref.view_arrow(name)), name
+        for q in (ref, again):
+            q.push("orders", [(1, 3.0)], weight=-1)
+            q.push("customers", [(1, "n")])
+            q.step()
+        for name in ("joined", "totals", "names"):
+            assert counter(again.view_arrow(name)) == counter(ref.view_arrow(name)), name
+    ref.close()
+
+
+def test_a_failing_owner_task_fails_the_step_and_leaves_only_orphans(spark, tmp_path: Path,
+                                                                    monkeypatch) -> None:
+    """A task that fails (on every attempt) after writing its files fails the step
+    (``StepFailedError``: nothing staged, the step stays next); the retry gives the driver
+    path's views, and garbage collection deletes exactly the failed attempt's files."""
+    from dbsp_pipeline import StepFailedError
+    from dbsp_pipeline.runtime.owner_exec import FAIL_OWNER_TASK
+    from dbsp_pipeline.runtime.pipeline import Pipeline
+
+    ref = Pipeline(circuit(), str(tmp_path / "ref"), spark)
+    with Pipeline(circuit(), str(tmp_path / "p"), spark, driver_step_rows=0) as p:
+        p.rescale(2)
+        p.spark_per_owner = True
+        join = p.circuit.outputs["joined"]
+        traces = p.engine.plan.state_traces()
+
+        def stored() -> set[str]:
+            return {f.path for t in traces for f in t.table.store.stored_data_files()}
+
+        for q in (ref, p):
+            q.push("orders", [(1, 2.0), (2, 5.0), (5, 1.0)])
+            q.push("customers", [(1, "n"), (2, "s"), (5, "e")])
+            q.step()
+        before = stored()
+        monkeypatch.setenv(FAIL_OWNER_TASK, f"{join}:*:*")
+        for q in (ref, p):
+            q.push("orders", [(1, 3.0), (2, 4.0), (5, 6.0)])
+            q.push("customers", [(2, "t")])
+        with pytest.raises(StepFailedError, match="injected fault"):
+            p.step()
+        orphans = stored() - before
+        assert orphans  # the failed tasks wrote files
+        monkeypatch.delenv(FAIL_OWNER_TASK)
+        p.step()
+        ref.step()
+        for name in ("joined", "totals", "names"):
+            assert counter(p.view_arrow(name)) == counter(ref.view_arrow(name)), name
+        live = {f.path for t in traces for f in t.files()}
+        assert not orphans & live
+        p.collect_garbage(0)
+        assert not orphans & stored() and live <= stored()
+        assert p.verify().ok
+        for name in ("joined", "totals", "names"):
+            assert counter(p.view_arrow(name)) == counter(ref.view_arrow(name)), name
+    ref.close()

@@ -1,0 +1,54 @@
+"""``DataFiles``: a table's data files written and read without its Delta log, from the URI alone
+(what a Spark task does), on a local disk and on a real S3-compatible store."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from dbsp_pipeline.errors import StorageError
+from dbsp_pipeline.storage.data_files import DataFiles
+from dbsp_pipeline.storage.table_store import open_table_store
+from tests.object_store_helpers import new_bucket
+
+SCHEMA = pa.schema([("key", pa.string()), ("_shard", pa.int32())])
+
+
+def _round_trip(uri: str) -> None:
+    files = DataFiles.for_uri(uri, SCHEMA)
+    assert not Path(uri.removeprefix("file://"), "_delta_log").exists()  # nothing created
+    (add,) = files.write_arrow(pa.table({"key": ["b", "a"], "_shard": [7, 3]}))
+    assert add.path.startswith("data/") and add.path.endswith("/part-00000.parquet")
+    assert '"minValues": {"key": "a", "_shard": 3}' in add.stats
+    (again,) = files.write_arrow(pa.table({"key": ["c"], "_shard": [9]}))
+    assert again.path.rsplit("/", 1)[0] != add.path.rsplit("/", 1)[0]  # a fresh folder each
+    assert files.write_arrow(SCHEMA.empty_table()) == []
+    rows = files.read_arrow([files.path(add.path)], pc.field("_shard") > 4, ["key"])
+    assert rows.to_pylist() == [{"key": "b"}]
+    # The table's store sees the same file once an add records it.
+    store = open_table_store(uri, SCHEMA)
+    store.commit([add])
+    assert [f.path for f in store.files()] == [files.path(add.path)]
+    assert store.read_arrow([files.path(add.path)]).num_rows == 2
+
+
+def test_local_files_round_trip_without_the_log(tmp_path: Path) -> None:
+    _round_trip(str(tmp_path / "t"))
+    _round_trip("file://" + str(tmp_path / "u"))
+
+
+def test_s3_files_use_the_processes_environment(object_store: dict[str, str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in object_store.items():
+        monkeypatch.setenv(key, value)
+    bucket = new_bucket(object_store, "datafiles")
+    _round_trip(f"s3://{bucket}/{uuid.uuid4().hex[:8]}/t")
+
+
+def test_an_unknown_scheme_names_the_uri() -> None:
+    with pytest.raises(StorageError, match=r"'gs://b/t': unsupported scheme 'gs://'"):
+        DataFiles.for_uri("gs://b/t", SCHEMA)
