@@ -143,19 +143,27 @@ def file_stats(meta: pq.FileMetaData) -> dict[str, Any]:
         lo = hi = None
         null_count = 0
         ok = True
+        bounded = True  # the min/max of every row group could be read
         for rg in range(meta.num_row_groups):
             st = meta.row_group(rg).column(ci).statistics
             if st is None:
                 ok = False
                 break
             null_count += st.null_count or 0
-            if st.has_min_max:
-                lo = st.min if lo is None else min(lo, st.min)
-                hi = st.max if hi is None else max(hi, st.max)
+            if bounded and st.has_min_max:
+                try:
+                    rg_lo, rg_hi = st.min, st.max
+                except pa.ArrowNotImplementedError:
+                    # pyarrow cannot read some writers' bounds (Spark's DECIMAL stored as an
+                    # integer): the file gets no min/max for the column, so nothing is pruned
+                    bounded = False
+                    continue
+                lo = rg_lo if lo is None else min(lo, rg_lo)
+                hi = rg_hi if hi is None else max(hi, rg_hi)
         if not ok:
             continue
         nulls[field.name] = null_count
-        lo, hi = _json_stat(lo), _json_stat(hi)
+        lo, hi = (_json_stat(lo), _json_stat(hi)) if bounded else (None, None)
         if lo is not None and hi is not None:
             mins[field.name] = lo
             maxs[field.name] = hi

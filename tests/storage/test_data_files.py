@@ -52,3 +52,23 @@ def test_s3_files_use_the_processes_environment(object_store: dict[str, str],
 def test_an_unknown_scheme_names_the_uri() -> None:
     with pytest.raises(StorageError, match=r"'gs://b/t': unsupported scheme 'gs://'"):
         DataFiles.for_uri("gs://b/t", SCHEMA)
+
+
+def test_a_spark_written_decimal_column_gets_no_bounds_and_the_rest_keeps_theirs(
+        spark, tmp_path: Path) -> None:
+    """Spark stores a DECIMAL(15,2) as an integer whose bounds pyarrow cannot read: the file is
+    described all the same, with no min/max for that column (nothing pruned by it) and the
+    other columns' bounds and every null count kept (a Spark-path step over a trace with a
+    DECIMAL column failed here)."""
+    import json
+    from decimal import Decimal
+
+    schema = pa.schema([("k", pa.int64()), ("amount", pa.decimal128(15, 2))])
+    files = DataFiles.for_uri(str(tmp_path / "t"), schema)
+    folder = "data/spark"
+    spark.createDataFrame([(1, Decimal("1.50")), (4, None)], "k BIGINT, amount DECIMAL(15,2)") \
+        .coalesce(1).write.parquet(files.path(folder))
+    (add,) = files.describe_folder(folder)
+    stats = json.loads(add.stats)
+    assert stats["numRecords"] == 2 and stats["nullCount"] == {"k": 0, "amount": 1}
+    assert stats["minValues"] == {"k": 1} and stats["maxValues"] == {"k": 4}
