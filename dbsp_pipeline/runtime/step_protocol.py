@@ -198,6 +198,9 @@ def _compute(state: EngineState, s: int, lowers: dict[str, int], uppers: dict[st
              state.inputs[n].files_between(lowers[n], uppers.get(n, 0)) for n in names}
     result.inputs = {n: sum(f.rows for f in fs) for n, fs in files.items()}
     result.on_driver, result.path_reason = state.choose_path(files)
+    if not result.on_driver and state.spark_per_owner and state.plan.owner_capable:
+        result.path_reason += (f"; per owner: {len(state.plan.owner_capable)} stateful "
+                               f"operator(s) as one task per worker (W={state.layout.workers})")
     sql = state.sql if result.on_driver else None
     if sql is not None:
         changes = {n: state.inputs[n].change_arrow(sql, files[n]) for n in names}

@@ -144,6 +144,8 @@ def test_a_pipeline_runs_its_spark_steps_per_owner(spark, tmp_path: Path) -> Non
             q.push("orders", [(3, 7.0)])
             result = q.step()
             assert result.on_driver is (q is ref)
+            assert ("per owner" in result.path_reason and "(W=2)" in result.path_reason) \
+                is (q is p)
         for name in ("joined", "totals", "names"):
             assert counter(p.view_arrow(name)) == counter(ref.view_arrow(name)), (i, name)
         for t in p.engine.plan.state_traces():  # the step's files: one owner's rows each
