@@ -127,9 +127,10 @@ class OutputLog:
         because only the pipeline that owns the root folds (it holds the root's lock; this
         object exists only in it, ``runtime/pipeline.py``): no other process moves the table's
         app transaction while this one owns the root. A process that lost the root (fenced by a
-        later opener, which may fold) may see a stale value, but it can commit nothing more:
-        its next step record or fold is refused (``ConcurrentWriterError``). A fold that fails
-        in any way, and ``load_pending`` (opening, roll-back), forget the cached value."""
+        later opener, which may fold) may see a stale value here, but its next step record is
+        refused (``ConcurrentWriterError``), and ``fold`` reads the table, not this cache (a fold
+        is a compare-and-append on the output table, not fenced). ``load_pending`` (opening,
+        roll-back) forgets the cached value."""
         if self._folded is None:
             written = self.table.transaction_version(APP_ID)
             self._folded = 0 if written is None else written + 1
@@ -164,6 +165,9 @@ class OutputLog:
         dropped, not committed twice."""
         for _ in range(_FOLD_ATTEMPTS):
             base = self.table.version()  # first: a commit after it makes ours fail
+            # read from the table, never the cache: a process fenced by a later opener that
+            # folded these steps must find them folded (the fold itself is not fenced)
+            self._folded = None
             folded = self.folded_last()
             writes = [w for step, w in sorted(self._pending.items()) if step >= folded]
             if not writes:

@@ -112,3 +112,23 @@ def test_the_later_opener_fences_the_earlier_whichever_table_their_steps_record_
             counts = {r["who"]: (r["n"], r["_weight"]) for r in p.view_arrow("counts").to_pylist()}
             assert counts == {"a": (1, 1), "b": (2, 1)}  # every push counted once
             assert sorted(r["_step"] for r in p.changes("counts").collect()) == [0, 1, 1, 1]
+
+
+def test_a_fenced_pipeline_does_not_fold_steps_the_later_opener_folded(spark, tmp_path):
+    """Steps between checkpoints are recorded, their output pending; a later opener takes the
+    root and folds them; the first object, not knowing it lost the root, folds (explicit
+    history compaction, or ``run`` idling): it finds them folded and commits none of them twice
+    (the fold is a compare-and-append on the output table, not fenced)."""
+    root = str(tmp_path)
+    first = Pipeline(circuit(), root, spark, checkpoint_every=8)
+    for who in ("a", "b"):
+        first.push("x", [(1, who)])
+        first.step()
+    with Pipeline(circuit(), root, spark) as second:
+        second.compact_history()  # folds the two steps the first one recorded
+    first.compact_history()
+    with Pipeline(circuit(), root, spark) as p:
+        # each step's change once: a step folded twice would count its row twice
+        assert sorted((r["who"], r["n"], r["_weight"]) for r in p.changes("counts").collect()) \
+            == [("a", 1, 1), ("b", 1, 1)]
+        assert {r["who"]: r["n"] for r in p.view("counts").collect()} == {"a": 1, "b": 1}
