@@ -111,6 +111,11 @@ def _boolean(name: str, value: bool) -> None:
         raise UsageError(f"{name} must be True or False, got {value!r}")
 
 
+#: How many times opening reads the root again after losing the division log's fence to an
+#: opener it had fenced out of the manifest (each attempt is a full open).
+_OPEN_ATTEMPTS = 5
+
+
 @contextlib.contextmanager
 def _fenced_at_open(circuit: Circuit, root: str) -> Iterator[None]:
     """Opening rolls state tables back to the newest checkpoint: if another process writes
@@ -204,23 +209,38 @@ class Pipeline:
             with _fenced_at_open(circuit, root):
                 checkpoints.fold_carried_records(session, root)
         prepare_open(root, checkpoint, retain_checkpoints)  # damage: CorruptStateError
-        db = StateDatabase(session, root, circuit.fingerprint())
-        # read before opening: no checkpoint below its compacted_below can be opened
-        divisions = DivisionLog(session, root_layout.divisions(root))
-        with _fenced_at_open(circuit, root):  # opening rolls back and may commit: a race too
-            divisions.load_pending(db.newest_meta(CARRIED_RECORDS_KEY))
-            db.open(checkpoint, retained=retain_checkpoints,
-                    from_step=divisions.compacted_below)
-            #: what opening did about engine and state-format versions (``runtime/upgrade.py``)
-            self.upgrade_info = upgrade.migrate(db)
-            if self.upgrade_info.migrations:
-                db.commit()  # the migrated state, as a checkpoint in the current format
-            # This process owns the root from here: a commit to either table a step records
-            # in, by a process that opened the root before, fails (it is fenced).
-            db.fence()  # first: of two processes opening at once, the loser stops here
-            divisions.fence()
-            layout = read_layout(db)
-            plan = compile_plan(circuit, session, db)
+        for attempt in range(_OPEN_ATTEMPTS):
+            db = StateDatabase(session, root, circuit.fingerprint())
+            # read before opening: no checkpoint below its compacted_below can be opened
+            divisions = DivisionLog(session, root_layout.divisions(root))
+            with _fenced_at_open(circuit, root):  # opening rolls back and may commit: a race
+                divisions.load_pending(db.newest_meta(CARRIED_RECORDS_KEY))
+                db.open(checkpoint, retained=retain_checkpoints,
+                        from_step=divisions.compacted_below)
+                #: what opening did about engine and state-format versions
+                #: (``runtime/upgrade.py``)
+                self.upgrade_info = upgrade.migrate(db)
+                if self.upgrade_info.migrations:
+                    db.commit()  # the migrated state, as a checkpoint in the current format
+                # This process owns the root from here: a commit to either table a step
+                # records in, by a process that opened the root before, fails (it is fenced).
+                # Both tables were read before either fence, and each fence commits at the
+                # version after the one read: of two openers, the one whose fences both land
+                # is the later on both tables (``docs/recovery.md`` §8).
+                db.fence()  # first: of two processes opening at once, the loser stops here
+                try:
+                    divisions.fence()
+                except ConcurrentWriterError:
+                    # An opener that read the manifest before this one's fence fenced the
+                    # division log first (and may have recorded steps since): this one has
+                    # fenced it out of the manifest already, so it reads both tables again and
+                    # fences both again, to own both (else both would be fenced).
+                    if attempt + 1 < _OPEN_ATTEMPTS:
+                        continue
+                    raise
+                layout = read_layout(db)
+                plan = compile_plan(circuit, session, db)
+            break
         self._engine = EngineState(
             circuit=circuit, root=root, spark=session, sql=sql, db=db, layout=layout,
             plan=plan,

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from dbsp_pipeline import Pipeline, PipelineFencedError
 from tests.runtime.pipeline_process import circuit
 
@@ -132,3 +134,57 @@ def test_a_fenced_pipeline_does_not_fold_steps_the_later_opener_folded(spark, tm
         assert sorted((r["who"], r["n"], r["_weight"]) for r in p.changes("counts").collect()) \
             == [("a", 1, 1), ("b", 1, 1)]
         assert {r["who"]: r["n"] for r in p.view("counts").collect()} == {"a": 1, "b": 1}
+
+
+def test_openers_whose_fences_interleave_leave_exactly_one_owner(spark, tmp_path, monkeypatch):
+    """X fences the manifest; Y reads both tables and fences the manifest after X; X fences
+    the division log before Y does. Y's division fence fails, but Y has fenced X out of the
+    manifest already: Y reads both tables again and fences both again, so Y owns the root and
+    X is fenced at its next step (before: Y stopped at open and X was fenced too, no owner)."""
+    import threading
+
+    from dbsp_pipeline.runtime.division_log import DivisionLog
+
+    root = str(tmp_path)
+    with Pipeline(circuit(), root, spark):
+        pass  # an existing, empty pipeline
+    real_fence = DivisionLog.fence
+    y_at_fence, x_fenced = threading.Event(), threading.Event()
+    opened: dict[str, object] = {}
+
+    def open_y() -> None:
+        try:
+            opened["y"] = Pipeline(circuit(), root, spark)
+        except Exception as e:  # noqa: BLE001 - the outcome is what the test checks
+            opened["y"] = e
+
+    y = threading.Thread(target=open_y, name="opener-y")
+
+    def fence(self) -> None:
+        me = threading.current_thread()
+        if me is threading.main_thread() and not y.is_alive() and "y" not in opened:
+            y.start()  # X has fenced the manifest: Y opens now, up to its division fence
+            assert y_at_fence.wait(120)
+            real_fence(self)  # X's division fence lands first
+            x_fenced.set()
+            return
+        if me is y and not y_at_fence.is_set():
+            y_at_fence.set()
+            assert x_fenced.wait(120)
+        real_fence(self)
+
+    monkeypatch.setattr(DivisionLog, "fence", fence)
+    x = Pipeline(circuit(), root, spark)
+    y.join(120)
+    monkeypatch.undo()
+    assert isinstance(opened["y"], Pipeline), opened["y"]
+    owner = opened["y"]
+    owner.push("x", [(1, "y")])
+    owner.step()
+    x.push("x", [(2, "x")])
+    with pytest.raises(PipelineFencedError):
+        x.step()
+    owner.close()
+    with Pipeline(circuit(), root, spark) as p:
+        p.run()
+        assert {r["who"]: r["n"] for r in p.view("counts").collect()} == {"y": 1, "x": 1}
