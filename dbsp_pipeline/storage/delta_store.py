@@ -37,8 +37,17 @@ from dbsp_pipeline.storage.data_files import DataFiles, millis
 from dbsp_pipeline.storage.table_store import ACTIONS_KEY, DATA_DIR, DataFile, StoredFile
 
 LOG_DIR = "_delta_log"
-#: Delta configuration of every table the engine creates (a caller's configuration wins)
-DEFAULT_CONFIGURATION = {"delta.checkpointInterval": "50"}
+#: Delta configuration of every table the engine creates (a caller's configuration wins):
+#: a Delta checkpoint every 50 commits, and no tombstones in it. A checkpoint keeps a ``remove``
+#: action for every file removed within ``deletedFileRetentionDuration`` (7 days by default)
+#: for VACUUM's sake; the engine never runs VACUUM (``storage/garbage.py`` decides by the
+#: versions it retains), and a table that replaces files at every step (a log folded, a trace
+#: merged) would carry one tombstone per step: after 100,000 steps, a 6 MB checkpoint read by
+#: every open and status read. Snapshots at any version are rebuilt from adds and removes of
+#: the commits, which stay until ``clean_log_below``; only checkpoints leave tombstones out.
+#: Tables created before this keep the 7-day default (their tombstones expire with it).
+DEFAULT_CONFIGURATION = {"delta.checkpointInterval": "50",
+                         "delta.deletedFileRetentionDuration": "interval 0 seconds"}
 
 
 class DeltaTableStore:

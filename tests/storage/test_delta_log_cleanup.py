@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 
 from dbsp_pipeline.storage.table_store import open_table_store
@@ -53,3 +54,20 @@ def test_a_damaged_checkpoint_is_not_started_from(tmp_path):
     store.clean_log_below(105)  # starts from the checkpoint at 49, the newest readable one
     assert int(entries(uri)[0][:20]) == 49
     assert DeltaTable(uri, version=80).version() == 80
+
+
+def test_a_checkpoint_of_an_engine_table_carries_no_tombstones(tmp_path):
+    """A table the engine creates replaces files at every step (folds, merges): its Delta
+    checkpoints keep no ``remove`` actions, so their size (read by every open and status read)
+    follows the table's live files, not the number of steps ever run; every version before the
+    checkpoint still loads from the commits."""
+    uri = str(tmp_path / "t")
+    open_table_store(uri, pa.schema([("v", pa.int64())]))  # created with the engine's config
+    for v in range(60):
+        write_deltalake(uri, pa.table({"v": [v]}), mode="overwrite")
+    checkpoint = pq.read_table(os.path.join(uri, "_delta_log", f"{49:020d}.checkpoint.parquet"))
+    assert checkpoint.column("add").drop_null().to_pylist()[0]["path"]  # the one live file
+    assert len(checkpoint.column("add").drop_null()) == 1
+    assert len(checkpoint.column("remove").drop_null()) == 0  # 7-day default: 50 tombstones
+    assert DeltaTable(uri, version=30).to_pyarrow_table().column("v").to_pylist() == [29]
+    assert DeltaTable(uri).to_pyarrow_table().column("v").to_pylist() == [59]
