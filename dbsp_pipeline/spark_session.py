@@ -130,6 +130,26 @@ def configure(spark: SparkSession) -> SparkSession:
     return spark
 
 
+def conf_value(spark: SparkSession, key: str, default: str) -> str:
+    """The value of Spark setting ``key`` (``default`` when unset), read in a way both a classic
+    session and a Spark Connect client can (a Connect client has no ``sparkContext``)."""
+    try:
+        value = spark.conf.get(key, default)
+    except Exception:  # a setting the server will not show to a client
+        return default
+    return default if value is None else str(value)
+
+
+def task_slots(spark: SparkSession) -> int:
+    """How many tasks run at once in local mode: the ``N`` of ``local[N]`` (``*``: this
+    machine's cores); 1 when the master does not say."""
+    master = conf_value(spark, "spark.master", "")
+    m = re.match(r"local\[(\d+|\*)", master)
+    if m is None:
+        return 1
+    return (os.cpu_count() or 1) if m[1] == "*" else int(m[1])
+
+
 class LazySession:
     """Stands for the process's local session (``local_session(**options)``), started on first
     use: a pipeline whose steps all run on the driver never pays the JVM's start."""

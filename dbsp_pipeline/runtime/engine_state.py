@@ -28,7 +28,12 @@ from dbsp_pipeline.runtime.input_log import InputLog
 from dbsp_pipeline.runtime.layout import LAYOUT_KEY, Layout
 from dbsp_pipeline.runtime.migration import ShardMigration
 from dbsp_pipeline.runtime.output_log import OutputLog
-from dbsp_pipeline.runtime.path_choice import PathChoice, choose_for_step
+from dbsp_pipeline.runtime.path_choice import (
+    PathChoice,
+    choose_for_step,
+    choose_spark_execution,
+    task_budget,
+)
 from dbsp_pipeline.runtime.plan import Plan
 from dbsp_pipeline.runtime.readers import LeaseRegistry
 from dbsp_pipeline.runtime.results import FailedStep
@@ -82,8 +87,9 @@ class EngineState:
     #: the most memory (bytes) a step on the driver may take (None: the machine's budget)
     driver_memory: int | None = None
     #: a Spark step runs each operator that can as one task per owner of its change
-    #: (``runtime/owner_exec.py``) instead of as DataFrame jobs
-    spark_per_owner: bool = False
+    #: (``runtime/owner_exec.py``) instead of as DataFrame jobs, when a task's share fits its
+    #: budget (``path_choice.choose_spark_execution``)
+    spark_per_owner: bool = True
     #: steps executed since the last commit (a crash now would replay them)
     uncommitted_steps: int = 0
     #: commits since opening (garbage is collected every ``GC_EVERY_COMMITS``)
@@ -125,7 +131,11 @@ class EngineState:
     def choose_path(self, files: Mapping[str, Sequence[DataFile]]) -> PathChoice:
         """Where the step whose input change is ``files`` (per input, its log files) runs, and
         why (``runtime/path_choice.py``)."""
-        return choose_for_step(self.plan, files, self.driver_step_rows, self.driver_memory)
+        choice = choose_for_step(self.plan, files, self.driver_step_rows, self.driver_memory)
+        return choose_spark_execution(
+            choice, self.plan, files, per_owner=self.spark_per_owner,
+            workers=self.layout.workers,
+            task_budget=lambda: task_budget(self.spark, self.layout.workers, self.driver_memory))
 
     def require_no_migration(self, what: str) -> None:
         """``UsageError`` if a hot layout change is in progress (``what``: the refused action)."""

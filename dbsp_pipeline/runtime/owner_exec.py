@@ -49,6 +49,7 @@ from dbsp_pipeline.circuit import Node
 from dbsp_pipeline.driver.sql import LocalSQL, conform, zset_arrow_schema
 from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContext
 from dbsp_pipeline.runtime.layout import Layout
+from dbsp_pipeline.spark_session import conf_value, task_slots
 from dbsp_pipeline.storage.staged_table import add_from_record
 from dbsp_pipeline.storage.task_table import TaskStateDb, TaskTableSpec, owner_files
 from dbsp_pipeline.zset import WEIGHT, quote, spark_to_arrow_schema
@@ -297,14 +298,12 @@ def task_memory(spark: SparkSession) -> str | None:
     """The memory one task's DuckDB may take, in DuckDB's spelling: half the executor's memory
     over its cores (in local mode, the driver's memory over the local cores). None when Spark's
     configuration does not say."""
-    conf = spark.sparkContext.getConf()
-    master = conf.get("spark.master", "") or ""
-    if master.startswith("local"):
-        total = memory_bytes(conf.get("spark.driver.memory", "1g") or "1g")
-        cores = spark.sparkContext.defaultParallelism
+    if conf_value(spark, "spark.master", "").startswith("local"):
+        total = memory_bytes(conf_value(spark, "spark.driver.memory", "1g"))
+        cores = task_slots(spark)
     else:
-        total = memory_bytes(conf.get("spark.executor.memory", "1g") or "1g")
-        cores = int(conf.get("spark.executor.cores", "1") or "1")
+        total = memory_bytes(conf_value(spark, "spark.executor.memory", "1g"))
+        cores = int(conf_value(spark, "spark.executor.cores", "1"))
     if total is None:
         return None
     return f"{max(64, total // 2 // max(1, cores) >> 20)}MB"

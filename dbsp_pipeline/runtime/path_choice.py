@@ -30,6 +30,14 @@ the read and the consolidated change, the trace appends with their shard column,
 working memory). It is an estimate, meant to be right within a small factor; the budget leaves
 the other half of the memory as the margin.
 
+A step chosen for Spark then runs its stateful operators that can (``Plan.owner_capable``) as
+one task per owner (``runtime/owner_exec.py``; ``choose_spark_execution``) when the pipeline's
+``spark_per_owner`` is on (the default) and a task's share of the step fits a task's budget: the
+step's estimated driver memory over the W owners (a task holds its owner's change and the state
+rows it looks up, as the driver would hold the whole step's), within ``task_budget``. Otherwise
+they run as DataFrame jobs, which spill and never hold a change in one process; so a step of W=1
+too big for the driver is too big for its one task, and runs as DataFrame jobs.
+
 The choice is recorded in ``StepResult.path_reason`` (a sentence with the figures), so a user
 can see why a step ran where it did. Choosing reads only statistics already in memory and
 ``/proc/meminfo``; it never starts Spark.
@@ -38,9 +46,9 @@ can see why a step ran where it did. Choosing reads only statistics already in m
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from pyspark.sql.types import (
     ArrayType,
@@ -62,9 +70,14 @@ from dbsp_pipeline.operators.aggregate import Aggregate
 from dbsp_pipeline.operators.distinct import Distinct
 from dbsp_pipeline.operators.integration import Delay, Integrate
 from dbsp_pipeline.operators.join import Join
+from dbsp_pipeline.runtime.owner_exec import memory_bytes
 from dbsp_pipeline.runtime.plan import Plan
+from dbsp_pipeline.spark_session import conf_value, task_slots
 from dbsp_pipeline.storage.table_store import DataFile
 from dbsp_pipeline.storage.trace import Trace
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 #: The share of the memory available to the process that one step on the driver may take.
 MEMORY_FRACTION = 0.5
@@ -86,11 +99,13 @@ JOIN_EXPANSION = 1.0
 
 
 class PathChoice(NamedTuple):
-    """Where a step runs and why: ``on_driver`` and a sentence with the figures it was chosen
-    by (``StepResult.on_driver`` and ``StepResult.path_reason``)."""
+    """Where a step runs and why: ``on_driver``, a sentence with the figures it was chosen by
+    (``StepResult.on_driver`` and ``StepResult.path_reason``), and for a Spark step whether its
+    stateful operators run as one task per owner (``per_owner``, ``runtime/owner_exec.py``)."""
 
     on_driver: bool
     reason: str
+    per_owner: bool = False
 
 
 @dataclass(frozen=True)
@@ -164,6 +179,28 @@ def choose_for_step(plan: Plan, files: Mapping[str, Sequence[DataFile]],
                       budget=Budget(0, "not used"))
     return choose(estimate(plan, files), driver_step_rows=None, spark_only=None,
                   budget=budget(driver_memory))
+
+
+def choose_spark_execution(choice: PathChoice, plan: Plan,
+                           files: Mapping[str, Sequence[DataFile]], *, per_owner: bool,
+                           workers: int, task_budget: Callable[[], Budget]) -> PathChoice:
+    """``choice`` (a step's path), with ``per_owner`` set when it is a Spark step whose stateful
+    operators run as one task per owner: the pipeline's ``per_owner`` setting is on, ``plan``
+    has an operator that can, and the step's estimated driver memory (``estimate``) over the
+    ``workers`` owners is within ``task_budget()`` (called only then). The reason gains a clause
+    saying which, with the figures."""
+    if choice.on_driver or not per_owner or not plan.owner_capable:
+        return choice
+    per_task = estimate(plan, files).driver_bytes / max(1, workers)
+    limit = task_budget()
+    operators = f"{len(plan.owner_capable)} stateful operator(s)"
+    if per_task <= limit.bytes:
+        return PathChoice(False, f"{choice.reason}; per owner (W={workers}): {operators} as one "
+                                 f"task per owner, about {_size(per_task)} a task, within the "
+                                 f"task budget of {_size(limit.bytes)} ({limit.source})", True)
+    return PathChoice(False, f"{choice.reason}; {operators} as DataFrame jobs: about "
+                             f"{_size(per_task)} a task (W={workers}) is over the task budget "
+                             f"of {_size(limit.bytes)} ({limit.source})")
 
 
 # -- the estimate --------------------------------------------------------------------------
@@ -289,6 +326,29 @@ def budget(driver_memory: int | None) -> Budget:
     if driver_memory is not None and driver_memory < machine.bytes:
         return Budget(driver_memory, f"driver_memory={driver_memory:,}")
     return machine
+
+
+def task_budget(spark: SparkSession, workers: int, driver_memory: int | None) -> Budget:
+    """The memory one owner task may take (its Python worker holds its owner's change and the
+    state rows it looks up; its DuckDB spills). In local mode the tasks run in this machine's
+    Python workers, at most ``min(workers, cores)`` at once: the driver's budget (``budget``)
+    shared among them. On a cluster: ``spark.executor.pyspark.memory`` when set, else
+    ``MEMORY_FRACTION`` of ``spark.executor.memory``, over the executor's cores."""
+    if conf_value(spark, "spark.master", "").startswith("local"):
+        machine = budget(driver_memory)
+        at_once = max(1, min(workers, task_slots(spark)))
+        return Budget(machine.bytes // at_once, f"{machine.source}, over {at_once} task(s) "
+                                                f"at once")
+    cores = int(conf_value(spark, "spark.executor.cores", "1"))
+    python = conf_value(spark, "spark.executor.pyspark.memory", "")
+    if python and (n := memory_bytes(python)) is not None:
+        return Budget(n // max(1, cores), f"spark.executor.pyspark.memory={python} over "
+                                          f"{cores} core(s)")
+    executor = conf_value(spark, "spark.executor.memory", "1g")
+    n = memory_bytes(executor) or FALLBACK_BUDGET
+    return Budget(int(n * MEMORY_FRACTION) // max(1, cores),
+                  f"{MEMORY_FRACTION:g} of spark.executor.memory={executor} over {cores} "
+                  f"core(s)")
 
 
 def available_memory() -> int | None:

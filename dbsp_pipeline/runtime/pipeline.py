@@ -175,7 +175,8 @@ class Pipeline:
     retain_steps: _EngineSetting[int | None] = _EngineSetting(_at_least(0))
     #: how many state versions (checkpoints) stay readable
     retain_checkpoints: _EngineSetting[int] = _EngineSetting(_at_least(2))
-    #: a Spark step runs Join, Aggregate and Distinct as one task per owner (W tasks at most)
+    #: a Spark step runs Join, Aggregate and Distinct as one task per owner (W tasks at most) when
+    #: a task's share of the step fits its budget (on by default; ``runtime/path_choice.py``)
     spark_per_owner: _EngineSetting[bool] = _EngineSetting(_boolean)
 
     def __init__(self, circuit: Circuit, root: str,

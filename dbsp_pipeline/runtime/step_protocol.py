@@ -197,17 +197,14 @@ def _compute(state: EngineState, s: int, lowers: dict[str, int], uppers: dict[st
     files = {n: [] if result.quarantined is not None else
              state.inputs[n].files_between(lowers[n], uppers.get(n, 0)) for n in names}
     result.inputs = {n: sum(f.rows for f in fs) for n, fs in files.items()}
-    result.on_driver, result.path_reason = state.choose_path(files)
-    if not result.on_driver and state.spark_per_owner and state.plan.owner_capable:
-        result.path_reason += (f"; per owner: {len(state.plan.owner_capable)} stateful "
-                               f"operator(s) as one task per worker (W={state.layout.workers})")
+    result.on_driver, result.path_reason, per_owner = state.choose_path(files)
     sql = state.sql if result.on_driver else None
     if sql is not None:
         changes = {n: state.inputs[n].change_arrow(sql, files[n]) for n in names}
     else:
         changes = {n: state.inputs[n].change(files[n]) for n in names}
     ctx = StepContext(state.spark, s, sql=sql, layout=state.layout,
-                      per_owner=state.spark_per_owner)
+                      per_owner=per_owner)
     recorded = state.divisions.outputs(s) or {}
     try:
         node_changes = state.plan.evaluate(ctx, changes)

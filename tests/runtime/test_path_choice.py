@@ -3,6 +3,8 @@ plan, and a load that runs where the decision says with the same output on both 
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -17,7 +19,9 @@ from dbsp_pipeline.runtime.path_choice import (
     available_memory,
     budget,
     choose,
+    choose_spark_execution,
     estimate,
+    task_budget,
 )
 
 GIB = 1 << 30
@@ -52,22 +56,22 @@ def test_auto_runs_a_change_over_the_budget_on_spark():
 def test_an_explicit_driver_step_rows_is_the_threshold_whatever_the_estimate():
     huge_budget, no_budget = Budget(100 * GIB, "test"), Budget(0, "test")
     at = choose(work(500, 10**9), driver_step_rows=500, spark_only=None, budget=no_budget)
-    assert at == (True, "driver: 500 input rows, at most driver_step_rows=500")
+    assert at == (True, "driver: 500 input rows, at most driver_step_rows=500", False)
     over = choose(work(501, 10), driver_step_rows=500, spark_only=None, budget=huge_budget)
-    assert over == (False, "Spark: 501 input rows, more than driver_step_rows=500")
+    assert over == (False, "Spark: 501 input rows, more than driver_step_rows=500", False)
 
 
 def test_driver_step_rows_zero_runs_every_step_on_spark():
     choice = choose(work(1, 10), driver_step_rows=0, spark_only=None,
                     budget=Budget(100 * GIB, "test"))
-    assert choice == (False, "Spark: driver_step_rows=0 runs every step on Spark")
+    assert choice == (False, "Spark: driver_step_rows=0 runs every step on Spark", False)
 
 
 def test_an_operator_with_only_a_spark_implementation_forces_spark():
     for rows in (None, 10**9):
         choice = choose(work(1, 10), driver_step_rows=rows, spark_only="operator #2 aggregate",
                         budget=Budget(100 * GIB, "test"))
-        assert choice == (False, "Spark: operator #2 aggregate has no driver implementation")
+        assert choice == (False, "Spark: operator #2 aggregate has no driver implementation", False)
 
 
 def test_the_budget_is_half_the_available_memory_capped_by_driver_memory():
@@ -121,7 +125,7 @@ def test_a_circuit_with_a_decimal_sum_runs_on_spark_whatever_driver_step_rows(sp
         p.push("t", [(1, 1), (1, 2)])
         choice = p.engine.choose_path(_change_files(p, {"t": 0}))
         assert choice == (False, "Spark: operator #1 aggregate by ['k'] (a sum of decimals) "
-                                 "has no driver implementation")
+                                 "has no driver implementation", False)  # nor a task path
         p.driver_step_rows = None
         assert not p.engine.choose_path(_change_files(p, {"t": 0})).on_driver
 
@@ -167,3 +171,54 @@ def test_a_load_runs_where_its_estimate_fits_and_gives_the_same_view_on_both_pat
     assert reasons["spark"].startswith("Spark: 201,000 input rows")
     assert "over the budget" in reasons["spark"] and "driver_memory=" in reasons["spark"]
     assert len(views["driver"]) == 7 and views["driver"] == views["spark"]
+
+
+# -- Spark steps: per owner or DataFrame jobs ------------------------------------------------
+def test_a_spark_step_runs_per_owner_when_a_task_share_fits_its_budget(spark, tmp_path):
+    """A Spark step of a join runs its stateful operator as one task per owner by default,
+    when the step's estimated driver memory over W fits a task's budget; one byte over, or with
+    ``spark_per_owner`` off, it runs as DataFrame jobs. The reason says which, with W."""
+    with Pipeline(_join_circuit(), root=str(tmp_path), spark=spark) as p:
+        assert p.spark_per_owner  # the default
+        p.rescale(2)
+        ids = np.arange(2_000)
+        p.push("orders", pa.table({"order_id": ids, "customer_id": ids % 100,
+                                   "amount": np.full(2_000, 2.5)}))
+        p.push("customers", [(c, "eu") for c in range(100)])
+        files = _change_files(p, {"orders": 0, "customers": 0})
+        per_task = estimate(p.engine.plan, files).driver_bytes / 2
+        spark_step = choose(work(2_100, 0), driver_step_rows=0, spark_only=None,
+                            budget=Budget(0, "not used"))
+
+        def choice(limit: int, per_owner: bool = True):
+            return choose_spark_execution(spark_step, p.engine.plan, files, per_owner=per_owner,
+                                          workers=2, task_budget=lambda: Budget(limit, "test"))
+
+        fits = choice(int(per_task))
+        assert fits.per_owner and not fits.on_driver
+        assert "; per owner (W=2): 1 stateful operator(s) as one task per owner" in fits.reason
+        over = choice(int(per_task) - 1)
+        assert not over.per_owner and "as DataFrame jobs" in over.reason
+        assert "over the task budget of" in over.reason
+        assert choice(10**12, per_owner=False) == spark_step  # the setting off: unchanged
+        driver = choose(work(10, 0), driver_step_rows=None, spark_only=None,
+                        budget=Budget(GIB, "test"))
+        assert choose_spark_execution(driver, p.engine.plan, files, per_owner=True, workers=2,
+                                      task_budget=lambda: Budget(0, "test")) == driver
+
+        p.driver_step_rows = 0
+        r = p.step()  # the real step takes the same path, with the real budget
+        assert not r.on_driver and "per owner (W=2)" in r.path_reason, r.path_reason
+        assert p.view_arrow("joined").num_rows == 2_000
+
+
+def test_the_task_budget_in_local_mode_is_the_driver_budget_over_the_tasks_at_once(spark):
+    """Local tasks share this machine: the driver's budget over min(W, cores) tasks, cores
+    being the N of the session's ``local[N]``."""
+    n = spark.sparkContext.master.removeprefix("local[").removesuffix("]")
+    cores = os.cpu_count() if n == "*" else int(n)
+    for workers in (1, 2, 8):
+        b = task_budget(spark, workers, driver_memory=GIB)
+        at_once = min(workers, cores)
+        assert b.bytes == min(GIB, budget(None).bytes) // at_once
+        assert f"over {at_once} task(s) at once" in b.source
