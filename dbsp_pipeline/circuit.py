@@ -27,6 +27,8 @@ from dbsp_pipeline.zset import quote
 
 #: Primitive operators. Linear ones work on the change alone; the others keep traces.
 LINEAR_OPS = frozenset({"select", "filter", "union", "negate", "conform"})
+#: Sources inside the circuit: a ``constant`` has no inputs and the same value at every step.
+SOURCE_OPS = frozenset({"constant"})
 STATEFUL_OPS = frozenset({"distinct", "join", "aggregate", "integrate", "differentiate", "delay"})
 
 AGGREGATE_FUNCTIONS = ("count", "sum", "avg", "min", "max")
@@ -108,6 +110,23 @@ class Circuit:
         node = self._add("input", (), {"name": name, "schema": schema})
         self.inputs[name] = node.id
         self.input_schemas[name] = schema
+        return node_collection(self, node.id)
+
+    def constant(self, schema: str, rows: list[list[Any]]) -> Collection:
+        """A collection whose value is ``rows`` at every step (SQL's ``VALUES``): its change
+        is the rows at step 0 and nothing after. ``schema`` is Spark DDL; each row is a list
+        of JSON values (numbers, strings, booleans, None) in the schema's column order, checked
+        against the schema when a pipeline opens the circuit."""
+        if not isinstance(schema, str) or not schema.strip():
+            raise CircuitError("constant: schema must be a non-empty Spark DDL string")
+        if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows):
+            raise CircuitError(f"constant: rows must be a list of lists, got {rows!r}")
+        for row in rows:
+            for value in row:
+                if value is not None and not isinstance(value, (bool, int, float, str)):
+                    raise CircuitError(f"constant: value {value!r} of row {row!r} is not a "
+                                       "number, string, boolean or None")
+        node = self._add("constant", (), {"schema": schema, "rows": [list(r) for r in rows]})
         return node_collection(self, node.id)
 
     def output(self, name: str, collection: Collection) -> None:
@@ -270,6 +289,31 @@ class Collection:
             raise CircuitError(f"group_by keys repeat a column: {flat}")
         return GroupedCollection(self, flat)
 
+    def agg(self, **aggregates: str) -> Collection:
+        """Aggregates over the whole collection (SQL's aggregates without GROUP BY), e.g.
+        ``agg(n="count(*)", total="sum(amount)")``: always exactly one row, also while the
+        collection is empty, when ``count`` is 0 and ``sum``/``avg``/``min``/``max`` are NULL.
+
+        Composed of primitives: the aggregates grouped by a constant key (one group, which
+        exists while the collection has rows), plus a constant row of the empty values while
+        that group does not exist (a ``constant`` anti-joined with the group)."""
+        if not aggregates:
+            raise CircuitError("agg needs at least one aggregate, e.g. agg(n='count(*)')")
+        parsed = []
+        for name, text in aggregates.items():
+            _check_name(name, "aggregate column")
+            parsed.append(_parse_aggregate(name, text))
+        args = list(dict.fromkeys(a.arg for a in parsed if a.arg is not None))
+        key = _fresh_name("global_key", [*args, *aggregates])
+        keyed = self.select(*[quote(a) for a in args], f"0 AS {quote(key)}")
+        grouped = keyed.group_by(key).agg(**aggregates)
+        unit = self.circuit.constant(f"{quote(key)} INT", [[0]])
+        empty_values = unit.select(
+            quote(key), *[f"CAST(0 AS BIGINT) AS {quote(a.name)}" for a in parsed
+                          if a.fn == "count"])._derive("conform", (), like=grouped.node_id)
+        when_empty = empty_values.antijoin(grouped, key)
+        return grouped.union(when_empty).select(*[quote(name) for name in aggregates])
+
     def integrate(self) -> Collection:
         """DBSP integration: at step t, the sum of this collection's values at steps 0..t."""
         return self._derive("integrate")
@@ -330,6 +374,17 @@ def _parse_aggregate(name: str, text: str) -> Aggregate:
     if arg.startswith("`"):
         arg = arg[1:-1].replace("``", "`")
     return Aggregate(name, fn, arg)
+
+
+def _fresh_name(base: str, taken: list[str]) -> str:
+    """``base``, or ``base_2``, ``base_3``... the first not in ``taken`` (case-insensitively,
+    as Spark resolves names)."""
+    used = {t.lower() for t in taken}
+    name, n = base, 1
+    while name.lower() in used:
+        n += 1
+        name = f"{base}_{n}"
+    return name
 
 
 def _keys(on: str | list[str], op: str) -> list[str]:

@@ -15,6 +15,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import cast
 
+import pyarrow as pa
 import pyspark
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
@@ -27,6 +28,7 @@ from dbsp_pipeline.driver import hashing
 from dbsp_pipeline.errors import CircuitError
 from dbsp_pipeline.operators.aggregate import Aggregate
 from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContext
+from dbsp_pipeline.operators.constant import Constant, constant_table
 from dbsp_pipeline.operators.distinct import Distinct
 from dbsp_pipeline.operators.integration import Delay, Differentiate, Integrate
 from dbsp_pipeline.operators.join import Join
@@ -153,15 +155,15 @@ class Plan:
     def _schema(self, node: Node) -> StructType:
         what = _describe(node)
         if node.op == "input":
+            return self._ddl(what, node.params["schema"])
+        if node.op == "constant":
+            schema = self._ddl(what, node.params["schema"])
             try:
-                parsed = StructType.fromDDL(node.params["schema"])
-            except Exception as e:
-                raise CircuitError(f"{what}: schema '{node.params['schema']}' is not valid "
-                                   f"Spark DDL: {_first_line(e)}") from None
-            if not isinstance(parsed, StructType):  # fromDDL of one bare type
-                raise CircuitError(f"{what}: schema '{node.params['schema']}' is not a list "
-                                   "of columns")
-            return _check_columns(parsed, what)
+                constant_table(schema, node.params["rows"])
+            except (ValueError, TypeError, pa.ArrowException) as e:
+                raise CircuitError(f"{what}: its rows do not fit {schema.simpleString()}: "
+                                   f"{_first_line(e)}") from None
+            return schema
         inputs = [self.schemas[i] for i in node.inputs]
         src = inputs[0]
         if node.op == "select":
@@ -234,6 +236,17 @@ class Plan:
             *[quote(k) for k in keys]).agg(*exprs))
 
     # -- helpers ---------------------------------------------------------------------------
+    def _ddl(self, what: str, ddl: str) -> StructType:
+        """The columns of Spark DDL ``ddl`` (an input's or a constant's schema), checked."""
+        try:
+            parsed = StructType.fromDDL(ddl)
+        except Exception as e:
+            raise CircuitError(f"{what}: schema '{ddl}' is not valid Spark DDL: "
+                               f"{_first_line(e)}") from None
+        if not isinstance(parsed, StructType):  # fromDDL of one bare type
+            raise CircuitError(f"{what}: schema '{ddl}' is not a list of columns")
+        return _check_columns(parsed, what)
+
     def _empty(self, schema: StructType) -> DataFrame:
         return self.spark.createDataFrame([], schema)
 
@@ -254,6 +267,8 @@ def make_operator(node: Node, schemas: Mapping[int, StructType],
     # ``db.root``; a ``TaskStateDb`` offers those three (``storage/task_table.py``).
     state = cast(StateDatabase, db)
     schema = schemas[node.id]
+    if node.op == "constant":
+        return Constant(schema, node.params["rows"])
     src = schemas[node.inputs[0]]
     name = f"n{node.id}_{node.op}"
     p = node.params

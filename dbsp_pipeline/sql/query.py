@@ -25,19 +25,22 @@ How a SELECT becomes operators:
   declared NOT NULL (otherwise SQL's NULL rules make it differ from an anti-join);
 * ``x < (SELECT avg(y) FROM ... WHERE inner.k = outer.k)`` (any comparison, a correlated scalar
   subquery whose value is sum/avg/min/max with arithmetic) becomes a join with the subquery
-  grouped by its correlated columns, then a filter;
+  grouped by its correlated columns, then a filter; a scalar subquery that is not correlated
+  (in WHERE or HAVING) is a global aggregate, one row always, joined on a constant key;
+* a conjunct every branch of an OR in WHERE has is taken out of the OR (``(a AND b) OR (a AND
+  c)`` is ``a AND (b OR c)``), so a join key written in each branch is a join key;
 * GROUP BY projects its key expressions and the aggregates' argument expressions first, then
   aggregates (``count(*)``, ``count``, ``sum``, ``avg``, ``min``, ``max``), then HAVING filters
-  and the SELECT list is computed over keys and aggregates;
+  and the SELECT list is computed over keys and aggregates; without GROUP BY the aggregates are
+  global (``Collection.agg``: one row, also over no rows);
 * ``UNION ALL`` is the Z-set sum, ``UNION`` its ``distinct``. ``INTERSECT`` and ``EXCEPT`` (the
   set forms) count, per distinct row, on which sides it occurs (a grouping, so NULLs compare
   equal as SQL's set operations say). ``INTERSECT ALL`` and ``EXCEPT ALL`` are refused: their
   multiplicities (``min(m, n)``, ``max(m - n, 0)``) are not a sum of the inputs' and no operator
   of the circuit computes them (``minus`` would give ``m - n``, negative where ``n > m``).
 
-What needs operators the circuit does not have is refused with a ``SqlError``: aggregates
-without GROUP BY, ``DISTINCT`` aggregates, RIGHT and FULL joins, ORDER BY / LIMIT, window
-functions, scalar subqueries that are not correlated (global aggregates).
+What needs operators the circuit does not have is refused with a ``SqlError``: ``DISTINCT``
+aggregates, RIGHT and FULL joins, ORDER BY / LIMIT, window functions.
 """
 
 from __future__ import annotations
@@ -57,6 +60,15 @@ AGGREGATES: dict[type[exp.Expr], str] = {
     exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max"}
 
 Ctes = dict[str, Relation]
+
+#: the column of a scalar subquery's value (``QueryCompiler._scalar_subquery``)
+SCALAR_VALUE = "scalar_value"
+
+
+def right_keys(n: int) -> list[str]:
+    """The key columns of a scalar subquery's value: the correlated columns, or one constant
+    column when it is not correlated."""
+    return [f"key_{i}" for i in range(n)]
 
 _COMPARISONS: dict[type[exp.Expr], str] = {
     exp.EQ: "=", exp.NEQ: "<>", exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<="}
@@ -103,6 +115,7 @@ class Scope:
     outer: Scope | None = None
     collection: Collection | None = None  # every source joined (after from_where)
     columns: list[str] = field(default_factory=list)
+    ctes: Ctes = field(default_factory=dict)  # the CTEs the SELECT may read
 
 
 @dataclass(frozen=True)
@@ -264,7 +277,7 @@ class QueryCompiler:
         joins: list[exp.Join] = list(q.args.get("joins") or [])
         items: list[tuple[exp.Expr, exp.Join | None]] = [(from_.this, None)]
         items += [(j.this, j) for j in joins]
-        scope = Scope([], namer, outer)
+        scope = Scope([], namer, outer, ctes=ctes)
         kinds: list[str] = []
         for item, join in items:
             kind = self._join_kind(join)
@@ -277,7 +290,7 @@ class QueryCompiler:
         pool: list[Conjunct] = []
         predicates: list[exp.Expr] = []  # subquery predicates, applied after the joins
         where = q.args.get("where")
-        for node in _conjuncts(where.this if where else None):
+        for node in _where_conjuncts(where.this if where else None):
             self._classify(node, scope, pool, predicates, correlations)
         left_keys: dict[int, list[tuple[exp.Expr, exp.Expr]]] = {}
         for i, ((_, join), kind) in enumerate(zip(items, kinds)):
@@ -560,12 +573,50 @@ class QueryCompiler:
         scope.columns = scope.columns + on
 
     def _apply_scalar_comparison(self, node: exp.Expr, scope: Scope, ctes: Ctes) -> None:
-        """``x OP (SELECT agg(...) FROM ... WHERE inner.k = outer.k ...)`` as a WHERE conjunct:
-        the subquery grouped by its correlated columns, joined on them, then the comparison as a
-        filter. Exact because the scalar is NULL where the subquery has no row (only aggregates
-        that are NULL over no rows, and arithmetic on them, are accepted), and a comparison with
-        NULL drops the row as the missing join partner does."""
+        """``x OP (SELECT agg(...) FROM ...)`` as a WHERE conjunct: the rows joined with the
+        subquery's value (``_scalar_subquery``), then the comparison as a filter."""
+        assert scope.collection is not None
+        scope.collection, scope.columns, sides = self._compare_with_scalar(
+            node, scope.collection, scope.columns, scope, ctes,
+            lambda side: self._render(side, scope), lambda c: self._render(c.outer, scope))
+        scope.collection = scope.collection.filter(sides)
+
+    def _compare_with_scalar(self, node: exp.Expr, collection: Collection, columns: list[str],
+                             scope: Scope, ctes: Ctes, render: Callable[[exp.Expr], str],
+                             render_outer: Callable[[Correlation], str]
+                             ) -> tuple[Collection, list[str], str]:
+        """``collection`` (``columns``) joined with the value of the scalar subquery on one
+        side of comparison ``node``: the joined collection, its columns and the comparison as
+        a predicate over them (the other side rendered by ``render``)."""
         query = node.this if isinstance(node.this, exp.Subquery) else node.expression
+        if isinstance(node.this, exp.Subquery) and isinstance(node.expression, exp.Subquery):
+            raise self.error(node, "a comparison of two scalar subqueries is not supported")
+        right, correlations = self._scalar_subquery(query, scope, ctes)
+        on = [scope.namer.fresh("match_key") for _ in range(max(1, len(correlations)))]
+        value_name = scope.namer.fresh("scalar_value")
+        outer = [render_outer(c) for c in correlations] or ["0"]
+        left = collection.select(*[quote(c) for c in columns],
+                                 *[f"{e} AS {quote(n)}" for e, n in zip(outer, on)])
+        right = right.select(*[f"{quote(k)} AS {quote(n)}" for k, n in
+                               zip(right_keys(len(on)), on)],
+                             f"{quote(SCALAR_VALUE)} AS {quote(value_name)}")
+        joined = left.join(right, on)
+        sides = [quote(value_name) if side is query else f"({render(side)})"
+                 for side in (node.this, node.expression)]
+        return joined, on + columns + [value_name], \
+            f"{sides[0]} {_COMPARISONS[type(node)]} {sides[1]}"
+
+    def _scalar_subquery(self, query: exp.Expr, outer: Scope, ctes: Ctes
+                         ) -> tuple[Collection, list[Correlation]]:
+        """The value of scalar subquery ``query`` as a collection of columns ``key_0``...
+        (``right_keys``) and ``SCALAR_VALUE``, and the equalities with the enclosing query
+        (``outer``) it is correlated by.
+
+        Correlated (``WHERE inner.k = outer.k``): the subquery grouped by its correlated
+        columns; exact because the value is NULL where the subquery has no row (only
+        aggregates that are NULL over no rows, and arithmetic on them, are accepted), and a
+        comparison with NULL drops the row as the missing join partner does. Not correlated:
+        a global aggregate, one row at every step (``key_0`` is the constant 0)."""
         sub = query.this
         if not isinstance(sub, exp.Select) or sub.args.get("with_"):
             raise self.error(query, "a scalar subquery must be one SELECT")
@@ -574,41 +625,31 @@ class QueryCompiler:
                 or len(sub.expressions) != 1:
             raise self.error(query, "a scalar subquery compiles only as one aggregate without "
                              "GROUP BY, HAVING or DISTINCT")
-        sub_scope, correlations = self._from_where(sub, ctes, scope)
-        if not correlations:
-            raise self.error(query, "a scalar subquery that is not correlated is not supported",
-                             "it is a global aggregate, which needs an operator the circuit "
-                             "does not have yet")
+        sub_scope, correlations = self._from_where(sub, ctes, outer)
         item = sub.expressions[0].unalias()
-        bad = next((n for n in _own_nodes(item) if not isinstance(n, _NULL_ON_EMPTY)
-                    and not (isinstance(n, exp.Column) and n.find_ancestor(exp.AggFunc))), None)
-        if bad is not None or not _aggregates(item):
-            raise self.error(bad or item, "this scalar subquery's value is not supported",
-                             "it must be sum/avg/min/max (with arithmetic and literals), "
-                             "which is NULL when no row matches; count and coalesce are not")
-        keys = [f"key_{i}" for i in range(len(correlations))]
-        value = "scalar_value"
+        if not _aggregates(item):
+            raise self.error(item, "a scalar subquery's value must be an aggregate",
+                             "without one the subquery may have no row or many")
+        if correlations:
+            bad = next((n for n in _own_nodes(item) if not isinstance(n, _NULL_ON_EMPTY)
+                        and not (isinstance(n, exp.Column) and n.find_ancestor(exp.AggFunc))),
+                       None)
+            if bad is not None:
+                raise self.error(bad, "this correlated scalar subquery's value is not "
+                                 "supported", "it must be sum/avg/min/max (with arithmetic and "
+                                 "literals), which is NULL when no row matches; count and "
+                                 "coalesce are not")
+        keys = right_keys(len(correlations))
         synthetic = exp.Select(
             expressions=[exp.alias_(c.inner.copy(), k, quoted=True)
                          for c, k in zip(correlations, keys)]
-            + [exp.alias_(item.copy(), value, quoted=True)],
-            group=exp.Group(expressions=[c.inner.copy() for c in correlations]))
-        grouped = self._project(synthetic, sub_scope)
-        assert scope.collection is not None
-        on = [scope.namer.fresh("match_key") for _ in correlations]
-        value_name = scope.namer.fresh("scalar_value")
-        left = scope.collection.select(
-            *[quote(c) for c in scope.columns],
-            *[f"{self._render(c.outer, scope)} AS {quote(n)}" for c, n in zip(correlations, on)])
-        right = grouped.collection.select(
-            *[f"{quote(k)} AS {quote(n)}" for k, n in zip(keys, on)],
-            f"{quote(value)} AS {quote(value_name)}")
-        joined = left.join(right, on)
-        scope.columns = on + scope.columns + [value_name]
-
-        sides = [quote(value_name) if side is query else f"({self._render(side, scope)})"
-                 for side in (node.this, node.expression)]
-        scope.collection = joined.filter(f"{sides[0]} {_COMPARISONS[type(node)]} {sides[1]}")
+            + [exp.alias_(item.copy(), SCALAR_VALUE, quoted=True)],
+            group=exp.Group(expressions=[c.inner.copy() for c in correlations])
+            if correlations else None)
+        value = self._project(synthetic, sub_scope).collection
+        if not correlations:
+            value = value.select(f"0 AS {quote(right_keys(1)[0])}", quote(SCALAR_VALUE))
+        return value, correlations
 
     def _subquery_keys(self, sub: exp.Expr, outer: Scope, ctes: Ctes,
                        in_expr: exp.Expr | None
@@ -739,12 +780,6 @@ class QueryCompiler:
         aggregate_nodes = [a for _, node in items for a in _aggregates(node)]
         if having is not None:
             aggregate_nodes += _aggregates(having.this)
-        if not group_exprs:
-            raise self.error(aggregate_nodes[0] if aggregate_nodes else q,
-                             "an aggregate without GROUP BY (a global aggregate) is not "
-                             "supported",
-                             "it needs an operator that keeps the one row of an empty input "
-                             "(count(*) = 0); group by a column for now")
         by_alias = {name.lower(): node for name, node in items}
         pre: list[str] = []
         keys: dict[str, str] = {}  # rendered group expression -> key column
@@ -807,16 +842,38 @@ class QueryCompiler:
         source = scope.collection
         if computed or any(" AS " in p for p in pre):
             source = source.select(*list(dict.fromkeys(pre)))
-        grouped = source.group_by(*keys.values()).agg(**{
-            name: f"{fn}({quote(col) if col else '*'})" for name, (fn, col) in aggs.items()})
+        spec = {name: f"{fn}({quote(col) if col else '*'})" for name, (fn, col) in aggs.items()}
+        # no GROUP BY: a global aggregate, one row also over no rows (count 0, the rest NULL)
+        grouped = source.group_by(*keys.values()).agg(**spec) if keys else source.agg(**spec)
 
         def post(node: exp.Expr) -> str:
             return _rewrite(node, lambda n: self._after_grouping(n, scope, keys, calls)).sql(
                 dialect="spark")
 
         if having is not None:
-            grouped = grouped.filter(post(having.this))
+            columns = [*keys.values(), *aggs]
+            plain = []
+            for conjunct in _conjuncts(having.this):
+                if not _has_subquery(conjunct):
+                    plain.append(conjunct)
+                    continue
+                if type(conjunct) not in _COMPARISONS or not any(
+                        isinstance(side, exp.Subquery)
+                        for side in (conjunct.this, conjunct.expression)):
+                    raise self.error(conjunct, "this subquery in HAVING is not supported",
+                                     "HAVING compiles a comparison with a scalar subquery, "
+                                     "agg(...) > (SELECT agg(...) FROM ...)")
+                grouped, columns, predicate = self._compare_with_scalar(
+                    conjunct, grouped, columns, scope, scope.ctes, post,
+                    self._refuse_correlation_in_having)
+                grouped = grouped.filter(predicate)
+            if plain:
+                grouped = grouped.filter(" AND ".join(f"({post(c)})" for c in plain))
         return grouped.select(*[f"{post(node)} AS {quote(name)}" for name, node in items])
+
+    def _refuse_correlation_in_having(self, correlation: Correlation) -> str:
+        raise self.error(correlation.outer, "a correlated subquery in HAVING is not supported",
+                         "correlate it in WHERE, or join with the subquery grouped by its key")
 
     def _after_grouping(self, node: exp.Expr, scope: Scope, keys: dict[str, str],
                         calls: dict[str, str]) -> exp.Expr | None:
@@ -913,6 +970,43 @@ def _conjuncts(node: exp.Expr | None) -> list[exp.Expr]:
     if isinstance(node, exp.And):
         return _conjuncts(node.this) + _conjuncts(node.expression)
     return [node]
+
+
+def _disjuncts(node: exp.Expr) -> list[exp.Expr]:
+    if isinstance(node, exp.Paren):
+        return _disjuncts(node.this)
+    if isinstance(node, exp.Or):
+        return _disjuncts(node.this) + _disjuncts(node.expression)
+    return [node]
+
+
+def _where_conjuncts(node: exp.Expr | None) -> list[exp.Expr]:
+    """The conjuncts of a WHERE clause, with the conjuncts every branch of an OR has taken out
+    of it: ``(a AND b) OR (a AND c)`` is ``a AND (b OR c)`` (also in SQL's three-valued logic),
+    so a join key repeated in each branch is a join key, and a filter in each branch filters
+    its table first."""
+    out: list[exp.Expr] = []
+    for conjunct in _conjuncts(node):
+        branches = [_conjuncts(b) for b in _disjuncts(conjunct)]
+        if len(branches) < 2:
+            out.append(conjunct)
+            continue
+        texts = [{c.sql(dialect="spark") for c in branch} for branch in branches]
+        common = set.intersection(*texts)
+        if not common:
+            out.append(conjunct)
+            continue
+        taken: set[str] = set()
+        for c in branches[0]:
+            text = c.sql(dialect="spark")
+            if text in common and text not in taken:
+                taken.add(text)
+                out.append(c)
+        rests = [[c for c in branch if c.sql(dialect="spark") not in common]
+                 for branch in branches]
+        if all(rests):  # else a branch is just the common part: the OR adds nothing
+            out.append(exp.or_(*[exp.and_(*r) for r in rests]))  # copies keep positions
+    return out
 
 
 def _is_query(n: exp.Expr) -> bool:

@@ -51,6 +51,7 @@ def build_circuit() -> Circuit:
     c.output("q_semijoin", cu.semijoin(o, on="customer_id"))
     c.output("q_antijoin", cu.antijoin(o, on="customer_id"))
     c.output("q_agg", o.group_by("customer_id").agg(**AGGS))
+    c.output("q_global", o.agg(**AGGS))  # one row, also while orders is empty
     c.output("q_join_agg", o.filter("amount > 10").join(cu, on="customer_id")
              .group_by("region").agg(total="sum(amount)", n="count(*)", top="max(amount)"))
     per_customer = o.group_by("customer_id").agg(n="count(*)", lo="min(amount)")
@@ -91,6 +92,7 @@ def oracle(spark, orders: Counter, customers: Counter, returns: Counter) -> dict
         "q_semijoin": cu.join(o, on="customer_id", how="left_semi"),
         "q_antijoin": cu.join(o, on="customer_id", how="left_anti"),
         "q_agg": o.groupBy("customer_id").agg(*aggs),
+        "q_global": o.agg(*aggs),
         "q_join_agg": o.where("amount > 10").join(cu, on="customer_id").groupBy("region").agg(
             F.sum("amount").alias("total"), F.count(F.lit(1)).alias("n"),
             F.max("amount").alias("top")),

@@ -60,6 +60,19 @@ VIEWS = {
              "SELECT b.customer_id, max(b.amount) AS top FROM big b GROUP BY b.customer_id",
     "v_of_view": "SELECT region, total FROM v_join_agg WHERE total > 20",
     "v_distinct": "SELECT DISTINCT region FROM customers",
+    "v_global": "SELECT count(*) AS n, count(amount) AS na, sum(amount) AS s, "
+                "avg(amount) AS a, min(qty) AS lo, max(qty) + 1 AS hi1 FROM orders",
+    "v_global_empty": "SELECT count(*) AS n, sum(qty) AS s FROM orders WHERE amount > 1000",
+    "v_global_having": "SELECT sum(qty) AS s FROM orders HAVING count(*) > 12",
+    "v_scalar_global": "SELECT order_id, amount FROM orders "
+                       "WHERE amount > (SELECT avg(amount) FROM orders)",
+    "v_scalar_count": "SELECT id, region FROM customers "
+                      "WHERE id < (SELECT count(*) FROM returns WHERE reason = 'late')",
+    "v_having_scalar": "SELECT customer_id, sum(qty) AS total FROM orders GROUP BY customer_id "
+                       "HAVING sum(qty) > (SELECT 0.25 * sum(qty) FROM orders)",
+    "v_or_factored": "SELECT o.order_id, c.region FROM orders o, customers c "
+                     "WHERE (o.customer_id = c.id AND c.region = 'north') "
+                     "OR (c.id = c.id AND o.customer_id = c.id AND o.qty > 2)",
 }
 
 SCRIPT = TABLES + "".join(f"CREATE VIEW {n} AS {q};\n" for n, q in VIEWS.items())
@@ -128,7 +141,7 @@ def test_every_construct_equals_duckdb_after_every_step_on_the_driver(spark, tmp
 
 
 def test_joins_aggregates_and_subqueries_on_the_spark_path(spark, tmp_path):
-    names = ["v_left", "v_scalar"]
+    names = ["v_left", "v_scalar", "v_global", "v_having_scalar"]
     script = TABLES + "".join(f"CREATE VIEW {n} AS {VIEWS[n]};\n" for n in names)
     run_and_check(spark, str(tmp_path), script, names, driver_step_rows=0, seed=3, steps=2,
                   ops=20)
