@@ -243,6 +243,12 @@ class Collection:
         self.circuit._own(other)
         return self.union(other.negate())
 
+    def conform_to(self, other: Collection) -> Collection:
+        """This collection with ``other``'s columns, in its order and types: a column this one
+        lacks is NULL (so the two can be unioned)."""
+        self.circuit._own(other)
+        return self._derive("conform", (), like=other.node_id)
+
     # -- stateful operators ----------------------------------------------------------------
     def distinct(self) -> Collection:
         """Each row with positive multiplicity, once."""

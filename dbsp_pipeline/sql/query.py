@@ -32,15 +32,17 @@ How a SELECT becomes operators:
 * GROUP BY projects its key expressions and the aggregates' argument expressions first, then
   aggregates (``count(*)``, ``count``, ``sum``, ``avg``, ``min``, ``max``), then HAVING filters
   and the SELECT list is computed over keys and aggregates; without GROUP BY the aggregates are
-  global (``Collection.agg``: one row, also over no rows);
+  global (``Collection.agg``: one row, also over no rows). ``count/sum/avg(DISTINCT x)``: per
+  argument, a ``distinct`` of (keys, x) unioned with the rows before grouping, in a column of
+  its own (``_with_distinct_values``);
 * ``UNION ALL`` is the Z-set sum, ``UNION`` its ``distinct``. ``INTERSECT`` and ``EXCEPT`` (the
   set forms) count, per distinct row, on which sides it occurs (a grouping, so NULLs compare
   equal as SQL's set operations say). ``INTERSECT ALL`` and ``EXCEPT ALL`` are refused: their
   multiplicities (``min(m, n)``, ``max(m - n, 0)``) are not a sum of the inputs' and no operator
   of the circuit computes them (``minus`` would give ``m - n``, negative where ``n > m``).
 
-What needs operators the circuit does not have is refused with a ``SqlError``: ``DISTINCT``
-aggregates, RIGHT and FULL joins, ORDER BY / LIMIT, window functions.
+What needs operators the circuit does not have is refused with a ``SqlError``: RIGHT and FULL
+joins, ORDER BY / LIMIT, window functions.
 """
 
 from __future__ import annotations
@@ -781,7 +783,7 @@ class QueryCompiler:
         if having is not None:
             aggregate_nodes += _aggregates(having.this)
         by_alias = {name.lower(): node for name, node in items}
-        pre: list[str] = []
+        pre: dict[str, str] = {}  # column -> its expression (the select before grouping)
         keys: dict[str, str] = {}  # rendered group expression -> key column
         for g in group_exprs:
             if isinstance(g, exp.Literal) and not g.is_string:
@@ -800,48 +802,47 @@ class QueryCompiler:
                 continue
             if isinstance(g, exp.Column):
                 name = self._internal(g, scope)
-                pre.append(quote(name))
+                pre[name] = quote(name)
             else:
                 name = scope.namer.fresh("group_key")
-                pre.append(f"{rendered} AS {quote(name)}")
+                pre[name] = f"{rendered} AS {quote(name)}"
             keys[rendered] = name
         aggs: dict[str, tuple[str, str | None]] = {}  # rendered call -> (name, fn(arg) column)
         calls: dict[str, str] = {}  # rendered aggregate call -> output column
+        distinct_args: dict[str, str] = {}  # argument column -> its column of distinct values
         computed = False
         for node in aggregate_nodes:
-            fn = AGGREGATES.get(type(node))
-            if fn is None:
-                raise self.error(node, f"aggregate {node.key}() is not supported",
-                                 "the aggregates are count(*), count, sum, avg, min, max")
-            arg = node.this
-            if isinstance(arg, exp.Distinct) or node.args.get("distinct"):
-                raise self.error(node, f"{fn}(DISTINCT ...) is not supported",
-                                 "aggregate a subquery that selects DISTINCT instead, or wait "
-                                 "for the distinct-aggregate operator")
-            if _aggregates(arg) if arg is not None else False:
-                raise self.error(node, "an aggregate inside an aggregate")
-            if fn == "count" and (arg is None or isinstance(arg, exp.Star) or (
-                    isinstance(arg, exp.Literal) and not isinstance(arg, exp.Null))):
-                call, column = "count(*)", None
+            fn, arg, distinct = self._aggregate_call(node)
+            call = self._call_key(node, scope)
+            if call in calls:
+                continue
+            if arg is None:
+                column = None
             else:
                 rendered = self._render(arg, scope)
-                call = f"{fn}({rendered})"
                 if isinstance(arg, exp.Column):
                     column = self._internal(arg, scope)
-                    pre.append(quote(column))
+                    pre[column] = quote(column)
                 else:
                     column = scope.namer.fresh("agg_arg")
-                    pre.append(f"{rendered} AS {quote(column)}")
+                    pre[column] = f"{rendered} AS {quote(column)}"
                     computed = True
-            if call not in calls:
-                name = scope.namer.fresh("agg")
-                calls[call] = name
-                aggs[name] = (fn, column)
+                if distinct:
+                    column = distinct_args.setdefault(column, scope.namer.fresh("distinct_arg"))
+            name = scope.namer.fresh("agg")
+            calls[call] = name
+            aggs[name] = (fn, column)
         if not aggs:
             aggs[scope.namer.fresh("agg")] = ("count", None)
         source = scope.collection
-        if computed or any(" AS " in p for p in pre):
-            source = source.select(*list(dict.fromkeys(pre)))
+        if computed or distinct_args or any(e != quote(c) for c, e in pre.items()):
+            source = source.select(*pre.values())
+        if distinct_args:
+            source, marker = self._with_distinct_values(source, list(pre),
+                                                        list(keys.values()), distinct_args,
+                                                        scope)
+            aggs = {name: ("count", marker) if (fn, col) == ("count", None) else (fn, col)
+                    for name, (fn, col) in aggs.items()}
         spec = {name: f"{fn}({quote(col) if col else '*'})" for name, (fn, col) in aggs.items()}
         # no GROUP BY: a global aggregate, one row also over no rows (count 0, the rest NULL)
         grouped = source.group_by(*keys.values()).agg(**spec) if keys else source.agg(**spec)
@@ -871,6 +872,63 @@ class QueryCompiler:
                 grouped = grouped.filter(" AND ".join(f"({post(c)})" for c in plain))
         return grouped.select(*[f"{post(node)} AS {quote(name)}" for name, node in items])
 
+    def _aggregate_call(self, node: exp.Expr) -> tuple[str, exp.Expr | None, bool]:
+        """Aggregate call ``node`` as (function, argument, DISTINCT): the argument is None for
+        ``count(*)`` (also ``count(1)``); ``min``/``max`` of DISTINCT values are plain ones."""
+        fn = AGGREGATES.get(type(node))
+        if fn is None:
+            raise self.error(node, f"aggregate {node.key}() is not supported",
+                             "the aggregates are count(*), count, sum, avg, min, max, and "
+                             "count/sum/avg(DISTINCT x)")
+        arg = node.this
+        distinct = isinstance(arg, exp.Distinct) or bool(node.args.get("distinct"))
+        if isinstance(arg, exp.Distinct):
+            if len(arg.expressions) != 1:
+                raise self.error(node, f"{fn}(DISTINCT ...) of {len(arg.expressions)} "
+                                 "expressions is not supported",
+                                 "count the distinct rows of a subquery that selects "
+                                 "DISTINCT a, b")
+            arg = arg.expressions[0]
+        if arg is not None and _aggregates(arg):
+            raise self.error(node, "an aggregate inside an aggregate")
+        if fn == "count" and not distinct and (arg is None or isinstance(arg, exp.Star) or (
+                isinstance(arg, exp.Literal) and not isinstance(arg, exp.Null))):
+            return fn, None, False
+        if distinct and isinstance(arg, exp.Star):
+            raise self.error(node, "count(DISTINCT *) is not supported",
+                             "name the columns: count(DISTINCT x)")
+        return fn, arg, distinct and fn in ("count", "sum", "avg")
+
+    def _call_key(self, node: exp.Expr, scope: Scope) -> str:
+        """The aggregate call ``node`` as text: equal for calls of one value."""
+        fn, arg, distinct = self._aggregate_call(node)
+        if arg is None:
+            return "count(*)"
+        return f"{fn}({'DISTINCT ' if distinct else ''}{self._render(arg, scope)})"
+
+    def _with_distinct_values(self, source: Collection, columns: list[str], keys: list[str],
+                              distinct_args: dict[str, str], scope: Scope
+                              ) -> tuple[Collection, str]:
+        """``source`` (``columns``: the group keys and the aggregates' arguments) ready for
+        DISTINCT aggregates: its rows, with a marker column of 1 and the distinct-value columns
+        NULL, plus for each argument of a DISTINCT aggregate its distinct values per group (a
+        ``distinct`` of keys and argument) with every other column NULL. The plain aggregates
+        ignore the distinct rows (their arguments are NULL; ``count(*)`` becomes ``count`` of
+        the marker), and ``fn(DISTINCT x)`` is ``fn`` of x's distinct-value column, which only
+        the distinct rows have. Returns the collection and the marker column."""
+        marker = scope.namer.fresh("row_marker")
+        rows = source.select(
+            *[quote(c) for c in columns],
+            *[f"CASE WHEN false THEN {quote(arg)} END AS {quote(values)}"
+              for arg, values in distinct_args.items()],
+            f"1 AS {quote(marker)}")
+        sides = [rows]
+        for arg, values in distinct_args.items():
+            distinct = source.select(*[quote(k) for k in keys],
+                                     f"{quote(arg)} AS {quote(values)}").distinct()
+            sides.append(distinct.conform_to(rows))
+        return rows.union(*sides[1:]), marker
+
     def _refuse_correlation_in_having(self, correlation: Correlation) -> str:
         raise self.error(correlation.outer, "a correlated subquery in HAVING is not supported",
                          "correlate it in WHERE, or join with the subquery grouped by its key")
@@ -880,14 +938,7 @@ class QueryCompiler:
         """``node`` of a SELECT item or HAVING over the grouped rows: an aggregate or a group
         key becomes its column; None leaves the node (its children are visited)."""
         if type(node) in AGGREGATES:
-            fn = AGGREGATES[type(node)]
-            arg = node.this
-            if fn == "count" and (arg is None or isinstance(arg, exp.Star) or (
-                    isinstance(arg, exp.Literal) and not isinstance(arg, exp.Null))):
-                call = "count(*)"
-            else:
-                call = f"{fn}({self._render(arg, scope)})"
-            return exp.column(calls[call], quoted=True)
+            return exp.column(calls[self._call_key(node, scope)], quoted=True)
         if isinstance(node, (exp.Literal, exp.Null, exp.Boolean)) or not _own_columns(node):
             return None
         rendered = self._render(node, scope)

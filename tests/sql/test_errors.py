@@ -22,8 +22,9 @@ def refused(query: str) -> SqlError:
 
 
 @pytest.mark.parametrize("query, line, column, problem, hint", [
-    ("SELECT customer_id, count(DISTINCT amount) AS n\nFROM orders GROUP BY customer_id",
-     4, 21, "count(DISTINCT ...) is not supported", "DISTINCT"),
+    ("SELECT customer_id, count(DISTINCT amount, order_id) AS n\nFROM orders GROUP BY "
+     "customer_id", 4, 21, "count(DISTINCT ...) of 2 expressions is not supported",
+     "DISTINCT a, b"),
     ("SELECT o.order_id FROM orders o\nRIGHT JOIN customers c ON o.customer_id = c.id",
      5, 12, "RIGHT JOIN is not supported", "LEFT JOIN"),
     ("SELECT o.order_id FROM orders o FULL OUTER JOIN customers c ON o.customer_id = c.id",

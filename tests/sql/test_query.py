@@ -70,6 +70,12 @@ VIEWS = {
                       "WHERE id < (SELECT count(*) FROM returns WHERE reason = 'late')",
     "v_having_scalar": "SELECT customer_id, sum(qty) AS total FROM orders GROUP BY customer_id "
                        "HAVING sum(qty) > (SELECT 0.25 * sum(qty) FROM orders)",
+    "v_distinct_aggs": "SELECT customer_id, count(DISTINCT qty) AS dq, sum(DISTINCT amount) AS sd, "
+                       "count(*) AS n, sum(amount) AS s, avg(DISTINCT qty) AS aq, "
+                       "max(DISTINCT amount) AS hi, count(DISTINCT qty * 2) AS dq2 "
+                       "FROM orders GROUP BY customer_id",
+    "v_global_distinct": "SELECT count(DISTINCT customer_id) AS customers, count(*) AS n "
+                         "FROM orders WHERE amount > 10",
     "v_or_factored": "SELECT o.order_id, c.region FROM orders o, customers c "
                      "WHERE (o.customer_id = c.id AND c.region = 'north') "
                      "OR (c.id = c.id AND o.customer_id = c.id AND o.qty > 2)",
@@ -141,7 +147,7 @@ def test_every_construct_equals_duckdb_after_every_step_on_the_driver(spark, tmp
 
 
 def test_joins_aggregates_and_subqueries_on_the_spark_path(spark, tmp_path):
-    names = ["v_left", "v_scalar", "v_global", "v_having_scalar"]
+    names = ["v_left", "v_scalar", "v_global", "v_having_scalar", "v_distinct_aggs"]
     script = TABLES + "".join(f"CREATE VIEW {n} AS {VIEWS[n]};\n" for n in names)
     run_and_check(spark, str(tmp_path), script, names, driver_step_rows=0, seed=3, steps=2,
                   ops=20)
