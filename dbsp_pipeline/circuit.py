@@ -268,6 +268,24 @@ class Collection:
         unmatched = self.antijoin(other, keys)
         return inner.union(unmatched._derive("conform", (), like=inner.node_id))
 
+    def right_join(self, other: Collection, on: str | list[str]) -> Collection:
+        """Right outer equi-join: the inner join plus ``other``'s unmatched rows with this
+        side's columns NULL (columns as ``join``'s: keys, this side's, the other's)."""
+        keys = _keys(on, "right_join")
+        inner = self.join(other, keys)
+        unmatched = other.antijoin(self, keys)
+        return inner.union(unmatched.conform_to(inner))
+
+    def full_join(self, other: Collection, on: str | list[str]) -> Collection:
+        """Full outer equi-join: the inner join plus each side's unmatched rows with the other
+        side's columns NULL (columns as ``join``'s). A row with a NULL key matches nothing, so
+        it is an unmatched row of its side."""
+        keys = _keys(on, "full_join")
+        inner = self.join(other, keys)
+        left = self.antijoin(other, keys).conform_to(inner)
+        right = other.antijoin(self, keys).conform_to(inner)
+        return inner.union(left, right)
+
     def semijoin(self, other: Collection, on: str | list[str]) -> Collection:
         """The rows of this collection whose key has a match in ``other`` (multiplicity kept)."""
         keys = _keys(on, "semijoin")

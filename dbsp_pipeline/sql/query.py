@@ -17,8 +17,10 @@ How a SELECT becomes operators:
   with no equality between them would be a cross join, which is refused;
 * ``LEFT JOIN ... ON`` takes equalities between the two sides as keys, and conditions on its right
   side alone as a filter of the right side; anything else in its ON clause is refused (a filter
-  after a left join is not the same query). NULL keys never match (SQL equality), in inner and
-  left joins alike;
+  after a left join is not the same query). ``RIGHT JOIN`` and ``FULL JOIN`` likewise take
+  equalities as keys (a RIGHT JOIN's conditions on its left side alone filter it first). A WHERE
+  conjunct on a source an outer join pads with NULLs applies after that join. NULL keys never
+  match (SQL equality), in inner and outer joins alike;
 * ``x IN (SELECT y ...)``, ``EXISTS (...)`` and ``NOT EXISTS (...)`` as conjuncts of WHERE become
   semi- and anti-joins; a correlated subquery may refer to the outer query only in equalities of
   its WHERE clause (they become join keys). ``NOT IN`` is compiled only when both sides are
@@ -41,8 +43,8 @@ How a SELECT becomes operators:
   multiplicities (``min(m, n)``, ``max(m - n, 0)``) are not a sum of the inputs' and no operator
   of the circuit computes them (``minus`` would give ``m - n``, negative where ``n > m``).
 
-What needs operators the circuit does not have is refused with a ``SqlError``: RIGHT and FULL
-joins, ORDER BY / LIMIT, window functions.
+What needs operators the circuit does not have is refused with a ``SqlError``: ORDER BY /
+LIMIT (top-k), window functions.
 """
 
 from __future__ import annotations
@@ -103,7 +105,8 @@ class Source:
     collection: Collection
     names: list[str]
     bindings: dict[str, str]  # lower-cased user column name -> internal column name
-    null_supplied: bool = False  # the right side of a LEFT JOIN
+    null_supplied: bool = False  # padded with NULLs by an outer join
+    supplied_by: int | None = None  # the index of that join (the last, if several)
     not_null: frozenset[str] = frozenset()
     node: exp.Expr | None = None  # where it is named in the SQL
 
@@ -133,6 +136,23 @@ class Correlation:
 class Conjunct:
     node: exp.Expr
     sources: frozenset[int]
+    #: of WHERE (applies after every join, outer ones too), not of an inner join's ON
+    where: bool = True
+
+    def ready(self, members: set[int], scope: Scope) -> bool:
+        """Whether it may apply to the join of ``members``: a WHERE conjunct on a source an
+        outer join pads with NULLs waits for that join."""
+        return not self.where or all(scope.sources[i].supplied_by in (None, *members)
+                                     for i in self.sources)
+
+
+@dataclass(frozen=True)
+class OuterKeys:
+    """An outer join's ON clause: its key pairs (joined tables' expression, right side's) and
+    the conditions that filter the joined tables before a RIGHT JOIN."""
+
+    pairs: list[tuple[exp.Expr, exp.Expr]]
+    left_filters: list[exp.Expr]
 
 
 @dataclass
@@ -284,9 +304,9 @@ class QueryCompiler:
         for item, join in items:
             kind = self._join_kind(join)
             source = self._source(item, ctes, namer)
-            source.null_supplied = kind == "left"
             scope.sources.append(source)
             kinds.append(kind)
+        self._mark_null_supplied(items, kinds, scope)
 
         correlations: list[Correlation] = []
         pool: list[Conjunct] = []
@@ -294,7 +314,7 @@ class QueryCompiler:
         where = q.args.get("where")
         for node in _where_conjuncts(where.this if where else None):
             self._classify(node, scope, pool, predicates, correlations)
-        left_keys: dict[int, list[tuple[exp.Expr, exp.Expr]]] = {}
+        left_keys: dict[int, OuterKeys] = {}
         for i, ((_, join), kind) in enumerate(zip(items, kinds)):
             on = join.args.get("on") if join is not None else None
             if kind == "inner":
@@ -302,18 +322,18 @@ class QueryCompiler:
                     if _has_subquery(node):
                         raise self.error(node, "a subquery in JOIN ... ON is not supported",
                                          "move it to WHERE")
-                    self._classify(node, scope, pool, predicates, correlations)
+                    self._classify(node, scope, pool, predicates, correlations, where=False)
             else:
                 if on is None:
-                    raise self.error(join, "LEFT JOIN needs an ON condition")
-                left_keys[i] = self._left_join_keys(on, scope, i)
+                    raise self.error(join, f"{kind.upper()} JOIN needs an ON condition")
+                left_keys[i] = self._outer_join_keys(on, scope, i, kind)
 
         # conjuncts on one table (not the right side of a LEFT JOIN) filter it first
         for c in list(pool):
             if len(c.sources) == 1:
                 (i,) = c.sources
                 source = scope.sources[i]
-                if not source.null_supplied:
+                if not source.null_supplied or not c.where:
                     source.collection = source.collection.filter(self._render(c.node, scope))
                     pool.remove(c)
 
@@ -326,7 +346,7 @@ class QueryCompiler:
             state = self._join_pending(state, pending, pool, scope)
             pending = []
             assert state is not None
-            state = self._left_join(state, i, left_keys[i], scope)
+            state = self._outer_join(state, i, left_keys[i], scope, kind)
             state = self._apply_covered(state, pool, scope)
         state = self._join_pending(state, pending, pool, scope)
         assert state is not None
@@ -353,12 +373,11 @@ class QueryCompiler:
                              "write the join condition explicitly with ON")
         if not side and kind in ("", "INNER", "CROSS"):
             return "inner"
-        if side == "LEFT" and kind in ("", "OUTER"):
-            return "left"
+        if side in ("LEFT", "RIGHT", "FULL") and kind in ("", "OUTER"):
+            return side.lower()
         what = " ".join(w for w in (side, kind) if w) or "this"
         raise self.error(join, f"{what} JOIN is not supported",
-                         "only inner and LEFT joins compile for now: RIGHT and FULL outer joins "
-                         "need engine operators (swap the sides to make a RIGHT JOIN a LEFT JOIN)")
+                         "the joins are inner, LEFT, RIGHT and FULL [OUTER] JOIN ... ON")
 
     def _columns_of(self, node: exp.Expr, scope: Scope) -> tuple[set[int], bool]:
         """The FROM sources ``node``'s own columns (not its subqueries') belong to, and whether
@@ -376,13 +395,14 @@ class QueryCompiler:
         return found, outer
 
     def _classify(self, node: exp.Expr, scope: Scope, pool: list[Conjunct],
-                  predicates: list[exp.Expr], correlations: list[Correlation]) -> None:
+                  predicates: list[exp.Expr], correlations: list[Correlation],
+                  where: bool = True) -> None:
         if _has_subquery(node):
             predicates.append(node)
             return
         sources, outer = self._columns_of(node, scope)
         if not outer:
-            pool.append(Conjunct(node, frozenset(sources)))
+            pool.append(Conjunct(node, frozenset(sources), where))
             return
         if isinstance(node, exp.EQ):
             l_sources, l_outer = self._columns_of(node.this, scope)
@@ -398,18 +418,46 @@ class QueryCompiler:
                          "correlated subqueries decorrelate into semi/anti joins on equal keys "
                          "only; a non-equi correlation needs a join with an aggregate")
 
-    def _left_join_keys(self, on: exp.Expr, scope: Scope, right: int
-                        ) -> list[tuple[exp.Expr, exp.Expr]]:
+    def _mark_null_supplied(self, items: list[tuple[exp.Expr, exp.Join | None]],
+                            kinds: list[str], scope: Scope) -> None:
+        """Which sources an outer join may pad with NULLs, and by which join (``Source.
+        supplied_by``): a LEFT JOIN's right side, every source before a RIGHT JOIN, both sides
+        of a FULL JOIN. A WHERE condition on such a source filters after that join, never
+        before (it is not the same query: the padded rows would escape it)."""
+        for i, kind in enumerate(kinds):
+            if kind in ("right", "full"):
+                earlier = [join for _, join in items[1:i] if join is not None]
+                if any(not join.args.get("on") for join in earlier):
+                    raise self.error(items[i][1], f"{kind.upper()} JOIN after a comma join is "
+                                     "not supported", "write every join before it as "
+                                     "JOIN ... ON")
+            padded = {"left": [i], "right": list(range(i)),
+                      "full": list(range(i + 1))}.get(kind, [])
+            for j in padded:
+                scope.sources[j].null_supplied = True
+                scope.sources[j].supplied_by = i
+
+    def _outer_join_keys(self, on: exp.Expr, scope: Scope, right: int, kind: str
+                         ) -> OuterKeys:
+        """The keys of outer join ``kind`` with source ``right`` (pairs of the joined tables'
+        expression and the right side's), and the ON conditions on the preserved side's
+        opposite alone, which filter that side before the join: the right side's for a LEFT
+        JOIN, the joined tables' for a RIGHT JOIN, none for a FULL JOIN."""
         keys: list[tuple[exp.Expr, exp.Expr]] = []
+        left_filters: list[exp.Expr] = []
         source = scope.sources[right]
+        name = f"{kind.upper()} JOIN"
         for node in _conjuncts(on):
             if _has_subquery(node):
-                raise self.error(node, "a subquery in LEFT JOIN ... ON is not supported")
+                raise self.error(node, f"a subquery in {name} ... ON is not supported")
             sources, outer = self._columns_of(node, scope)
             if outer:
-                raise self.error(node, "a LEFT JOIN condition refers to an enclosing query")
-            if sources == {right}:  # on the right side alone: filters it before the join
+                raise self.error(node, f"a {name} condition refers to an enclosing query")
+            if sources == {right} and kind == "left":  # filters the right side first
                 source.collection = source.collection.filter(self._render(node, scope))
+                continue
+            if sources and right not in sources and kind == "right":
+                left_filters.append(node)  # filters the joined tables first
                 continue
             if isinstance(node, exp.EQ):
                 l_sources, _ = self._columns_of(node.this, scope)
@@ -422,14 +470,17 @@ class QueryCompiler:
                         and max(r_sources) < right:
                     keys.append((node.expression, node.this))
                     continue
-            raise self.error(node, "this LEFT JOIN condition is not supported",
-                             "a LEFT JOIN's ON clause may hold equalities between the two sides "
-                             "and conditions on its right side only; a condition on the left "
-                             "side or a non-equality between the sides needs an outer join "
-                             "operator with a residual condition")
+            preserved = {"left": "right side", "right": "left side",
+                         "full": "either side"}[kind]
+            raise self.error(node, f"this {name} condition is not supported",
+                             f"a {name}'s ON clause may hold equalities between the two sides"
+                             + ("" if kind == "full" else
+                                f" and conditions on its {preserved} alone")
+                             + "; other conditions need an outer join operator with a "
+                             "residual condition")
         if not keys:
-            raise self.error(on, "a LEFT JOIN needs at least one equality between its sides")
-        return keys
+            raise self.error(on, f"a {name} needs at least one equality between its sides")
+        return OuterKeys(keys, left_filters)
 
     def _join_pending(self, state: Joined | None, pending: list[int], pool: list[Conjunct],
                       scope: Scope) -> Joined | None:
@@ -463,7 +514,8 @@ class QueryCompiler:
                     ) -> list[tuple[Conjunct, exp.Expr, exp.Expr]]:
         keys = []
         for c in pool:
-            if not isinstance(c.node, exp.EQ) or right not in c.sources:
+            if not isinstance(c.node, exp.EQ) or right not in c.sources \
+                    or not c.ready(state.members | {right}, scope):
                 continue
             l_sources, _ = self._columns_of(c.node.this, scope)
             r_sources, _ = self._columns_of(c.node.expression, scope)
@@ -513,23 +565,30 @@ class QueryCompiler:
             + [c for c in right_columns if c not in on]
         return Joined(joined, columns, state.members | {right})
 
-    def _left_join(self, state: Joined, right: int,
-                   keys: list[tuple[exp.Expr, exp.Expr]], scope: Scope) -> Joined:
+    def _outer_join(self, state: Joined, right: int, keys: OuterKeys, scope: Scope,
+                    kind: str) -> Joined:
         source = scope.sources[right]
         right_columns = [source.bindings[n.lower()] for n in source.names]
-        on = [scope.namer.fresh("join_key") for _ in keys]
-        left_c = state.collection.select(
+        on = [scope.namer.fresh("join_key") for _ in keys.pairs]
+        left = state.collection
+        if keys.left_filters:
+            left = left.filter(" AND ".join(f"({self._render(n, scope)})"
+                                            for n in keys.left_filters))
+        left_c = left.select(
             *[quote(c) for c in state.columns],
-            *[f"{self._render(left, scope)} AS {quote(n)}" for (left, _), n in zip(keys, on)])
+            *[f"{self._render(lk, scope)} AS {quote(n)}" for (lk, _), n in zip(keys.pairs, on)])
         right_c = source.collection.select(
             *[quote(c) for c in right_columns],
-            *[f"{self._render(r, scope)} AS {quote(n)}" for (_, r), n in zip(keys, on)])
-        joined = left_c.left_join(right_c, on=on)
-        return Joined(joined, on + state.columns + right_columns, state.members | {right})
+            *[f"{self._render(r, scope)} AS {quote(n)}" for (_, r), n in zip(keys.pairs, on)])
+        join = {"left": left_c.left_join, "right": left_c.right_join,
+                "full": left_c.full_join}[kind]
+        return Joined(join(right_c, on=on), on + state.columns + right_columns,
+                      state.members | {right})
 
     def _apply_covered(self, state: Joined, pool: list[Conjunct], scope: Scope) -> Joined:
         """Filter by the conjuncts on tables joined so far (the earlier, the smaller)."""
-        covered = [c for c in pool if c.sources and c.sources <= state.members]
+        covered = [c for c in pool if c.sources and c.sources <= state.members
+                   and c.ready(state.members, scope)]
         if not covered:
             return state
         for c in covered:

@@ -25,10 +25,12 @@ def refused(query: str) -> SqlError:
     ("SELECT customer_id, count(DISTINCT amount, order_id) AS n\nFROM orders GROUP BY "
      "customer_id", 4, 21, "count(DISTINCT ...) of 2 expressions is not supported",
      "DISTINCT a, b"),
-    ("SELECT o.order_id FROM orders o\nRIGHT JOIN customers c ON o.customer_id = c.id",
-     5, 12, "RIGHT JOIN is not supported", "LEFT JOIN"),
-    ("SELECT o.order_id FROM orders o FULL OUTER JOIN customers c ON o.customer_id = c.id",
-     4, 49, "FULL OUTER JOIN is not supported", "outer joins"),
+    ("SELECT o.order_id FROM orders o\nFULL JOIN customers c ON o.customer_id = c.id "
+     "AND c.region = 'x'", 5, 51, "this FULL JOIN condition is not supported", "residual"),
+    ("SELECT o.order_id FROM orders o, customers c\nRIGHT JOIN orders p ON p.order_id = c.id",
+     5, 12, "RIGHT JOIN after a comma join is not supported", "JOIN ... ON"),
+    ("SELECT o.order_id FROM orders o\nRIGHT JOIN customers c ON o.customer_id = c.id "
+     "AND c.region = 'x'", 5, 52, "this RIGHT JOIN condition is not supported", "left side"),
     ("SELECT order_id FROM orders\nORDER BY amount DESC LIMIT 3", 5, 10,
      "ORDER BY is not supported", "top-k"),
     ("SELECT order_id, row_number() OVER (PARTITION BY customer_id ORDER BY amount) AS r "

@@ -38,6 +38,18 @@ VIEWS = {
                        "ON o.qty + 1 = c.id",
     "v_left": "SELECT o.order_id, c.region, c.id FROM orders o LEFT JOIN customers c "
               "ON o.customer_id = c.id AND c.region <> 'east'",
+    "v_right": "SELECT o.order_id, c.region, c.id FROM orders o RIGHT JOIN customers c "
+               "ON o.customer_id = c.id AND o.amount > 5",
+    "v_full": "SELECT o.order_id, o.customer_id, c.id, c.region FROM orders o "
+              "FULL OUTER JOIN customers c ON o.customer_id = c.id",
+    "v_right_where": "SELECT c.id, o.qty FROM orders o RIGHT JOIN customers c "
+                     "ON o.customer_id = c.id WHERE o.qty IS NULL OR o.qty > 1",
+    "v_join_then_right": "SELECT o.order_id, r.reason, c.region FROM orders o JOIN returns r "
+                         "ON o.order_id = r.order_id AND r.reason = 'late' "
+                         "RIGHT JOIN customers c ON o.customer_id = c.id "
+                         "WHERE r.reason IS NULL OR o.qty > 1",
+    "v_full_agg": "SELECT c.region, count(o.order_id) AS n, count(*) AS rows FROM orders o "
+                  "FULL JOIN customers c ON o.customer_id = c.id GROUP BY c.region",
     "v_join_agg": "SELECT c.region, count(*) AS n, sum(o.amount) AS total FROM orders o "
                   "JOIN customers c ON o.customer_id = c.id GROUP BY c.region",
     "v_union_all": "SELECT customer_id AS k FROM orders UNION ALL SELECT id FROM customers",
@@ -147,7 +159,7 @@ def test_every_construct_equals_duckdb_after_every_step_on_the_driver(spark, tmp
 
 
 def test_joins_aggregates_and_subqueries_on_the_spark_path(spark, tmp_path):
-    names = ["v_left", "v_scalar", "v_global", "v_having_scalar", "v_distinct_aggs"]
+    names = ["v_left", "v_scalar", "v_global", "v_having_scalar", "v_distinct_aggs", "v_full"]
     script = TABLES + "".join(f"CREATE VIEW {n} AS {VIEWS[n]};\n" for n in names)
     run_and_check(spark, str(tmp_path), script, names, driver_step_rows=0, seed=3, steps=2,
                   ops=20)
