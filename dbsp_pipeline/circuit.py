@@ -29,13 +29,18 @@ from dbsp_pipeline.zset import quote
 LINEAR_OPS = frozenset({"select", "filter", "union", "negate", "conform"})
 #: Sources inside the circuit: a ``constant`` has no inputs and the same value at every step.
 SOURCE_OPS = frozenset({"constant"})
-STATEFUL_OPS = frozenset({"distinct", "join", "aggregate", "integrate", "differentiate", "delay"})
+STATEFUL_OPS = frozenset({"distinct", "join", "aggregate", "top_k", "integrate", "differentiate",
+                          "delay"})
 
 AGGREGATE_FUNCTIONS = ("count", "sum", "avg", "min", "max")
 #: ``fn(arg)``: arg is ``*``, a plain name, or a backticked name (a backtick inside doubled, as
 #: in Spark SQL). Used with ``fullmatch`` (``$`` would accept a final newline).
 _AGG_RE = re.compile(
     r"\s*(?P<fn>[A-Za-z]+)\s*\(\s*(?P<arg>\*|[A-Za-z][A-Za-z0-9_]*|`(?:[^`]|``)+`)\s*\)\s*")
+#: one ORDER BY key of ``top_k``: a column (plain or backticked), a direction, where NULLs go
+_ORDER_RE = re.compile(
+    r"\s*(?P<col>[A-Za-z][A-Za-z0-9_]*|`(?:[^`]|``)+`)(?:\s+(?P<dir>ASC|DESC))?"
+    r"(?:\s+NULLS\s+(?P<nulls>FIRST|LAST))?\s*", re.IGNORECASE)
 #: circuit, input, output and aggregate names (input and output names also name folders)
 _NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
@@ -298,6 +303,34 @@ class Collection:
         so rows with a NULL key are kept)."""
         keys = _keys(on, "antijoin")
         return self.minus(self.semijoin(other, keys))
+
+    def top_k(self, k: int, order_by: list[str], partition_by: list[str] | None = None
+              ) -> Collection:
+        """The first ``k`` rows in ``order_by`` order (SQL's ``ORDER BY ... LIMIT k``), per
+        partition of the ``partition_by`` columns if given (``ROW_NUMBER() OVER (PARTITION BY
+        ... ORDER BY ...) <= k``). ``order_by`` items are ``"col"``, ``"col DESC"``, ``"col ASC
+        NULLS LAST"`` (NULLs come first ascending and last descending unless said, as in Spark).
+        A row of multiplicity m takes m places; rows that tie on ``order_by`` are ordered by all
+        their columns, so the result never depends on how the input arrived."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise CircuitError(f"top_k: k must be a positive integer, got {k!r}")
+        if not isinstance(order_by, list) or not order_by:
+            raise CircuitError("top_k: order_by must list one or more columns, e.g. "
+                               "['revenue DESC']")
+        order = []
+        for item in order_by:
+            m = _ORDER_RE.fullmatch(item) if isinstance(item, str) else None
+            if m is None:
+                raise CircuitError(f"top_k: order_by item {item!r} is not 'column [ASC|DESC] "
+                                   "[NULLS FIRST|LAST]'")
+            col = m["col"]
+            if col.startswith("`"):
+                col = col[1:-1].replace("``", "`")
+            nulls = m["nulls"]
+            order.append({"column": col, "descending": (m["dir"] or "").upper() == "DESC",
+                          "nulls_first": None if nulls is None else nulls.upper() == "FIRST"})
+        partition = [] if partition_by is None else _keys(partition_by, "top_k partition_by")
+        return self._derive("top_k", k=k, order=order, partition=partition)
 
     def group_by(self, *keys: str) -> GroupedCollection:
         """Group by the named columns; finish with ``.agg(name="fn(col)", ...)``."""

@@ -70,6 +70,7 @@ from dbsp_pipeline.operators.aggregate import Aggregate
 from dbsp_pipeline.operators.distinct import Distinct
 from dbsp_pipeline.operators.integration import Delay, Integrate
 from dbsp_pipeline.operators.join import Join
+from dbsp_pipeline.operators.top_k import TopK
 from dbsp_pipeline.runtime.owner_exec import memory_bytes
 from dbsp_pipeline.runtime.plan import Plan
 from dbsp_pipeline.spark_session import conf_value, task_slots
@@ -250,6 +251,9 @@ def _operator_work(operator: object, ins: list[int]) -> tuple[int, list[tuple[Tr
             n = values.rows()
             looked_up.append((values, min(n, int(d * _fanout(n, groups)))))
         return 2 * d, looked_up, sum(t.rows() for t in operator.traces())
+    if isinstance(operator, TopK):  # reads the touched partitions: at most the whole trace
+        n = operator.trace.rows()
+        return 2 * d, [(operator.trace, n)], n
     if isinstance(operator, Distinct):
         n = operator.trace.rows()
         return d, [(operator.trace, min(n, d))], n

@@ -33,6 +33,7 @@ from dbsp_pipeline.operators.distinct import Distinct
 from dbsp_pipeline.operators.integration import Delay, Differentiate, Integrate
 from dbsp_pipeline.operators.join import Join
 from dbsp_pipeline.operators.linear import Conform, Filter, Negate, Select, Union
+from dbsp_pipeline.operators.top_k import OrderKey, TopK
 from dbsp_pipeline.runtime.owner_exec import owner_stage
 from dbsp_pipeline.spark_session import LazySession
 from dbsp_pipeline.storage.small_files import read_text, write_atomically
@@ -134,6 +135,8 @@ class Plan:
                 if not (isinstance(operator, Aggregate) and operator.runs_on_driver):
                     return f"{_describe(node)} (a sum of decimals)"
                 keys = [schema[k].dataType for k in node.params["keys"]]
+            elif node.op == "top_k":
+                keys = [schema[k].dataType for k in node.params["partition"]]
             elif node.op in ("distinct", "integrate", "delay", "differentiate"):
                 keys = [f.dataType for f in schema.fields]
             else:
@@ -189,6 +192,13 @@ class Plan:
             return self._join_schema(what, node.params["on"], inputs[0], inputs[1])
         if node.op == "aggregate":
             return self._aggregate_schema(what, node, src)
+        if node.op == "top_k":
+            named = [o["column"] for o in node.params["order"]] + node.params["partition"]
+            missing = [c for c in named if c not in src.fieldNames()]
+            if missing:
+                raise CircuitError(f"{what}: column(s) {missing} not in "
+                                   f"({', '.join(src.fieldNames())})")
+            return src
         # negate, distinct, integrate, differentiate, delay keep the schema
         return src
 
@@ -288,6 +298,9 @@ def make_operator(node: Node, schemas: Mapping[int, StructType],
         return Join(state, name, p["on"], src, schemas[node.inputs[1]], schema)
     if node.op == "aggregate":
         return Aggregate(state, name, p["keys"], p["aggregates"], src, schema)
+    if node.op == "top_k":
+        return TopK(state, name, p["partition"], [OrderKey.of(o) for o in p["order"]], p["k"],
+                    schema)
     if node.op == "integrate":
         return Integrate(state, name, schema)
     if node.op == "delay":

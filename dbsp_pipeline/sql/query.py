@@ -43,8 +43,10 @@ How a SELECT becomes operators:
   multiplicities (``min(m, n)``, ``max(m - n, 0)``) are not a sum of the inputs' and no operator
   of the circuit computes them (``minus`` would give ``m - n``, negative where ``n > m``).
 
-What needs operators the circuit does not have is refused with a ``SqlError``: ORDER BY /
-LIMIT (top-k), window functions.
+* ``ORDER BY ... LIMIT k`` of a SELECT is ``top_k`` over its result, ordered by its columns.
+
+What needs operators the circuit does not have is refused with a ``SqlError``: ORDER BY without
+LIMIT, window functions.
 """
 
 from __future__ import annotations
@@ -182,10 +184,11 @@ class QueryCompiler:
         if isinstance(q, exp.SetOperation):
             return self._set_operation(q, ctes)
         if isinstance(q, exp.Select):
-            self._refuse_modifiers(q)
+            self._refuse_modifiers(q, top_k=True)
             scope, correlations = self._from_where(q, ctes, None)
             assert not correlations  # no outer scope to correlate with
-            return self._project(q, scope)
+            relation = self._project(q, scope)
+            return self._top_k(q, relation) if q.args.get("limit") else relation
         raise self.error(q, f"{type(q).__name__} is not a query",
                          "a view is one SELECT (with UNION/INTERSECT/EXCEPT, WITH, subqueries)")
 
@@ -203,17 +206,53 @@ class QueryCompiler:
             scoped[cte.alias.lower()] = relation
         return scoped
 
-    def _refuse_modifiers(self, q: exp.Expr) -> None:
+    def _top_k(self, q: exp.Select, relation: Relation) -> Relation:
+        """``ORDER BY ... LIMIT k`` of a SELECT: ``top_k`` over its result. The ORDER BY keys
+        must be columns of the result (by name or position); rows that tie on them are ordered
+        by all their columns, so the view does not depend on the order input arrived in."""
+        limit = q.args["limit"]
+        value = limit.expression
+        if not (isinstance(value, exp.Literal) and not value.is_string
+                and value.this.isdigit() and int(value.this) > 0):
+            raise self.error(limit, "LIMIT takes a positive integer literal")
+        order = q.args.get("order")
+        if order is None:
+            raise self.error(limit, "LIMIT without ORDER BY is not supported",
+                             "it picks arbitrary rows; add ORDER BY to say which")
+        by_name = {c.lower(): c for c in relation.columns}
+        keys = []
+        for item in order.expressions:
+            e = item.this
+            if isinstance(e, exp.Literal) and not e.is_string and e.this.isdigit() \
+                    and 1 <= int(e.this) <= len(relation.columns):
+                column = relation.columns[int(e.this) - 1]
+            elif isinstance(e, exp.Column) and e.name.lower() in by_name:
+                column = by_name[e.name.lower()]
+            else:
+                raise self.error(item, "ORDER BY of a top-k orders by the view's columns only",
+                                 "add the expression to the SELECT list with AS name and order "
+                                 "by that name")
+            nulls = item.args.get("nulls_first")
+            keys.append(f"{quote(column)} {'DESC' if item.args.get('desc') else 'ASC'}"
+                        + ("" if nulls is None else
+                           f" NULLS {'FIRST' if nulls else 'LAST'}"))
+        return Relation(relation.collection.top_k(int(value.this), keys), relation.columns,
+                        relation.not_null)
+
+    def _refuse_modifiers(self, q: exp.Expr, top_k: bool = False) -> None:
+        """Refuse the clauses a view cannot have; with ``top_k``, ORDER BY with LIMIT is
+        allowed (``_top_k`` compiles it)."""
+        allowed = ("order", "limit") if top_k and q.args.get("limit") else ()
         for arg, what in (("order", "ORDER BY"), ("limit", "LIMIT"), ("offset", "OFFSET"),
                           ("qualify", "QUALIFY"), ("laterals", "LATERAL VIEW"),
                           ("pivots", "PIVOT"), ("windows", "WINDOW")):
             value = q.args.get(arg)
-            if value:
+            if value and arg not in allowed:
                 node = value[0] if isinstance(value, list) else value
                 raise self.error(node, f"{what} is not supported in a view",
-                                 "a view is an unordered multiset; top-k (ORDER BY ... LIMIT) "
-                                 "needs an operator the circuit does not have yet: drop the "
-                                 "clause and order or limit when reading the view")
+                                 "a view is an unordered multiset: drop the clause and order "
+                                 "when reading the view; ORDER BY with LIMIT (a top-k) compiles "
+                                 "on a SELECT's result")
 
     def _set_operation(self, q: exp.SetOperation, ctes: Ctes) -> Relation:
         self._refuse_modifiers(q)

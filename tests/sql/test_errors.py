@@ -32,7 +32,10 @@ def refused(query: str) -> SqlError:
     ("SELECT o.order_id FROM orders o\nRIGHT JOIN customers c ON o.customer_id = c.id "
      "AND c.region = 'x'", 5, 52, "this RIGHT JOIN condition is not supported", "left side"),
     ("SELECT order_id FROM orders\nORDER BY amount DESC LIMIT 3", 5, 10,
-     "ORDER BY is not supported", "top-k"),
+     "ORDER BY of a top-k orders by the view's columns only", "SELECT list"),
+    ("SELECT order_id FROM orders\nLIMIT 3", 5, 7, "LIMIT without ORDER BY", "ORDER BY"),
+    ("SELECT order_id FROM orders\nORDER BY order_id", 5, 10, "ORDER BY is not supported",
+     "top-k"),
     ("SELECT order_id, row_number() OVER (PARTITION BY customer_id ORDER BY amount) AS r "
      "FROM orders", 4, 18, "window functions are not supported", "OVER"),
     ("SELECT customer_id FROM orders INTERSECT ALL SELECT id FROM customers", 4, 8,

@@ -88,6 +88,12 @@ VIEWS = {
                        "FROM orders GROUP BY customer_id",
     "v_global_distinct": "SELECT count(DISTINCT customer_id) AS customers, count(*) AS n "
                          "FROM orders WHERE amount > 10",
+    "v_top": "SELECT order_id, customer_id, amount FROM orders "
+             "ORDER BY amount DESC, order_id, customer_id LIMIT 4",
+    "v_top_agg": "SELECT customer_id, sum(qty) AS total FROM orders GROUP BY customer_id "
+                 "ORDER BY 2 DESC NULLS LAST, customer_id LIMIT 2",
+    "v_top_in_from": "SELECT t.region, t.id FROM (SELECT id, region FROM customers "
+                     "ORDER BY id ASC NULLS LAST, region LIMIT 3) t WHERE t.id > 1",
     "v_or_factored": "SELECT o.order_id, c.region FROM orders o, customers c "
                      "WHERE (o.customer_id = c.id AND c.region = 'north') "
                      "OR (c.id = c.id AND o.customer_id = c.id AND o.qty > 2)",
@@ -159,7 +165,8 @@ def test_every_construct_equals_duckdb_after_every_step_on_the_driver(spark, tmp
 
 
 def test_joins_aggregates_and_subqueries_on_the_spark_path(spark, tmp_path):
-    names = ["v_left", "v_scalar", "v_global", "v_having_scalar", "v_distinct_aggs", "v_full"]
+    names = ["v_left", "v_scalar", "v_global", "v_having_scalar", "v_distinct_aggs", "v_full",
+             "v_top"]
     script = TABLES + "".join(f"CREATE VIEW {n} AS {VIEWS[n]};\n" for n in names)
     run_and_check(spark, str(tmp_path), script, names, driver_step_rows=0, seed=3, steps=2,
                   ops=20)

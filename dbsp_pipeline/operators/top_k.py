@@ -1,0 +1,159 @@
+"""Top-k per partition, incrementally: ``ORDER BY ... LIMIT k`` (one partition) and
+``ROW_NUMBER() OVER (PARTITION BY p ORDER BY ...) <= k``.
+
+The trace integrates the input, keyed (and sharded) by the partition columns. For the partitions
+a change touches, a step reads their rows from the trace (only the files whose shard range
+holds a touched partition), ranks them before and after the change and emits the new top k minus
+the old one. A row of multiplicity m takes m places; a row straddling place k keeps the places
+left. Rows that tie on the order keys are ranked by all their columns (ascending, NULLs first),
+so the result is a function of the input whatever the path, the file layout or the replay.
+
+Work per step follows the size of the touched partitions, not the input: a top-k over the whole
+input (one partition) reads it all when it changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from dbsp_pipeline.driver.sql import conform, ident, idents
+from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContext
+from dbsp_pipeline.operators.lookup import touched_shards
+from dbsp_pipeline.storage.state_db import StateDatabase
+from dbsp_pipeline.storage.trace import Trace
+from dbsp_pipeline.zset import WEIGHT, quote
+
+
+@dataclass(frozen=True)
+class OrderKey:
+    """One ORDER BY key: a column, its direction and where its NULLs go."""
+
+    column: str
+    descending: bool = False
+    nulls_first: bool | None = None  # None: Spark's default (first ascending, last descending)
+
+    @property
+    def nulls_go_first(self) -> bool:
+        return (not self.descending) if self.nulls_first is None else self.nulls_first
+
+    def describe(self) -> dict[str, Any]:
+        return {"column": self.column, "descending": self.descending,
+                "nulls_first": self.nulls_first}
+
+    @classmethod
+    def of(cls, d: dict[str, Any]) -> OrderKey:
+        return cls(d["column"], bool(d["descending"]), d["nulls_first"])
+
+
+class TopK(Operator):
+    def __init__(self, db: StateDatabase, name: str, partition: Sequence[str],
+                 order: Sequence[OrderKey], k: int, schema: StructType) -> None:
+        self.schema = schema
+        self.columns = schema.fieldNames()
+        self.partition = list(partition)
+        self.order = list(order)
+        self.k = k
+        self.trace = Trace(db, name, schema, self.partition)
+
+    # -- the ranking, in DuckDB and in Spark -----------------------------------------------
+    def _order_sql(self) -> str:
+        keys = [f"{ident(o.column)} {'DESC' if o.descending else 'ASC'} NULLS "
+                f"{'FIRST' if o.nulls_go_first else 'LAST'}" for o in self.order]
+        keys += [f"{ident(c)} ASC NULLS FIRST" for c in self.columns]
+        return ", ".join(keys)
+
+    def _order_spark(self) -> list[Column]:
+        keys = []
+        for o in self.order:
+            c = F.col(quote(o.column))
+            if o.descending:
+                keys.append(c.desc_nulls_first() if o.nulls_go_first else c.desc_nulls_last())
+            else:
+                keys.append(c.asc_nulls_first() if o.nulls_go_first else c.asc_nulls_last())
+        return keys + [F.col(quote(c)).asc_nulls_first() for c in self.columns]
+
+    def _top_sql(self, rows: str) -> str:
+        """The top k of each partition of ``rows`` (a consolidated relation), as SQL."""
+        w = ident(WEIGHT)
+        part = f"PARTITION BY {idents(self.partition)}" if self.partition else ""
+        return f"""SELECT {idents(self.columns)}, least({w}, {self.k} - _before) AS {w} FROM (
+                       SELECT *, coalesce(sum({w}) OVER ({part} ORDER BY {self._order_sql()}
+                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS _before
+                       FROM {rows}) WHERE _before < {self.k}"""
+
+    def _top_spark(self, rows: DataFrame) -> DataFrame:
+        window = (Window.partitionBy(*[quote(p) for p in self.partition])
+                  .orderBy(*self._order_spark())
+                  .rowsBetween(Window.unboundedPreceding, -1))
+        ranked = rows.withColumn("_before", F.coalesce(F.sum(WEIGHT).over(window), F.lit(0)))
+        return ranked.where(F.col("_before") < self.k).select(
+            *[quote(c) for c in self.columns],
+            F.least(F.col(WEIGHT), F.lit(self.k) - F.col("_before")).cast("long").alias(WEIGHT))
+
+    # -- steps -----------------------------------------------------------------------------
+    def step_local(self, ctx: StepContext, changes: Sequence[LocalDelta]) -> LocalDelta:
+        (d,) = changes
+        if d is None:
+            return None
+        old_files = self.trace.files()
+        new = self.trace.append_arrow(ctx.local, d)
+        if new is None:
+            return None
+        old = (self.trace.lookup_arrow(ctx.local, new, old_files) if self.partition
+               else self.trace.read_arrow(old_files))  # one partition: every row
+        cols, w = idents(self.columns), ident(WEIGHT)
+        out = ctx.local.query(f"""
+            WITH o AS (SELECT {cols}, sum({w}) AS {w} FROM old GROUP BY ALL
+                       HAVING sum({w}) > 0),
+                 a AS (SELECT {cols}, sum({w}) AS {w} FROM (
+                           SELECT {cols}, {w} FROM old UNION ALL SELECT {cols}, {w} FROM n)
+                       GROUP BY ALL HAVING sum({w}) > 0),
+                 t AS ({self._top_sql('a')}
+                       UNION ALL SELECT {cols}, -{w} FROM ({self._top_sql('o')}))
+            SELECT {cols}, sum({w}) AS {w} FROM t GROUP BY ALL HAVING sum({w}) <> 0""",
+            n=new, old=old)
+        return conform(out, self.schema)
+
+    def step(self, ctx: StepContext, changes: Sequence[Delta]) -> Delta:
+        (d,) = changes
+        if d is None:
+            return None
+        old_files = self.trace.files()
+        new_files = self.trace.append(d)
+        if not new_files:
+            return None
+        change = self.trace.read(new_files)
+        lookup = [f for f in self.trace.files_for_shards(touched_shards(change))
+                  if f in set(old_files)] if old_files else []
+        touched = change.select(*[quote(p) for p in self.partition]).distinct()
+        old = self.trace.read(lookup)
+        if self.partition:
+            renamed = [f"_p{i}" for i in range(len(self.partition))]
+            keys = F.broadcast(touched.select(*[F.col(quote(p)).alias(r)
+                                                for p, r in zip(self.partition, renamed)]))
+            cond = None
+            for p, r in zip(self.partition, renamed):
+                term = F.col(quote(p)).eqNullSafe(F.col(r))
+                cond = term if cond is None else cond & term
+            old = old.join(keys, cond, "left_semi")
+        cols = [quote(c) for c in self.columns]
+        old_rows = old.select(*cols, WEIGHT)
+        before = old_rows.groupBy(*cols).agg(F.sum(WEIGHT).alias(WEIGHT)).where(
+            F.col(WEIGHT) > 0)
+        after = old_rows.unionByName(change.select(*cols, WEIGHT)).groupBy(*cols).agg(
+            F.sum(WEIGHT).alias(WEIGHT)).where(F.col(WEIGHT) > 0)
+        old_top = self._top_spark(before)
+        new_top = self._top_spark(after)
+        out = new_top.unionByName(old_top.select(*cols, (-F.col(WEIGHT)).alias(WEIGHT)))
+        return out.groupBy(*cols).agg(F.sum(WEIGHT).alias(WEIGHT)).where(F.col(WEIGHT) != 0)
+
+    def traces(self) -> list[Trace]:
+        return [self.trace]
+
+

@@ -1,0 +1,95 @@
+"""Top-k (``Collection.top_k``) against a from-scratch ranking in Python, after every step of
+random inserts and deletes (NULLs in order keys and partitions, rows of multiplicity above one,
+ties broken by all columns), on both engine paths; and the declaration's checks."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from dbsp_pipeline import Circuit, Pipeline, check_views
+from dbsp_pipeline.errors import CircuitError
+from tests.conftest import view_counter
+
+ENGINES = pytest.mark.parametrize("driver_step_rows", [0, 10**9], ids=["spark", "driver"])
+SCHEMA = "g BIGINT, id BIGINT, v DOUBLE, s STRING"
+
+
+def _asc_nulls_first(value: object) -> tuple:
+    return (value is not None, value if value is not None else 0)
+
+
+def expected(bag: Counter, k: int, partition: bool, descending: bool,
+             nulls_first: bool) -> Counter:
+    """The top ``k`` rows of ``bag`` by ``v`` (then every column ascending, NULLs first), per
+    ``g`` when ``partition``."""
+    def key(row: tuple) -> tuple:
+        v = row[2]
+        if v is None:
+            first = (0,) if nulls_first else (2,)
+        else:
+            first = (1, -v if descending else v)
+        return (first, *[_asc_nulls_first(c) for c in row])
+
+    groups: dict[object, list[tuple]] = {}
+    for row, m in bag.items():
+        groups.setdefault(row[0] if partition else None, []).extend([row] * m)
+    out: Counter = Counter()
+    for rows in groups.values():
+        for row in sorted(rows, key=key)[:k]:
+            out[row] += 1
+    return out
+
+
+def _circuit() -> Circuit:
+    c = Circuit("top")
+    rows = c.input("rows", SCHEMA)
+    c.output("top3", rows.top_k(3, ["v DESC"]))                      # NULLs last
+    c.output("low2_by_g", rows.top_k(2, ["v"], partition_by=["g"]))  # NULLs first
+    c.output("top2_nulls_first", rows.top_k(2, ["`v` DESC NULLS FIRST"]))
+    return c
+
+
+VIEWS = {"top3": (3, False, True, False), "low2_by_g": (2, True, False, True),
+         "top2_nulls_first": (2, False, True, True)}
+
+
+@ENGINES
+def test_top_k_equals_a_ranking_from_scratch_after_every_step(spark, tmp_path, driver_step_rows):
+    rng = random.Random(4)
+    bag: Counter = Counter()
+    with Pipeline(_circuit(), str(tmp_path), spark, driver_step_rows=driver_step_rows) as p:
+        for step in range(5):
+            inserts = [(rng.choice([None, 1, 2]), rng.randint(1, 4),
+                        rng.choice([None, 1.0, 2.0, 3.0, -0.5]), rng.choice(["a", "b", None]))
+                       for _ in range(10)]
+            live = sorted(bag.elements(), key=repr)
+            deletes = rng.sample(live, min(len(live), 5)) if step else []
+            p.push("rows", inserts)
+            if deletes:
+                p.push("rows", deletes, weight=-1)
+            bag.update(inserts)
+            bag.subtract(deletes)
+            bag = +bag
+            assert p.step().on_driver == bool(driver_step_rows)
+            for name, (k, partition, descending, nulls_first) in VIEWS.items():
+                want = expected(bag, k, partition, descending, nulls_first)
+                assert view_counter(p.view(name)) == want, (step, name)
+        assert all(c.equal and c.nonpositive == 0 for c in check_views(p).values())
+
+
+def test_declaring_a_top_k_checks_its_arguments(spark, tmp_path):
+    c = Circuit("c")
+    rows = c.input("rows", SCHEMA)
+    for k in (0, -1, 2.5, True):
+        with pytest.raises(CircuitError, match="positive integer"):
+            rows.top_k(k, ["v"])  # type: ignore[arg-type]
+    with pytest.raises(CircuitError, match="one or more columns"):
+        rows.top_k(3, [])
+    with pytest.raises(CircuitError, match="is not 'column"):
+        rows.top_k(3, ["v + 1"])
+    c.output("bad", rows.top_k(3, ["nope DESC"]))
+    with pytest.raises(CircuitError, match=r"\['nope'\] not in"):
+        Pipeline(c, str(tmp_path), spark)
