@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: setup lint demo demo-engine ui test bench bench-recovery bench-console bench-kafka bench-rescale bench-open bench-lookup clean
+.PHONY: setup lint demo demo-engine ui test bench bench-recovery bench-console bench-kafka bench-rescale bench-open bench-lookup bench-tpch clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml infra/setup.sh
@@ -47,6 +47,9 @@ bench-open: setup     ## open and status seconds, _divisions files and _delta_lo
 
 bench-lookup: setup   ## step cost per access pattern (moves, order changes, max deletes, two big inputs) at 1M/4M/16M orders vs DuckDB and Spark recompute; writes docs/bench/lookup.png
 	$(PY) benchmarks/lookup_bench.py $(BENCH_ARGS)
+
+bench-tpch: setup     ## TPC-H at scale factor 1: per query, RF1+RF2 refresh seconds vs DuckDB and Spark recomputing it
+	$(PY) benchmarks/tpch_bench.py $(BENCH_ARGS)
 
 clean:
 	rm -rf var .pytest_cache .hypothesis

@@ -13,8 +13,8 @@ import pytest
 import sqlglot
 
 from dbsp_pipeline import Circuit, Pipeline
+from dbsp_pipeline.examples.tpch import QUERIES, Refreshes, generate, schema_sql
 from dbsp_pipeline.sql import SqlError
-from tests.sql.tpch import QUERIES, Refreshes, generate, schema_sql
 
 #: the queries that do not compile yet, and the construct each needs (an engine operator or a
 #: decorrelation the compiler does not do yet)

@@ -1,4 +1,5 @@
-"""TPC-H for the SQL compiler: the schema, the 22 queries as views, data from ``tpchgen-cli``,
+"""TPC-H for the SQL compiler (``tests/sql/test_tpch.py``, ``benchmarks/tpch_bench.py``): the
+schema, the 22 queries as views, data from ``tpchgen-cli`` (the ``dev`` and ``bench`` extras),
 and the refresh functions (RF1 inserts new orders with their lineitems, RF2 deletes existing
 ones), emulated by holding back a slice of the generated orders from the initial load.
 
