@@ -8,6 +8,8 @@ import random
 from collections import Counter
 
 import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 from dbsp_pipeline import Circuit, Pipeline, check_views
 from dbsp_pipeline.errors import CircuitError
@@ -78,6 +80,37 @@ def test_top_k_equals_a_ranking_from_scratch_after_every_step(spark, tmp_path, d
                 want = expected(bag, k, partition, descending, nulls_first)
                 assert view_counter(p.view(name)) == want, (step, name)
         assert all(c.equal and c.nonpositive == 0 for c in check_views(p).values())
+
+
+row = st.tuples(st.one_of(st.none(), st.integers(1, 2)), st.integers(1, 3),
+                st.one_of(st.none(), st.sampled_from([-1.0, 0.0, 2.5, 7.0])),
+                st.one_of(st.none(), st.sampled_from(["a", "b"])))
+#: per step, rows to insert and indexes of live rows to delete
+steps = st.lists(st.tuples(st.lists(row, max_size=8), st.lists(st.integers(0, 40), max_size=5)),
+                 min_size=1, max_size=4)
+
+
+@settings(max_examples=10, deadline=None, phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=list(HealthCheck))
+@given(steps)
+def test_top_k_on_the_driver_equals_a_ranking_from_scratch(spark, tmp_path_factory, workload):
+    bag: Counter = Counter()
+    root = str(tmp_path_factory.mktemp("top"))
+    with Pipeline(_circuit(), root, spark) as p:
+        for inserts, picks in workload:
+            live = sorted(bag.elements(), key=repr)
+            deletes = [live.pop(i % len(live)) for i in picks if live]
+            if inserts:
+                p.push("rows", inserts)
+            if deletes:
+                p.push("rows", deletes, weight=-1)
+            bag.update(inserts)
+            bag.subtract(deletes)
+            bag = +bag
+            assert p.step().on_driver
+            for name, (k, partition, descending, nulls_first) in VIEWS.items():
+                want = expected(bag, k, partition, descending, nulls_first)
+                assert view_counter(p.view(name)) == want, name
 
 
 def test_declaring_a_top_k_checks_its_arguments(spark, tmp_path):
