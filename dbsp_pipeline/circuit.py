@@ -83,6 +83,8 @@ class Circuit:
         self.outputs: dict[str, int] = {}
         #: the column names of the outputs declared from SQL (``view``), which later SQL reads
         self.sql_views: dict[str, tuple[str, ...]] = {}
+        #: the query of each output declared from SQL, as Spark SQL text (shown by the console)
+        self.sql_texts: dict[str, str] = {}
 
     @classmethod
     def from_sql(cls, text: str, name: str = "sql") -> Circuit:
@@ -95,6 +97,16 @@ class Circuit:
         circuit = cls(name)
         declare_script(circuit, text)
         return circuit
+
+    @classmethod
+    def from_sql_file(cls, path: str, name: str | None = None) -> Circuit:
+        """``from_sql`` of the script in file ``path`` (UTF-8); the circuit is named ``name``,
+        by default the file's name without its extension (``shop.sql``: ``shop``)."""
+        import os
+
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        return cls.from_sql(text, name or os.path.splitext(os.path.basename(path))[0])
 
     def view(self, name: str, query: str) -> Collection:
         """Compile the Spark SQL ``query`` (one SELECT over this circuit's inputs and SQL views)

@@ -39,13 +39,22 @@ def input_assets(ref: PipelineRef) -> list[dg.AssetSpec]:
             for name in ref.circuit.inputs]
 
 
+def _view_description(ref: PipelineRef, view: str) -> str:
+    """What the asset page says of ``view``: whose output it is, and its SQL when it was
+    declared in SQL (Markdown)."""
+    text = f"output view '{view}' of pipeline '{ref.name}'"
+    sql = ref.circuit.sql_texts.get(view)
+    if sql is not None:
+        text += f", maintained incrementally from:\n\n```sql\n{sql}\n```"
+    return text
+
+
 def views_asset(ref: PipelineRef) -> dg.AssetsDefinition:
     """The multi-asset whose materialization is a step run of the pipeline."""
     circuit = ref.circuit
     specs = [dg.AssetSpec(ref.view_key(view), group_name=ref.name, kinds={"spark", "delta"},
                           deps=[ref.input_key(i) for i in circuit.inputs_of(view)],
-                          skippable=True,
-                          description=f"output view '{view}' of pipeline '{ref.name}'")
+                          skippable=True, description=_view_description(ref, view))
              for view in circuit.outputs]
 
     @dg.multi_asset(name=ref.job_name("views"), specs=specs, can_subset=False,

@@ -22,8 +22,10 @@ How a SELECT becomes operators:
   conjunct on a source an outer join pads with NULLs applies after that join. NULL keys never
   match (SQL equality), in inner and outer joins alike;
 * ``x IN (SELECT y ...)``, ``EXISTS (...)`` and ``NOT EXISTS (...)`` as conjuncts of WHERE become
-  semi- and anti-joins; a correlated subquery may refer to the outer query only in equalities of
-  its WHERE clause (they become join keys). ``NOT IN`` is compiled only when both sides are
+  semi- and anti-joins; a correlated subquery refers to the outer query in equalities of its
+  WHERE clause (they become join keys), and an EXISTS / NOT EXISTS also in other conditions (the
+  outer values with a matching inner row, joined on the equalities and filtered, are the keys:
+  ``_residual_matches``). ``NOT IN`` is compiled only when both sides are
   declared NOT NULL (otherwise SQL's NULL rules make it differ from an anti-join);
 * ``x < (SELECT avg(y) FROM ... WHERE inner.k = outer.k)`` (any comparison, a correlated scalar
   subquery whose value is sum/avg/min/max with arithmetic) becomes a join with the subquery
@@ -123,6 +125,9 @@ class Scope:
     collection: Collection | None = None  # every source joined (after from_where)
     columns: list[str] = field(default_factory=list)
     ctes: Ctes = field(default_factory=dict)  # the CTEs the SELECT may read
+    #: WHERE conjuncts of a subquery that refer to the enclosing query other than as an
+    #: equality (``inner.s <> outer.s``); only EXISTS / NOT EXISTS compile them
+    residuals: list[exp.Expr] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -452,6 +457,9 @@ class QueryCompiler:
             if r_outer and not r_sources and l_sources and not l_outer:
                 correlations.append(Correlation(node.expression, node.this))
                 return
+        if not _has_subquery(node):
+            scope.residuals.append(node)  # compiled by an EXISTS, refused by the others
+            return
         raise self.error(node, "a correlated condition other than an equality between the outer "
                          "query's and the subquery's columns is not supported",
                          "correlated subqueries decorrelate into semi/anti joins on equal keys "
@@ -726,6 +734,7 @@ class QueryCompiler:
             raise self.error(query, "a scalar subquery compiles only as one aggregate without "
                              "GROUP BY, HAVING or DISTINCT")
         sub_scope, correlations = self._from_where(sub, ctes, outer)
+        self._refuse_residuals(sub_scope)
         item = sub.expressions[0].unalias()
         if not _aggregates(item):
             raise self.error(item, "a scalar subquery's value must be an aggregate",
@@ -763,6 +772,8 @@ class QueryCompiler:
             return self._single_column(sub, relation), [in_expr]
         self._refuse_modifiers(sub)
         scope, correlations = self._from_where(sub, ctes, outer)
+        if scope.residuals and (in_expr is not None or not correlations):
+            self._refuse_residuals(scope)
         if not correlations:
             if in_expr is None:
                 raise self.error(sub, "EXISTS over a query that is not correlated is not "
@@ -773,6 +784,8 @@ class QueryCompiler:
             raise self.error(sub, "a correlated subquery with aggregates is not supported",
                              "only correlated subqueries that are semi/anti joins on equal keys "
                              "compile")
+        if scope.residuals:
+            return self._residual_matches(scope, outer, correlations)
         inner_exprs = [c.inner for c in correlations]
         outer_exprs = [c.outer for c in correlations]
         if in_expr is not None:
@@ -785,6 +798,50 @@ class QueryCompiler:
         keys = scope.collection.select(
             *[f"{self._render(e, scope)} AS {quote(n)}" for e, n in zip(inner_exprs, names)])
         return Relation(keys, tuple(names)), outer_exprs
+
+    def _refuse_residuals(self, scope: Scope) -> None:
+        if scope.residuals:
+            raise self.error(scope.residuals[0], "a correlated condition other than an equality "
+                             "between the outer query's and the subquery's columns is not "
+                             "supported here", "only EXISTS / NOT EXISTS with at least one "
+                             "correlated equality compile it (as a join, then a filter)")
+
+    def _residual_matches(self, scope: Scope, outer: Scope, correlations: list[Correlation]
+                          ) -> tuple[Relation, list[exp.Expr]]:
+        """An EXISTS subquery correlated by equalities and by other conditions (``residuals``,
+        e.g. ``inner.s <> outer.s``): the distinct values of the enclosing query's correlated
+        expressions and of its columns the residuals read for which an inner row matches (the
+        enclosing rows joined with the subquery's on the equalities, then filtered by the
+        residuals), and those outer expressions. The enclosing query semi- or anti-joins with
+        them on all of them; a NULL among them matches nothing, as the conditions say."""
+        assert outer.collection is not None and scope.collection is not None
+        outer_columns: dict[str, exp.Column] = {}
+        for node in scope.residuals:
+            for col in _own_columns(node):
+                if self._locate(col, scope) is None:
+                    outer_columns.setdefault(self._render(col, outer), col)
+        keys = [scope.namer.fresh("outer_key") for _ in correlations]
+        values = {text: scope.namer.fresh("outer_value") for text in outer_columns}
+        enclosing = outer.collection.select(
+            *[f"{self._render(c.outer, outer)} AS {quote(k)}" for c, k in zip(correlations, keys)],
+            *[f"{text} AS {quote(values[text])}" for text in outer_columns]).distinct()
+        inner = scope.collection.select(
+            *[quote(c) for c in scope.columns],
+            *[f"{self._render(c.inner, scope)} AS {quote(k)}" for c, k in zip(correlations, keys)])
+
+        def rename(n: exp.Expr) -> exp.Expr | None:
+            if isinstance(n, exp.Column) and not isinstance(n.this, exp.Star):
+                if self._locate(n, scope) is not None:
+                    return exp.column(self._internal(n, scope), quoted=True)
+                return exp.column(values[self._render(n, outer)], quoted=True)
+            return None
+
+        predicate = " AND ".join(f"({_rewrite(n, rename).sql(dialect='spark')})"
+                                 for n in scope.residuals)
+        matched = enclosing.join(inner, keys).filter(predicate).select(
+            *[quote(k) for k in keys], *[quote(values[t]) for t in outer_columns]).distinct()
+        return (Relation(matched, tuple([*keys, *values.values()])),
+                [*(c.outer for c in correlations), *outer_columns.values()])
 
     def _single_column(self, sub: exp.Expr, relation: Relation) -> Relation:
         if len(relation.columns) != 1:

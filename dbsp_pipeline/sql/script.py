@@ -99,3 +99,4 @@ def _declare_query(circuit: Circuit, name: str, query: exp.Expr | None,
         del circuit.nodes[declared:]  # nothing reads them: the failed view leaves no trace
         raise
     circuit.sql_views[name] = relation.columns
+    circuit.sql_texts[name] = query.sql(dialect="spark", pretty=True)

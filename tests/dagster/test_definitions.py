@@ -91,3 +91,31 @@ def test_kafka_bindings_need_a_broker(tmp_path):
     broker = KafkaResource(bootstrap_servers="127.0.0.1:1")
     defs = build_definitions(spec, Deployment.local(str(tmp_path), kafka=broker))
     assert defs.resources["kafka"] is broker
+
+
+def test_a_pipeline_from_a_sql_file_shows_each_views_sql_and_lineage(tmp_path):
+    script = tmp_path / "sales.sql"
+    script.write_text("""
+        CREATE TABLE orders (order_id BIGINT NOT NULL, customer_id BIGINT, amount DOUBLE);
+        CREATE TABLE customers (id BIGINT NOT NULL, region STRING);
+        CREATE VIEW by_region AS
+          SELECT c.region, count(*) AS n, sum(o.amount) AS total
+          FROM orders o JOIN customers c ON o.customer_id = c.id GROUP BY c.region;
+        CREATE MATERIALIZED VIEW totals AS SELECT count(*) AS n FROM orders;
+        CREATE VIEW big_regions AS SELECT region FROM by_region WHERE total > 100;
+    """)
+    circuit = Circuit.from_sql_file(str(script))
+    assert circuit.name == "sales"
+    defs = build_definitions(circuit, Deployment.local(str(tmp_path / "data")))
+    dg.Definitions.validate_loadable(defs)
+    graph = defs.resolve_asset_graph()
+    deps = {k.to_user_string(): {p.to_user_string() for p in graph.get(k).parent_keys}
+            for k in graph.get_all_asset_keys() if "inputs" not in k.path}
+    assert deps == {"sales/by_region": {"sales/inputs/orders", "sales/inputs/customers"},
+                    "sales/totals": {"sales/inputs/orders"},
+                    "sales/big_regions": {"sales/inputs/orders", "sales/inputs/customers"}}
+    description = graph.get(dg.AssetKey(["sales", "big_regions"])).description or ""
+    assert "```sql" in description and "total > 100" in description
+    assert "by_region" in description
+    assert "```sql" not in (graph.get(dg.AssetKey(["sales", "inputs", "orders"])).description
+                            or "")

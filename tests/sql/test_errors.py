@@ -46,7 +46,7 @@ def refused(query: str) -> SqlError:
      "NOT IN (subquery) over columns that may be NULL", "NOT EXISTS"),
     ("SELECT id FROM customers c WHERE EXISTS (SELECT 1 FROM orders o\n"
      "WHERE o.customer_id < c.id)", 5, 7, "correlated condition other than an equality",
-     "semi/anti joins"),
+     "correlated equality"),
     ("SELECT o.order_id FROM orders o LEFT JOIN customers c\n"
      "ON o.customer_id = c.id AND o.amount > 3", 5, 29, "this LEFT JOIN condition",
      "right side"),

@@ -62,6 +62,12 @@ VIEWS = {
                 "(SELECT 1 FROM orders o WHERE o.customer_id = c.id AND o.amount > 10)",
     "v_not_exists": "SELECT id, region FROM customers c WHERE NOT EXISTS "
                     "(SELECT * FROM orders o WHERE c.id = o.customer_id)",
+    "v_exists_residual": "SELECT o.order_id, o.customer_id FROM orders o WHERE EXISTS ("
+                         "SELECT 1 FROM orders p WHERE p.customer_id = o.customer_id "
+                         "AND p.order_id <> o.order_id AND p.amount > o.amount)",
+    "v_not_exists_residual": "SELECT c.id, c.region FROM customers c WHERE NOT EXISTS ("
+                             "SELECT 1 FROM orders o WHERE o.customer_id = c.id "
+                             "AND o.qty > c.id)",
     "v_scalar": "SELECT o.order_id, o.amount FROM orders o WHERE o.amount >= "
                 "(SELECT avg(p.amount) FROM orders p WHERE p.customer_id = o.customer_id)",
     "v_scalar_expr": "SELECT id, region FROM customers c WHERE c.id * 2 < (SELECT max(o.qty) "
