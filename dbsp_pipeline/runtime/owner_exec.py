@@ -244,8 +244,7 @@ def owner_stage(ctx: StepContext, plan: Plan, node: Node, inputs: Sequence[Delta
             lambda key, left, right: _cogrouped_task(spec, key, left, right), out_type)
     else:  # pragma: no cover - owner_keys names one or two inputs
         raise AssertionError(f"operator #{node.id} {node.op}: {len(grouped)} inputs")
-    result = result.cache()
-    ctx._cached.append(result)
+    result = ctx.detach(result)  # its plan would hold the inputs' plans
     records = [json.loads(r[ACTION]) for r in
                result.where(F.col(KIND) == 1).select(ACTION).collect()]
     stage_records(op, records, ctx.step, layout)
