@@ -26,7 +26,7 @@ from dbsp_pipeline.errors import CircuitError, UnknownNameError
 from dbsp_pipeline.zset import quote
 
 #: Primitive operators. Linear ones work on the change alone; the others keep traces.
-LINEAR_OPS = frozenset({"select", "filter", "union", "negate", "conform"})
+LINEAR_OPS = frozenset({"select", "filter", "union", "negate", "repeat", "conform"})
 #: Sources inside the circuit: a ``constant`` has no inputs and the same value at every step.
 SOURCE_OPS = frozenset({"constant"})
 STATEFUL_OPS = frozenset({"distinct", "join", "aggregate", "top_k", "integrate", "differentiate",
@@ -260,6 +260,15 @@ class Collection:
         self.circuit._own(other)
         return self.union(other.negate())
 
+    def repeat(self, count: str) -> Collection:
+        """Each row as many times as its integer column ``count`` says (its multiplicity times
+        ``count``), without that column; rows whose ``count`` is NULL or not positive are
+        dropped. Linear: it turns a count computed by an aggregate back into rows (SQL's
+        ``INTERSECT ALL`` keeps a row ``min(m, n)`` times)."""
+        if not isinstance(count, str) or not count:
+            raise CircuitError(f"repeat: count must name an integer column, got {count!r}")
+        return self._derive("repeat", count=count)
+
     def conform_to(self, other: Collection) -> Collection:
         """This collection with ``other``'s columns, in its order and types: a column this one
         lacks is NULL (so the two can be unioned)."""
@@ -316,14 +325,16 @@ class Collection:
         keys = _keys(on, "antijoin")
         return self.minus(self.semijoin(other, keys))
 
-    def top_k(self, k: int, order_by: list[str], partition_by: list[str] | None = None
-              ) -> Collection:
+    def top_k(self, k: int, order_by: list[str], partition_by: list[str] | None = None,
+              rank: str | None = None) -> Collection:
         """The first ``k`` rows in ``order_by`` order (SQL's ``ORDER BY ... LIMIT k``), per
         partition of the ``partition_by`` columns if given (``ROW_NUMBER() OVER (PARTITION BY
         ... ORDER BY ...) <= k``). ``order_by`` items are ``"col"``, ``"col DESC"``, ``"col ASC
         NULLS LAST"`` (NULLs come first ascending and last descending unless said, as in Spark).
         A row of multiplicity m takes m places; rows that tie on ``order_by`` are ordered by all
-        their columns, so the result never depends on how the input arrived."""
+        their columns, so the result never depends on how the input arrived. ``rank`` names a
+        column (INT, added last) holding each row's place, 1 to k (SQL's ``ROW_NUMBER()``): a row
+        of multiplicity m is then m rows numbered in turn."""
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise CircuitError(f"top_k: k must be a positive integer, got {k!r}")
         if not isinstance(order_by, list) or not order_by:
@@ -342,7 +353,11 @@ class Collection:
             order.append({"column": col, "descending": (m["dir"] or "").upper() == "DESC",
                           "nulls_first": None if nulls is None else nulls.upper() == "FIRST"})
         partition = [] if partition_by is None else _keys(partition_by, "top_k partition_by")
-        return self._derive("top_k", k=k, order=order, partition=partition)
+        if rank is None:
+            return self._derive("top_k", k=k, order=order, partition=partition)
+        if not isinstance(rank, str) or not rank or rank.startswith("_"):
+            raise CircuitError(f"top_k: rank must name a new column, got {rank!r}")
+        return self._derive("top_k", k=k, order=order, partition=partition, rank=rank)
 
     def group_by(self, *keys: str) -> GroupedCollection:
         """Group by the named columns; finish with ``.agg(name="fn(col)", ...)``."""

@@ -1,8 +1,9 @@
 """Linear operators: each output change is computed from the input change alone.
 
 ``select`` and ``filter`` apply Spark SQL to the change's rows (the weight rides along);
-``union`` adds Z-sets; ``negate`` flips weights; ``conform`` reshapes a collection to another's
-columns (missing ones become typed NULLs), used by the composite joins.
+``union`` adds Z-sets; ``negate`` flips weights; ``repeat`` multiplies each row's weight by a
+count column of its own (dropped); ``conform`` reshapes a collection to another's columns (missing
+ones become typed NULLs), used by the composite joins.
 
 On the driver, ``select`` and ``filter`` run the user's Spark SQL in DuckDB when
 ``driver.expressions`` can translate it exactly; otherwise (or when DuckDB raises where Spark
@@ -17,7 +18,7 @@ from functools import reduce
 
 import duckdb
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
@@ -84,6 +85,9 @@ class Filter(_UserSQL):
 
 
 class Union(Operator):
+    """The Z-set sum. Inputs with a column of different types are cast to the type the
+    circuit's analysis widened it to (``schema``), as Spark's UNION does."""
+
     def __init__(self, schema: StructType) -> None:
         self.schema = schema
 
@@ -91,8 +95,13 @@ class Union(Operator):
         present = [d for d in changes if d is not None]
         if not present:
             return None
-        cols = [quote(f.name) for f in self.schema.fields] + [WEIGHT]
-        return reduce(lambda a, b: a.unionByName(b), [d.select(*cols) for d in present])
+
+        def columns(d: DataFrame) -> list[Column]:  # cast where the union widens a type
+            return [F.col(quote(f.name)) if d.schema[f.name].dataType == f.dataType
+                    else F.col(quote(f.name)).cast(f.dataType).alias(f.name)
+                    for f in self.schema.fields] + [F.col(WEIGHT)]
+
+        return reduce(lambda a, b: a.unionByName(b), [d.select(*columns(d)) for d in present])
 
     def step_local(self, ctx: StepContext, changes: Sequence[LocalDelta]) -> LocalDelta:
         present = [conform(d, self.schema) for d in changes if d is not None]
@@ -112,6 +121,33 @@ class Negate(Operator):
         if d is None:
             return None
         return negate(d)
+
+
+class Repeat(Operator):
+    """Each row ``count`` times: its weight multiplied by its integer column ``count``, which
+    the output drops. A row whose count is NULL or not positive is dropped (zero times)."""
+
+    def __init__(self, count: str, schema: StructType) -> None:
+        self.count = count
+        self.schema = schema
+
+    def step(self, ctx: StepContext, changes: Sequence[Delta]) -> Delta:
+        (d,) = changes
+        if d is None:
+            return None
+        n = F.col(quote(self.count)).cast("long")
+        return d.where(n > 0).select(*[quote(f.name) for f in self.schema.fields],
+                                     (F.col(WEIGHT) * n).alias(WEIGHT))
+
+    def step_local(self, ctx: StepContext, changes: Sequence[LocalDelta]) -> LocalDelta:
+        (d,) = changes
+        if d is None:
+            return None
+        n = ident(self.count)
+        cols = ", ".join(ident(f.name) for f in self.schema.fields)
+        return conform(ctx.local.query(
+            f"SELECT {cols}, {ident(WEIGHT)} * CAST({n} AS BIGINT) AS {ident(WEIGHT)} FROM d "
+            f"WHERE {n} > 0", d=d), self.schema)
 
 
 class Conform(Operator):

@@ -1,5 +1,6 @@
 """Top-k per partition, incrementally: ``ORDER BY ... LIMIT k`` (one partition) and
-``ROW_NUMBER() OVER (PARTITION BY p ORDER BY ...) <= k``.
+``ROW_NUMBER() OVER (PARTITION BY p ORDER BY ...) <= k``, optionally with each row's place
+(its ``ROW_NUMBER``) as a column.
 
 The trace integrates the input, keyed (and sharded) by the partition columns. For the partitions
 a change touches, a step reads their rows from the trace (only the files whose shard range
@@ -7,6 +8,8 @@ holds a touched partition), ranks them before and after the change and emits the
 the old one. A row of multiplicity m takes m places; a row straddling place k keeps the places
 left. Rows that tie on the order keys are ranked by all their columns (ascending, NULLs first),
 so the result is a function of the input whatever the path, the file layout or the replay.
+With a rank column, a row of multiplicity m is m rows of multiplicity 1, numbered 1, 2, ... in
+that order; a change in a partition renumbers the rows after it, up to place k.
 
 Work per step follows the size of the touched partitions, not the input: a top-k over the whole
 input (one partition) reads it all when it changes.
@@ -20,7 +23,7 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql.types import IntegerType, StructField, StructType
 
 from dbsp_pipeline.driver.sql import conform, ident, idents
 from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContext
@@ -51,14 +54,27 @@ class OrderKey:
         return cls(d["column"], bool(d["descending"]), d["nulls_first"])
 
 
+def ranked_schema(schema: StructType, rank: str | None) -> StructType:
+    """The schema of a top-k of rows of ``schema``: with a ``rank`` column last (an INT, as
+    Spark's ``ROW_NUMBER``) if one is asked for."""
+    if rank is None:
+        return schema
+    return StructType([*schema.fields, StructField(rank, IntegerType(), False)])
+
+
 class TopK(Operator):
+    """``schema`` is the input's; the output adds the ``rank`` column if one is named."""
+
     def __init__(self, db: StateDatabase, name: str, partition: Sequence[str],
-                 order: Sequence[OrderKey], k: int, schema: StructType) -> None:
-        self.schema = schema
+                 order: Sequence[OrderKey], k: int, schema: StructType,
+                 rank: str | None = None) -> None:
+        self.schema = ranked_schema(schema, rank)
         self.columns = schema.fieldNames()
+        self.out_columns = self.schema.fieldNames()
         self.partition = list(partition)
         self.order = list(order)
         self.k = k
+        self.rank = rank
         self.trace = Trace(db, name, schema, self.partition)
 
     # -- the ranking, in DuckDB and in Spark -----------------------------------------------
@@ -82,7 +98,13 @@ class TopK(Operator):
         """The top k of each partition of ``rows`` (a consolidated relation), as SQL."""
         w = ident(WEIGHT)
         part = f"PARTITION BY {idents(self.partition)}" if self.partition else ""
-        return f"""SELECT {idents(self.columns)}, least({w}, {self.k} - _before) AS {w} FROM (
+        places = f"least({w}, {self.k} - _before)"
+        if self.rank is None:
+            out = f"{places} AS {w}"
+        else:  # one row per place, numbered
+            out = (f"CAST(CAST(_before AS BIGINT) + unnest(range(1, CAST({places} AS BIGINT) + 1))"
+                   f" AS INTEGER) AS {ident(self.rank)}, CAST(1 AS BIGINT) AS {w}")
+        return f"""SELECT {idents(self.columns)}, {out} FROM (
                        SELECT *, coalesce(sum({w}) OVER ({part} ORDER BY {self._order_sql()}
                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS _before
                        FROM {rows}) WHERE _before < {self.k}"""
@@ -92,9 +114,14 @@ class TopK(Operator):
                   .orderBy(*self._order_spark())
                   .rowsBetween(Window.unboundedPreceding, -1))
         ranked = rows.withColumn("_before", F.coalesce(F.sum(WEIGHT).over(window), F.lit(0)))
-        return ranked.where(F.col("_before") < self.k).select(
-            *[quote(c) for c in self.columns],
-            F.least(F.col(WEIGHT), F.lit(self.k) - F.col("_before")).cast("long").alias(WEIGHT))
+        top = ranked.where(F.col("_before") < self.k)
+        places = F.least(F.col(WEIGHT), F.lit(self.k) - F.col("_before")).cast("long")
+        cols = [quote(c) for c in self.columns]
+        if self.rank is None:
+            return top.select(*cols, places.alias(WEIGHT))
+        before = F.col("_before").cast("int")
+        return top.select(*cols, F.explode(F.sequence(before + 1, before + places.cast("int")))
+                          .alias(self.rank), F.lit(1).cast("long").alias(WEIGHT))
 
     # -- steps -----------------------------------------------------------------------------
     def step_local(self, ctx: StepContext, changes: Sequence[LocalDelta]) -> LocalDelta:
@@ -108,6 +135,7 @@ class TopK(Operator):
         old = (self.trace.lookup_arrow(ctx.local, new, old_files) if self.partition
                else self.trace.read_arrow(old_files))  # one partition: every row
         cols, w = idents(self.columns), ident(WEIGHT)
+        out_cols = idents(self.out_columns)
         out = ctx.local.query(f"""
             WITH o AS (SELECT {cols}, sum({w}) AS {w} FROM old GROUP BY ALL
                        HAVING sum({w}) > 0),
@@ -115,8 +143,8 @@ class TopK(Operator):
                            SELECT {cols}, {w} FROM old UNION ALL SELECT {cols}, {w} FROM n)
                        GROUP BY ALL HAVING sum({w}) > 0),
                  t AS ({self._top_sql('a')}
-                       UNION ALL SELECT {cols}, -{w} FROM ({self._top_sql('o')}))
-            SELECT {cols}, sum({w}) AS {w} FROM t GROUP BY ALL HAVING sum({w}) <> 0""",
+                       UNION ALL SELECT {out_cols}, -{w} FROM ({self._top_sql('o')}))
+            SELECT {out_cols}, sum({w}) AS {w} FROM t GROUP BY ALL HAVING sum({w}) <> 0""",
             n=new, old=old)
         return conform(out, self.schema)
 
@@ -150,8 +178,9 @@ class TopK(Operator):
             F.sum(WEIGHT).alias(WEIGHT)).where(F.col(WEIGHT) > 0)
         old_top = self._top_spark(before)
         new_top = self._top_spark(after)
-        out = new_top.unionByName(old_top.select(*cols, (-F.col(WEIGHT)).alias(WEIGHT)))
-        return out.groupBy(*cols).agg(F.sum(WEIGHT).alias(WEIGHT)).where(F.col(WEIGHT) != 0)
+        out_cols = [quote(c) for c in self.out_columns]
+        out = new_top.unionByName(old_top.select(*out_cols, (-F.col(WEIGHT)).alias(WEIGHT)))
+        return out.groupBy(*out_cols).agg(F.sum(WEIGHT).alias(WEIGHT)).where(F.col(WEIGHT) != 0)
 
     def traces(self) -> list[Trace]:
         return [self.trace]

@@ -263,7 +263,7 @@ def _operator_work(operator: object, ins: list[int]) -> tuple[int, list[tuple[Tr
     if isinstance(operator, Delay):  # emits the previous step's change (and the new one)
         n = operator.previous.rows()
         return d + n, [(operator.previous, n)], n
-    return d, [], 0  # linear: select, filter, negate, union, conform
+    return d, [], 0  # linear: select, filter, negate, union, repeat, conform
 
 
 def _fanout(other: int, own: int) -> float:

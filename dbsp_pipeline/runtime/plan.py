@@ -20,7 +20,15 @@ import pyspark
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import BooleanType, NumericType, StructType
+from pyspark.sql.types import (
+    BooleanType,
+    ByteType,
+    IntegerType,
+    LongType,
+    NumericType,
+    ShortType,
+    StructType,
+)
 
 from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.circuit import Circuit, Node
@@ -32,8 +40,8 @@ from dbsp_pipeline.operators.constant import Constant, constant_table
 from dbsp_pipeline.operators.distinct import Distinct
 from dbsp_pipeline.operators.integration import Delay, Differentiate, Integrate
 from dbsp_pipeline.operators.join import Join
-from dbsp_pipeline.operators.linear import Conform, Filter, Negate, Select, Union
-from dbsp_pipeline.operators.top_k import OrderKey, TopK
+from dbsp_pipeline.operators.linear import Conform, Filter, Negate, Repeat, Select, Union
+from dbsp_pipeline.operators.top_k import OrderKey, TopK, ranked_schema
 from dbsp_pipeline.runtime.owner_exec import owner_stage
 from dbsp_pipeline.spark_session import LazySession
 from dbsp_pipeline.storage.small_files import read_text, write_atomically
@@ -182,12 +190,33 @@ class Plan:
             return src
         if node.op == "union":
             for other in inputs[1:]:
-                if _by_name(other) != _by_name(src):
+                if set(_by_name(other)) != set(_by_name(src)):
                     raise CircuitError(f"{what}: schemas differ: {src.simpleString()} vs "
                                        f"{other.simpleString()}")
-            return src
+            if all(_by_name(other) == _by_name(src) for other in inputs[1:]):
+                return src
+            # the same columns of different types: each column of the type Spark's UNION
+            # widens them to (INT and BIGINT to BIGINT, DECIMALs to one holding both)
+            try:
+                widened = self._empty(src)
+                for other in inputs[1:]:
+                    widened = widened.unionByName(self._empty(other))
+                return widened.schema
+            except PySparkException:
+                raise CircuitError(f"{what}: schemas differ: {src.simpleString()} vs "
+                                   f"{' vs '.join(o.simpleString() for o in inputs[1:])}: no type "
+                                   "holds both of a column's types") from None
         if node.op == "conform":
             return self.schemas[node.params["like"]]
+        if node.op == "repeat":
+            count = node.params["count"]
+            if count not in src.fieldNames():
+                raise CircuitError(f"{what}: column '{count}' not in "
+                                   f"({', '.join(src.fieldNames())})")
+            if not isinstance(src[count].dataType, (ByteType, ShortType, IntegerType, LongType)):
+                raise CircuitError(f"{what}: column '{count}' is "
+                                   f"{src[count].dataType.simpleString()}, not an integer count")
+            return StructType([f for f in src.fields if f.name != count])
         if node.op == "join":
             return self._join_schema(what, node.params["on"], inputs[0], inputs[1])
         if node.op == "aggregate":
@@ -198,7 +227,11 @@ class Plan:
             if missing:
                 raise CircuitError(f"{what}: column(s) {missing} not in "
                                    f"({', '.join(src.fieldNames())})")
-            return src
+            rank = node.params.get("rank")
+            if rank is not None and rank.lower() in {c.lower() for c in src.fieldNames()}:
+                raise CircuitError(f"{what}: the rank column '{rank}' is already a column of "
+                                   f"({', '.join(src.fieldNames())})")
+            return ranked_schema(src, rank)
         # negate, distinct, integrate, differentiate, delay keep the schema
         return src
 
@@ -292,6 +325,8 @@ def make_operator(node: Node, schemas: Mapping[int, StructType],
         return Negate(schema)
     if node.op == "conform":
         return Conform(src, schema)
+    if node.op == "repeat":
+        return Repeat(p["count"], schema)
     if node.op == "distinct":
         return Distinct(state, name, schema)
     if node.op == "join":
@@ -300,7 +335,7 @@ def make_operator(node: Node, schemas: Mapping[int, StructType],
         return Aggregate(state, name, p["keys"], p["aggregates"], src, schema)
     if node.op == "top_k":
         return TopK(state, name, p["partition"], [OrderKey.of(o) for o in p["order"]], p["k"],
-                    schema)
+                    src, p.get("rank"))
     if node.op == "integrate":
         return Integrate(state, name, schema)
     if node.op == "delay":

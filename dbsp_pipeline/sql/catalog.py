@@ -3,6 +3,11 @@
 A ``Relation`` is a collection of the circuit with the names of its columns, in order (the
 compiler needs them before Spark analyses the circuit: to expand ``*``, to tell which table a
 column belongs to, to rename columns before a join). Names are case-insensitive, as in Spark.
+
+A SELECT with a ``ROW_NUMBER() OVER (...)`` column is a ``Relation`` whose collection is not
+built yet (a ``Ranking``): numbering every row of a partition makes each change renumber all the
+rows after it, so the query that reads it first says how many places it keeps (``WHERE rn <=
+k``: a ``top_k`` of k places). Read without such a bound, every row is numbered.
 """
 
 from __future__ import annotations
@@ -15,16 +20,52 @@ from sqlglot import exp
 
 from dbsp_pipeline.circuit import Circuit, Collection, node_collection
 from dbsp_pipeline.errors import CircuitError
+from dbsp_pipeline.zset import quote
+
+#: the places of a ROW_NUMBER() no query bounds (Spark numbers rows with an INT)
+EVERY_PLACE = 2**31 - 1
 
 
 @dataclass(frozen=True)
+class Ranking:
+    """``ROW_NUMBER() OVER (PARTITION BY partition ORDER BY order) AS column``: ``base`` holds
+    the SELECT's other columns and the partition and order keys (``top_k``'s arguments)."""
+
+    base: Collection
+    column: str
+    order: tuple[str, ...]
+    partition: tuple[str, ...]
+
+
 class Relation:
     """A collection and its column names. ``not_null`` holds the columns known never to be NULL
-    (declared ``NOT NULL`` in ``CREATE TABLE``)."""
+    (declared ``NOT NULL`` in ``CREATE TABLE``). Built on a ``Ranking``, the collection is a
+    ``top_k`` of the places ``bounded`` keeps (every place when read as ``collection``)."""
 
-    collection: Collection
-    columns: tuple[str, ...]
-    not_null: frozenset[str] = field(default_factory=frozenset)
+    def __init__(self, collection: Collection | Ranking, columns: tuple[str, ...],
+                 not_null: frozenset[str] = frozenset()) -> None:
+        self.columns = columns
+        self.not_null = not_null
+        self.ranking = collection if isinstance(collection, Ranking) else None
+        self._collections: dict[int, Collection] = (
+            {} if isinstance(collection, Ranking) else {EVERY_PLACE: collection})
+
+    @property
+    def collection(self) -> Collection:
+        return self._places(EVERY_PLACE)
+
+    def bounded(self, k: int) -> Collection:
+        """The collection when only the rows numbered 1 to ``k`` are read (all rows unless the
+        relation is ranked)."""
+        return self._places(k if self.ranking is not None else EVERY_PLACE)
+
+    def _places(self, k: int) -> Collection:
+        if k not in self._collections:
+            r = self.ranking
+            assert r is not None
+            ranked = r.base.top_k(k, list(r.order), list(r.partition) or None, rank=r.column)
+            self._collections[k] = ranked.select(*[quote(c) for c in self.columns])
+        return self._collections[k]
 
 
 @dataclass

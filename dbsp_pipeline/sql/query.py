@@ -41,14 +41,16 @@ How a SELECT becomes operators:
   its own (``_with_distinct_values``);
 * ``UNION ALL`` is the Z-set sum, ``UNION`` its ``distinct``. ``INTERSECT`` and ``EXCEPT`` (the
   set forms) count, per distinct row, on which sides it occurs (a grouping, so NULLs compare
-  equal as SQL's set operations say). ``INTERSECT ALL`` and ``EXCEPT ALL`` are refused: their
-  multiplicities (``min(m, n)``, ``max(m - n, 0)``) are not a sum of the inputs' and no operator
-  of the circuit computes them (``minus`` would give ``m - n``, negative where ``n > m``).
+  equal as SQL's set operations say). ``INTERSECT ALL`` and ``EXCEPT ALL`` count its
+  occurrences on each side, m and n, and ``repeat`` the row ``min(m, n)`` or ``m - n`` times
+  (not ``minus``: it would give ``m - n`` where ``n > m`` too, a negative multiplicity).
 
-* ``ORDER BY ... LIMIT k`` of a SELECT is ``top_k`` over its result, ordered by its columns.
+* ``ORDER BY ... LIMIT k`` of a SELECT is ``top_k`` over its result, ordered by its columns;
+  ``ROW_NUMBER() OVER (PARTITION BY p ORDER BY o) AS rn`` is ``top_k`` per partition with a rank
+  column, as many places as the enclosing query's ``WHERE rn <= k`` keeps (``_ranked``).
 
 What needs operators the circuit does not have is refused with a ``SqlError``: ORDER BY without
-LIMIT, window functions.
+LIMIT, window functions other than ROW_NUMBER.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ from dataclasses import dataclass, field
 from sqlglot import exp
 
 from dbsp_pipeline.circuit import Collection
-from dbsp_pipeline.sql.catalog import Catalog, Relation
+from dbsp_pipeline.sql.catalog import EVERY_PLACE, Catalog, Ranking, Relation
 from dbsp_pipeline.sql.errors import SqlError
 from dbsp_pipeline.zset import quote
 
@@ -180,19 +182,20 @@ class QueryCompiler:
         return SqlError(self.view, node, problem, hint)
 
     # -- queries ---------------------------------------------------------------------------
-    def relation(self, q: exp.Expr, ctes: Ctes) -> Relation:
-        """The relation query ``q`` computes."""
+    def relation(self, q: exp.Expr, ctes: Ctes, unnamed: bool = False) -> Relation:
+        """The relation query ``q`` computes. ``unnamed``: its column names do not matter (the
+        right side of a set operation, an IN subquery), so computed columns need no AS."""
         if isinstance(q, exp.Subquery):
             self._refuse_modifiers(q)
-            return self.relation(q.this, ctes)
+            return self.relation(q.this, ctes, unnamed)
         ctes = self._with_ctes(q, ctes)
         if isinstance(q, exp.SetOperation):
-            return self._set_operation(q, ctes)
+            return self._set_operation(q, ctes, unnamed)
         if isinstance(q, exp.Select):
             self._refuse_modifiers(q, top_k=True)
             scope, correlations = self._from_where(q, ctes, None)
             assert not correlations  # no outer scope to correlate with
-            relation = self._project(q, scope)
+            relation = self._project(q, scope, unnamed)
             return self._top_k(q, relation) if q.args.get("limit") else relation
         raise self.error(q, f"{type(q).__name__} is not a query",
                          "a view is one SELECT (with UNION/INTERSECT/EXCEPT, WITH, subqueries)")
@@ -259,10 +262,10 @@ class QueryCompiler:
                                  "when reading the view; ORDER BY with LIMIT (a top-k) compiles "
                                  "on a SELECT's result")
 
-    def _set_operation(self, q: exp.SetOperation, ctes: Ctes) -> Relation:
+    def _set_operation(self, q: exp.SetOperation, ctes: Ctes, unnamed: bool) -> Relation:
         self._refuse_modifiers(q)
-        left = self.relation(q.this, ctes)
-        right = self.relation(q.expression, ctes)
+        left = self.relation(q.this, ctes, unnamed)
+        right = self.relation(q.expression, ctes, unnamed=True)
         if len(left.columns) != len(right.columns):
             raise self.error(q, f"the two sides of {q.key.upper()} have {len(left.columns)} and "
                              f"{len(right.columns)} columns", "select the same number of columns")
@@ -276,14 +279,23 @@ class QueryCompiler:
             union = left.collection.union(right_c)
             return Relation(union.distinct() if distinct else union, tuple(columns))
         what = "INTERSECT" if isinstance(q, exp.Intersect) else "EXCEPT"
+        cols = [quote(c) for c in columns]
         if not distinct:
-            raise self.error(q, f"{what} ALL is not supported",
-                             f"use {what} (the set form), or rewrite with NOT EXISTS / EXISTS: "
-                             f"{what} ALL's multiplicity is not computed by any circuit operator")
+            # per distinct row, m occurrences on the left and n on the right: INTERSECT ALL
+            # keeps min(m, n) of them, EXCEPT ALL max(m - n, 0) (``repeat`` drops the rest)
+            m, n = _fresh_name("left_rows", columns), _fresh_name("right_rows", columns)
+            keep = _fresh_name("kept", columns + [m, n])
+            sides = left.collection.select(*cols, f"1 AS {quote(m)}", f"0 AS {quote(n)}").union(
+                right_c.select(*cols, f"0 AS {quote(m)}", f"1 AS {quote(n)}"))
+            counted = sides.group_by(*columns).agg(
+                **{m: f"sum({quote(m)})", n: f"sum({quote(n)})"})
+            kept = (f"least({quote(m)}, {quote(n)})" if what == "INTERSECT"
+                    else f"{quote(m)} - {quote(n)}")
+            return Relation(counted.select(*cols, f"{kept} AS {quote(keep)}").repeat(keep),
+                            tuple(columns))
         # each distinct row tagged 1 (left) or 2 (right); the sum of tags says where it occurs
         tag = _fresh_name("side", columns)
         tags = _fresh_name("sides", columns)
-        cols = [quote(c) for c in columns]
         tagged = left.collection.distinct().select(*cols, f"1 AS {quote(tag)}").union(
             right_c.distinct().select(*cols, f"2 AS {quote(tag)}"))
         counted = tagged.group_by(*columns).agg(**{tags: f"sum({quote(tag)})"})
@@ -304,7 +316,10 @@ class QueryCompiler:
         return Relation(renamed, tuple(names))
 
     # -- FROM and WHERE --------------------------------------------------------------------
-    def _source(self, item: exp.Expr, ctes: Ctes, namer: Namer) -> Source:
+    def _source(self, item: exp.Expr, ctes: Ctes, namer: Namer, where: list[exp.Expr]
+                ) -> Source:
+        """FROM item ``item``, its columns named by ``namer``; ``where`` is the WHERE clause's
+        conjuncts (they bound a ranked relation's places: ``_rank_bound``)."""
         if isinstance(item, exp.Table):
             if item.args.get("db") or item.args.get("catalog"):
                 raise self.error(item, f"qualified table name '{item.sql(dialect='spark')}'",
@@ -324,7 +339,8 @@ class QueryCompiler:
                              "FROM takes tables, views, CTEs and subqueries")
         relation = self._rename_columns(item, relation, item.args.get("alias"))
         bindings = {c.lower(): namer.fresh(c) for c in relation.columns}
-        collection = relation.collection
+        collection = (relation.bounded(self._rank_bound(relation, qualifier.lower(), where))
+                      if relation.ranking is not None else relation.collection)
         if any(bindings[c.lower()] != c for c in relation.columns):
             collection = collection.select(
                 *[f"{quote(c)} AS {quote(bindings[c.lower()])}" for c in relation.columns])
@@ -345,9 +361,11 @@ class QueryCompiler:
         items += [(j.this, j) for j in joins]
         scope = Scope([], namer, outer, ctes=ctes)
         kinds: list[str] = []
+        where = q.args.get("where")
+        conjuncts = _where_conjuncts(where.this if where else None)
         for item, join in items:
             kind = self._join_kind(join)
-            source = self._source(item, ctes, namer)
+            source = self._source(item, ctes, namer, conjuncts)
             scope.sources.append(source)
             kinds.append(kind)
         self._mark_null_supplied(items, kinds, scope)
@@ -355,8 +373,7 @@ class QueryCompiler:
         correlations: list[Correlation] = []
         pool: list[Conjunct] = []
         predicates: list[exp.Expr] = []  # subquery predicates, applied after the joins
-        where = q.args.get("where")
-        for node in _where_conjuncts(where.this if where else None):
+        for node in conjuncts:
             self._classify(node, scope, pool, predicates, correlations)
         left_keys: dict[int, OuterKeys] = {}
         for i, ((_, join), kind) in enumerate(zip(items, kinds)):
@@ -765,7 +782,8 @@ class QueryCompiler:
                        ) -> tuple[Relation, list[exp.Expr]]:
         """The subquery as a relation of key columns, and the outer expressions they match."""
         if not isinstance(sub, exp.Select) or sub.args.get("with_"):
-            relation = self.relation(sub, ctes)  # not correlated (a set operation, a CTE)
+            # not correlated (a set operation, a CTE)
+            relation = self.relation(sub, ctes, unnamed=in_expr is not None)
             if in_expr is None:
                 raise self.error(sub, "EXISTS over a query that is not correlated is not "
                                  "supported", "correlate it with WHERE inner.k = outer.k")
@@ -778,7 +796,7 @@ class QueryCompiler:
             if in_expr is None:
                 raise self.error(sub, "EXISTS over a query that is not correlated is not "
                                  "supported", "correlate it with WHERE inner.k = outer.k")
-            return self._single_column(sub, self._project(sub, scope)), [in_expr]
+            return self._single_column(sub, self._project(sub, scope, unnamed=True)), [in_expr]
         if sub.args.get("group") or sub.args.get("having") or any(
                 _aggregates(e) for e in sub.expressions):
             raise self.error(sub, "a correlated subquery with aggregates is not supported",
@@ -857,20 +875,20 @@ class QueryCompiler:
                 and relation.columns[0].lower() in relation.not_null)
 
     # -- SELECT list, GROUP BY, HAVING -----------------------------------------------------
-    def _project(self, q: exp.Select, scope: Scope) -> Relation:
-        items = self._items(q, scope)
+    def _project(self, q: exp.Select, scope: Scope, unnamed: bool = False) -> Relation:
+        """The SELECT list over ``scope``; ``unnamed``: see ``relation``."""
+        items = self._items(q, scope, unnamed)
+        seen: list[str] = []
+        for pos, (name, node) in enumerate(items):
+            if name.lower() in {s.lower() for s in seen}:
+                if not unnamed:
+                    raise self.error(node, f"the view has two columns named '{name}'",
+                                     "give one of them another name with AS")
+                name = _fresh_name(name, [n for n, _ in items] + seen)
+                items[pos] = (name, node)
+            seen.append(name)
         names = [name for name, _ in items]
-        seen: set[str] = set()
-        for (name, node) in items:
-            if name.lower() in seen:
-                raise self.error(node, f"the view has two columns named '{name}'",
-                                 "give one of them another name with AS")
-            seen.add(name.lower())
         for _, node in items:
-            window = next(iter(node.find_all(exp.Window)), None)
-            if window is not None:
-                raise self.error(window, "window functions are not supported",
-                                 "OVER (...) needs an operator the circuit does not have yet")
             if _has_subquery(node):
                 raise self.error(node, "a subquery in the SELECT list is not supported",
                                  "join with the subquery in FROM instead")
@@ -878,6 +896,8 @@ class QueryCompiler:
         grouped = (q.args.get("group") is not None or having is not None
                    or any(_aggregates(node) for _, node in items))
         assert scope.collection is not None
+        if any(any(node.find_all(exp.Window)) for _, node in items):
+            return self._ranked(q, scope, items, grouped)
         if grouped:
             collection = self._aggregate(q, scope, items)
         else:
@@ -894,8 +914,111 @@ class QueryCompiler:
             and node.name.lower() in scope.sources[i].not_null)
         return Relation(collection, tuple(names), not_null)
 
-    def _items(self, q: exp.Select, scope: Scope) -> list[tuple[str, exp.Expr]]:
-        """The SELECT list as (output name, expression), ``*`` and ``t.*`` expanded."""
+    def _ranked(self, q: exp.Select, scope: Scope, items: list[tuple[str, exp.Expr]],
+                grouped: bool) -> Relation:
+        """A SELECT with a ``ROW_NUMBER() OVER (PARTITION BY ... ORDER BY ...) AS name``
+        column: a ``Ranking`` of its other columns, computed by ``top_k`` with as many places
+        as the query reading it keeps (``_source``). The PARTITION BY and ORDER BY expressions
+        are computed as columns first; rows that tie on the ORDER BY are numbered in the order
+        of all their columns (Spark numbers them in whatever order they arrive)."""
+        windows = [(name, node) for name, node in items if any(node.find_all(exp.Window))]
+        name, node = windows[0]
+        window = next(iter(node.find_all(exp.Window)))
+        if len(windows) > 1:
+            raise self.error(windows[1][1], "one ROW_NUMBER() column per SELECT is supported",
+                             "number the rows in a subquery and again in the enclosing query")
+        if not (isinstance(node, exp.Window) and isinstance(node.this, exp.RowNumber)):
+            raise self.error(window, "of the window functions, only ROW_NUMBER() OVER "
+                             "(PARTITION BY ... ORDER BY ...) AS name compiles, as a column of "
+                             "its own", "RANK, DENSE_RANK, aggregates over windows and "
+                             "expressions of window functions need operators the circuit "
+                             "lacks; WHERE rn <= k on a ROW_NUMBER() column is a top-k")
+        if grouped or q.args.get("distinct") is not None:
+            raise self.error(window, "ROW_NUMBER() in a SELECT with GROUP BY, aggregates or "
+                             "DISTINCT is not supported", "group in a subquery or CTE and "
+                             "number its rows in the enclosing SELECT")
+        for arg, what in (("spec", "a window frame"), ("alias", "a named window")):
+            if node.args.get(arg):
+                raise self.error(window, f"ROW_NUMBER() OVER with {what} is not supported",
+                                 "write OVER (PARTITION BY ... ORDER BY ...)")
+        order = node.args.get("order")
+        if order is None:
+            raise self.error(window, "ROW_NUMBER() needs ORDER BY in its OVER clause",
+                             "without it the numbering is arbitrary")
+        names = [n for n, _ in items]
+        rendered = {n: self._render(e, scope) for n, e in items if n != name}
+        exprs = [f"{r} AS {quote(n)}" for n, r in rendered.items()]
+        taken = list(names)
+
+        def key_column(e: exp.Expr, base: str) -> str:
+            """The column holding ``e``: a column of the SELECT computing the same, or a new
+            one (dropped after numbering)."""
+            text = self._render(e, scope)
+            same = [n for n, r in rendered.items() if r == text]
+            if same:
+                return same[0]
+            column = _fresh_name(base, taken)
+            taken.append(column)
+            rendered[column] = text
+            exprs.append(f"{text} AS {quote(column)}")
+            return column
+
+        partition = [key_column(e, "partition_key") for e in node.args.get("partition_by") or []]
+        keys = []
+        for item in order.expressions:
+            column = key_column(item.this, "order_key")
+            nulls = item.args.get("nulls_first")
+            keys.append(f"{quote(column)} {'DESC' if item.args.get('desc') else 'ASC'}"
+                        + ("" if nulls is None else f" NULLS {'FIRST' if nulls else 'LAST'}"))
+        assert scope.collection is not None
+        base = scope.collection.select(*exprs)
+        not_null = frozenset(
+            [n.lower() for n, e in items if isinstance(e, exp.Column) and
+             (i := self._locate(e, scope)) is not None
+             and e.name.lower() in scope.sources[i].not_null] + [name.lower()])
+        return Relation(Ranking(base, name, tuple(keys), tuple(partition)), tuple(names),
+                        not_null)
+
+    def _rank_bound(self, relation: Relation, qualifier: str, conjuncts: list[exp.Expr]
+                    ) -> int:
+        """The places of ranked ``relation`` (a FROM item named ``qualifier``) the enclosing
+        query keeps: the least k of its WHERE conjuncts ``rn <= k``, ``rn < k + 1``, ``rn =
+        k``, ``rn BETWEEN a AND k`` on the ROW_NUMBER column ``rn``; every place without one.
+        The conjunct still filters: it keeps no row numbered past k, so only the top k of each
+        partition can reach the result."""
+        assert relation.ranking is not None
+        rank = relation.ranking.column.lower()
+
+        def is_rank(e: exp.Expr) -> bool:
+            return (isinstance(e, exp.Column) and e.name.lower() == rank
+                    and e.table.lower() in ("", qualifier))
+
+        def number(e: exp.Expr) -> int | None:
+            if isinstance(e, exp.Literal) and not e.is_string and e.this.isdigit():
+                return int(e.this)
+            return None
+
+        bounds = []
+        for c in conjuncts:
+            if isinstance(c, exp.Between) and is_rank(c.this):
+                high = number(c.args["high"])
+                bounds.append(high)
+                continue
+            if not isinstance(c, (exp.LTE, exp.LT, exp.EQ, exp.GTE, exp.GT)):
+                continue
+            left, right = c.this, c.expression
+            if isinstance(c, (exp.GTE, exp.GT)):  # k >= rn
+                left, right = right, left
+            if not is_rank(left) or (n := number(right)) is None:
+                continue
+            bounds.append(n - 1 if isinstance(c, (exp.LT, exp.GT)) else n)
+        known = [b for b in bounds if b is not None]
+        return max(1, min(known)) if known else EVERY_PLACE
+
+    def _items(self, q: exp.Select, scope: Scope, unnamed: bool = False
+               ) -> list[tuple[str, exp.Expr]]:
+        """The SELECT list as (output name, expression), ``*`` and ``t.*`` expanded; with
+        ``unnamed``, a computed column without AS is named ``col<position>``."""
         items: list[tuple[str, exp.Expr]] = []
         for e in q.expressions:
             star_of = None
@@ -919,6 +1042,8 @@ class QueryCompiler:
                 items.append((e.alias, e.this))
             elif isinstance(e, exp.Column):
                 items.append((e.name, e))
+            elif unnamed:
+                items.append((f"col{len(items) + 1}", e))
             else:
                 raise self.error(e, "a computed column needs a name",
                                  "add AS name (the view's columns are named by the SELECT list)")

@@ -24,9 +24,9 @@ def _asc_nulls_first(value: object) -> tuple:
 
 
 def expected(bag: Counter, k: int, partition: bool, descending: bool,
-             nulls_first: bool) -> Counter:
+             nulls_first: bool, ranked: bool = False) -> Counter:
     """The top ``k`` rows of ``bag`` by ``v`` (then every column ascending, NULLs first), per
-    ``g`` when ``partition``."""
+    ``g`` when ``partition``; with ``ranked``, each with its place (1 to k) last."""
     def key(row: tuple) -> tuple:
         v = row[2]
         if v is None:
@@ -40,8 +40,8 @@ def expected(bag: Counter, k: int, partition: bool, descending: bool,
         groups.setdefault(row[0] if partition else None, []).extend([row] * m)
     out: Counter = Counter()
     for rows in groups.values():
-        for row in sorted(rows, key=key)[:k]:
-            out[row] += 1
+        for place, row in enumerate(sorted(rows, key=key)[:k], start=1):
+            out[(*row, place) if ranked else row] += 1
     return out
 
 
@@ -51,11 +51,16 @@ def _circuit() -> Circuit:
     c.output("top3", rows.top_k(3, ["v DESC"]))                      # NULLs last
     c.output("low2_by_g", rows.top_k(2, ["v"], partition_by=["g"]))  # NULLs first
     c.output("top2_nulls_first", rows.top_k(2, ["`v` DESC NULLS FIRST"]))
+    c.output("top3_ranked", rows.top_k(3, ["v DESC"], rank="place"))
+    c.output("low2_by_g_ranked", rows.top_k(2, ["v"], partition_by=["g"], rank="place"))
     return c
 
 
-VIEWS = {"top3": (3, False, True, False), "low2_by_g": (2, True, False, True),
-         "top2_nulls_first": (2, False, True, True)}
+#: per view: k, partitioned by g, descending, NULLs first, with a rank column
+VIEWS = {"top3": (3, False, True, False, False), "low2_by_g": (2, True, False, True, False),
+         "top2_nulls_first": (2, False, True, True, False),
+         "top3_ranked": (3, False, True, False, True),
+         "low2_by_g_ranked": (2, True, False, True, True)}
 
 
 @ENGINES
@@ -76,8 +81,8 @@ def test_top_k_equals_a_ranking_from_scratch_after_every_step(spark, tmp_path, d
             bag.subtract(deletes)
             bag = +bag
             assert p.step().on_driver == bool(driver_step_rows)
-            for name, (k, partition, descending, nulls_first) in VIEWS.items():
-                want = expected(bag, k, partition, descending, nulls_first)
+            for name, spec in VIEWS.items():
+                want = expected(bag, *spec)
                 assert view_counter(p.view(name)) == want, (step, name)
         assert all(c.equal and c.nonpositive == 0 for c in check_views(p).values())
 
@@ -108,8 +113,8 @@ def test_top_k_on_the_driver_equals_a_ranking_from_scratch(spark, tmp_path_facto
             bag.subtract(deletes)
             bag = +bag
             assert p.step().on_driver
-            for name, (k, partition, descending, nulls_first) in VIEWS.items():
-                want = expected(bag, k, partition, descending, nulls_first)
+            for name, spec in VIEWS.items():
+                want = expected(bag, *spec)
                 assert view_counter(p.view(name)) == want, name
 
 
@@ -123,6 +128,12 @@ def test_declaring_a_top_k_checks_its_arguments(spark, tmp_path):
         rows.top_k(3, [])
     with pytest.raises(CircuitError, match="is not 'column"):
         rows.top_k(3, ["v + 1"])
+    with pytest.raises(CircuitError, match="rank must name a new column"):
+        rows.top_k(3, ["v"], rank="_place")
     c.output("bad", rows.top_k(3, ["nope DESC"]))
     with pytest.raises(CircuitError, match=r"\['nope'\] not in"):
         Pipeline(c, str(tmp_path), spark)
+    clash = Circuit("clash")
+    clash.output("ranked", clash.input("rows", SCHEMA).top_k(3, ["v"], rank="ID"))
+    with pytest.raises(CircuitError, match="rank column 'ID' is already a column"):
+        Pipeline(clash, str(tmp_path / "clash"), spark)

@@ -36,12 +36,12 @@ def refused(query: str) -> SqlError:
     ("SELECT order_id FROM orders\nLIMIT 3", 5, 7, "LIMIT without ORDER BY", "ORDER BY"),
     ("SELECT order_id FROM orders\nORDER BY order_id", 5, 10, "ORDER BY is not supported",
      "top-k"),
-    ("SELECT order_id, row_number() OVER (PARTITION BY customer_id ORDER BY amount) AS r "
-     "FROM orders", 4, 18, "window functions are not supported", "OVER"),
-    ("SELECT customer_id FROM orders INTERSECT ALL SELECT id FROM customers", 4, 8,
-     "INTERSECT ALL is not supported", "set form"),
-    ("SELECT customer_id FROM orders EXCEPT ALL SELECT id FROM customers", 4, 8,
-     "EXCEPT ALL is not supported", "NOT EXISTS"),
+    ("SELECT order_id, rank() OVER (PARTITION BY customer_id ORDER BY amount) AS r "
+     "FROM orders", 4, 18, "only ROW_NUMBER() OVER", "top-k"),
+    ("SELECT customer_id, row_number() OVER (ORDER BY count(*)) AS r FROM orders\n"
+     "GROUP BY customer_id", 4, 21, "ROW_NUMBER() in a SELECT with GROUP BY", "subquery or CTE"),
+    ("SELECT order_id, row_number() OVER (PARTITION BY customer_id) AS r FROM orders", 4, 18,
+     "ROW_NUMBER() needs ORDER BY", "arbitrary"),
     ("SELECT order_id FROM orders\nWHERE customer_id NOT IN (SELECT id FROM customers)", 5, 7,
      "NOT IN (subquery) over columns that may be NULL", "NOT EXISTS"),
     ("SELECT id FROM customers c WHERE EXISTS (SELECT 1 FROM orders o\n"

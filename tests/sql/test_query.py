@@ -56,6 +56,9 @@ VIEWS = {
     "v_union": "SELECT customer_id AS k FROM orders UNION SELECT id FROM customers",
     "v_intersect": "SELECT customer_id FROM orders INTERSECT SELECT id FROM customers",
     "v_except": "SELECT customer_id FROM orders EXCEPT SELECT id FROM customers",
+    "v_intersect_all": "SELECT customer_id, qty FROM orders INTERSECT ALL "
+                       "SELECT id, 2 FROM customers",
+    "v_except_all": "SELECT customer_id FROM orders EXCEPT ALL SELECT id FROM customers",
     "v_in": "SELECT order_id, amount FROM orders "
             "WHERE order_id IN (SELECT order_id FROM returns WHERE reason = 'late')",
     "v_exists": "SELECT id, region FROM customers c WHERE EXISTS "
@@ -100,6 +103,17 @@ VIEWS = {
                  "ORDER BY 2 DESC NULLS LAST, customer_id LIMIT 2",
     "v_top_in_from": "SELECT t.region, t.id FROM (SELECT id, region FROM customers "
                      "ORDER BY id ASC NULLS LAST, region LIMIT 3) t WHERE t.id > 1",
+    "v_rank_top": "SELECT t.customer_id, t.order_id, t.amount, t.rn FROM ("
+                  "SELECT customer_id, order_id, amount, qty, ROW_NUMBER() OVER (PARTITION BY "
+                  "customer_id ORDER BY amount DESC NULLS LAST, order_id, qty) AS rn "
+                  "FROM orders) t WHERE t.rn <= 2",
+    "v_rank_first": "SELECT region, id FROM (SELECT id, region, row_number() OVER "
+                    "(PARTITION BY region ORDER BY id DESC) AS rn FROM customers) c "
+                    "WHERE rn = 1",
+    "v_rank_expr": "SELECT * FROM (SELECT order_id, qty, ROW_NUMBER() OVER (ORDER BY "
+                   "coalesce(qty, 0) * 2 DESC, order_id, qty) AS r FROM orders) x WHERE 3 >= r",
+    "v_rank_every": "SELECT id, region, ROW_NUMBER() OVER (PARTITION BY region "
+                    "ORDER BY id) AS rn FROM customers",
     "v_or_factored": "SELECT o.order_id, c.region FROM orders o, customers c "
                      "WHERE (o.customer_id = c.id AND c.region = 'north') "
                      "OR (c.id = c.id AND o.customer_id = c.id AND o.qty > 2)",
@@ -172,7 +186,7 @@ def test_every_construct_equals_duckdb_after_every_step_on_the_driver(spark, tmp
 
 def test_joins_aggregates_and_subqueries_on_the_spark_path(spark, tmp_path):
     names = ["v_left", "v_scalar", "v_global", "v_having_scalar", "v_distinct_aggs", "v_full",
-             "v_top"]
+             "v_top", "v_rank_top", "v_except_all", "v_intersect_all"]
     script = TABLES + "".join(f"CREATE VIEW {n} AS {VIEWS[n]};\n" for n in names)
     run_and_check(spark, str(tmp_path), script, names, driver_step_rows=0, seed=3, steps=2,
                   ops=20)
