@@ -1,7 +1,7 @@
 """TPC-H benchmark: per query, what an incremental refresh costs against recomputing the query.
 
 Data from ``tpchgen-cli`` at ``--scale`` (default 1). Per query that compiles
-(``dbsp_pipeline/examples/tpch.py``; all but 21), one pipeline on the driver path with DOUBLE
+(``dbsp_pipeline/examples/tpch.py``: all 22), one pipeline on the driver path with DOUBLE
 money columns holds the query as its one view: the tables minus a held-back slice of orders are
 its initial load (timed, reported apart), then ``--rounds`` rounds each of RF1 (insert 0.1% of
 the orders with their lineitems, ``--fraction``) and RF2 (delete as many loaded orders and their

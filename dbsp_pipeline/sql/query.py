@@ -16,11 +16,12 @@ How a SELECT becomes operators:
   Tables are joined in FROM order, each with the first table it has a join key with; two tables
   with no equality between them would be a cross join, which is refused;
 * ``LEFT JOIN ... ON`` takes equalities between the two sides as keys, and conditions on its right
-  side alone as a filter of the right side; anything else in its ON clause is refused (a filter
-  after a left join is not the same query). ``RIGHT JOIN`` and ``FULL JOIN`` likewise take
-  equalities as keys (a RIGHT JOIN's conditions on its left side alone filter it first). A WHERE
-  conjunct on a source an outer join pads with NULLs applies after that join. NULL keys never
-  match (SQL equality), in inner and outer joins alike;
+  side alone as a filter of the right side. ``RIGHT JOIN`` and ``FULL JOIN`` likewise take
+  equalities as keys (a RIGHT JOIN's conditions on its left side alone filter it first). Any
+  other ON condition (on the preserved side, or between the sides) decides with the keys which
+  rows match: the inner join is filtered by it, and the preserved side's rows in none of its
+  rows are padded (``_unmatched``). A WHERE conjunct on a source an outer join pads with NULLs
+  applies after that join. NULL keys never match (SQL equality), in inner and outer joins alike;
 * ``x IN (SELECT y ...)``, ``EXISTS (...)`` and ``NOT EXISTS (...)`` as conjuncts of WHERE become
   semi- and anti-joins; a correlated subquery refers to the outer query in equalities of its
   WHERE clause (they become join keys), and an EXISTS / NOT EXISTS also in other conditions (the
@@ -157,11 +158,14 @@ class Conjunct:
 
 @dataclass(frozen=True)
 class OuterKeys:
-    """An outer join's ON clause: its key pairs (joined tables' expression, right side's) and
-    the conditions that filter the joined tables before a RIGHT JOIN."""
+    """An outer join's ON clause: its key pairs (joined tables' expression, right side's), the
+    conditions that filter the joined tables before a RIGHT JOIN, and the rest (``residuals``:
+    on the preserved side, or between the sides other than as equal keys), which decide with
+    the keys whether two rows match."""
 
     pairs: list[tuple[exp.Expr, exp.Expr]]
     left_filters: list[exp.Expr]
+    residuals: list[exp.Expr]
 
 
 @dataclass
@@ -504,11 +508,12 @@ class QueryCompiler:
     def _outer_join_keys(self, on: exp.Expr, scope: Scope, right: int, kind: str
                          ) -> OuterKeys:
         """The keys of outer join ``kind`` with source ``right`` (pairs of the joined tables'
-        expression and the right side's), and the ON conditions on the preserved side's
-        opposite alone, which filter that side before the join: the right side's for a LEFT
-        JOIN, the joined tables' for a RIGHT JOIN, none for a FULL JOIN."""
+        expression and the right side's), the ON conditions on the preserved side's opposite
+        alone, which filter that side before the join: the right side's for a LEFT JOIN, the
+        joined tables' for a RIGHT JOIN, none for a FULL JOIN; and the other conditions."""
         keys: list[tuple[exp.Expr, exp.Expr]] = []
         left_filters: list[exp.Expr] = []
+        residuals: list[exp.Expr] = []
         source = scope.sources[right]
         name = f"{kind.upper()} JOIN"
         for node in _conjuncts(on):
@@ -534,17 +539,12 @@ class QueryCompiler:
                         and max(r_sources) < right:
                     keys.append((node.expression, node.this))
                     continue
-            preserved = {"left": "right side", "right": "left side",
-                         "full": "either side"}[kind]
-            raise self.error(node, f"this {name} condition is not supported",
-                             f"a {name}'s ON clause may hold equalities between the two sides"
-                             + ("" if kind == "full" else
-                                f" and conditions on its {preserved} alone")
-                             + "; other conditions need an outer join operator with a "
-                             "residual condition")
+            residuals.append(node)
         if not keys:
-            raise self.error(on, f"a {name} needs at least one equality between its sides")
-        return OuterKeys(keys, left_filters)
+            raise self.error(on, f"a {name} needs at least one equality between its sides",
+                             "an outer join without equal keys would pair every row with "
+                             "every row (a cross join)")
+        return OuterKeys(keys, left_filters, residuals)
 
     def _join_pending(self, state: Joined | None, pending: list[int], pool: list[Conjunct],
                       scope: Scope) -> Joined | None:
@@ -644,10 +644,22 @@ class QueryCompiler:
         right_c = source.collection.select(
             *[quote(c) for c in right_columns],
             *[f"{self._render(r, scope)} AS {quote(n)}" for (_, r), n in zip(keys.pairs, on)])
-        join = {"left": left_c.left_join, "right": left_c.right_join,
-                "full": left_c.full_join}[kind]
-        return Joined(join(right_c, on=on), on + state.columns + right_columns,
-                      state.members | {right})
+        columns = on + state.columns + right_columns
+        members = state.members | {right}
+        if not keys.residuals:
+            join = {"left": left_c.left_join, "right": left_c.right_join,
+                    "full": left_c.full_join}[kind]
+            return Joined(join(right_c, on=on), columns, members)
+        # rows match when their keys are equal and the residual conditions hold: the inner
+        # join filtered, plus the preserved sides' rows that are in none of its rows
+        inner = left_c.join(right_c, on=on).filter(" AND ".join(
+            f"({self._render(n, scope)})" for n in keys.residuals))
+        parts = [inner]
+        if kind in ("left", "full"):
+            parts.append(_unmatched(left_c, on + state.columns, inner).conform_to(inner))
+        if kind in ("right", "full"):
+            parts.append(_unmatched(right_c, on + right_columns, inner).conform_to(inner))
+        return Joined(parts[0].union(*parts[1:]), columns, members)
 
     def _apply_covered(self, state: Joined, pool: list[Conjunct], scope: Scope) -> Joined:
         """Filter by the conjuncts on tables joined so far (the earlier, the smaller)."""
@@ -1285,6 +1297,22 @@ def _rewrite(node: exp.Expr,
     copy = node.copy()
     _copy_meta(original, copy)
     return visit(copy)
+
+
+def _unmatched(side: Collection, columns: list[str], matched: Collection) -> Collection:
+    """The rows of ``side`` (its ``columns``) that occur in none of ``matched``'s rows, with
+    their multiplicity: per distinct row of ``side``, its multiplicity m and the number of
+    ``matched`` rows holding it, grouped (so NULLs compare equal); a row none holds is repeated
+    m times."""
+    cols = [quote(c) for c in columns]
+    own, seen = _fresh_name("own_rows", columns), _fresh_name("matched_rows", columns)
+    keep = _fresh_name("unmatched_rows", columns + [own, seen])
+    counted = side.select(*cols, f"1 AS {quote(own)}", f"0 AS {quote(seen)}").union(
+        matched.select(*cols, f"0 AS {quote(own)}", f"1 AS {quote(seen)}")).group_by(
+        *columns).agg(**{own: f"sum({quote(own)})", seen: f"sum({quote(seen)})"})
+    return counted.select(
+        *cols, f"CASE WHEN {quote(seen)} = 0 THEN {quote(own)} ELSE 0 END AS {quote(keep)}"
+    ).repeat(keep)
 
 
 def _copy_meta(original: exp.Expr, copy: exp.Expr) -> None:

@@ -42,6 +42,13 @@ VIEWS = {
                "ON o.customer_id = c.id AND o.amount > 5",
     "v_full": "SELECT o.order_id, o.customer_id, c.id, c.region FROM orders o "
               "FULL OUTER JOIN customers c ON o.customer_id = c.id",
+    "v_left_residual": "SELECT o.order_id, o.amount, c.region FROM orders o LEFT JOIN "
+                       "customers c ON o.customer_id = c.id AND o.amount > 5 "
+                       "AND c.region <> 'east'",
+    "v_right_residual": "SELECT o.order_id, c.id, c.region FROM orders o RIGHT JOIN customers c "
+                        "ON o.customer_id = c.id AND c.region IS NOT NULL AND o.qty < c.id",
+    "v_full_residual": "SELECT o.order_id, o.qty, c.id FROM orders o FULL JOIN customers c "
+                       "ON o.customer_id = c.id AND o.qty + 1 >= c.id AND c.region = 'north'",
     "v_right_where": "SELECT c.id, o.qty FROM orders o RIGHT JOIN customers c "
                      "ON o.customer_id = c.id WHERE o.qty IS NULL OR o.qty > 1",
     "v_join_then_right": "SELECT o.order_id, r.reason, c.region FROM orders o JOIN returns r "
@@ -186,7 +193,8 @@ def test_every_construct_equals_duckdb_after_every_step_on_the_driver(spark, tmp
 
 def test_joins_aggregates_and_subqueries_on_the_spark_path(spark, tmp_path):
     names = ["v_left", "v_scalar", "v_global", "v_having_scalar", "v_distinct_aggs", "v_full",
-             "v_top", "v_rank_top", "v_except_all", "v_intersect_all"]
+             "v_top", "v_rank_top", "v_except_all", "v_intersect_all",
+             "v_full_residual"]
     script = TABLES + "".join(f"CREATE VIEW {n} AS {VIEWS[n]};\n" for n in names)
     run_and_check(spark, str(tmp_path), script, names, driver_step_rows=0, seed=3, steps=2,
                   ops=20)
