@@ -10,6 +10,16 @@ JSON (the default format), one object per record:
 CSV, one line per record: the input's columns in declaration order; one extra last field, if
 present, is the weight (``1`` insert, ``-1`` delete).
 
+Values of the typed columns, in both formats (and back out in ``encode_change``):
+
+* ``DECIMAL``: a JSON number (read exactly as written, never through a float) or a string of
+  digits, ``"12.30"``; more digits after the point than the column's scale is an error, not a
+  rounding. Written out as a string of its exact digits;
+* ``DATE``: ``"YYYY-MM-DD"``;
+* ``TIMESTAMP``: ISO 8601, ``"2024-01-31T10:00:00"`` (``T`` or a space, optional fraction and
+  offset: ``Z``, ``+02:00``); without an offset it is UTC (the engine's session time zone).
+  Written out as ISO 8601 with its offset, ``"2024-01-31T10:00:00+00:00"``.
+
 ``decode`` never raises for a bad record: it returns the record's problem instead, so a caller
 can send it to the errors sink and go on. Values are not type-checked here; the push that
 follows checks every row against the input's schema (``runtime/records.py``), and ``Batch``
@@ -19,6 +29,8 @@ finds which record a type error belongs to.
 from __future__ import annotations
 
 import csv
+import datetime as dt
+import decimal
 import io
 import json
 from collections.abc import Sequence
@@ -26,7 +38,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.types import StructType
+from pyspark.sql.types import (
+    DataType,
+    DateType,
+    DecimalType,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
 
 from dbsp_pipeline.errors import InputError
 from dbsp_pipeline.runtime import records
@@ -36,6 +55,10 @@ FORMATS = ("json", "csv")
 ENVELOPES = {"insert": 1, "delete": -1}
 #: the optional field of an envelope saying how many copies of the row it inserts or deletes
 COPIES = "weight"
+
+
+#: the column types whose values ``typed_value`` reads from text (JSON strings, CSV fields)
+TYPED = (DecimalType, DateType, TimestampType, TimestampNTZType)
 
 
 class DecodeError(ValueError):
@@ -56,7 +79,7 @@ def decode(value: bytes | None, columns: Sequence[str],
 
 def _decode_json(text: str, columns: Sequence[str]) -> tuple[dict[str, Any], int]:
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_float=decimal.Decimal)  # numbers exactly as written
     except json.JSONDecodeError as e:
         raise DecodeError(f"undecodable JSON: {e}") from None
     if not isinstance(data, dict):
@@ -147,12 +170,121 @@ class Batch:
                  arrow_schema: pa.Schema) -> pa.Table:
         rows: Any = [row for _, row, _ in items]
         if self.fmt == "csv":  # text fields: Arrow casts them to the column types
-            rows = pa.table({c: pa.array([r[c] for r in rows], pa.string())
-                             for c in self.columns})
+            columns = {}
+            for f in schema.fields:
+                values = [r[f.name] for r in rows]
+                if isinstance(f.dataType, TYPED):  # read here, as in JSON
+                    columns[f.name] = pa.array(
+                        [self._typed(f.name, v, f.dataType) for v in values],
+                        arrow_schema.field(f.name).type)
+                else:
+                    columns[f.name] = pa.array(values, pa.string())
+            rows = pa.table(columns)
+        else:
+            rows = [{f.name: self._typed(f.name, row[f.name], f.dataType)
+                     for f in schema.fields} for row in rows]
         table = records.to_arrow(self.input_name, rows, schema, arrow_schema, 1)
         weights = pa.array([w for _, _, w in items], pa.int64())
         return table.set_column(table.schema.get_field_index(WEIGHT),
                                 arrow_schema.field(WEIGHT), weights)
+
+
+    def _typed(self, column: str, value: Any, t: DataType) -> Any:
+        """A decoded value as the Python value of column type ``t`` (see the module docstring);
+        a value that cannot be one is an ``InputError`` naming the column."""
+        try:
+            return typed_value(value, t)
+        except ValueError as e:
+            raise InputError(self.input_name, str(e), column=column) from None
+
+
+def typed_value(value: Any, t: DataType) -> Any:
+    """``value`` as read from a record (JSON numbers as ``Decimal``) → the Python value a column
+    of type ``t`` takes; raises ``ValueError`` saying why it cannot be one. Values of other
+    types pass through (the schema check names what is wrong with them)."""
+    if isinstance(value, decimal.Decimal) and not isinstance(t, DecimalType):
+        return float(value)  # exactly float(text): both round the written digits once
+    if isinstance(t, DecimalType) and isinstance(value, (str, decimal.Decimal, int)) \
+            and not isinstance(value, bool):
+        return _decimal(value, t)
+    if not isinstance(value, str):
+        return value
+    if isinstance(t, DateType):
+        try:
+            return dt.date.fromisoformat(value.strip())
+        except ValueError:
+            raise ValueError(f"value {value!r} is not a date (YYYY-MM-DD)") from None
+    if isinstance(t, (TimestampType, TimestampNTZType)):
+        try:
+            stamp = dt.datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise ValueError(f"value {value!r} is not an ISO 8601 timestamp "
+                             "(YYYY-MM-DDTHH:MM:SS[.ffffff][+HH:MM|Z])") from None
+        if isinstance(t, TimestampNTZType):
+            if stamp.tzinfo is not None:
+                raise ValueError(f"value {value!r} has a time zone offset; the column is a "
+                                 "TIMESTAMP_NTZ (no time zone)")
+            return stamp
+        if stamp.tzinfo is None:
+            return stamp.replace(tzinfo=dt.UTC)
+        return stamp.astimezone(dt.UTC)
+    return value
+
+
+def typed_text_columns(input_name: str, table: pa.Table, schema: StructType) -> pa.Table:
+    """``table`` (records read from a file) with each string column that ``schema`` says is a
+    DATE or TIMESTAMP read by ``typed_value``; a value that is not one is an ``InputError``
+    naming the record and the column."""
+    for f in schema.fields:
+        if not isinstance(f.dataType, (DateType, TimestampType, TimestampNTZType)) \
+                or f.name not in table.column_names:
+            continue
+        i = table.schema.get_field_index(f.name)
+        if not pa.types.is_string(table.schema.field(i).type):
+            continue
+        values = []
+        for n, v in enumerate(table.column(i).to_pylist()):
+            try:
+                values.append(typed_value(v, f.dataType))
+            except ValueError as e:
+                raise InputError(input_name, str(e), record_index=n, column=f.name,
+                                 record=table.slice(n, 1).to_pylist()[0]) from None
+        arrow_type = (pa.date32() if isinstance(f.dataType, DateType) else
+                      pa.timestamp("us", tz="UTC") if isinstance(f.dataType, TimestampType)
+                      else pa.timestamp("us"))
+        table = table.set_column(i, pa.field(f.name, arrow_type), pa.array(values, arrow_type))
+    return table
+
+
+def _decimal(value: str | decimal.Decimal | int, t: DecimalType) -> decimal.Decimal:
+    try:
+        number = decimal.Decimal(value.strip() if isinstance(value, str) else value)
+    except decimal.InvalidOperation:
+        raise ValueError(f"value {value!r} is not a decimal number") from None
+    if not number.is_finite():
+        raise ValueError(f"value {value!r} is not a finite decimal number")
+    exponent = number.as_tuple().exponent
+    assert isinstance(exponent, int)  # finite
+    places = max(0, -exponent)
+    if places > t.scale and number != number.quantize(decimal.Decimal(1).scaleb(-t.scale)):
+        raise ValueError(f"value {value} has {places} digits after the point; the column "
+                         f"{t.simpleString()} holds {t.scale} (it is not rounded)")
+    if abs(number) >= decimal.Decimal(10) ** (t.precision - t.scale):
+        raise ValueError(f"value {value} does not fit {t.simpleString()} (at most "
+                         f"{t.precision - t.scale} digits before the point)")
+    return number
+
+
+def json_value(value: Any) -> Any:
+    """How ``json.dumps`` writes a value it has no JSON type for: a decimal as the string of
+    its exact digits, a date or timestamp in ISO 8601 (a timestamp with its offset)."""
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, (dt.date, dt.datetime)):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value)
 
 
 def encode_change(row: dict[str, Any], weight: int) -> bytes:
@@ -162,4 +294,4 @@ def encode_change(row: dict[str, Any], weight: int) -> bytes:
     record: dict[str, Any] = {"insert" if weight > 0 else "delete": row}
     if abs(weight) != 1:
         record["weight"] = abs(weight)
-    return json.dumps(record, sort_keys=True, default=str).encode()
+    return json.dumps(record, sort_keys=True, default=json_value).encode()

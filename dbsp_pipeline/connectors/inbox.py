@@ -53,7 +53,9 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
+from pyspark.sql.types import DecimalType, StructType
 
+from dbsp_pipeline.connectors import codec
 from dbsp_pipeline.errors import InputError
 from dbsp_pipeline.zset import WEIGHT
 
@@ -171,7 +173,7 @@ def ingest(pipeline: Pipeline, folder: str, settle_seconds: float = SETTLE_SECON
                 continue
             digest = hashlib.sha256(data).hexdigest()
             try:
-                table = parse_file(name, file, data)
+                table = parse_file(name, file, data, pipeline.input_schema(name))
                 producer = f"inbox/{name}/{file}@{digest}"
                 if WEIGHT in table.column_names:
                     i = table.schema.get_field_index(WEIGHT)
@@ -220,19 +222,29 @@ def read_settled(entry: InboxFile) -> bytes | None:
         os.close(fd)
 
 
-def parse_file(input_name: str, file: str, data: bytes) -> pa.Table:
-    """The records of the inbox file ``file`` (its bytes ``data``) as Arrow (types are fixed by
-    the push that follows)."""
+def parse_file(input_name: str, file: str, data: bytes, schema: StructType) -> pa.Table:
+    """The records of the inbox file ``file`` (its bytes ``data``) as Arrow; the push that
+    follows checks them against the input's ``schema``. In JSON lines and CSV, the values of
+    DECIMAL columns are read exactly as written (numbers or strings; never through a float),
+    and DATE and TIMESTAMP columns from text as Kafka records are (``codec.typed_value``)."""
     buffer = pa.BufferReader(data)
+    decimals = {f.name: pa.decimal128(f.dataType.precision, f.dataType.scale)
+                for f in schema.fields if isinstance(f.dataType, DecimalType)}
+    texts = {f.name: pa.string() for f in schema.fields
+             if isinstance(f.dataType, codec.TYPED) and f.name not in decimals}
     try:
         if file.endswith(".jsonl"):
-            return pa_json.read_json(buffer)
-        if file.endswith(".csv"):
-            return pa_csv.read_csv(buffer)
-        return pq.read_table(buffer)
+            table = pa_json.read_json(buffer, parse_options=pa_json.ParseOptions(
+                explicit_schema=pa.schema({**decimals, **texts})))
+        elif file.endswith(".csv"):
+            table = pa_csv.read_csv(buffer, convert_options=pa_csv.ConvertOptions(
+                column_types={**decimals, **texts}))
+        else:
+            return pq.read_table(buffer)
     except (pa.ArrowException, OSError) as e:
         raise InputError(input_name, f"cannot be parsed as {os.path.splitext(file)[1][1:]}: "
                          f"{e}") from None
+    return codec.typed_text_columns(input_name, table, schema)
 
 
 def move_unique(entry: InboxFile, sub: str, digest: str | None, error: str | None = None,

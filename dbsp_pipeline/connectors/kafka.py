@@ -47,7 +47,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from dbsp_pipeline import root as root_layout
-from dbsp_pipeline.connectors.codec import FORMATS, Batch, encode_change
+from dbsp_pipeline.connectors.codec import FORMATS, Batch, encode_change, json_value
 from dbsp_pipeline.connectors.errors_sink import ErrorsSink
 from dbsp_pipeline.errors import (
     ConcurrentWriterError,
@@ -321,7 +321,7 @@ class KafkaSink:
                 count = 0
                 for row in rows:
                     weight = row.pop("_weight")
-                    key = json.dumps(row, sort_keys=True, default=str).encode()
+                    key = json.dumps(row, sort_keys=True, default=json_value).encode()
                     self._produce(b.topic, encode_change(row, weight), key, headers)
                     count += 1
                 side = {"step": step, "view": b.view, "rows": count, "offsets": offsets}

@@ -7,6 +7,9 @@ pipeline's step, materializes every view: it ingests the inbox (and polls the Ka
 executes steps while input is pending (bounded by ``max_steps`` and ``max_seconds``), commits,
 and records per view the step, the rows of the view, the rows changed and the lag from the
 oldest input's arrival. Everything it reports was committed before it is reported.
+
+Every asset carries its columns and their Spark types (``dagster/column_schema``): an input's
+from its declaration, a view's from the circuit's analysis, with each materialization.
 """
 
 # no ``from __future__ import annotations``: Dagster reads the decorated functions' annotations
@@ -15,10 +18,26 @@ from collections.abc import Iterator
 from typing import Any
 
 import dagster as dg
+from pyspark.sql.types import StructType
 
 from dbsp_pipeline import Pipeline, StepResult
 from dbsp_pipeline.connectors import inbox
 from dbsp_pipeline.dagster.ref import PipelineRef
+from dbsp_pipeline.sql.catalog import ddl_column_types
+
+#: the metadata key under which Dagster shows an asset's columns
+COLUMN_SCHEMA = "dagster/column_schema"
+
+
+def column_schema(columns: list[tuple[str, str, bool]]) -> dg.TableSchema:
+    """Columns as (name, Spark type, nullable) → the table schema Dagster shows."""
+    return dg.TableSchema(columns=[
+        dg.TableColumn(name, type_, constraints=dg.TableColumnConstraints(nullable=nullable))
+        for name, type_, nullable in columns])
+
+
+def struct_columns(schema: StructType) -> list[tuple[str, str, bool]]:
+    return [(f.name, f.dataType.simpleString(), f.nullable) for f in schema.fields]
 
 
 class StepConfig(dg.Config):
@@ -35,7 +54,9 @@ def input_assets(ref: PipelineRef) -> list[dg.AssetSpec]:
     schemas = ref.circuit.input_schemas
     return [dg.AssetSpec(ref.input_key(name), group_name=ref.name, kinds={"delta"},
                          description=f"input '{name}' of pipeline '{ref.name}' ({schemas[name]}): "
-                                     "its durable log, written by pushes")
+                                     "its durable log, written by pushes",
+                         metadata={COLUMN_SCHEMA: column_schema(
+                             ddl_column_types(schemas[name]))})
             for name in ref.circuit.inputs]
 
 
@@ -104,6 +125,7 @@ def views_asset(ref: PipelineRef) -> dg.AssetsDefinition:
                         "rows": pipeline.view_arrow(view).num_rows,
                         "rows_changed": changed,
                         "lag_seconds": round(done - arrived, 3) if arrived else 0.0,
+                        COLUMN_SCHEMA: column_schema(struct_columns(pipeline.view_schema(view))),
                     })
         if ingested.rejected:
             raise dg.Failure(

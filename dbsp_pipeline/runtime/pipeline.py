@@ -609,6 +609,11 @@ class Pipeline:
         """The current value of output ``name`` (or after step ``as_of``): payload + ``_weight``."""
         return self._output(name).view(as_of)
 
+    def view_schema(self, name: str) -> StructType:
+        """The columns of output view ``name`` (without ``_weight``), as the circuit's analysis
+        typed them."""
+        return self._output(name).schema
+
     def view_arrow(self, name: str) -> pa.Table:
         """``view(name)`` (the newest value) read on the driver, as Arrow: no Spark needed."""
         return self._output(name).view_arrow(self._engine.sql)

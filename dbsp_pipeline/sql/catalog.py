@@ -108,6 +108,23 @@ def ddl_columns(ddl: str) -> tuple[tuple[str, ...], frozenset[str]]:
     return column_defs(schema.expressions)
 
 
+def ddl_column_types(ddl: str) -> list[tuple[str, str, bool]]:
+    """Per column of a Spark DDL schema: its name, its type as Spark writes it
+    (``decimal(12,2)``, ``timestamp``), and whether it may be NULL. Read without a JVM."""
+    create = sqlglot.parse_one(f"CREATE TABLE t ({ddl})", read="spark")
+    schema = create.this
+    out = []
+    for d in schema.expressions if isinstance(schema, exp.Schema) else []:
+        if not isinstance(d, exp.ColumnDef):
+            continue
+        kind = d.args.get("kind")
+        text = kind.sql(dialect="spark").lower().replace(", ", ",") if kind else "string"
+        not_null = any(isinstance(c.args.get("kind"), exp.NotNullColumnConstraint)
+                       for c in d.args.get("constraints") or [])
+        out.append((d.name, text, not not_null))
+    return out
+
+
 def column_defs(defs: Sequence[exp.Expr]) -> tuple[tuple[str, ...], frozenset[str]]:
     """Names of ``ColumnDef`` nodes, and those with a NOT NULL constraint."""
     names: list[str] = []

@@ -4,14 +4,16 @@ error files are private and bounded. Real pipeline (driver-path steps, Delta log
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import stat
 import time
+from decimal import Decimal
 
 import pytest
 
-from dbsp_pipeline import Pipeline
+from dbsp_pipeline import Circuit, Pipeline
 from dbsp_pipeline.connectors import inbox
 from dbsp_pipeline.examples.shop import shop_circuit
 
@@ -204,3 +206,30 @@ def test_error_files_are_private_bounded_and_never_overwritten(pipeline, box):
     assert read(box, "orders", "rejected", other).endswith(f"2.0,{huge}\n")
     assert read(box, "orders", "rejected", "bad.csv").endswith(f"{huge},1,3.0\n")
     assert pipeline.step().inputs == {"orders": 0, "customers": 0}  # nothing of them pushed
+
+
+# -- typed values ------------------------------------------------------------------------------
+def test_decimal_date_and_timestamp_columns_are_read_exactly_from_jsonl_and_csv(spark, tmp_path,
+                                                                               box):
+    c = Circuit("pay")
+    pay = c.input("payments", "id BIGINT, amount DECIMAL(10,2), day DATE, at TIMESTAMP")
+    c.output("by_day", pay.group_by("day").agg(total="sum(amount)", last="max(at)"))
+    with Pipeline(c, str(tmp_path / "pay"), spark) as p:
+        drop(box, "payments", "a.jsonl", jsonl(
+            {"id": 1, "amount": 0.1, "day": "2024-01-31", "at": "2024-01-31T10:00:00"},
+            {"id": 2, "amount": "0.20", "day": "2024-01-31", "at": "2024-01-31 12:00:00+02:00"},
+            {"id": 3, "amount": 12345678.99, "day": None, "at": None}))
+        drop(box, "payments", "b.csv", "id,amount,day,at\n4,0.7,2024-02-01,2024-02-01 09:30:00\n")
+        drop(box, "payments", "c.jsonl", jsonl(
+            {"id": 5, "amount": 1.005, "day": "2024-02-01", "at": None}))
+        result = inbox.ingest(p, box)
+        assert result.pushed == {"payments": {"a.jsonl": 3, "b.csv": 1}}
+        problem = result.rejected["payments"]["c.jsonl"]
+        assert "c.jsonl" in problem and "1.005 requires scale 3" in problem  # not rounded
+        p.step()
+        rows = {r["day"]: (r["total"], r["last"]) for r in p.view_arrow("by_day").to_pylist()}
+        utc = dt.UTC
+        assert rows == {
+            dt.date(2024, 1, 31): (Decimal("0.30"), dt.datetime(2024, 1, 31, 10, tzinfo=utc)),
+            dt.date(2024, 2, 1): (Decimal("0.70"), dt.datetime(2024, 2, 1, 9, 30, tzinfo=utc)),
+            None: (Decimal("12345678.99"), None)}

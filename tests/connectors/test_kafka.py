@@ -3,13 +3,16 @@ divisions, exactly-once output read with read_committed, bad records to the erro
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 from collections import Counter
+from decimal import Decimal
 
 import pytest
 
 from dbsp_pipeline import Circuit, Pipeline, UsageError
+from dbsp_pipeline.connectors.codec import Batch
 from dbsp_pipeline.connectors.errors_sink import ErrorsSink
 from dbsp_pipeline.connectors.kafka import (
     STEPS_SUFFIX,
@@ -20,6 +23,7 @@ from dbsp_pipeline.connectors.kafka import (
     KafkaSource,
     topic_lag,
 )
+from dbsp_pipeline.driver.sql import zset_arrow_schema
 from tests.kafka_helpers import consume_all, new_topic, produce
 from tests.object_store_helpers import new_bucket
 
@@ -89,6 +93,45 @@ def test_json_and_csv_inputs_flow_to_exactly_once_output(spark, tmp_path, broker
         again = KafkaSink(p, broker, [KafkaOutput("orders_copy", out_copy)])
         assert again.last["orders_copy"] == results[-1].step + 1 and again.emit() == []
         again.close()
+
+
+def test_decimal_date_and_timestamp_values_cross_kafka_exactly(spark, tmp_path, broker):
+    c = Circuit("ktyped")
+    pay = c.input("payments", "id BIGINT, amount DECIMAL(12,2), day DATE, at TIMESTAMP")
+    c.output("by_day", pay.group_by("day").agg(total="sum(amount)", first="min(at)", n="count(*)"))
+    source, sink = new_topic(broker, prefix="typed"), new_topic(broker, prefix="typed-out")
+    produce(broker, source, [
+        b'{"id": 1, "amount": 0.10, "day": "2024-01-31", "at": "2024-01-31T10:00:00.5"}',
+        b'{"id": 2, "amount": "0.20", "day": "2024-01-31", "at": "2024-01-31T12:00:00+01:00"}',
+        b'{"id": 3, "amount": 9999999999.99, "day": null, "at": null}',
+        b'{"id": 4, "amount": 0.001, "day": "2024-02-01", "at": null}',  # refused: not rounded
+        b'{"delete": {"id": 3, "amount": 9999999999.99, "day": null, "at": null}}',
+        b'{"id": 5, "amount": 7, "day": "2024-02-01", "at": "2024-02-01 00:00:00Z"}'])
+    with Pipeline(c, str(tmp_path), spark) as p:
+        runner = KafkaRunner(p, broker, [KafkaInput("payments", source)],
+                             [KafkaOutput("by_day", sink)])
+        results = runner.run(idle_seconds=2)
+        runner.close()
+        assert sum(n for r in results for n in r.rejected.values()) == 1
+        view = {r["day"]: (r["total"], r["first"], r["n"])
+                for r in p.view_arrow("by_day").to_pylist()}
+        utc = dt.UTC
+        assert view == {
+            dt.date(2024, 1, 31): (Decimal("0.30"), dt.datetime(2024, 1, 31, 10, 0, 0, 500000,
+                                                                tzinfo=utc), 2),
+            dt.date(2024, 2, 1): (Decimal("7.00"), dt.datetime(2024, 2, 1, tzinfo=utc), 1)}
+        # the output records carry the same values exactly, and read back as the same rows
+        out = p.view_schema("by_day")
+        batch = Batch("by_day", out.fieldNames())
+        for i, (*_, value) in enumerate(consume_all(broker, sink)):
+            batch.add(i, value)
+        assert batch.bad == []
+        read_back: Counter = Counter()
+        for r in batch.to_zset(out, zset_arrow_schema(out)).to_pylist():
+            read_back[(r["day"], r["total"], r["first"], r["n"])] += r["_weight"]
+        assert +read_back == Counter({(d, *v): 1 for d, v in view.items()})
+        first = json.loads(consume_all(broker, sink)[0][3])["insert"]
+        assert first["total"] == "0.30" and first["first"] == "2024-01-31T10:00:00.500000+00:00"
 
 
 def test_bad_records_go_to_the_errors_sink_and_the_rest_goes_on(spark, tmp_path, broker):

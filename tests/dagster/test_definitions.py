@@ -96,7 +96,8 @@ def test_kafka_bindings_need_a_broker(tmp_path):
 def test_a_pipeline_from_a_sql_file_shows_each_views_sql_and_lineage(tmp_path):
     script = tmp_path / "sales.sql"
     script.write_text("""
-        CREATE TABLE orders (order_id BIGINT NOT NULL, customer_id BIGINT, amount DOUBLE);
+        CREATE TABLE orders (order_id BIGINT NOT NULL, customer_id BIGINT,
+                             amount DECIMAL(12, 2), day DATE, placed_at TIMESTAMP);
         CREATE TABLE customers (id BIGINT NOT NULL, region STRING);
         CREATE VIEW by_region AS
           SELECT c.region, count(*) AS n, sum(o.amount) AS total
@@ -117,5 +118,10 @@ def test_a_pipeline_from_a_sql_file_shows_each_views_sql_and_lineage(tmp_path):
     description = graph.get(dg.AssetKey(["sales", "big_regions"])).description or ""
     assert "```sql" in description and "total > 100" in description
     assert "by_region" in description
-    assert "```sql" not in (graph.get(dg.AssetKey(["sales", "inputs", "orders"])).description
-                            or "")
+    orders = graph.get(dg.AssetKey(["sales", "inputs", "orders"]))
+    assert "```sql" not in (orders.description or "")
+    columns = orders.metadata["dagster/column_schema"].columns
+    assert [(c.name, c.type, c.constraints.nullable) for c in columns] == [
+        ("order_id", "bigint", False), ("customer_id", "bigint", True),
+        ("amount", "decimal(12,2)", True), ("day", "date", True),
+        ("placed_at", "timestamp", True)]

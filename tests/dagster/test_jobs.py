@@ -49,6 +49,9 @@ def test_step_ingests_steps_and_materializes_every_view(defs, root, instance, sp
     assert m["rows"] == 1 and m["rows_changed"] == 1 and m["state_version"] >= 1
     assert m["lag_seconds"] > 0 and m["seconds_per_step"] > 0
     assert m["steps_on_driver"] == 1 and m["last_step_path"].startswith("driver")
+    columns = [(c.name, c.type) for c in m["dagster/column_schema"].columns]
+    assert columns == [("region", "string"), ("total", "double"), ("n", "bigint"),
+                       ("top", "double")]
     checks = {(c.asset_key.to_user_string(), c.check_name): c.passed
               for c in result.get_asset_check_evaluations()}
     assert len(checks) == 6 and all(checks.values())
