@@ -33,9 +33,16 @@ Whitelist (each item verified against Spark 4.3 + DuckDB 2.0 by ``tests/driver/t
   only compared with integers), exponent doubles (``1e3``; the ``D``/``L``/``BD`` suffixes
   refuse), strings (no backslash anywhere in the text: Spark's escape rules are not sqlglot's;
   adjacent literals refuse), ``TRUE``, ``FALSE``, ``NULL``, and ``DATE 'yyyy-mm-dd'`` (or
-  ``date('yyyy-mm-dd')``) for a valid date;
+  ``date('yyyy-mm-dd')``, ``CAST('yyyy-mm-dd' AS DATE)``) for a valid date;
+* constants folded here as Spark computes them (``_folded_constant``): a date literal plus or
+  minus ``INTERVAL 'n' DAY|MONTH|YEAR`` (month arithmetic clamps to the month's last day, as
+  Spark's ``add_months``; DuckDB would give a TIMESTAMP), and decimal literals joined by
+  ``+ - *`` (exact in Spark: ``0.06 - 0.01`` is ``0.05``), typed as a decimal literal;
 * ``+ - *`` and unary minus on int/bigint/double (a decimal literal only with a double; never
-  decimal arithmetic, never ``/ % div``: Spark raises on division by zero, DuckDB gives NULL).
+  decimal arithmetic, never ``% div``);
+* ``/`` of int/bigint/double (a decimal literal only with a double): Spark divides as doubles;
+  on a zero divisor Spark (ANSI) raises where DuckDB gives NULL, so the translation raises
+  (``error()``) on every zero divisor and the caller lets Spark decide.
   Integer arithmetic is generated as ``add``/``subtract``/``multiply`` calls, which DuckDB types
   and overflow-checks like ``+ - *`` (int op int is int, raising on overflow, as Spark ANSI does)
   but which its optimizer does not rewrite: it turns ``x + 1 > 5`` into ``x > 4`` and ``-x > 5``
@@ -51,12 +58,18 @@ Whitelist (each item verified against Spark 4.3 + DuckDB 2.0 by ``tests/driver/t
   whose branches unify as Spark's do (int+bigint is bigint, int+double is double, NULL takes the
   other type; anything else refuses);
 * ``length(string)`` (code points in both; cast back to int as Spark types it), ``abs`` of
-  int/bigint/double (raising on the minimum integer in both);
+  int/bigint/double (raising on the minimum integer in both), ``substring(s, start, length)``
+  with integer literals ``start >= 1`` and ``length >= 0`` (code points in both; other starts
+  count differently), ``EXTRACT(YEAR|MONTH|DAY FROM d)`` and ``year/month/day(d)`` of a DATE
+  (an int, as Spark types it);
+* ``s [NOT] LIKE 'pattern'`` of a string with a literal pattern without ``_`` (Spark matches
+  ``_`` to one UTF-16 unit, DuckDB to one code point) and without a backslash (refused
+  everywhere): ``%`` matches any run of characters, newlines included, in both;
 * ``expr AS name`` (and ``expr name``) in projections; the output is aliased to the given name.
 
 Dropped from the first plan, because the engines differ: ``upper``/``lower`` (Spark uses Java's
 full case mapping: ``upper('ß')`` is ``'SS'``, ``lower('İ')`` is two code points, final sigma;
-DuckDB maps code point by code point), ``/``, ``%``, ``div``, string/number comparisons, decimal
+DuckDB maps code point by code point), ``%``, ``div``, string/number comparisons, decimal
 arithmetic, timestamp literals (Spark reads them in the session time zone, DuckDB in its own),
 arithmetic on tinyint/smallint/float columns (DuckDB keeps ``tinyint + 1`` a TINYINT that
 overflows at 127, Spark widens to int).
@@ -73,10 +86,11 @@ run then either raises the genuine error or returns Spark's values).
 
 from __future__ import annotations
 
+import calendar
 import datetime
 import re
 from collections.abc import Sequence
-from decimal import Decimal
+from decimal import Context, Decimal, localcontext
 from typing import Any, TypeAlias, cast
 
 import sqlglot
@@ -128,6 +142,12 @@ _COMPARISONS: dict[type[exp.Expression], str] = {exp.EQ: "=", exp.NEQ: "<>", exp
                 exp.LTE: "<=", exp.GT: ">",
                 exp.GTE: ">=", exp.NullSafeEQ: "IS NOT DISTINCT FROM",
                 exp.NullSafeNEQ: "IS DISTINCT FROM"}
+
+
+#: EXTRACT units of a DATE, and the DuckDB function of each (Spark returns an int)
+_DATE_PARTS = {"YEAR": "year", "MONTH": "month", "DAY": "day"}
+_DATE_PART_FUNCTIONS: dict[type[exp.Expression], str] = {exp.Year: "year", exp.Month: "month",
+                                                         exp.Day: "day"}
 
 
 class _Refuse(Exception):
@@ -338,8 +358,11 @@ def _translate(node: exp.Expression, columns: Columns) -> tuple[str, str]:
         return _column(cast(exp.Column, node), columns)
     if t in (exp.Literal, exp.Boolean, exp.Null) or (t is exp.Neg and _is_number(node.this)):
         return _literal(node)
-    if t is exp.Cast:
-        return _date_literal(cast(exp.Cast, node))
+    if t in (exp.Cast, exp.TryCast):
+        return _date_literal(node)
+    folded = _folded_constant(node)
+    if folded is not None:
+        return folded
     if t is exp.Neg:
         _only(node, "this")
         sql, typ = _typed(node.this, columns, _ARITH)
@@ -349,6 +372,35 @@ def _translate(node: exp.Expression, columns: Columns) -> tuple[str, str]:
     if t in _DUCKDB_ARITH:
         _only(node, "this", "expression")
         return _arithmetic(_DUCKDB_ARITH[t], node.this, node.expression, columns)
+    if t is exp.Div:
+        _only(node, "this", "expression", "typed", "safe")
+        if node.args.get("typed"):
+            raise _Refuse("typed division")
+        return _division(node.this, node.expression, columns)
+    if t is exp.Like:
+        return _like(cast(exp.Like, node), columns)
+    if t is exp.Extract:
+        _only(node, "this", "expression")
+        unit = node.this
+        if type(unit) is not exp.Var or unit.name.upper() not in _DATE_PARTS:
+            raise _Refuse("EXTRACT unit")
+        a, _ = _typed(node.expression, columns, {DATE})
+        return f"CAST({_DATE_PARTS[unit.name.upper()]}({a}) AS INTEGER)", INT
+    if t in _DATE_PART_FUNCTIONS:
+        _only(node, "this")
+        arg = node.this
+        if type(arg) is exp.TsOrDsToDate:  # sqlglot's reading of year(x): x as a date
+            _only(arg, "this")
+            arg = arg.this
+        a, _ = _typed(arg, columns, {DATE})
+        return f"CAST({_DATE_PART_FUNCTIONS[t]}({a}) AS INTEGER)", INT
+    if t is exp.Substring:
+        _only(node, "this", "start", "length")
+        a, _ = _typed(node.this, columns, {STRING})
+        start, length = _int_literal(node.args.get("start")), _int_literal(node.args.get("length"))
+        if start is None or start < 1 or length is None or length < 0:
+            raise _Refuse("substring positions")  # 0 and negative starts differ between them
+        return f"substring({a}, {start}, {length})", STRING
     if t in _COMPARISONS:
         _only(node, "this", "expression")
         _no_bare_predicate(node.this, node.expression)
@@ -445,6 +497,36 @@ def _arithmetic(fn: str, left: exp.Expression, right: exp.Expression,
     return f"{fn}({a}, {b})", typ
 
 
+def _division(left: exp.Expression, right: exp.Expression, columns: Columns) -> tuple[str, str]:
+    """``a / b`` of int, bigint and double (a decimal literal only beside a double): Spark
+    divides as doubles (``CAST`` of both) and, in ANSI mode, raises on a zero divisor, where
+    DuckDB would give NULL; so a zero divisor raises in DuckDB too (``error``), and the caller
+    lets Spark decide, as for an overflow."""
+    a, ta = _typed(left, columns, _ARITH | {DECIMAL_LIT, NULL})
+    b, tb = _typed(right, columns, _ARITH | {DECIMAL_LIT, NULL})
+    kinds = {ta, tb}
+    if kinds <= {NULL}:
+        raise _Refuse("NULL / NULL")
+    if DECIMAL_LIT in kinds and kinds - {DECIMAL_LIT, NULL} != {DOUBLE}:
+        raise _Refuse("decimal division")
+    return (f"(CASE WHEN ({b}) = 0 THEN error('division by zero') "
+            f"ELSE CAST({a} AS DOUBLE) / CAST({b} AS DOUBLE) END)"), DOUBLE
+
+
+def _like(node: exp.Like, columns: Columns) -> tuple[str, str]:
+    """``s [NOT] LIKE 'pattern'`` of a string with a literal pattern whose only wildcard is
+    ``%`` (``_`` is one UTF-16 unit to Spark's Java regex, one code point to DuckDB; escapes
+    are refused with every backslash)."""
+    _only(node, "this", "expression", "negate")
+    pattern = node.expression
+    if type(pattern) is not exp.Literal or not pattern.is_string or "_" in pattern.this:
+        raise _Refuse("LIKE pattern")
+    _no_bare_predicate(node.this)
+    a, _ = _typed(node.this, columns, {STRING})
+    p, _ = _literal(pattern)
+    return f"({a} {'NOT LIKE' if node.args.get('negate') else 'LIKE'} {p})", BOOLEAN
+
+
 def _comparable(a: str, b: str) -> None:
     if NULL in (a, b) and OTHER not in (a, b):
         return
@@ -534,11 +616,24 @@ def _is_number(node: exp.Expression) -> bool:
     return type(node) is exp.Literal and not node.is_string
 
 
+def _int_literal(node: exp.Expression | None) -> int | None:
+    if node is None:
+        return None
+    node = _unparen(node)
+    negative = type(node) is exp.Neg
+    inner = node.this if negative else node
+    if type(inner) is exp.Literal and not inner.is_string and _INT_RE.fullmatch(str(inner.this)):
+        value = int(inner.this)
+        return -value if negative else value
+    return None
+
+
 def _is_literal(node: exp.Expression) -> bool:
     node = _unparen(node)
     t = type(node)
     return (t in (exp.Literal, exp.Boolean, exp.Null) or (t is exp.Neg and _is_number(node.this))
-            or t is exp.Cast)
+            or t in (exp.Cast, exp.TryCast) or _folded_date(node) is not None
+            or _folded_decimal(node) is not None)
 
 
 def _literal(node: exp.Expression) -> tuple[str, str]:
@@ -589,19 +684,144 @@ def _literal(node: exp.Expression) -> tuple[str, str]:
     raise _Refuse(f"numeric literal {text!r}")
 
 
-def _date_literal(node: exp.Cast) -> tuple[str, str]:
-    """``DATE 'yyyy-mm-dd'`` (sqlglot: a CAST of a string to DATE) for a strictly ISO valid date."""
-    _only(node, "this", "to")
+def _date_literal(node: exp.Expression) -> tuple[str, str]:
+    """``DATE 'yyyy-mm-dd'`` and ``CAST('yyyy-mm-dd' AS DATE)`` (sqlglot: a CAST, or a TRY_CAST
+    as it reads Spark's CAST, of a string to DATE; the same for a valid date) for a strictly ISO
+    valid date."""
+    day = _date_value(node)
+    if day is None:
+        raise _Refuse("CAST")
+    return f"DATE '{day.isoformat()}'", DATE
+
+
+def _date_value(node: exp.Expression) -> datetime.date | None:
+    """The date of a date literal, or None if ``node`` is not one."""
+    if type(node) not in (exp.Cast, exp.TryCast):
+        return None
+    if set(k for k, v in node.args.items() if v not in (None, False, [], "")) - {"this", "to",
+                                                                                   "_type"}:
+        return None
     to, value = node.args.get("to"), node.this
     if (type(to) is not exp.DataType or to.this != exp.DataType.Type.DATE
-            or set(k for k, v in to.args.items() if v) - {"this"}
+            or set(k for k, v in to.args.items() if v) - {"this", "nested"}
             or type(value) is not exp.Literal or not value.is_string):
-        raise _Refuse("CAST")
+        return None
     text = value.this
     if not _DATE_RE.fullmatch(text):
-        raise _Refuse("date literal format")
+        return None
     try:
-        day = datetime.date.fromisoformat(text)
+        return datetime.date.fromisoformat(text)
     except ValueError:
-        raise _Refuse("invalid date") from None
-    return f"DATE '{day.isoformat()}'", DATE
+        return None
+
+
+# --- constant folding --------------------------------------------------------------------------
+
+_INTERVAL_UNITS = {"DAY": "day", "DAYS": "day", "MONTH": "month", "MONTHS": "month",
+                   "YEAR": "year", "YEARS": "year"}
+
+
+def _folded_constant(node: exp.Expression) -> tuple[str, str] | None:
+    """A constant computed here as Spark computes it, or None if ``node`` is not one of:
+
+    * a date literal plus or minus an interval literal of whole days, months or years (Spark:
+      ``date_add`` for days, ``add_months`` for months and years, which keeps the day of the
+      month or clamps it to the month's last day: ``DATE '2024-01-31' + INTERVAL '1' MONTH``
+      is ``2024-02-29``); DuckDB would give a TIMESTAMP. Nested ones fold inside out;
+    * decimal literals added, subtracted or multiplied (``0.06 - 0.01``): Spark's decimal
+      result is exact for them, so it is computed exactly and typed as a decimal literal.
+    """
+    day = _folded_date(node)
+    if day is not None:
+        return f"DATE '{day.isoformat()}'", DATE
+    value = _folded_decimal(node)
+    if value is None:
+        return None
+    digits, exponent = value.as_tuple().digits, value.as_tuple().exponent
+    assert isinstance(exponent, int)
+    if len(digits) > 15 or -exponent > 15:
+        raise _Refuse("long folded decimal")
+    plain = format(value, "f")
+    plain = plain if "." in plain else plain + ".0"
+    return (f"({plain})" if value < 0 else plain), DECIMAL_LIT
+
+
+def _folded_date(node: exp.Expression) -> datetime.date | None:
+    node = _unparen(node)
+    literal = _date_value(node)
+    if literal is not None:
+        return literal
+    t = type(node)
+    if t not in (exp.Add, exp.Sub) or set(k for k, v in node.args.items() if v) - {
+            "this", "expression"}:
+        return None
+    left, right = _unparen(node.this), _unparen(node.expression)
+    if t is exp.Add and type(left) is exp.Interval:
+        left, right = right, left  # INTERVAL ... + DATE ...
+    if type(right) is not exp.Interval:
+        return None
+    base = _folded_date(left)
+    amount = _interval(right)
+    if base is None or amount is None:
+        return None
+    n, unit = amount
+    if t is exp.Sub:
+        n = -n
+    try:
+        if unit == "day":
+            return base + datetime.timedelta(days=n)
+        months = base.year * 12 + base.month - 1 + (n if unit == "month" else 12 * n)
+        year, month = divmod(months, 12)
+        last = calendar.monthrange(year, month + 1)[1]
+        return datetime.date(year, month + 1, min(base.day, last))
+    except (ValueError, OverflowError):  # past year 9999 or before year 1
+        raise _Refuse("date out of range") from None
+
+
+def _interval(node: exp.Interval) -> tuple[int, str] | None:
+    """``INTERVAL '3' MONTH`` (or ``INTERVAL 3 MONTH``): (3, "month")."""
+    if set(k for k, v in node.args.items() if v) - {"this", "unit"}:
+        return None
+    unit, value = node.args.get("unit"), node.this
+    if type(unit) is not exp.Var or unit.name.upper() not in _INTERVAL_UNITS:
+        return None
+    if type(value) is not exp.Literal or not _INT_RE.fullmatch(str(value.this)):
+        return None
+    n = int(value.this)
+    return (n, _INTERVAL_UNITS[unit.name.upper()]) if n <= 1_000_000 else None
+
+
+def _folded_decimal(node: exp.Expression) -> Decimal | None:
+    """The exact value of decimal literals joined by ``+ - *`` (at least one with a point)."""
+    node = _unparen(node)
+    t = type(node)
+    if t not in (exp.Add, exp.Sub, exp.Mul):
+        return None
+    if set(k for k, v in node.args.items() if v) - {"this", "expression"}:
+        return None
+    values = [_decimal_value(node.this), _decimal_value(node.expression)]
+    if any(v is None for v in values):
+        return None
+    a, b = cast(list[tuple[Decimal, bool]], values)
+    if not (a[1] or b[1]):
+        return None  # integers: Spark's integer arithmetic (and its overflow) applies
+    with localcontext(Context(prec=60)):
+        result = a[0] + b[0] if t is exp.Add else a[0] - b[0] if t is exp.Sub else a[0] * b[0]
+    return result
+
+
+def _decimal_value(node: exp.Expression) -> tuple[Decimal, bool] | None:
+    """(value, has a decimal point) of a plain decimal or integer literal, or of a fold."""
+    node = _unparen(node)
+    negative = type(node) is exp.Neg
+    inner = _unparen(node.this) if negative else node
+    if type(inner) is exp.Literal and not inner.is_string:
+        text = str(inner.this)
+        if _DEC_RE.fullmatch(text) or _INT_RE.fullmatch(text):
+            value = Decimal(text)
+            return (-value if negative else value), "." in text
+        return None
+    if negative:
+        return None
+    folded = _folded_decimal(node)
+    return None if folded is None else (folded, True)

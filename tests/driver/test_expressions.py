@@ -85,7 +85,7 @@ _BASE_ROWS = [
     (8, None, 5, 5, 5.0, -INF, "中文", None, True, None, None, _ts(2000, 1, 1), None, None, b""),
     (9, 3, 3, 3, -0.0, 0.0, "a\x00b", "a", None, dt.date(2000, 1, 1), _ts(2000, 1, 1),
      _ts(2000, 1, 1), 3.0, Decimal("3.00"), b"\x00"),
-    (10, -1, 1, -9223372036854775807, -INF, INF, "Z", "a", False, dt.date(1582, 10, 4),
+    (10, -1, 1, -9223372036854775807, -INF, INF, "Z", "a\nb", False, dt.date(1582, 10, 4),
      _ts(1582, 10, 4, 1), _ts(1582, 10, 15), -1.0, Decimal("-1.00"), b"\xff"),
 ]
 _NTZ = [None, dt.datetime(1970, 1, 1), dt.datetime(2024, 2, 29, 23, 59, 59, 999999),
@@ -113,6 +113,17 @@ PROJECTIONS = [
     "ifnull(l, j)", "coalesce(NULL, s)",
     # strings
     "length(s)", "char_length(s2) + 1", "length(s) * 2",
+    "substring(s, 1, 2)", "substring(s, 2, 1)", "substr(s2, 1, 10)", "substring(s, 3, 0)",
+    "CASE WHEN s LIKE 'a%' THEN 1 ELSE 0 END",
+    # division (constant divisors here: Spark raises on a zero one, see test_division_by_zero)
+    "i / 7", "l / 3", "d / 2.5", "d / 0.5e0", "100.00 * d / 4", "(i + l) / -2",
+    # dates: parts, literals, folded date and decimal constants
+    "extract(year from dt)", "year(dt)", "month(dt)", "extract(day FROM dt)",
+    "CAST('1995-03-15' AS DATE)", "DATE '2024-01-31' + INTERVAL '1' MONTH",
+    "DATE '1998-12-01' - INTERVAL '90' DAY", "DATE '2024-02-29' + INTERVAL '1' YEAR",
+    "DATE '2024-01-31' - INTERVAL '3' MONTH", "INTERVAL 2 DAYS + DATE '2000-12-30'",
+    "(DATE '2000-01-31' + INTERVAL '1' MONTH) + INTERVAL '1' DAY", "0.06 - 0.01",
+    "0.06 + 0.01", "2 * 1.5", "d * (1 - 0.25)",
 ]
 
 PREDICATES = [
@@ -130,18 +141,28 @@ PREDICATES = [
     "s is null", "f is not null", "dec is null", "bin is not null", "ts is not null",
     "i = NULL", "length(s) > 2", "i + 1 > 5", "-i > 5", "abs(j) = 1", "i * 1 = j",
     "CASE WHEN i > 0 THEN b ELSE NOT b END", "coalesce(b, i > 0)",
+    "s LIKE 'a%'", "s LIKE '%b'", "s NOT LIKE '%a%'", "s LIKE ''", "s LIKE '%'",
+    "s LIKE 'e%😀'", "s2 LIKE 'a%b'", "s LIKE '%Ο%Σ'", "NOT s LIKE 'a%'",
+    "dt < DATE '2000-01-01' + INTERVAL '1' MONTH", "dt >= CAST('1999-12-31' AS DATE)",
+    "d BETWEEN 0.06 - 0.01 AND 0.06 + 0.01", "substring(s, 1, 1) IN ('a', 'é')", "i / 7 > 0.5",
+    "extract(year from dt) = 2000",
 ]
 
 REFUSED = [
-    "i / j", "d / 2", "i % 2", "i div 2", "cast(l as int)", "l::int", "concat(s, 'x')",
-    "s || 'x'", "substring(s, 1, 2)", "upper(s)", "lower(s)", "ucase(s)", "s = 1", "i = '1'",
+    "dec / 2", "i / 2.5", "i % 2", "i div 2", "cast(l as int)", "l::int", "concat(s, 'x')",
+    "s || 'x'", "substring(s, 0, 2)", "substring(s, -1, 2)", "substring(s, 2)",
+    "substring(s, i, 1)", "s LIKE 'a_'", "s LIKE s2", "s LIKE 'a%' ESCAPE '!'", "i LIKE '1%'",
+    "s ILIKE 'a%'", "extract(hour from ts)", "year(ts)", "extract(year from s)",
+    "dt + INTERVAL '1' HOUR", "ts + INTERVAL '1' DAY", "DATE '9999-12-31' + INTERVAL '1' DAY",
+    "DATE '2000-01-01' + INTERVAL '1-2' YEAR TO MONTH", "0.1 * 0.1 * 0.1 * 0.1 * 0.1 * 0.1 * 0.1 "
+    "* 0.1 * 0.1 * 0.1 * 0.1 * 0.1 * 0.1 * 0.1 * 0.1 * 0.1 * 0.1", "upper(s)", "lower(s)", "ucase(s)", "s = 1", "i = '1'",
     "dt > '2020-01-01'", "l * 1.5", "i + 1.5", "dec + 1", "f + 1", "f = 1", "abs(dec)",
     "unknown_function(i)", "rand()", "current_date()", "current_timestamp()", "(SELECT 1)",
     "i IN (SELECT 1)", "EXISTS (SELECT 1)", "+i", "'a' 'b'", "'it''s'", "'a\\tb'",
     "no_such_column", "x.i", "*", "NULL", "i AS (a, b)", "i; j", "1L", "1.5D",
     "12345678901234567890", "1e400",
     "b = 1", "dt = ts", "coalesce(i, s)", "CASE WHEN b THEN i ELSE s END", "if(b, 1, 2)",
-    "TIMESTAMP '2020-01-01 00:00:00' < ts", "s LIKE 'a%'", "i & 1", "i IS TRUE",
+    "TIMESTAMP '2020-01-01 00:00:00' < ts", "i & 1", "i IS TRUE",
     "abs(NULL)", "-NULL", "i IN (j, 1)", "x'00' = bin", "date_add(dt, 1)", "dt + 1",
     "length(i)", "coalesce(i, 1.5)", "tn = ts", "tn > dt", "greatest(i, j)",
     "s COLLATE UNICODE_CI = 'a'",
@@ -270,6 +291,26 @@ OVERFLOW_ROWS = [(2147483647, -9223372036854775808)]
 # Spark ANSI raises on each; so must DuckDB (``i + 1 > 5`` and ``-i < 0`` are the forms DuckDB's
 # optimizer would rewrite into overflow-free comparisons if given as plain + and -).
 OVERFLOWING = ["i + 1 > 5", "-l < 0", "abs(l)", "i * i"]
+
+
+def test_division_by_zero_raises_in_both(spark):
+    """Spark (ANSI) raises on a zero divisor (-0.0 too) unless the dividend is NULL (then its
+    generated code gives NULL; its interpreted path raises). DuckDB raises on every zero
+    divisor, never gives NULL or infinity: where Spark would not raise, the engine's fallback
+    to Spark gives Spark's value."""
+    schema = StructType([StructField("i", IntegerType()), StructField("d", DoubleType())])
+    for row in [(1, 0.0), (1, -0.0), (None, -0.0)]:
+        df = spark.createDataFrame([row], schema)
+        table = _arrow([row], schema)
+        for e, dividend in [("i / 0", row[0]), ("d / d", row[1]), ("1.5e0 / d", 1.5),
+                            ("i / d", row[0])]:
+            sql = translate_projection([e], schema, ["o"])
+            assert sql is not None, e
+            if dividend is not None:
+                with pytest.raises(Exception, match="DIVIDE_BY_ZERO"):
+                    df.select(F.expr(e)).collect()
+            with pytest.raises(duckdb.Error, match="division by zero"):
+                _query(f"SELECT {sql} FROM t", table)
 
 
 def test_overflow_raises_in_both(spark):
