@@ -116,6 +116,9 @@ class Source:
     supplied_by: int | None = None  # the index of that join (the last, if several)
     not_null: frozenset[str] = frozenset()
     node: exp.Expr | None = None  # where it is named in the SQL
+    #: the right side of a [LEFT] SEMI or ANTI JOIN: its columns are not in the result, so
+    #: only that join's ON clause may name them
+    hidden: bool = False
 
 
 @dataclass
@@ -370,6 +373,7 @@ class QueryCompiler:
         for item, join in items:
             kind = self._join_kind(join)
             source = self._source(item, ctes, namer, conjuncts)
+            source.hidden = kind in ("semi", "anti")
             scope.sources.append(source)
             kinds.append(kind)
         self._mark_null_supplied(items, kinds, scope)
@@ -391,7 +395,10 @@ class QueryCompiler:
             else:
                 if on is None:
                     raise self.error(join, f"{kind.upper()} JOIN needs an ON condition")
+                source = scope.sources[i]
+                source.hidden = False  # its ON clause reads it
                 left_keys[i] = self._outer_join_keys(on, scope, i, kind)
+                source.hidden = kind in ("semi", "anti")
 
         # conjuncts on one table (not the right side of a LEFT JOIN) filter it first
         for c in list(pool):
@@ -411,7 +418,10 @@ class QueryCompiler:
             state = self._join_pending(state, pending, pool, scope)
             pending = []
             assert state is not None
-            state = self._outer_join(state, i, left_keys[i], scope, kind)
+            if kind in ("semi", "anti"):
+                state = self._semi_join(state, i, left_keys[i], scope, kind)
+            else:
+                state = self._outer_join(state, i, left_keys[i], scope, kind)
             state = self._apply_covered(state, pool, scope)
         state = self._join_pending(state, pending, pool, scope)
         assert state is not None
@@ -438,11 +448,14 @@ class QueryCompiler:
                              "write the join condition explicitly with ON")
         if not side and kind in ("", "INNER", "CROSS"):
             return "inner"
+        if side in ("", "LEFT") and kind in ("SEMI", "ANTI"):
+            return kind.lower()
         if side in ("LEFT", "RIGHT", "FULL") and kind in ("", "OUTER"):
             return side.lower()
         what = " ".join(w for w in (side, kind) if w) or "this"
         raise self.error(join, f"{what} JOIN is not supported",
-                         "the joins are inner, LEFT, RIGHT and FULL [OUTER] JOIN ... ON")
+                         "the joins are inner, LEFT, RIGHT and FULL [OUTER] JOIN ... ON, and "
+                         "[LEFT] SEMI / ANTI JOIN ... ON")
 
     def _columns_of(self, node: exp.Expr, scope: Scope) -> tuple[set[int], bool]:
         """The FROM sources ``node``'s own columns (not its subqueries') belong to, and whether
@@ -522,7 +535,7 @@ class QueryCompiler:
             sources, outer = self._columns_of(node, scope)
             if outer:
                 raise self.error(node, f"a {name} condition refers to an enclosing query")
-            if sources == {right} and kind == "left":  # filters the right side first
+            if sources == {right} and kind in ("left", "semi", "anti"):  # the right side first
                 source.collection = source.collection.filter(self._render(node, scope))
                 continue
             if sources and right not in sources and kind == "right":
@@ -660,6 +673,45 @@ class QueryCompiler:
         if kind in ("right", "full"):
             parts.append(_unmatched(right_c, on + right_columns, inner).conform_to(inner))
         return Joined(parts[0].union(*parts[1:]), columns, members)
+
+    def _semi_join(self, state: Joined, right: int, keys: OuterKeys, scope: Scope,
+                   kind: str) -> Joined:
+        """``[LEFT] SEMI JOIN`` (the joined rows with a match, each once as many times as it
+        occurs) or ``ANTI JOIN`` (those without one) on the keys; with other ON conditions,
+        a match is a row of the inner join filtered by them, and the rows without one are
+        counted as an outer join's (``_unmatched``). The right side's columns are not in
+        the result."""
+        source = scope.sources[right]
+        source.hidden = False  # its ON clause's expressions are rendered here
+        try:
+            return self._semi_join_of(state, right, keys, scope, kind)
+        finally:
+            source.hidden = True
+
+    def _semi_join_of(self, state: Joined, right: int, keys: OuterKeys, scope: Scope,
+                      kind: str) -> Joined:
+        source = scope.sources[right]
+        on = [scope.namer.fresh("join_key") for _ in keys.pairs]
+        left_c = state.collection.select(
+            *[quote(c) for c in state.columns],
+            *[f"{self._render(lk, scope)} AS {quote(n)}" for (lk, _), n in zip(keys.pairs, on)])
+        cols = [quote(c) for c in state.columns]
+        members = state.members | {right}
+        if not keys.residuals:
+            right_c = source.collection.select(
+                *[f"{self._render(r, scope)} AS {quote(n)}" for (_, r), n in zip(keys.pairs, on)])
+            joined = (left_c.semijoin(right_c, on) if kind == "semi"
+                      else left_c.antijoin(right_c, on))
+            return Joined(joined.select(*cols), list(state.columns), members)
+        right_columns = [source.bindings[n.lower()] for n in source.names]
+        right_c = source.collection.select(
+            *[quote(c) for c in right_columns],
+            *[f"{self._render(r, scope)} AS {quote(n)}" for (_, r), n in zip(keys.pairs, on)])
+        matched = left_c.join(right_c, on=on).filter(" AND ".join(
+            f"({self._render(n, scope)})" for n in keys.residuals))
+        unmatched = _unmatched(left_c, on + state.columns, matched).select(*cols)
+        result = unmatched if kind == "anti" else left_c.select(*cols).minus(unmatched)
+        return Joined(result, list(state.columns), members)
 
     def _apply_covered(self, state: Joined, pool: list[Conjunct], scope: Scope) -> Joined:
         """Filter by the conjuncts on tables joined so far (the earlier, the smaller)."""
@@ -1041,7 +1093,7 @@ class QueryCompiler:
             if star_of is not None:
                 matched = False
                 for source in scope.sources:
-                    if star_of and source.qualifier != star_of:
+                    if (star_of and source.qualifier != star_of) or source.hidden:
                         continue
                     matched = True
                     for n in source.names:
@@ -1246,7 +1298,7 @@ class QueryCompiler:
         """The index of the FROM source of ``scope`` column ``col`` names (None: none)."""
         name, table = col.name.lower(), col.table.lower()
         hits = [i for i, s in enumerate(scope.sources)
-                if name in s.bindings and (not table or s.qualifier == table)]
+                if name in s.bindings and (not table or s.qualifier == table) and not s.hidden]
         if len(hits) > 1:
             raise self.error(col, f"column '{col.name}' is ambiguous: it is in "
                              f"{[scope.sources[i].qualifier for i in hits]}",
@@ -1255,7 +1307,7 @@ class QueryCompiler:
 
     def _unknown_column(self, col: exp.Column, scope: Scope) -> SqlError:
         known = sorted({f"{s.qualifier + '.' if s.qualifier else ''}{n}"
-                        for s in scope.sources for n in s.names})
+                        for s in scope.sources if not s.hidden for n in s.names})
         return self.error(col, f"unknown column '{col.sql(dialect='spark')}'",
                           f"the tables in FROM have {known}")
 

@@ -154,8 +154,8 @@ REFUSED = [
     "substring(s, i, 1)", "s LIKE 'a_'", "s LIKE s2", "s LIKE 'a%' ESCAPE '!'", "i LIKE '1%'",
     "s ILIKE 'a%'", "extract(hour from ts)", "year(ts)", "extract(year from s)",
     "dt + INTERVAL '1' HOUR", "ts + INTERVAL '1' DAY", "DATE '9999-12-31' + INTERVAL '1' DAY",
-    "DATE '2000-01-01' + INTERVAL '1-2' YEAR TO MONTH", "0.1 * 0.1 * 0.1 * 0.1 * 0.1 * 0.1 * 0.1 "
-    "* 0.1 * 0.1 * 0.1 * 0.1 * 0.1 * 0.1 * 0.1 * 0.1 * 0.1 * 0.1", "upper(s)", "lower(s)", "ucase(s)", "s = 1", "i = '1'",
+    "DATE '2000-01-01' + INTERVAL '1-2' YEAR TO MONTH",
+    " * ".join(["0.1"] * 17), "upper(s)", "lower(s)", "ucase(s)", "s = 1", "i = '1'",
     "dt > '2020-01-01'", "l * 1.5", "i + 1.5", "dec + 1", "f + 1", "f = 1", "abs(dec)",
     "unknown_function(i)", "rand()", "current_date()", "current_timestamp()", "(SELECT 1)",
     "i IN (SELECT 1)", "EXISTS (SELECT 1)", "+i", "'a' 'b'", "'it''s'", "'a\\tb'",

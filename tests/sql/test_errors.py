@@ -45,6 +45,8 @@ def refused(query: str) -> SqlError:
      "correlated equality"),
     ("SELECT o.order_id FROM orders o LEFT JOIN customers c\n"
      "ON o.amount > c.id", 5, 4, "a LEFT JOIN needs at least one equality", "cross join"),
+    ("SELECT o.order_id, c.region FROM orders o\nLEFT SEMI JOIN customers c "
+     "ON o.customer_id = c.id", 4, 20, "unknown column 'c.region'", "o.order_id"),
     ("SELECT o.order_id, c.region FROM orders o, customers c", 4, 44,
      "cross join is not supported", "a.k = b.k"),
     ("SELECT order_id, amount * 2 FROM orders", 4, 18, "a computed column needs a name",

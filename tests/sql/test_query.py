@@ -49,6 +49,16 @@ VIEWS = {
                         "ON o.customer_id = c.id AND c.region IS NOT NULL AND o.qty < c.id",
     "v_full_residual": "SELECT o.order_id, o.qty, c.id FROM orders o FULL JOIN customers c "
                        "ON o.customer_id = c.id AND o.qty + 1 >= c.id AND c.region = 'north'",
+    "v_semi": "SELECT * FROM orders o LEFT SEMI JOIN customers c ON o.customer_id = c.id "
+              "AND c.region <> 'east'",
+    "v_anti": "SELECT o.order_id, o.qty FROM orders o ANTI JOIN customers c "
+              "ON o.customer_id = c.id",
+    "v_semi_residual": "SELECT o.order_id, o.amount FROM orders o SEMI JOIN customers c "
+                       "ON o.customer_id = c.id AND o.qty < c.id",
+    "v_anti_residual": "SELECT o.order_id, r.reason FROM orders o JOIN returns r "
+                       "ON o.order_id = r.order_id LEFT ANTI JOIN customers c "
+                       "ON o.customer_id = c.id AND (o.amount > 10 OR c.region = 'north') "
+                       "WHERE r.reason = 'late'",
     "v_right_where": "SELECT c.id, o.qty FROM orders o RIGHT JOIN customers c "
                      "ON o.customer_id = c.id WHERE o.qty IS NULL OR o.qty > 1",
     "v_join_then_right": "SELECT o.order_id, r.reason, c.region FROM orders o JOIN returns r "
@@ -194,7 +204,7 @@ def test_every_construct_equals_duckdb_after_every_step_on_the_driver(spark, tmp
 def test_joins_aggregates_and_subqueries_on_the_spark_path(spark, tmp_path):
     names = ["v_left", "v_scalar", "v_global", "v_having_scalar", "v_distinct_aggs", "v_full",
              "v_top", "v_rank_top", "v_except_all", "v_intersect_all",
-             "v_full_residual"]
+             "v_full_residual", "v_anti_residual"]
     script = TABLES + "".join(f"CREATE VIEW {n} AS {VIEWS[n]};\n" for n in names)
     run_and_check(spark, str(tmp_path), script, names, driver_step_rows=0, seed=3, steps=2,
                   ops=20)
