@@ -23,6 +23,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import (
     BooleanType,
     ByteType,
+    DataType,
+    DecimalType,
+    DoubleType,
+    FloatType,
     IntegerType,
     LongType,
     NumericType,
@@ -196,16 +200,28 @@ class Plan:
             if all(_by_name(other) == _by_name(src) for other in inputs[1:]):
                 return src
             # the same columns of different types: each column of the type Spark's UNION
-            # widens them to (INT and BIGINT to BIGINT, DECIMALs to one holding both)
+            # widens them to (INT and BIGINT to BIGINT, DECIMALs to one holding both), when
+            # every value converts exactly (the driver path casts with Arrow, which refuses a
+            # lossy conversion where Spark would round)
             try:
                 widened = self._empty(src)
                 for other in inputs[1:]:
                     widened = widened.unionByName(self._empty(other))
-                return widened.schema
+                schema = widened.schema
             except PySparkException:
                 raise CircuitError(f"{what}: schemas differ: {src.simpleString()} vs "
                                    f"{' vs '.join(o.simpleString() for o in inputs[1:])}: no type "
                                    "holds both of a column's types") from None
+            for f in schema.fields:
+                for given in inputs:
+                    t = given[f.name].dataType
+                    if not _widens_exactly(t, f.dataType):
+                        raise CircuitError(
+                            f"{what}: column '{f.name}' is {t.simpleString()} in one input and "
+                            f"would become {f.dataType.simpleString()}, which does not hold "
+                            "every value exactly: cast the inputs to one type (CAST(... AS "
+                            f"{f.dataType.simpleString().upper()}))")
+            return schema
         if node.op == "conform":
             return self.schemas[node.params["like"]]
         if node.op == "repeat":
@@ -429,6 +445,33 @@ def _check_columns(schema: StructType, what: str) -> StructType:
     if not names:
         raise CircuitError(f"{what}: no columns")
     return schema
+
+
+_INTEGRAL_DIGITS: dict[type[DataType], int] = {ByteType: 3, ShortType: 5, IntegerType: 10,
+                                              LongType: 19}
+
+
+def _widens_exactly(given: DataType, to: DataType) -> bool:
+    """Whether every value of type ``given`` converts to type ``to`` exactly (a union's
+    widening, on both engine paths): the same type, a wider integer, an integer or a float
+    into a double only where exact (INT, FLOAT), an integer or a decimal into a decimal with at
+    least its digits before and after the point."""
+    if given == to:
+        return True
+    if type(given) in _INTEGRAL_DIGITS:
+        if type(to) in _INTEGRAL_DIGITS:
+            return _INTEGRAL_DIGITS[type(to)] >= _INTEGRAL_DIGITS[type(given)]
+        if isinstance(to, DoubleType):
+            return type(given) is not LongType  # a BIGINT past 2**53 is rounded
+        if isinstance(to, DecimalType):
+            return to.precision - to.scale >= _INTEGRAL_DIGITS[type(given)]
+        return False
+    if isinstance(given, FloatType):
+        return isinstance(to, DoubleType)
+    if isinstance(given, DecimalType) and isinstance(to, DecimalType):
+        return (to.scale >= given.scale
+                and to.precision - to.scale >= given.precision - given.scale)
+    return False
 
 
 def _by_name(schema: StructType) -> dict[str, str]:

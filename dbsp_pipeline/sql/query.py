@@ -323,10 +323,9 @@ class QueryCompiler:
         return Relation(renamed, tuple(names))
 
     # -- FROM and WHERE --------------------------------------------------------------------
-    def _source(self, item: exp.Expr, ctes: Ctes, namer: Namer, where: list[exp.Expr]
-                ) -> Source:
-        """FROM item ``item``, its columns named by ``namer``; ``where`` is the WHERE clause's
-        conjuncts (they bound a ranked relation's places: ``_rank_bound``)."""
+    def _from_item(self, item: exp.Expr, ctes: Ctes) -> tuple[Relation, str]:
+        """FROM item ``item``'s relation (its columns renamed by an alias list) and
+        qualifier."""
         if isinstance(item, exp.Table):
             if item.args.get("db") or item.args.get("catalog"):
                 raise self.error(item, f"qualified table name '{item.sql(dialect='spark')}'",
@@ -344,14 +343,19 @@ class QueryCompiler:
         else:
             raise self.error(item, f"{type(item).__name__} in FROM is not supported",
                              "FROM takes tables, views, CTEs and subqueries")
-        relation = self._rename_columns(item, relation, item.args.get("alias"))
+        return self._rename_columns(item, relation, item.args.get("alias")), qualifier.lower()
+
+    def _source(self, item: exp.Expr, relation: Relation, qualifier: str, namer: Namer,
+                places: int | None) -> Source:
+        """FROM item ``item`` as a source of the SELECT, its columns named by ``namer``; a
+        ranked relation keeps ``places`` places (``_rank_bound``)."""
         bindings = {c.lower(): namer.fresh(c) for c in relation.columns}
-        collection = (relation.bounded(self._rank_bound(relation, qualifier.lower(), where))
-                      if relation.ranking is not None else relation.collection)
+        collection = (relation.bounded(places) if places is not None
+                      else relation.collection)
         if any(bindings[c.lower()] != c for c in relation.columns):
             collection = collection.select(
                 *[f"{quote(c)} AS {quote(bindings[c.lower()])}" for c in relation.columns])
-        return Source(qualifier.lower(), collection, list(relation.columns), bindings,
+        return Source(qualifier, collection, list(relation.columns), bindings,
                       not_null=relation.not_null, node=item)
 
     def _from_where(self, q: exp.Select, ctes: Ctes, outer: Scope | None
@@ -367,15 +371,17 @@ class QueryCompiler:
         items: list[tuple[exp.Expr, exp.Join | None]] = [(from_.this, None)]
         items += [(j.this, j) for j in joins]
         scope = Scope([], namer, outer, ctes=ctes)
-        kinds: list[str] = []
         where = q.args.get("where")
         conjuncts = _where_conjuncts(where.this if where else None)
-        for item, join in items:
-            kind = self._join_kind(join)
-            source = self._source(item, ctes, namer, conjuncts)
+        kinds = [self._join_kind(join) for _, join in items]
+        relations = [self._from_item(item, ctes) for item, _ in items]
+        for i, ((item, _), (relation, qualifier), kind) in enumerate(
+                zip(items, relations, kinds)):
+            places = (self._rank_bound(i, relations, kinds, conjuncts)
+                      if relation.ranking is not None else None)
+            source = self._source(item, relation, qualifier, namer, places)
             source.hidden = kind in ("semi", "anti")
             scope.sources.append(source)
-            kinds.append(kind)
         self._mark_null_supplied(items, kinds, scope)
 
         correlations: list[Correlation] = []
@@ -997,6 +1003,9 @@ class QueryCompiler:
                              "its own", "RANK, DENSE_RANK, aggregates over windows and "
                              "expressions of window functions need operators the circuit "
                              "lacks; WHERE rn <= k on a ROW_NUMBER() column is a top-k")
+        if name.startswith("_"):
+            raise self.error(node, f"the ROW_NUMBER() column '{name}' starts with '_'",
+                             "names starting with '_' belong to the engine: choose another")
         if grouped or q.args.get("distinct") is not None:
             raise self.error(window, "ROW_NUMBER() in a SELECT with GROUP BY, aggregates or "
                              "DISTINCT is not supported", "group in a subquery or CTE and "
@@ -1043,19 +1052,27 @@ class QueryCompiler:
         return Relation(Ranking(base, name, tuple(keys), tuple(partition)), tuple(names),
                         not_null)
 
-    def _rank_bound(self, relation: Relation, qualifier: str, conjuncts: list[exp.Expr]
-                    ) -> int:
-        """The places of ranked ``relation`` (a FROM item named ``qualifier``) the enclosing
-        query keeps: the least k of its WHERE conjuncts ``rn <= k``, ``rn < k + 1``, ``rn =
-        k``, ``rn BETWEEN a AND k`` on the ROW_NUMBER column ``rn``; every place without one.
-        The conjunct still filters: it keeps no row numbered past k, so only the top k of each
-        partition can reach the result."""
+    def _rank_bound(self, index: int, relations: list[tuple[Relation, str]], kinds: list[str],
+                    conjuncts: list[exp.Expr]) -> int:
+        """The places the enclosing query keeps of its ranked FROM item ``index`` (of
+        ``relations``, with their qualifiers, joined as ``kinds``): the least k of its WHERE
+        conjuncts ``rn <= k``, ``rn < k + 1``, ``rn = k``, ``k = rn``, ``rn BETWEEN a AND k``
+        on that item's ROW_NUMBER column ``rn`` (a reference that resolves to it: not to
+        another item's column of that name, nor to a SEMI/ANTI JOIN's right side, which WHERE
+        cannot name); every place without one. The conjunct still filters: it keeps no row
+        numbered past k, so only the top k of each partition can reach the result."""
+        relation, qualifier = relations[index]
         assert relation.ranking is not None
         rank = relation.ranking.column.lower()
 
         def is_rank(e: exp.Expr) -> bool:
-            return (isinstance(e, exp.Column) and e.name.lower() == rank
-                    and e.table.lower() in ("", qualifier))
+            if not isinstance(e, exp.Column) or e.name.lower() != rank:
+                return False
+            table = e.table.lower()
+            named = [j for j, (r, q) in enumerate(relations)
+                     if rank in (c.lower() for c in r.columns) and table in ("", q)
+                     and kinds[j] not in ("semi", "anti")]
+            return named == [index]
 
         def number(e: exp.Expr) -> int | None:
             if isinstance(e, exp.Literal) and not e.is_string and e.this.isdigit():
@@ -1071,13 +1088,13 @@ class QueryCompiler:
             if not isinstance(c, (exp.LTE, exp.LT, exp.EQ, exp.GTE, exp.GT)):
                 continue
             left, right = c.this, c.expression
-            if isinstance(c, (exp.GTE, exp.GT)):  # k >= rn
-                left, right = right, left
+            if isinstance(c, (exp.GTE, exp.GT)) or (isinstance(c, exp.EQ) and is_rank(right)):
+                left, right = right, left  # k >= rn, k = rn
             if not is_rank(left) or (n := number(right)) is None:
                 continue
             bounds.append(n - 1 if isinstance(c, (exp.LT, exp.GT)) else n)
         known = [b for b in bounds if b is not None]
-        return max(1, min(known)) if known else EVERY_PLACE
+        return max(1, min(known + [EVERY_PLACE]))
 
     def _items(self, q: exp.Select, scope: Scope, unnamed: bool = False
                ) -> list[tuple[str, exp.Expr]]:

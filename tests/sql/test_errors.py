@@ -36,6 +36,8 @@ def refused(query: str) -> SqlError:
      "FROM orders", 4, 18, "only ROW_NUMBER() OVER", "top-k"),
     ("SELECT customer_id, row_number() OVER (ORDER BY count(*)) AS r FROM orders\n"
      "GROUP BY customer_id", 4, 21, "ROW_NUMBER() in a SELECT with GROUP BY", "subquery or CTE"),
+    ("SELECT order_id, row_number() OVER (ORDER BY amount) AS _r FROM orders", 4, 18,
+     "the ROW_NUMBER() column '_r' starts with '_'", "belong to the engine"),
     ("SELECT order_id, row_number() OVER (PARTITION BY customer_id) AS r FROM orders", 4, 18,
      "ROW_NUMBER() needs ORDER BY", "arbitrary"),
     ("SELECT order_id FROM orders\nWHERE customer_id NOT IN (SELECT id FROM customers)", 5, 7,

@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 
 from dbsp_pipeline import Circuit, Pipeline
+from dbsp_pipeline.errors import CircuitError
 from tests.sql.oracle import DuckDbOracle, view_rows
 
 TABLES = """
@@ -59,6 +60,15 @@ VIEWS = {
                        "ON o.order_id = r.order_id LEFT ANTI JOIN customers c "
                        "ON o.customer_id = c.id AND (o.amount > 10 OR c.region = 'north') "
                        "WHERE r.reason = 'late'",
+    # a WHERE bound on a name the SEMI/ANTI-joined ranked side also has is the left side's
+    "v_rank_behind_semi": "SELECT c.id FROM (SELECT id, region, id AS rn FROM customers) c "
+                          "LEFT SEMI JOIN (SELECT customer_id, ROW_NUMBER() OVER (PARTITION BY "
+                          "qty ORDER BY amount, order_id) AS rn FROM orders) r "
+                          "ON c.id = r.customer_id WHERE rn <= 2",
+    "v_rank_behind_anti": "SELECT c.id FROM (SELECT id, region, id AS rn FROM customers) c "
+                          "ANTI JOIN (SELECT customer_id, ROW_NUMBER() OVER (PARTITION BY "
+                          "qty ORDER BY amount, order_id) AS rn FROM orders) r "
+                          "ON c.id = r.customer_id WHERE 2 >= rn",
     "v_right_where": "SELECT c.id, o.qty FROM orders o RIGHT JOIN customers c "
                      "ON o.customer_id = c.id WHERE o.qty IS NULL OR o.qty > 1",
     "v_join_then_right": "SELECT o.order_id, r.reason, c.region FROM orders o JOIN returns r "
@@ -208,3 +218,13 @@ def test_joins_aggregates_and_subqueries_on_the_spark_path(spark, tmp_path):
     script = TABLES + "".join(f"CREATE VIEW {n} AS {VIEWS[n]};\n" for n in names)
     run_and_check(spark, str(tmp_path), script, names, driver_step_rows=0, seed=3, steps=2,
                   ops=20)
+
+
+def test_a_union_widens_a_column_only_where_every_value_converts_exactly(spark, tmp_path):
+    """INT with BIGINT widens (the driver's Arrow cast and Spark's agree); BIGINT with DOUBLE
+    would round past 2**53 in Spark where the driver's cast refuses: cast explicitly."""
+    script = TABLES + ("CREATE VIEW v AS SELECT order_id FROM orders "
+                       "UNION ALL SELECT amount FROM orders;")
+    with pytest.raises(CircuitError, match=r"column 'order_id' is bigint in one input and "
+                       r"would become double.*CAST\(\.\.\. AS DOUBLE\)"):
+        Pipeline(Circuit.from_sql(script), str(tmp_path), spark)
