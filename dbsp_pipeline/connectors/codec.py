@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.csv as pa_csv
 from pyspark.sql.types import (
     DataType,
     DateType,
@@ -227,14 +228,35 @@ def typed_value(value: Any, t: DataType) -> Any:
             return stamp
         if stamp.tzinfo is None:
             return stamp.replace(tzinfo=dt.UTC)
-        return stamp.astimezone(dt.UTC)
+        try:
+            return stamp.astimezone(dt.UTC)
+        except OverflowError:
+            raise ValueError(f"value {value!r} is out of the timestamp range in UTC "
+                             "(years 1 to 9999)") from None
     return value
 
 
-def typed_text_columns(input_name: str, table: pa.Table, schema: StructType) -> pa.Table:
+#: the CSV fields Arrow reads as NULL in a column that is not a string (its defaults)
+CSV_NULLS = frozenset(pa_csv.ConvertOptions().null_values)
+
+
+def typed_text_columns(input_name: str, table: pa.Table, schema: StructType,
+                       csv_nulls: bool = False) -> pa.Table:
     """``table`` (records read from a file) with each string column that ``schema`` says is a
-    DATE or TIMESTAMP read by ``typed_value``; a value that is not one is an ``InputError``
+    DATE or TIMESTAMP read by ``typed_value`` (with ``csv_nulls``, the fields Arrow reads as
+    NULL in CSV are NULL), and each DECIMAL column checked to fit its type (a reader checks
+    digits, not the value padded to the scale); a value that is not one is an ``InputError``
     naming the record and the column."""
+    for f in schema.fields:
+        if isinstance(f.dataType, DecimalType) and f.name in table.column_names:
+            for n, v in enumerate(table.column(f.name).to_pylist()):
+                if v is None:
+                    continue
+                try:
+                    _decimal(v, f.dataType)
+                except ValueError as e:
+                    raise InputError(input_name, str(e), record_index=n, column=f.name,
+                                     record=table.slice(n, 1).to_pylist()[0]) from None
     for f in schema.fields:
         if not isinstance(f.dataType, (DateType, TimestampType, TimestampNTZType)) \
                 or f.name not in table.column_names:
@@ -244,6 +266,8 @@ def typed_text_columns(input_name: str, table: pa.Table, schema: StructType) -> 
             continue
         values = []
         for n, v in enumerate(table.column(i).to_pylist()):
+            if csv_nulls and v in CSV_NULLS:
+                v = None
             try:
                 values.append(typed_value(v, f.dataType))
             except ValueError as e:
@@ -257,29 +281,32 @@ def typed_text_columns(input_name: str, table: pa.Table, schema: StructType) -> 
 
 
 def _decimal(value: str | decimal.Decimal | int, t: DecimalType) -> decimal.Decimal:
-    try:
-        number = decimal.Decimal(value.strip() if isinstance(value, str) else value)
-    except decimal.InvalidOperation:
-        raise ValueError(f"value {value!r} is not a decimal number") from None
-    if not number.is_finite():
-        raise ValueError(f"value {value!r} is not a finite decimal number")
-    exponent = number.as_tuple().exponent
-    assert isinstance(exponent, int)  # finite
-    places = max(0, -exponent)
-    if places > t.scale and number != number.quantize(decimal.Decimal(1).scaleb(-t.scale)):
-        raise ValueError(f"value {value} has {places} digits after the point; the column "
-                         f"{t.simpleString()} holds {t.scale} (it is not rounded)")
-    if abs(number) >= decimal.Decimal(10) ** (t.precision - t.scale):
-        raise ValueError(f"value {value} does not fit {t.simpleString()} (at most "
-                         f"{t.precision - t.scale} digits before the point)")
-    return number
+    with decimal.localcontext(decimal.Context(prec=200)):  # exact for any DECIMAL(38, s)
+        try:
+            number = decimal.Decimal(value.strip() if isinstance(value, str) else value)
+        except decimal.InvalidOperation:
+            raise ValueError(f"value {value!r} is not a decimal number") from None
+        if not number.is_finite():
+            raise ValueError(f"value {value!r} is not a finite decimal number")
+        exponent = number.as_tuple().exponent
+        assert isinstance(exponent, int)  # finite
+        if abs(exponent) > 100:
+            raise ValueError(f"value {value} does not fit {t.simpleString()}")
+        places = max(0, -exponent)
+        if places > t.scale and number != number.quantize(decimal.Decimal(1).scaleb(-t.scale)):
+            raise ValueError(f"value {value} has {places} digits after the point; the column "
+                             f"{t.simpleString()} holds {t.scale} (it is not rounded)")
+        if number.copy_abs() >= decimal.Decimal(10) ** (t.precision - t.scale):
+            raise ValueError(f"value {value} does not fit {t.simpleString()} (at most "
+                             f"{t.precision - t.scale} digits before the point)")
+        return number
 
 
 def json_value(value: Any) -> Any:
     """How ``json.dumps`` writes a value it has no JSON type for: a decimal as the string of
     its exact digits, a date or timestamp in ISO 8601 (a timestamp with its offset)."""
     if isinstance(value, decimal.Decimal):
-        return str(value)
+        return format(value, "f")
     if isinstance(value, (dt.date, dt.datetime)):
         return value.isoformat()
     if isinstance(value, bytes):

@@ -236,6 +236,12 @@ def parse_file(input_name: str, file: str, data: bytes, schema: StructType) -> p
         if file.endswith(".jsonl"):
             table = pa_json.read_json(buffer, parse_options=pa_json.ParseOptions(
                 explicit_schema=pa.schema({**decimals, **texts})))
+            # an explicitly typed column absent from the file reads as NULLs: refuse it as
+            # an absent column of any other type is (``records``: missing column)
+            absent = [c for c in [*decimals, *texts] if table.column(c).null_count
+                      == table.num_rows and f'"{c}"'.encode() not in data]
+            if absent and table.num_rows:
+                raise InputError(input_name, f"missing column(s) {absent}")
         elif file.endswith(".csv"):
             table = pa_csv.read_csv(buffer, convert_options=pa_csv.ConvertOptions(
                 column_types={**decimals, **texts}))
@@ -244,7 +250,7 @@ def parse_file(input_name: str, file: str, data: bytes, schema: StructType) -> p
     except (pa.ArrowException, OSError) as e:
         raise InputError(input_name, f"cannot be parsed as {os.path.splitext(file)[1][1:]}: "
                          f"{e}") from None
-    return codec.typed_text_columns(input_name, table, schema)
+    return codec.typed_text_columns(input_name, table, schema, csv_nulls=file.endswith(".csv"))
 
 
 def move_unique(entry: InboxFile, sub: str, digest: str | None, error: str | None = None,

@@ -398,7 +398,8 @@ def _translate(node: exp.Expression, columns: Columns) -> tuple[str, str]:
         _only(node, "this", "start", "length")
         a, _ = _typed(node.this, columns, {STRING})
         start, length = _int_literal(node.args.get("start")), _int_literal(node.args.get("length"))
-        if start is None or start < 1 or length is None or length < 0:
+        if start is None or not 1 <= start <= _INT_MAX or length is None \
+                or not 0 <= length <= _INT_MAX:
             raise _Refuse("substring positions")  # 0 and negative starts differ between them
         return f"substring({a}, {start}, {length})", STRING
     if t in _COMPARISONS:
@@ -792,26 +793,46 @@ def _interval(node: exp.Interval) -> tuple[int, str] | None:
 
 
 def _folded_decimal(node: exp.Expression) -> Decimal | None:
-    """The exact value of decimal literals joined by ``+ - *`` (at least one with a point)."""
+    """The exact value of decimal literals joined by ``+ - *`` (at least one with a point),
+    when Spark computes it exactly: every intermediate's decimal type (Spark's rules: a
+    product has p1 + p2 + 1 digits and s1 + s2 after the point, a sum max(s1, s2) after the
+    point and one more digit before it) within 38 digits, past which Spark rounds."""
+    typed = _folded_decimal_typed(node)
+    return None if typed is None else typed[0]
+
+
+#: (value, is a decimal (not an integer), precision, scale) of a literal or a fold
+_TypedDecimal: TypeAlias = tuple[Decimal, bool, int, int]
+
+
+def _folded_decimal_typed(node: exp.Expression) -> _TypedDecimal | None:
     node = _unparen(node)
     t = type(node)
     if t not in (exp.Add, exp.Sub, exp.Mul):
         return None
     if set(k for k, v in node.args.items() if v) - {"this", "expression"}:
         return None
-    values = [_decimal_value(node.this), _decimal_value(node.expression)]
-    if any(v is None for v in values):
+    a, b = _decimal_value(node.this), _decimal_value(node.expression)
+    if a is None or b is None:
         return None
-    a, b = cast(list[tuple[Decimal, bool]], values)
     if not (a[1] or b[1]):
         return None  # integers: Spark's integer arithmetic (and its overflow) applies
-    with localcontext(Context(prec=60)):
-        result = a[0] + b[0] if t is exp.Add else a[0] - b[0] if t is exp.Sub else a[0] * b[0]
-    return result
+    (x, _, p1, s1), (y, _, p2, s2) = a, b
+    if t is exp.Mul:
+        precision, scale = p1 + p2 + 1, s1 + s2
+    else:
+        scale = max(s1, s2)
+        precision = max(p1 - s1, p2 - s2) + scale + 1
+    if precision > 38:
+        raise _Refuse("a decimal constant Spark would round")
+    with localcontext(Context(prec=100)):
+        result = x + y if t is exp.Add else x - y if t is exp.Sub else x * y
+    return result, True, precision, scale
 
 
-def _decimal_value(node: exp.Expression) -> tuple[Decimal, bool] | None:
-    """(value, has a decimal point) of a plain decimal or integer literal, or of a fold."""
+def _decimal_value(node: exp.Expression) -> _TypedDecimal | None:
+    """A plain decimal or integer literal, or a fold, with its Spark decimal type (a literal's:
+    its digits, at least its scale)."""
     node = _unparen(node)
     negative = type(node) is exp.Neg
     inner = _unparen(node.this) if negative else node
@@ -819,9 +840,14 @@ def _decimal_value(node: exp.Expression) -> tuple[Decimal, bool] | None:
         text = str(inner.this)
         if _DEC_RE.fullmatch(text) or _INT_RE.fullmatch(text):
             value = Decimal(text)
-            return (-value if negative else value), "." in text
+            digits, exponent = value.as_tuple().digits, value.as_tuple().exponent
+            assert isinstance(exponent, int)
+            scale = max(0, -exponent)
+            precision = max(len(digits), scale)
+            if precision > 38:
+                return None
+            return (-value if negative else value), "." in text, precision, scale
         return None
     if negative:
         return None
-    folded = _folded_decimal(node)
-    return None if folded is None else (folded, True)
+    return _folded_decimal_typed(node)

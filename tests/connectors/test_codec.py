@@ -140,3 +140,21 @@ def test_a_typed_change_is_written_exactly_and_reads_back():
         "local": "2024-01-31T10:00:00", "x": 0.1}, "weight": 2}
     rows, bad = typed_batch("json", record)
     assert bad == [] and rows == [row]
+
+
+def test_wide_decimals_and_timestamps_at_the_range_ends_are_read_or_refused_cleanly():
+    schema = StructType([StructField("big", DecimalType(38, 0)),
+                         StructField("fine", DecimalType(38, 10)),
+                         StructField("at", TimestampType())])
+    batch = Batch("t", schema.fieldNames())
+    batch.add(0, b'{"big": 99999999999999999999999999999999999999, "fine": 1.5, "at": null}')
+    batch.add(1, b'{"big": 1, "fine": 1234567890123456789012.12345678901, "at": null}')
+    batch.add(2, b'{"big": 1, "fine": 1, "at": "0001-01-01T00:00:00+01:00"}')
+    rows = batch.to_zset(schema, zset_arrow_schema(schema)).to_pylist()
+    assert [r["big"] for r in rows] == [Decimal("99999999999999999999999999999999999999")]
+    assert [(i, p.split(":")[0]) for i, p in batch.bad] == [(1, "column 'fine'"),
+                                                            (2, "column 'at'")]
+    assert "11 digits after the point" in batch.bad[0][1]
+    assert "out of the timestamp range" in batch.bad[1][1]
+    assert json.loads(encode_change({"v": Decimal("0E-8")}, 1)) == {
+        "insert": {"v": "0.00000000"}}

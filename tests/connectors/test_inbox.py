@@ -222,14 +222,19 @@ def test_decimal_date_and_timestamp_columns_are_read_exactly_from_jsonl_and_csv(
         drop(box, "payments", "b.csv", "id,amount,day,at\n4,0.7,2024-02-01,2024-02-01 09:30:00\n")
         drop(box, "payments", "c.jsonl", jsonl(
             {"id": 5, "amount": 1.005, "day": "2024-02-01", "at": None}))
+        drop(box, "payments", "d.csv", "id,amount,day,at\n6,123456789,,\n")  # 11 digits
+        drop(box, "payments", "e.jsonl", jsonl({"id": 7, "day": None, "at": None}))
+        drop(box, "payments", "f.csv", "id,amount,day,at\n8,1,,NULL\n")  # NULL date, time
         result = inbox.ingest(p, box)
-        assert result.pushed == {"payments": {"a.jsonl": 3, "b.csv": 1}}
+        assert result.pushed == {"payments": {"a.jsonl": 3, "b.csv": 1, "f.csv": 1}}
         problem = result.rejected["payments"]["c.jsonl"]
         assert "c.jsonl" in problem and "1.005 requires scale 3" in problem  # not rounded
+        assert "123456789.00 does not fit decimal(10,2)" in result.rejected["payments"]["d.csv"]
+        assert "missing column(s) ['amount']" in result.rejected["payments"]["e.jsonl"]
         p.step()
         rows = {r["day"]: (r["total"], r["last"]) for r in p.view_arrow("by_day").to_pylist()}
         utc = dt.UTC
         assert rows == {
             dt.date(2024, 1, 31): (Decimal("0.30"), dt.datetime(2024, 1, 31, 10, tzinfo=utc)),
             dt.date(2024, 2, 1): (Decimal("0.70"), dt.datetime(2024, 2, 1, 9, 30, tzinfo=utc)),
-            None: (Decimal("12345678.99"), None)}
+            None: (Decimal("12345679.99"), None)}

@@ -123,7 +123,7 @@ PROJECTIONS = [
     "DATE '1998-12-01' - INTERVAL '90' DAY", "DATE '2024-02-29' + INTERVAL '1' YEAR",
     "DATE '2024-01-31' - INTERVAL '3' MONTH", "INTERVAL 2 DAYS + DATE '2000-12-30'",
     "(DATE '2000-01-31' + INTERVAL '1' MONTH) + INTERVAL '1' DAY", "0.06 - 0.01",
-    "0.06 + 0.01", "2 * 1.5", "d * (1 - 0.25)",
+    "0.06 + 0.01", "2 * 1.5", "d * (1 - 0.25)", " * ".join(["1.1"] * 5), "d * 1.1 * 1.1",
 ]
 
 PREDICATES = [
@@ -155,7 +155,9 @@ REFUSED = [
     "s ILIKE 'a%'", "extract(hour from ts)", "year(ts)", "extract(year from s)",
     "dt + INTERVAL '1' HOUR", "ts + INTERVAL '1' DAY", "DATE '9999-12-31' + INTERVAL '1' DAY",
     "DATE '2000-01-01' + INTERVAL '1-2' YEAR TO MONTH",
-    " * ".join(["0.1"] * 17), "upper(s)", "lower(s)", "ucase(s)", "s = 1", "i = '1'",
+    " * ".join(["0.1"] * 17), " * ".join(["1.1"] * 14), "d + 0.0000001" + " * 1" * 16,
+    "substring(s, 1, 3000000000)", "substring(s, 3000000000, 1)", "upper(s)", "lower(s)",
+    "ucase(s)", "s = 1", "i = '1'",
     "dt > '2020-01-01'", "l * 1.5", "i + 1.5", "dec + 1", "f + 1", "f = 1", "abs(dec)",
     "unknown_function(i)", "rand()", "current_date()", "current_timestamp()", "(SELECT 1)",
     "i IN (SELECT 1)", "EXISTS (SELECT 1)", "+i", "'a' 'b'", "'it''s'", "'a\\tb'",
