@@ -217,10 +217,10 @@ class Plan:
                     t = given[f.name].dataType
                     if not _widens_exactly(t, f.dataType):
                         raise CircuitError(
-                            f"{what}: column '{f.name}' is {t.simpleString()} in one input and "
-                            f"would become {f.dataType.simpleString()}, which does not hold "
-                            "every value exactly: cast the inputs to one type (CAST(... AS "
-                            f"{f.dataType.simpleString().upper()}))")
+                            f"{what}: schemas differ: column '{f.name}' is {t.simpleString()} "
+                            f"in one input and would become {f.dataType.simpleString()}, which "
+                            "does not hold every value exactly: cast the inputs to one type "
+                            f"(CAST(... AS {f.dataType.simpleString().upper()}))")
             return schema
         if node.op == "conform":
             return self.schemas[node.params["like"]]
