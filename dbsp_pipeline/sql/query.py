@@ -134,6 +134,8 @@ class Scope:
     #: WHERE conjuncts of a subquery that refer to the enclosing query other than as an
     #: equality (``inner.s <> outer.s``); only EXISTS / NOT EXISTS compile them
     residuals: list[exp.Expr] = field(default_factory=list)
+    #: what ``*`` expands to when a join has USING (``QueryCompiler._expand_using``)
+    star: list[tuple[str, exp.Expr]] | None = None
 
 
 @dataclass(frozen=True)
@@ -371,10 +373,12 @@ class QueryCompiler:
         items: list[tuple[exp.Expr, exp.Join | None]] = [(from_.this, None)]
         items += [(j.this, j) for j in joins]
         scope = Scope([], namer, outer, ctes=ctes)
-        where = q.args.get("where")
-        conjuncts = _where_conjuncts(where.this if where else None)
         kinds = [self._join_kind(join) for _, join in items]
         relations = [self._from_item(item, ctes) for item, _ in items]
+        if any(join is not None and join.args.get("using") for _, join in items):
+            scope.star = self._expand_using(q, items, relations, kinds)
+        where = q.args.get("where")
+        conjuncts = _where_conjuncts(where.this if where else None)
         for i, ((item, _), (relation, qualifier), kind) in enumerate(
                 zip(items, relations, kinds)):
             places = (self._rank_bound(i, relations, kinds, conjuncts)
@@ -441,12 +445,92 @@ class QueryCompiler:
             self._apply_subquery_predicate(node, scope, ctes)
         return scope, correlations
 
+    def _expand_using(self, q: exp.Select, items: list[tuple[exp.Expr, exp.Join | None]],
+                      relations: list[tuple[Relation, str]], kinds: list[str]
+                      ) -> list[tuple[str, exp.Expr]]:
+        """``JOIN ... USING (k, ...)`` as Spark reads it, rewritten in ``q`` (in place): the
+        join's condition becomes ``ON left.k = right.k``, where ``left.k`` is the one earlier
+        FROM item with a column ``k`` (or the column an earlier USING merged); an unqualified
+        ``k`` of the SELECT list, WHERE, GROUP BY, HAVING and later ON conditions names the
+        merged column: the left side's for an inner, LEFT, SEMI or ANTI join, the right side's
+        for a RIGHT join, ``coalesce(left.k, right.k)`` for a FULL join. Qualified references
+        (``a.k``) keep naming their table's column. Returns what ``*`` expands to: as Spark
+        orders it, each USING join's keys first, then the left side's other columns, then the
+        right side's (none for SEMI and ANTI joins)."""
+        merged: dict[str, exp.Expr] = {}
+        star: list[tuple[str, exp.Expr]] = []
+
+        def columns_of(i: int) -> list[tuple[str, exp.Expr]]:
+            relation, qualifier = relations[i]
+            if not qualifier:
+                raise self.error(items[i][0], "a subquery joined with USING needs an alias",
+                                 "add AS name after the subquery")
+            return [(c, exp.column(c, table=qualifier, quoted=True)) for c in relation.columns]
+
+        def resolve(node: exp.Expr) -> exp.Expr | None:
+            if isinstance(node, exp.Column) and not node.table \
+                    and not isinstance(node.this, exp.Star) and node.name.lower() in merged:
+                return merged[node.name.lower()].copy()
+            if _is_query(node):
+                return node  # a subquery's columns are its own
+            return None
+
+        star = columns_of(0)
+        for i, ((_, join), kind) in enumerate(zip(items, kinds)):
+            if join is None:
+                continue
+            using = join.args.get("using") or []
+            if not using:
+                if join.args.get("on") is not None:
+                    join.set("on", _rewrite(join.args["on"], resolve))
+                if kind not in ("semi", "anti"):
+                    star += columns_of(i)
+                continue
+            right = {c.lower(): e for c, e in columns_of(i)}
+            pairs, keys = [], []
+            for u in using:
+                name = u.name
+                lower = name.lower()
+                if lower in merged:
+                    left = merged[lower].copy()
+                else:
+                    having = [j for j in range(i) if kinds[j] not in ("semi", "anti")
+                              and lower in (c.lower() for c in relations[j][0].columns)]
+                    if len(having) != 1:
+                        raise self.error(u, f"USING column '{name}' is in "
+                                         f"{'no table' if not having else 'several tables'} "
+                                         "on the left of the join",
+                                         "write the condition as ON a.k = b.k")
+                    left = next(e for c, e in columns_of(having[0]) if c.lower() == lower)
+                if lower not in right:
+                    raise self.error(u, f"USING column '{name}' is not a column of "
+                                     f"'{relations[i][1]}'", "write the condition as ON a.k = b.k")
+                pairs.append(exp.EQ(this=left.copy(), expression=right[lower].copy()))
+                merged[lower] = {"right": right[lower].copy(),
+                                 "full": exp.func("coalesce", left.copy(), right[lower].copy())
+                                 }.get(kind, left.copy())
+                keys.append(lower)
+            join.set("using", None)
+            join.set("on", exp.and_(*pairs))
+            right_rest = ([] if kind in ("semi", "anti") else
+                          [(n, e) for n, e in columns_of(i) if n.lower() not in keys])
+            star = ([(n, merged[n]) for n in keys]
+                    + [(n, e) for n, e in star if n.lower() not in keys] + right_rest)
+        for arg in ("where", "group", "having"):
+            if q.args.get(arg) is not None:
+                q.set(arg, _rewrite(q.args[arg], resolve))
+        expressions = []
+        for e in q.expressions:
+            resolved = _rewrite(e, resolve)
+            if isinstance(e, exp.Column) and not isinstance(resolved, exp.Column):
+                resolved = exp.alias_(resolved, e.name, quoted=True)  # SELECT k: named k
+            expressions.append(resolved)
+        q.set("expressions", expressions)
+        return star
+
     def _join_kind(self, join: exp.Join | None) -> str:
         if join is None:
             return "inner"
-        if join.args.get("using"):
-            raise self.error(join, "JOIN ... USING is not supported",
-                             "write the condition as ON a.k = b.k")
         side = (join.args.get("side") or "").upper()
         kind = (join.args.get("kind") or "").upper()
         if join.args.get("method"):
@@ -1107,6 +1191,9 @@ class QueryCompiler:
                 star_of = ""
             elif isinstance(e, exp.Column) and isinstance(e.this, exp.Star):
                 star_of = e.table.lower()
+            if star_of == "" and scope.star is not None:
+                items += [(n, e.copy()) for n, e in scope.star]
+                continue
             if star_of is not None:
                 matched = False
                 for source in scope.sources:

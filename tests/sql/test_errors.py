@@ -71,8 +71,12 @@ def refused(query: str) -> SqlError:
      "this subquery in HAVING is not supported", "scalar subquery"),
     ("SELECT id FROM customers c WHERE id IN (SELECT customer_id FROM orders)\n"
      "OR region = 'x'", 4, 34, "this subquery is not supported", "IN (SELECT"),
-    ("SELECT o.order_id FROM orders o JOIN customers c USING (id)", 4, 38,
-     "USING is not supported", "ON a.k = b.k"),
+    ("SELECT o.order_id FROM orders o JOIN customers c USING (id)", 4, 57,
+     "USING column 'id' is in no table on the left of the join", "ON a.k = b.k"),
+    ("SELECT id FROM customers c JOIN customers d ON c.id = d.id\nJOIN orders USING (id)",
+     5, 20, "USING column 'id' is in several tables on the left of the join", "ON a.k = b.k"),
+    ("SELECT region FROM customers JOIN orders USING (region)", 4, 49,
+     "USING column 'region' is not a column of 'orders'", "ON a.k = b.k"),
 ])
 def test_unsupported_sql_is_refused_with_view_position_problem_and_hint(
         query, line, column, problem, hint):

@@ -79,6 +79,16 @@ VIEWS = {
                   "FULL JOIN customers c ON o.customer_id = c.id GROUP BY c.region",
     "v_join_agg": "SELECT c.region, count(*) AS n, sum(o.amount) AS total FROM orders o "
                   "JOIN customers c ON o.customer_id = c.id GROUP BY c.region",
+    "v_using": "SELECT order_id, qty, reason FROM orders JOIN returns USING (order_id) "
+               "WHERE order_id > 1 AND reason <> 'broken'",
+    "v_using_full": "SELECT order_id, o.order_id AS o_id, r.order_id AS r_id, reason, qty "
+                    "FROM orders o FULL JOIN returns r USING (order_id)",
+    "v_using_right_agg": "SELECT order_id, count(*) AS n, sum(qty) AS q FROM orders "
+                         "RIGHT JOIN returns USING (order_id) GROUP BY order_id "
+                         "HAVING count(*) > 1",
+    "v_using_chain": "SELECT id, order_id, region, reason FROM (SELECT order_id, "
+                     "customer_id AS id FROM orders) o FULL JOIN returns USING (order_id) "
+                     "LEFT JOIN customers USING (id) WHERE id IS NOT NULL OR reason = 'late'",
     "v_union_all": "SELECT customer_id AS k FROM orders UNION ALL SELECT id FROM customers",
     "v_union": "SELECT customer_id AS k FROM orders UNION SELECT id FROM customers",
     "v_intersect": "SELECT customer_id FROM orders INTERSECT SELECT id FROM customers",
@@ -214,7 +224,7 @@ def test_every_construct_equals_duckdb_after_every_step_on_the_driver(spark, tmp
 def test_joins_aggregates_and_subqueries_on_the_spark_path(spark, tmp_path):
     names = ["v_left", "v_scalar", "v_global", "v_having_scalar", "v_distinct_aggs", "v_full",
              "v_top", "v_rank_top", "v_except_all", "v_intersect_all",
-             "v_full_residual", "v_anti_residual"]
+             "v_full_residual", "v_anti_residual", "v_using_full"]
     script = TABLES + "".join(f"CREATE VIEW {n} AS {VIEWS[n]};\n" for n in names)
     run_and_check(spark, str(tmp_path), script, names, driver_step_rows=0, seed=3, steps=2,
                   ops=20)
@@ -228,3 +238,19 @@ def test_a_union_widens_a_column_only_where_every_value_converts_exactly(spark, 
     with pytest.raises(CircuitError, match=r"column 'order_id' is bigint in one input and "
                        r"would become double.*CAST\(\.\.\. AS DOUBLE\)"):
         Pipeline(Circuit.from_sql(script), str(tmp_path), spark)
+
+
+def test_select_star_over_join_using_has_sparks_columns(spark, tmp_path):
+    """``SELECT *`` over USING joins: each join's keys first (merged), then the left side's
+    other columns, then the right side's, as Spark's analyzer orders them."""
+    query = ("SELECT * FROM (SELECT order_id, customer_id AS id, qty FROM orders) o "
+             "FULL JOIN returns USING (order_id) RIGHT JOIN customers USING (id) "
+             "LEFT SEMI JOIN returns r2 USING (order_id)")
+    circuit = Circuit.from_sql(TABLES + f"CREATE VIEW v AS {query};")
+    for statement in TABLES.split(";"):
+        if statement.strip():
+            name = statement.split()[2]
+            columns = statement[statement.index("(") + 1:statement.rindex(")")]
+            spark.createDataFrame([], columns).createOrReplaceTempView(name)
+    with Pipeline(circuit, str(tmp_path), spark) as p:
+        assert p.view_schema("v").fieldNames() == spark.sql(query).columns
