@@ -326,7 +326,7 @@ class Collection:
         return self.minus(self.semijoin(other, keys))
 
     def top_k(self, k: int, order_by: list[str], partition_by: list[str] | None = None,
-              rank: str | None = None) -> Collection:
+              rank: str | None = None, numbering: str = "row_number") -> Collection:
         """The first ``k`` rows in ``order_by`` order (SQL's ``ORDER BY ... LIMIT k``), per
         partition of the ``partition_by`` columns if given (``ROW_NUMBER() OVER (PARTITION BY
         ... ORDER BY ...) <= k``). ``order_by`` items are ``"col"``, ``"col DESC"``, ``"col ASC
@@ -334,7 +334,14 @@ class Collection:
         A row of multiplicity m takes m places; rows that tie on ``order_by`` are ordered by all
         their columns, so the result never depends on how the input arrived. ``rank`` names a
         column (INT, added last) holding each row's place, 1 to k (SQL's ``ROW_NUMBER()``): a row
-        of multiplicity m is then m rows numbered in turn."""
+        of multiplicity m is then m rows numbered in turn. ``numbering="rank"`` or
+        ``"dense_rank"`` places rows as SQL's ``RANK()`` / ``DENSE_RANK()`` do instead: rows that
+        tie on ``order_by`` share a place (after the places of the rows before them, or after
+        the distinct ``order_by`` values before them), a row keeps all its copies, and every row
+        placed at most k is kept, ties at place k included."""
+        if numbering not in ("row_number", "rank", "dense_rank"):
+            raise CircuitError(f"top_k: numbering must be 'row_number', 'rank' or 'dense_rank', "
+                               f"got {numbering!r}")
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise CircuitError(f"top_k: k must be a positive integer, got {k!r}")
         if not isinstance(order_by, list) or not order_by:
@@ -353,11 +360,14 @@ class Collection:
             order.append({"column": col, "descending": (m["dir"] or "").upper() == "DESC",
                           "nulls_first": None if nulls is None else nulls.upper() == "FIRST"})
         partition = [] if partition_by is None else _keys(partition_by, "top_k partition_by")
-        if rank is None:
-            return self._derive("top_k", k=k, order=order, partition=partition)
-        if not isinstance(rank, str) or not rank or rank.startswith("_"):
-            raise CircuitError(f"top_k: rank must name a new column, got {rank!r}")
-        return self._derive("top_k", k=k, order=order, partition=partition, rank=rank)
+        params: dict[str, Any] = {"k": k, "order": order, "partition": partition}
+        if rank is not None:
+            if not isinstance(rank, str) or not rank or rank.startswith("_"):
+                raise CircuitError(f"top_k: rank must name a new column, got {rank!r}")
+            params["rank"] = rank
+        if numbering != "row_number":  # absent by default: earlier circuits keep their print
+            params["numbering"] = numbering
+        return self._derive("top_k", **params)
 
     def group_by(self, *keys: str) -> GroupedCollection:
         """Group by the named columns; finish with ``.agg(name="fn(col)", ...)``."""

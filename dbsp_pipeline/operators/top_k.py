@@ -11,6 +11,11 @@ so the result is a function of the input whatever the path, the file layout or t
 With a rank column, a row of multiplicity m is m rows of multiplicity 1, numbered 1, 2, ... in
 that order; a change in a partition renumbers the rows after it, up to place k.
 
+``numbering="rank"`` and ``"dense_rank"`` number as SQL's ``RANK()`` and ``DENSE_RANK()``:
+rows that tie on the order keys share a place (the places of the rows before them, plus one;
+for ``dense_rank`` the number of distinct order keys before them, plus one), and the top k keeps
+every row whose place is at most k, with all its copies: ties at place k are all kept.
+
 Work per step follows the size of the touched partitions, not the input: a top-k over the whole
 input (one partition) reads it all when it changes.
 """
@@ -54,6 +59,10 @@ class OrderKey:
         return cls(d["column"], bool(d["descending"]), d["nulls_first"])
 
 
+#: how rows are numbered: SQL's ROW_NUMBER(), RANK() and DENSE_RANK()
+NUMBERINGS = ("row_number", "rank", "dense_rank")
+
+
 def ranked_schema(schema: StructType, rank: str | None) -> StructType:
     """The schema of a top-k of rows of ``schema``: with a ``rank`` column last (an INT, as
     Spark's ``ROW_NUMBER``) if one is asked for."""
@@ -63,11 +72,14 @@ def ranked_schema(schema: StructType, rank: str | None) -> StructType:
 
 
 class TopK(Operator):
-    """``schema`` is the input's; the output adds the ``rank`` column if one is named."""
+    """``schema`` is the input's; the output adds the ``rank`` column if one is named;
+    ``numbering`` is one of ``NUMBERINGS``."""
 
     def __init__(self, db: StateDatabase, name: str, partition: Sequence[str],
                  order: Sequence[OrderKey], k: int, schema: StructType,
-                 rank: str | None = None) -> None:
+                 rank: str | None = None, numbering: str = "row_number") -> None:
+        assert numbering in NUMBERINGS, numbering
+        self.numbering = numbering
         self.schema = ranked_schema(schema, rank)
         self.columns = schema.fieldNames()
         self.out_columns = self.schema.fieldNames()
@@ -78,13 +90,16 @@ class TopK(Operator):
         self.trace = Trace(db, name, schema, self.partition)
 
     # -- the ranking, in DuckDB and in Spark -----------------------------------------------
-    def _order_sql(self) -> str:
+    def _order_sql(self, ties: bool = True) -> str:
+        """The ORDER BY of the ranking; with ``ties``, then by all the columns (a total
+        order)."""
         keys = [f"{ident(o.column)} {'DESC' if o.descending else 'ASC'} NULLS "
                 f"{'FIRST' if o.nulls_go_first else 'LAST'}" for o in self.order]
-        keys += [f"{ident(c)} ASC NULLS FIRST" for c in self.columns]
+        if ties:
+            keys += [f"{ident(c)} ASC NULLS FIRST" for c in self.columns]
         return ", ".join(keys)
 
-    def _order_spark(self) -> list[Column]:
+    def _order_spark(self, ties: bool = True) -> list[Column]:
         keys = []
         for o in self.order:
             c = F.col(quote(o.column))
@@ -92,12 +107,16 @@ class TopK(Operator):
                 keys.append(c.desc_nulls_first() if o.nulls_go_first else c.desc_nulls_last())
             else:
                 keys.append(c.asc_nulls_first() if o.nulls_go_first else c.asc_nulls_last())
-        return keys + [F.col(quote(c)).asc_nulls_first() for c in self.columns]
+        if ties:
+            keys += [F.col(quote(c)).asc_nulls_first() for c in self.columns]
+        return keys
 
     def _top_sql(self, rows: str) -> str:
         """The top k of each partition of ``rows`` (a consolidated relation), as SQL."""
         w = ident(WEIGHT)
         part = f"PARTITION BY {idents(self.partition)}" if self.partition else ""
+        if self.numbering != "row_number":
+            return self._tied_top_sql(rows, part)
         places = f"least({w}, {self.k} - _before)"
         if self.rank is None:
             out = f"{places} AS {w}"
@@ -109,7 +128,45 @@ class TopK(Operator):
                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS _before
                        FROM {rows}) WHERE _before < {self.k}"""
 
+    def _tied_top_sql(self, rows: str, part: str) -> str:
+        """RANK / DENSE_RANK: each row's place (shared by the rows that tie with it on the
+        order keys), the rows placed at most k with their whole weight. A rank is the least
+        count of places before any row of its tie group (the rows ordered totally)."""
+        w = ident(WEIGHT)
+        if self.numbering == "dense_rank":
+            place = f"dense_rank() OVER ({part} ORDER BY {self._order_sql(ties=False)})"
+        else:
+            peers = idents(self.partition + [o.column for o in self.order])
+            place = f"""1 + min(_before) OVER (PARTITION BY {peers})"""
+        out = (f"CAST(_place AS INTEGER) AS {ident(self.rank)}, " if self.rank is not None
+               else "")
+        return f"""SELECT {idents(self.columns)}, {out}{w} FROM (
+                       SELECT *, {place} AS _place FROM (
+                           SELECT *, coalesce(sum({w}) OVER ({part} ORDER BY {self._order_sql()}
+                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS _before
+                           FROM {rows}))
+                   WHERE _place <= {self.k}"""
+
+    def _tied_top_spark(self, rows: DataFrame) -> DataFrame:
+        part = [quote(p) for p in self.partition]
+        if self.numbering == "dense_rank":
+            placed = rows.withColumn("_place", F.dense_rank().over(
+                Window.partitionBy(*part).orderBy(*self._order_spark(ties=False))))
+        else:
+            before = (Window.partitionBy(*part).orderBy(*self._order_spark())
+                      .rowsBetween(Window.unboundedPreceding, -1))
+            peers = Window.partitionBy(*part, *[quote(o.column) for o in self.order])
+            placed = rows.withColumn(
+                "_before", F.coalesce(F.sum(WEIGHT).over(before), F.lit(0))).withColumn(
+                "_place", F.min("_before").over(peers) + 1)
+        top = placed.where(F.col("_place") <= self.k)
+        cols = [quote(c) for c in self.columns]
+        rank = [F.col("_place").cast("int").alias(self.rank)] if self.rank is not None else []
+        return top.select(*cols, *rank, F.col(WEIGHT).cast("long").alias(WEIGHT))
+
     def _top_spark(self, rows: DataFrame) -> DataFrame:
+        if self.numbering != "row_number":
+            return self._tied_top_spark(rows)
         window = (Window.partitionBy(*[quote(p) for p in self.partition])
                   .orderBy(*self._order_spark())
                   .rowsBetween(Window.unboundedPreceding, -1))

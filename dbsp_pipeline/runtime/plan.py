@@ -351,7 +351,7 @@ def make_operator(node: Node, schemas: Mapping[int, StructType],
         return Aggregate(state, name, p["keys"], p["aggregates"], src, schema)
     if node.op == "top_k":
         return TopK(state, name, p["partition"], [OrderKey.of(o) for o in p["order"]], p["k"],
-                    src, p.get("rank"))
+                    src, p.get("rank"), p.get("numbering", "row_number"))
     if node.op == "integrate":
         return Integrate(state, name, schema)
     if node.op == "delay":

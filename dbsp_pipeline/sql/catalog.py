@@ -28,13 +28,15 @@ EVERY_PLACE = 2**31 - 1
 
 @dataclass(frozen=True)
 class Ranking:
-    """``ROW_NUMBER() OVER (PARTITION BY partition ORDER BY order) AS column``: ``base`` holds
+    """``ROW_NUMBER() OVER (PARTITION BY partition ORDER BY order) AS column`` (or ``RANK()``,
+    ``DENSE_RANK()``, as ``numbering`` says): ``base`` holds
     the SELECT's other columns and the partition and order keys (``top_k``'s arguments)."""
 
     base: Collection
     column: str
     order: tuple[str, ...]
     partition: tuple[str, ...]
+    numbering: str = "row_number"  # or "rank", "dense_rank": RANK() / DENSE_RANK()
 
 
 class Relation:
@@ -63,7 +65,8 @@ class Relation:
         if k not in self._collections:
             r = self.ranking
             assert r is not None
-            ranked = r.base.top_k(k, list(r.order), list(r.partition) or None, rank=r.column)
+            ranked = r.base.top_k(k, list(r.order), list(r.partition) or None, rank=r.column,
+                                  numbering=r.numbering)
             self._collections[k] = ranked.select(*[quote(c) for c in self.columns])
         return self._collections[k]
 

@@ -47,11 +47,12 @@ How a SELECT becomes operators:
   (not ``minus``: it would give ``m - n`` where ``n > m`` too, a negative multiplicity).
 
 * ``ORDER BY ... LIMIT k`` of a SELECT is ``top_k`` over its result, ordered by its columns;
-  ``ROW_NUMBER() OVER (PARTITION BY p ORDER BY o) AS rn`` is ``top_k`` per partition with a rank
-  column, as many places as the enclosing query's ``WHERE rn <= k`` keeps (``_ranked``).
+  ``ROW_NUMBER() OVER (PARTITION BY p ORDER BY o) AS rn`` (or ``RANK()``, ``DENSE_RANK()``) is
+  ``top_k`` per partition with a rank column, as many places as the enclosing query's
+  ``WHERE rn <= k`` keeps (``_ranked``).
 
 What needs operators the circuit does not have is refused with a ``SqlError``: ORDER BY without
-LIMIT, window functions other than ROW_NUMBER.
+LIMIT, window functions other than ROW_NUMBER, RANK and DENSE_RANK.
 """
 
 from __future__ import annotations
@@ -1071,36 +1072,42 @@ class QueryCompiler:
     def _ranked(self, q: exp.Select, scope: Scope, items: list[tuple[str, exp.Expr]],
                 grouped: bool) -> Relation:
         """A SELECT with a ``ROW_NUMBER() OVER (PARTITION BY ... ORDER BY ...) AS name``
-        column: a ``Ranking`` of its other columns, computed by ``top_k`` with as many places
-        as the query reading it keeps (``_source``). The PARTITION BY and ORDER BY expressions
-        are computed as columns first; rows that tie on the ORDER BY are numbered in the order
-        of all their columns (Spark numbers them in whatever order they arrive)."""
+        column (or ``RANK()``, ``DENSE_RANK()``): a ``Ranking`` of its other columns, computed
+        by ``top_k`` with as many places as the query reading it keeps (``_source``). The
+        PARTITION BY and ORDER BY expressions are computed as columns first; rows that tie on
+        the ORDER BY are numbered by ROW_NUMBER in the order of all their columns (Spark
+        numbers them in whatever order they arrive); RANK and DENSE_RANK give them one place."""
         windows = [(name, node) for name, node in items if any(node.find_all(exp.Window))]
         name, node = windows[0]
         window = next(iter(node.find_all(exp.Window)))
         if len(windows) > 1:
-            raise self.error(windows[1][1], "one ROW_NUMBER() column per SELECT is supported",
+            raise self.error(windows[1][1], "one window function column per SELECT is supported",
                              "number the rows in a subquery and again in the enclosing query")
-        if not (isinstance(node, exp.Window) and isinstance(node.this, exp.RowNumber)):
-            raise self.error(window, "of the window functions, only ROW_NUMBER() OVER "
-                             "(PARTITION BY ... ORDER BY ...) AS name compiles, as a column of "
-                             "its own", "RANK, DENSE_RANK, aggregates over windows and "
-                             "expressions of window functions need operators the circuit "
-                             "lacks; WHERE rn <= k on a ROW_NUMBER() column is a top-k")
+        numberings = {exp.RowNumber: "row_number", exp.Rank: "rank",
+                      exp.DenseRank: "dense_rank"}
+        if not (isinstance(node, exp.Window) and type(node.this) in numberings
+                and not node.this.expressions):
+            raise self.error(window, "of the window functions, only ROW_NUMBER(), RANK() and "
+                             "DENSE_RANK() OVER (PARTITION BY ... ORDER BY ...) AS name compile, "
+                             "as a column of their own", "aggregates over windows, other window "
+                             "functions and expressions of them need operators the circuit "
+                             "lacks; WHERE rn <= k on a numbering column is a top-k")
+        numbering = numberings[type(node.this)]
+        function = f"{numbering.upper()}()"
         if name.startswith("_"):
-            raise self.error(node, f"the ROW_NUMBER() column '{name}' starts with '_'",
+            raise self.error(node, f"the {function} column '{name}' starts with '_'",
                              "names starting with '_' belong to the engine: choose another")
         if grouped or q.args.get("distinct") is not None:
-            raise self.error(window, "ROW_NUMBER() in a SELECT with GROUP BY, aggregates or "
+            raise self.error(window, f"{function} in a SELECT with GROUP BY, aggregates or "
                              "DISTINCT is not supported", "group in a subquery or CTE and "
                              "number its rows in the enclosing SELECT")
         for arg, what in (("spec", "a window frame"), ("alias", "a named window")):
             if node.args.get(arg):
-                raise self.error(window, f"ROW_NUMBER() OVER with {what} is not supported",
+                raise self.error(window, f"{function} OVER with {what} is not supported",
                                  "write OVER (PARTITION BY ... ORDER BY ...)")
         order = node.args.get("order")
         if order is None:
-            raise self.error(window, "ROW_NUMBER() needs ORDER BY in its OVER clause",
+            raise self.error(window, f"{function} needs ORDER BY in its OVER clause",
                              "without it the numbering is arbitrary")
         names = [n for n, _ in items]
         rendered = {n: self._render(e, scope) for n, e in items if n != name}
@@ -1133,8 +1140,8 @@ class QueryCompiler:
             [n.lower() for n, e in items if isinstance(e, exp.Column) and
              (i := self._locate(e, scope)) is not None
              and e.name.lower() in scope.sources[i].not_null] + [name.lower()])
-        return Relation(Ranking(base, name, tuple(keys), tuple(partition)), tuple(names),
-                        not_null)
+        return Relation(Ranking(base, name, tuple(keys), tuple(partition), numbering),
+                        tuple(names), not_null)
 
     def _rank_bound(self, index: int, relations: list[tuple[Relation, str]], kinds: list[str],
                     conjuncts: list[exp.Expr]) -> int:

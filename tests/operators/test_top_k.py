@@ -1,6 +1,7 @@
 """Top-k (``Collection.top_k``) against a from-scratch ranking in Python, after every step of
 random inserts and deletes (NULLs in order keys and partitions, rows of multiplicity above one,
-ties broken by all columns), on both engine paths; and the declaration's checks."""
+ties broken by all columns, or sharing a place as RANK and DENSE_RANK), on both engine paths; and
+the declaration's checks."""
 
 from __future__ import annotations
 
@@ -24,24 +25,35 @@ def _asc_nulls_first(value: object) -> tuple:
 
 
 def expected(bag: Counter, k: int, partition: bool, descending: bool,
-             nulls_first: bool, ranked: bool = False) -> Counter:
+             nulls_first: bool, ranked: bool = False, numbering: str = "row_number") -> Counter:
     """The top ``k`` rows of ``bag`` by ``v`` (then every column ascending, NULLs first), per
-    ``g`` when ``partition``; with ``ranked``, each with its place (1 to k) last."""
-    def key(row: tuple) -> tuple:
+    ``g`` when ``partition``; with ``ranked``, each with its place (1 to k) last. With
+    ``numbering`` "rank" or "dense_rank", rows that tie on ``v`` share a place (as SQL's RANK
+    and DENSE_RANK) and every copy placed at most k is kept."""
+    def order(row: tuple) -> tuple:
         v = row[2]
         if v is None:
-            first = (0,) if nulls_first else (2,)
-        else:
-            first = (1, -v if descending else v)
-        return (first, *[_asc_nulls_first(c) for c in row])
+            return (0,) if nulls_first else (2,)
+        return (1, -v if descending else v)
+
+    def key(row: tuple) -> tuple:
+        return (order(row), *[_asc_nulls_first(c) for c in row])
 
     groups: dict[object, list[tuple]] = {}
     for row, m in bag.items():
         groups.setdefault(row[0] if partition else None, []).extend([row] * m)
     out: Counter = Counter()
     for rows in groups.values():
-        for place, row in enumerate(sorted(rows, key=key)[:k], start=1):
-            out[(*row, place) if ranked else row] += 1
+        rows.sort(key=key)
+        for i, row in enumerate(rows):
+            if numbering == "row_number":
+                place = i + 1
+            elif numbering == "rank":
+                place = 1 + sum(1 for r in rows if order(r) < order(row))
+            else:
+                place = 1 + len({order(r) for r in rows if order(r) < order(row)})
+            if place <= k:
+                out[(*row, place) if ranked else row] += 1
     return out
 
 
@@ -53,14 +65,24 @@ def _circuit() -> Circuit:
     c.output("top2_nulls_first", rows.top_k(2, ["`v` DESC NULLS FIRST"]))
     c.output("top3_ranked", rows.top_k(3, ["v DESC"], rank="place"))
     c.output("low2_by_g_ranked", rows.top_k(2, ["v"], partition_by=["g"], rank="place"))
+    c.output("top2_rank", rows.top_k(2, ["v DESC"], rank="place", numbering="rank"))
+    c.output("low2_by_g_rank", rows.top_k(2, ["v"], partition_by=["g"], numbering="rank"))
+    c.output("top2_dense", rows.top_k(2, ["v DESC NULLS FIRST"], rank="place",
+                                      numbering="dense_rank"))
+    c.output("low1_by_g_dense", rows.top_k(1, ["v"], partition_by=["g"], rank="place",
+                                           numbering="dense_rank"))
     return c
 
 
-#: per view: k, partitioned by g, descending, NULLs first, with a rank column
+#: per view: k, partitioned by g, descending, NULLs first, with a rank column[, numbering]
 VIEWS = {"top3": (3, False, True, False, False), "low2_by_g": (2, True, False, True, False),
          "top2_nulls_first": (2, False, True, True, False),
          "top3_ranked": (3, False, True, False, True),
-         "low2_by_g_ranked": (2, True, False, True, True)}
+         "low2_by_g_ranked": (2, True, False, True, True),
+         "top2_rank": (2, False, True, False, True, "rank"),
+         "low2_by_g_rank": (2, True, False, True, False, "rank"),
+         "top2_dense": (2, False, True, True, True, "dense_rank"),
+         "low1_by_g_dense": (1, True, False, True, True, "dense_rank")}
 
 
 @ENGINES
@@ -130,6 +152,8 @@ def test_declaring_a_top_k_checks_its_arguments(spark, tmp_path):
         rows.top_k(3, ["v + 1"])
     with pytest.raises(CircuitError, match="rank must name a new column"):
         rows.top_k(3, ["v"], rank="_place")
+    with pytest.raises(CircuitError, match="numbering must be"):
+        rows.top_k(3, ["v"], numbering="ntile")
     c.output("bad", rows.top_k(3, ["nope DESC"]))
     with pytest.raises(CircuitError, match=r"\['nope'\] not in"):
         Pipeline(c, str(tmp_path), spark)

@@ -32,8 +32,12 @@ def refused(query: str) -> SqlError:
     ("SELECT order_id FROM orders\nLIMIT 3", 5, 7, "LIMIT without ORDER BY", "ORDER BY"),
     ("SELECT order_id FROM orders\nORDER BY order_id", 5, 10, "ORDER BY is not supported",
      "top-k"),
-    ("SELECT order_id, rank() OVER (PARTITION BY customer_id ORDER BY amount) AS r "
-     "FROM orders", 4, 18, "only ROW_NUMBER() OVER", "top-k"),
+    ("SELECT order_id, ntile(2) OVER (PARTITION BY customer_id ORDER BY amount) AS r "
+     "FROM orders", 4, 18, "only ROW_NUMBER(), RANK() and DENSE_RANK() OVER", "top-k"),
+    ("SELECT order_id, sum(amount) OVER (PARTITION BY customer_id ORDER BY amount) AS r "
+     "FROM orders", 4, 18, "only ROW_NUMBER(), RANK() and DENSE_RANK() OVER", "top-k"),
+    ("SELECT order_id, rank() OVER (PARTITION BY customer_id) AS r FROM orders", 4, 18,
+     "RANK() needs ORDER BY in its OVER clause", "arbitrary"),
     ("SELECT customer_id, row_number() OVER (ORDER BY count(*)) AS r FROM orders\n"
      "GROUP BY customer_id", 4, 21, "ROW_NUMBER() in a SELECT with GROUP BY", "subquery or CTE"),
     ("SELECT order_id, row_number() OVER (ORDER BY amount) AS _r FROM orders", 4, 18,

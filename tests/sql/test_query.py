@@ -151,6 +151,10 @@ VIEWS = {
                    "coalesce(qty, 0) * 2 DESC, order_id, qty) AS r FROM orders) x WHERE 3 >= r",
     "v_rank_every": "SELECT id, region, ROW_NUMBER() OVER (PARTITION BY region "
                     "ORDER BY id) AS rn FROM customers",
+    "v_rank_ties": "SELECT * FROM (SELECT customer_id, amount, RANK() OVER (PARTITION BY "
+                   "customer_id ORDER BY amount DESC) AS r FROM orders) t WHERE r <= 2",
+    "v_dense_rank": "SELECT qty, amount, r FROM (SELECT qty, amount, DENSE_RANK() OVER "
+                    "(ORDER BY amount NULLS LAST) AS r FROM orders) t WHERE r < 3",
     "v_or_factored": "SELECT o.order_id, c.region FROM orders o, customers c "
                      "WHERE (o.customer_id = c.id AND c.region = 'north') "
                      "OR (c.id = c.id AND o.customer_id = c.id AND o.qty > 2)",
@@ -224,7 +228,7 @@ def test_every_construct_equals_duckdb_after_every_step_on_the_driver(spark, tmp
 def test_joins_aggregates_and_subqueries_on_the_spark_path(spark, tmp_path):
     names = ["v_left", "v_scalar", "v_global", "v_having_scalar", "v_distinct_aggs", "v_full",
              "v_top", "v_rank_top", "v_except_all", "v_intersect_all",
-             "v_full_residual", "v_anti_residual", "v_using_full"]
+             "v_full_residual", "v_anti_residual", "v_using_full", "v_rank_ties"]
     script = TABLES + "".join(f"CREATE VIEW {n} AS {VIEWS[n]};\n" for n in names)
     run_and_check(spark, str(tmp_path), script, names, driver_step_rows=0, seed=3, steps=2,
                   ops=20)
