@@ -202,6 +202,9 @@ class QueryCompiler:
         if isinstance(q, exp.SetOperation):
             return self._set_operation(q, ctes, unnamed)
         if isinstance(q, exp.Select):
+            nested = _number_after_grouping(q)
+            if nested is not None:
+                return self.relation(nested, ctes, unnamed)
             self._refuse_modifiers(q, top_k=True)
             scope, correlations = self._from_where(q, ctes, None)
             assert not correlations  # no outer scope to correlate with
@@ -1476,6 +1479,66 @@ def _unmatched(side: Collection, columns: list[str], matched: Collection) -> Col
     return counted.select(
         *cols, f"CASE WHEN {quote(seen)} = 0 THEN {quote(own)} ELSE 0 END AS {quote(keep)}"
     ).repeat(keep)
+
+
+def _number_after_grouping(q: exp.Select) -> exp.Select | None:
+    """A grouped SELECT with a numbering column (``SELECT r, p, sum(x) AS s, RANK() OVER
+    (PARTITION BY r ORDER BY sum(x) DESC) AS rk ... GROUP BY r, p``) as SQL evaluates it: the
+    window numbers the grouped rows. Returned as the grouping in a subquery (its other columns
+    plus the PARTITION BY and ORDER BY expressions as columns) numbered by the enclosing SELECT,
+    which keeps the columns in their places and the ORDER BY ... LIMIT; None where ``q`` is not
+    such a SELECT (``_ranked`` compiles or refuses it)."""
+    windows = [e for e in q.expressions if any(e.find_all(exp.Window))]
+    if len(windows) != 1 or q.args.get("distinct") is not None:
+        return None
+    item = windows[0]
+    if not (isinstance(item, exp.Alias) and isinstance(item.this, exp.Window)):
+        return None
+    window = item.this
+    others = [e for e in q.expressions if e is not item]
+    grouped = (q.args.get("group") is not None or q.args.get("having") is not None
+               or any(_aggregates(e) for e in [*others, window]))
+    if not grouped or window.args.get("spec") or window.args.get("alias"):
+        return None
+    names = [e.alias if isinstance(e, exp.Alias) else e.name for e in others]
+    if not all(isinstance(e, (exp.Alias, exp.Column)) and not isinstance(e.this, exp.Star)
+               for e in others):
+        return None  # a computed column without a name, or *: _items says so
+    taken = [*names, item.alias]
+    extra: list[exp.Expr] = []
+
+    def key(e: exp.Expr, base: str) -> exp.Column:
+        name = _fresh_name(base, taken)
+        taken.append(name)
+        extra.append(exp.alias_(e.copy(), name, quoted=True))
+        return exp.column(name, quoted=True)
+
+    partition = [key(e, "partition_key") for e in window.args.get("partition_by") or []]
+    order = window.args.get("order")
+    ordered = [exp.Ordered(this=key(o.this, "order_key"), desc=o.args.get("desc"),
+                           nulls_first=o.args.get("nulls_first"))
+               for o in (order.expressions if order is not None else [])]
+    inner = q.copy()
+    _copy_meta(q, inner)
+    for arg in ("with_", "order", "limit", "offset"):
+        inner.set(arg, None)  # the CTEs are in scope already; ORDER BY ... LIMIT is outside
+    inner.set("expressions", [e for e in inner.expressions
+                              if not any(e.find_all(exp.Window))] + extra)
+    numbered = window.copy()
+    _copy_meta(window, numbered)
+    numbered.set("partition_by", partition or None)
+    numbered.set("order", exp.Order(expressions=ordered) if order is not None else None)
+    columns: list[exp.Expr] = [
+        exp.alias_(numbered, item.alias, quoted=True) if e is item
+        else exp.column(e.alias if isinstance(e, exp.Alias) else e.name, quoted=True)
+        for e in q.expressions]
+    outer = exp.Select(expressions=columns).from_(
+        exp.Subquery(this=inner, alias=exp.TableAlias(this=exp.to_identifier(
+            _fresh_name("grouped", taken)))))
+    for arg in ("order", "limit", "offset"):
+        if q.args.get(arg) is not None:
+            outer.set(arg, q.args[arg].copy())
+    return outer
 
 
 def _copy_meta(original: exp.Expr, copy: exp.Expr) -> None:

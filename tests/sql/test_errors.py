@@ -38,8 +38,12 @@ def refused(query: str) -> SqlError:
      "FROM orders", 4, 18, "only ROW_NUMBER(), RANK() and DENSE_RANK() OVER", "top-k"),
     ("SELECT order_id, rank() OVER (PARTITION BY customer_id) AS r FROM orders", 4, 18,
      "RANK() needs ORDER BY in its OVER clause", "arbitrary"),
-    ("SELECT customer_id, row_number() OVER (ORDER BY count(*)) AS r FROM orders\n"
-     "GROUP BY customer_id", 4, 21, "ROW_NUMBER() in a SELECT with GROUP BY", "subquery or CTE"),
+    ("SELECT DISTINCT customer_id, row_number() OVER (ORDER BY amount) AS r FROM orders",
+     4, 30, "ROW_NUMBER() in a SELECT with GROUP BY, aggregates or DISTINCT",
+     "subquery or CTE"),
+    ("SELECT customer_id, rank() OVER (ORDER BY amount) AS r FROM orders\n"
+     "GROUP BY customer_id", 4, 43, "'amount' is neither grouped nor aggregated",
+     "GROUP BY"),
     ("SELECT order_id, row_number() OVER (ORDER BY amount) AS _r FROM orders", 4, 18,
      "the ROW_NUMBER() column '_r' starts with '_'", "belong to the engine"),
     ("SELECT order_id, row_number() OVER (PARTITION BY customer_id) AS r FROM orders", 4, 18,

@@ -155,6 +155,15 @@ VIEWS = {
                    "customer_id ORDER BY amount DESC) AS r FROM orders) t WHERE r <= 2",
     "v_dense_rank": "SELECT qty, amount, r FROM (SELECT qty, amount, DENSE_RANK() OVER "
                     "(ORDER BY amount NULLS LAST) AS r FROM orders) t WHERE r < 3",
+    "v_rank_grouped": "SELECT customer_id, qty, sum(amount) AS s, RANK() OVER (PARTITION BY "
+                      "customer_id ORDER BY sum(amount) DESC NULLS LAST) AS rk FROM orders "
+                      "GROUP BY customer_id, qty",
+    "v_rank_grouped_top": "SELECT * FROM (SELECT customer_id AS c, count(*) AS n, DENSE_RANK() "
+                          "OVER (ORDER BY count(*) DESC) AS rk FROM orders WHERE qty > 1 "
+                          "GROUP BY customer_id HAVING count(*) > 1) t WHERE rk <= 2",
+    "v_row_number_grouped": "SELECT * FROM (SELECT region, ROW_NUMBER() OVER (ORDER BY "
+                            "count(*) DESC, region) AS rn, count(*) AS n FROM customers "
+                            "GROUP BY region) WHERE rn <= 2",
     "v_or_factored": "SELECT o.order_id, c.region FROM orders o, customers c "
                      "WHERE (o.customer_id = c.id AND c.region = 'north') "
                      "OR (c.id = c.id AND o.customer_id = c.id AND o.qty > 2)",
@@ -228,7 +237,7 @@ def test_every_construct_equals_duckdb_after_every_step_on_the_driver(spark, tmp
 def test_joins_aggregates_and_subqueries_on_the_spark_path(spark, tmp_path):
     names = ["v_left", "v_scalar", "v_global", "v_having_scalar", "v_distinct_aggs", "v_full",
              "v_top", "v_rank_top", "v_except_all", "v_intersect_all",
-             "v_full_residual", "v_anti_residual", "v_using_full", "v_rank_ties"]
+             "v_full_residual", "v_anti_residual", "v_using_full", "v_rank_ties", "v_rank_grouped_top"]
     script = TABLES + "".join(f"CREATE VIEW {n} AS {VIEWS[n]};\n" for n in names)
     run_and_check(spark, str(tmp_path), script, names, driver_step_rows=0, seed=3, steps=2,
                   ops=20)
