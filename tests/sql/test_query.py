@@ -237,7 +237,8 @@ def test_every_construct_equals_duckdb_after_every_step_on_the_driver(spark, tmp
 def test_joins_aggregates_and_subqueries_on_the_spark_path(spark, tmp_path):
     names = ["v_left", "v_scalar", "v_global", "v_having_scalar", "v_distinct_aggs", "v_full",
              "v_top", "v_rank_top", "v_except_all", "v_intersect_all",
-             "v_full_residual", "v_anti_residual", "v_using_full", "v_rank_ties", "v_rank_grouped_top"]
+             "v_full_residual", "v_anti_residual", "v_using_full", "v_rank_ties",
+             "v_rank_grouped_top"]
     script = TABLES + "".join(f"CREATE VIEW {n} AS {VIEWS[n]};\n" for n in names)
     run_and_check(spark, str(tmp_path), script, names, driver_step_rows=0, seed=3, steps=2,
                   ops=20)
