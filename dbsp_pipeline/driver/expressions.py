@@ -21,6 +21,16 @@ would hide or read differently from Spark: a unary ``+`` (sqlglot drops it) and 
 or predicates in one operand without parentheses (``a = b < c`` is ``(a = b) < c`` in Spark,
 ``a = (b < c)`` in sqlglot); both refuse.
 
+Why not ``sqlglot.transpile(..., write="duckdb")`` for the output too: its DuckDB text says what
+the Spark text means in most rows, not in all of them, and this gate needs all. Checked with the
+pinned sqlglot: ``a / b`` becomes ``a / NULLIF(b, 0)`` (NULL where Spark ANSI raises),
+``x + 1 > 5`` stays an infix sum (DuckDB's optimizer rewrites it and drops the overflow Spark
+raises), ``CAST(d AS STRING)`` becomes ``TRY_CAST`` (NULL where Spark raises), ``s LIKE 'a_b'``,
+``upper(s)`` and ``substring(s, 0, 2)`` pass through unchanged but count or case-map differently,
+``DATE ... + INTERVAL 1 MONTH`` gives a TIMESTAMP, ``a = b < c`` and ``+a`` are re-associated or
+dropped. So sqlglot is the one parser of all SQL text (views and expressions alike), and the
+generation is ours: one function per whitelisted node, each checked against Spark.
+
 Whitelist (each item verified against Spark 4.3 + DuckDB 2.0 by ``tests/driver/test_expressions``):
 
 * column references (top-level columns of the input, case-insensitive like Spark's default
