@@ -8,6 +8,8 @@ import random
 from collections import Counter
 
 import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 from dbsp_pipeline import Circuit, Pipeline
 from dbsp_pipeline.errors import CircuitError
@@ -205,12 +207,18 @@ def workload(seed: int, steps: int, ops: int) -> list[dict[str, list[tuple[tuple
 
 
 def run_and_check(spark, root: str, script: str, views: list[str], driver_step_rows: int,
-                  seed: int, steps: int = 4, ops: int = 30) -> None:
+                  seed: int = 0, steps: int = 4, ops: int = 30,
+                  changes_per_step: list[dict[str, list[tuple[tuple, int]]]] | None = None
+                  ) -> None:
+    """Run ``workload(seed, steps, ops)`` (or ``changes_per_step``) through the compiled
+    ``script`` and check ``views`` against DuckDB after every step."""
     circuit = Circuit.from_sql(script)
     oracle = DuckDbOracle(script)
     integrated: dict[str, Counter] = {}
+    if changes_per_step is None:
+        changes_per_step = workload(seed, steps, ops)
     with Pipeline(circuit, root, spark, driver_step_rows=driver_step_rows) as p:
-        for step, changes in enumerate(workload(seed, steps, ops)):
+        for step, changes in enumerate(changes_per_step):
             for table, rows in changes.items():
                 bag = integrated.setdefault(table, Counter())
                 for weight in (1, -1):
@@ -242,6 +250,42 @@ def test_joins_aggregates_and_subqueries_on_the_spark_path(spark, tmp_path):
     script = TABLES + "".join(f"CREATE VIEW {n} AS {VIEWS[n]};\n" for n in names)
     run_and_check(spark, str(tmp_path), script, names, driver_step_rows=0, seed=3, steps=2,
                   ops=20)
+
+
+ORDER_ROWS = st.tuples(st.integers(1, 4), st.one_of(st.none(), st.integers(1, 3)),
+                      st.one_of(st.none(), st.sampled_from([3.5, 10.5, 12.0])),
+                      st.one_of(st.none(), st.integers(1, 3)))
+CUSTOMER_ROWS = st.tuples(st.one_of(st.none(), st.integers(1, 4)),
+                          st.one_of(st.none(), st.sampled_from(["north", "east"])))
+RETURN_ROWS = st.tuples(st.integers(1, 4), st.sampled_from(["late", "broken"]))
+#: per step, per table: rows to insert and indexes of live rows to delete
+STEPS = st.lists(st.fixed_dictionaries({
+    table: st.tuples(st.lists(rows, max_size=6), st.lists(st.integers(0, 30), max_size=3))
+    for table, rows in (("orders", ORDER_ROWS), ("customers", CUSTOMER_ROWS),
+                        ("returns", RETURN_ROWS))}), min_size=1, max_size=3)
+#: the views over the operators SQL brought (global and DISTINCT aggregates, outer and
+#: residual joins, USING, set operations with ALL, top-k with ranks and ties)
+PROPERTY_VIEWS = ["v_global", "v_global_distinct", "v_distinct_aggs", "v_full_residual",
+                  "v_anti_residual", "v_using_chain", "v_intersect_all", "v_except_all",
+                  "v_rank_ties", "v_rank_grouped_top", "v_top_agg"]
+
+
+@settings(max_examples=6, deadline=None, phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=list(HealthCheck))
+@given(STEPS)
+def test_new_operators_equal_duckdb_on_generated_workloads(spark, tmp_path_factory, steps):
+    live: dict[str, list[tuple]] = {"orders": [], "customers": [], "returns": []}
+    changes_per_step = []
+    for step in steps:
+        changes: dict[str, list[tuple[tuple, int]]] = {}
+        for table, (inserts, picks) in step.items():
+            deletes = [live[table].pop(i % len(live[table])) for i in picks if live[table]]
+            live[table] += inserts
+            changes[table] = [(r, 1) for r in inserts] + [(r, -1) for r in deletes]
+        changes_per_step.append(changes)
+    script = TABLES + "".join(f"CREATE VIEW {n} AS {VIEWS[n]};\n" for n in PROPERTY_VIEWS)
+    run_and_check(spark, str(tmp_path_factory.mktemp("sql")), script, PROPERTY_VIEWS,
+                  driver_step_rows=10**9, changes_per_step=changes_per_step)
 
 
 def test_a_union_widens_a_column_only_where_every_value_converts_exactly(spark, tmp_path):
