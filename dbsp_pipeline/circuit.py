@@ -398,7 +398,7 @@ class Collection:
             _check_name(name, "aggregate column")
             parsed.append(_parse_aggregate(name, text))
         args = list(dict.fromkeys(a.arg for a in parsed if a.arg is not None))
-        key = _fresh_name("global_key", [*args, *aggregates])
+        key = fresh_name("global_key", [*args, *aggregates])
         keyed = self.select(*[quote(a) for a in args], f"0 AS {quote(key)}")
         grouped = keyed.group_by(key).agg(**aggregates)
         unit = self.circuit.constant(f"{quote(key)} INT", [[0]])
@@ -470,7 +470,7 @@ def _parse_aggregate(name: str, text: str) -> Aggregate:
     return Aggregate(name, fn, arg)
 
 
-def _fresh_name(base: str, taken: list[str]) -> str:
+def fresh_name(base: str, taken: list[str]) -> str:
     """``base``, or ``base_2``, ``base_3``... the first not in ``taken`` (case-insensitively,
     as Spark resolves names)."""
     used = {t.lower() for t in taken}

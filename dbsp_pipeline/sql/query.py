@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
-from dbsp_pipeline.circuit import Collection
+from dbsp_pipeline.circuit import Collection, fresh_name
 from dbsp_pipeline.sql.catalog import EVERY_PLACE, Catalog, Ranking, Relation
 from dbsp_pipeline.sql.errors import SqlError
 from dbsp_pipeline.zset import quote
@@ -296,8 +296,8 @@ class QueryCompiler:
         if not distinct:
             # per distinct row, m occurrences on the left and n on the right: INTERSECT ALL
             # keeps min(m, n) of them, EXCEPT ALL max(m - n, 0) (``repeat`` drops the rest)
-            m, n = _fresh_name("left_rows", columns), _fresh_name("right_rows", columns)
-            keep = _fresh_name("kept", columns + [m, n])
+            m, n = fresh_name("left_rows", columns), fresh_name("right_rows", columns)
+            keep = fresh_name("kept", columns + [m, n])
             sides = left.collection.select(*cols, f"1 AS {quote(m)}", f"0 AS {quote(n)}").union(
                 right_c.select(*cols, f"0 AS {quote(m)}", f"1 AS {quote(n)}"))
             counted = sides.group_by(*columns).agg(
@@ -307,8 +307,8 @@ class QueryCompiler:
             return Relation(counted.select(*cols, f"{kept} AS {quote(keep)}").repeat(keep),
                             tuple(columns))
         # each distinct row tagged 1 (left) or 2 (right); the sum of tags says where it occurs
-        tag = _fresh_name("side", columns)
-        tags = _fresh_name("sides", columns)
+        tag = fresh_name("side", columns)
+        tags = fresh_name("sides", columns)
         tagged = left.collection.distinct().select(*cols, f"1 AS {quote(tag)}").union(
             right_c.distinct().select(*cols, f"2 AS {quote(tag)}"))
         counted = tagged.group_by(*columns).agg(**{tags: f"sum({quote(tag)})"})
@@ -1042,7 +1042,7 @@ class QueryCompiler:
                 if not unnamed:
                     raise self.error(node, f"the view has two columns named '{name}'",
                                      "give one of them another name with AS")
-                name = _fresh_name(name, [n for n, _ in items] + seen)
+                name = fresh_name(name, [n for n, _ in items] + seen)
                 items[pos] = (name, node)
             seen.append(name)
         names = [name for name, _ in items]
@@ -1124,7 +1124,7 @@ class QueryCompiler:
             same = [n for n, r in rendered.items() if r == text]
             if same:
                 return same[0]
-            column = _fresh_name(base, taken)
+            column = fresh_name(base, taken)
             taken.append(column)
             rendered[column] = text
             exprs.append(f"{text} AS {quote(column)}")
@@ -1471,8 +1471,8 @@ def _unmatched(side: Collection, columns: list[str], matched: Collection) -> Col
     ``matched`` rows holding it, grouped (so NULLs compare equal); a row none holds is repeated
     m times."""
     cols = [quote(c) for c in columns]
-    own, seen = _fresh_name("own_rows", columns), _fresh_name("matched_rows", columns)
-    keep = _fresh_name("unmatched_rows", columns + [own, seen])
+    own, seen = fresh_name("own_rows", columns), fresh_name("matched_rows", columns)
+    keep = fresh_name("unmatched_rows", columns + [own, seen])
     counted = side.select(*cols, f"1 AS {quote(own)}", f"0 AS {quote(seen)}").union(
         matched.select(*cols, f"0 AS {quote(own)}", f"1 AS {quote(seen)}")).group_by(
         *columns).agg(**{own: f"sum({quote(own)})", seen: f"sum({quote(seen)})"})
@@ -1508,7 +1508,7 @@ def _number_after_grouping(q: exp.Select) -> exp.Select | None:
     extra: list[exp.Expr] = []
 
     def key(e: exp.Expr, base: str) -> exp.Column:
-        name = _fresh_name(base, taken)
+        name = fresh_name(base, taken)
         taken.append(name)
         extra.append(exp.alias_(e.copy(), name, quoted=True))
         return exp.column(name, quoted=True)
@@ -1534,7 +1534,7 @@ def _number_after_grouping(q: exp.Select) -> exp.Select | None:
         for e in q.expressions]
     outer = exp.Select(expressions=columns).from_(
         exp.Subquery(this=inner, alias=exp.TableAlias(this=exp.to_identifier(
-            _fresh_name("grouped", taken)))))
+            fresh_name("grouped", taken)))))
     for arg in ("order", "limit", "offset"):
         if q.args.get(arg) is not None:
             outer.set(arg, q.args[arg].copy())
@@ -1626,12 +1626,3 @@ def _aggregates(node: exp.Expr) -> list[exp.Expr]:
             visit(child)
     visit(node)
     return found
-
-
-def _fresh_name(base: str, taken: list[str]) -> str:
-    lower = {t.lower() for t in taken}
-    name, n = base, 1
-    while name.lower() in lower:
-        n += 1
-        name = f"{base}_{n}"
-    return name
