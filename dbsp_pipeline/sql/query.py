@@ -52,7 +52,7 @@ How a SELECT becomes operators:
   ``WHERE rn <= k`` keeps (``_ranked``).
 
 What needs operators the circuit does not have is refused with a ``SqlError``: ORDER BY without
-LIMIT, window functions other than ROW_NUMBER, RANK and DENSE_RANK.
+LIMIT, window functions other than ROW_NUMBER, RANK and DENSE_RANK (also in QUALIFY).
 """
 
 from __future__ import annotations
@@ -202,6 +202,8 @@ class QueryCompiler:
         if isinstance(q, exp.SetOperation):
             return self._set_operation(q, ctes, unnamed)
         if isinstance(q, exp.Select):
+            if q.args.get("qualify") is not None:
+                return self._qualify(q, ctes, unnamed)
             nested = _number_after_grouping(q)
             if nested is not None:
                 return self.relation(nested, ctes, unnamed)
@@ -212,6 +214,43 @@ class QueryCompiler:
             return self._top_k(q, relation) if q.args.get("limit") else relation
         raise self.error(q, f"{type(q).__name__} is not a query",
                          "a view is one SELECT (with UNION/INTERSECT/EXCEPT, WITH, subqueries)")
+
+    def _qualify(self, q: exp.Select, ctes: Ctes, unnamed: bool) -> Relation:
+        """``SELECT ... QUALIFY condition`` as SQL evaluates it: the SELECT without it in a
+        subquery, filtered by the condition in the enclosing query (which may name the SELECT's
+        columns, a numbering column among them, and keeps ORDER BY ... LIMIT). A window function
+        written in the condition (``QUALIFY ROW_NUMBER() OVER (...) <= 3``) becomes a column of
+        the subquery, dropped from the result; its bound makes the numbering a top-k."""
+        condition = q.args["qualify"].this
+        windows = list(condition.find_all(exp.Window))
+        if len(windows) > 1:
+            raise self.error(windows[1], "one window function per QUALIFY is supported",
+                             "number the rows in a column of the SELECT and name it in QUALIFY")
+        taken = [e.alias_or_name for e in q.expressions]
+        helper = fresh_name("qualify_rank", taken) if windows else None
+        inner = q.copy()
+        _copy_meta(q, inner)
+        for arg in ("qualify", "with_", "order", "limit", "offset"):
+            inner.set(arg, None)  # the CTEs are in scope already; ORDER BY ... LIMIT is outside
+        if windows:
+            window = windows[0].copy()
+            _copy_meta(windows[0], window)
+            inner.set("expressions", [*inner.expressions,
+                                      exp.alias_(window, helper, quoted=True)])
+        qualified = _rewrite(condition, lambda n: exp.column(helper or "", quoted=True)
+                             if isinstance(n, exp.Window) else None)
+        alias = exp.TableAlias(this=exp.to_identifier(fresh_name("qualified", taken)))
+        outer = exp.Select(expressions=[exp.Star()]).from_(
+            exp.Subquery(this=inner, alias=alias)).where(qualified)
+        for arg in ("order", "limit", "offset"):
+            if q.args.get(arg) is not None:
+                outer.set(arg, q.args[arg].copy())
+        relation = self.relation(outer, ctes, unnamed)
+        if helper is None:
+            return relation
+        columns = tuple(c for c in relation.columns if c != helper)
+        return Relation(relation.collection.select(*[quote(c) for c in columns]), columns,
+                        relation.not_null - {helper.lower()})
 
     def _with_ctes(self, q: exp.Expr, ctes: Ctes) -> Ctes:
         with_ = q.args.get("with_")
@@ -265,7 +304,7 @@ class QueryCompiler:
         allowed (``_top_k`` compiles it)."""
         allowed = ("order", "limit") if top_k and q.args.get("limit") else ()
         for arg, what in (("order", "ORDER BY"), ("limit", "LIMIT"), ("offset", "OFFSET"),
-                          ("qualify", "QUALIFY"), ("laterals", "LATERAL VIEW"),
+                          ("laterals", "LATERAL VIEW"),
                           ("pivots", "PIVOT"), ("windows", "WINDOW")):
             value = q.args.get(arg)
             if value and arg not in allowed:

@@ -36,6 +36,10 @@ def refused(query: str) -> SqlError:
      "FROM orders", 4, 18, "only ROW_NUMBER(), RANK() and DENSE_RANK() OVER", "top-k"),
     ("SELECT order_id, sum(amount) OVER (PARTITION BY customer_id ORDER BY amount) AS r "
      "FROM orders", 4, 18, "only ROW_NUMBER(), RANK() and DENSE_RANK() OVER", "top-k"),
+    ("SELECT order_id FROM orders QUALIFY rank() OVER (ORDER BY amount) = 1\n"
+     "AND row_number() OVER (ORDER BY order_id) = 1", 5, 5,
+     "one window function per QUALIFY is supported", "name it in QUALIFY"),
+    ("SELECT order_id FROM orders QUALIFY rn <= 2", 4, 37, "unknown column 'rn'", "have"),
     ("SELECT order_id, rank() OVER (PARTITION BY customer_id) AS r FROM orders", 4, 18,
      "RANK() needs ORDER BY in its OVER clause", "arbitrary"),
     ("SELECT DISTINCT customer_id, row_number() OVER (ORDER BY amount) AS r FROM orders",

@@ -166,6 +166,13 @@ VIEWS = {
     "v_row_number_grouped": "SELECT * FROM (SELECT region, ROW_NUMBER() OVER (ORDER BY "
                             "count(*) DESC, region) AS rn, count(*) AS n FROM customers "
                             "GROUP BY region) WHERE rn <= 2",
+    "v_qualify": "SELECT customer_id, order_id, amount FROM orders QUALIFY ROW_NUMBER() OVER "
+                 "(PARTITION BY customer_id ORDER BY amount DESC NULLS LAST, order_id, qty) <= 2",
+    "v_qualify_alias": "SELECT region, id, RANK() OVER (PARTITION BY region ORDER BY id) AS r "
+                       "FROM customers QUALIFY r <= 1 AND id IS NOT NULL",
+    "v_qualify_grouped": "SELECT customer_id, sum(qty) AS total FROM orders "
+                         "GROUP BY customer_id QUALIFY DENSE_RANK() OVER "
+                         "(ORDER BY sum(qty) DESC NULLS LAST) <= 2",
     "v_or_factored": "SELECT o.order_id, c.region FROM orders o, customers c "
                      "WHERE (o.customer_id = c.id AND c.region = 'north') "
                      "OR (c.id = c.id AND o.customer_id = c.id AND o.qty > 2)",
@@ -246,7 +253,7 @@ def test_joins_aggregates_and_subqueries_on_the_spark_path(spark, tmp_path):
     names = ["v_left", "v_scalar", "v_global", "v_having_scalar", "v_distinct_aggs", "v_full",
              "v_top", "v_rank_top", "v_except_all", "v_intersect_all",
              "v_full_residual", "v_anti_residual", "v_using_full", "v_rank_ties",
-             "v_rank_grouped_top"]
+             "v_rank_grouped_top", "v_qualify_grouped"]
     script = TABLES + "".join(f"CREATE VIEW {n} AS {VIEWS[n]};\n" for n in names)
     run_and_check(spark, str(tmp_path), script, names, driver_step_rows=0, seed=3, steps=2,
                   ops=20)
