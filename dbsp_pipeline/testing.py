@@ -8,7 +8,9 @@ names the table's part in the step protocol (``input``, ``division``, ``trace``,
 compaction: same content, other files) or ``restore`` (a rollback). A Delta log cleanup
 (``TableStore.clean_log_below``) that deletes files passes ``<role>.cleanup.before``,
 ``<role>.cleanup.between`` after each deleted file but the last (the files go one at a time,
-oldest first) and ``<role>.cleanup.after``; one that deletes nothing passes none. The engine
+oldest first) and ``<role>.cleanup.after``; one that deletes nothing passes none. Setting
+table properties (``TableStore.set_properties``, a metadata-only commit) passes
+``<role>.properties.before`` and ``.after`` when it commits. The engine
 passes a few more points outside storage (``rescale.*``, ``kafka.transaction.*``). A test:
 
 * arms a point in process with ``arm(name, n)``: its n-th pass raises ``InjectedCrash`` (a
@@ -74,6 +76,19 @@ class FaultInjectingTableStore:
         hit(f"{self.role}.restore.before")
         self.inner.restore(version, expected_version=expected_version)
         hit(f"{self.role}.restore.after")
+
+    def set_properties(self, properties: Mapping[str, str], *,
+                       expected_version: int | None = None) -> bool:
+        current = self.inner.properties()
+        if all(current.get(k) == v for k, v in properties.items()):
+            return False  # nothing durable happens: no crash point
+        hit(f"{self.role}.properties.before")
+        changed = self.inner.set_properties(properties, expected_version=expected_version)
+        hit(f"{self.role}.properties.after")
+        return changed
+
+    def properties(self) -> dict[str, str]:
+        return self.inner.properties()
 
     def clean_log_below(self, version: int) -> int:
         names = self.inner.log_files_below(version)

@@ -255,6 +255,8 @@ class Pipeline:
             driver_step_rows=driver_step_rows, driver_memory=driver_memory,
             retain_steps=retain_steps,
             retain_checkpoints=retain_checkpoints)
+        # tables an older engine created get the engine's Delta properties (once)
+        self.upgrade_info.table_properties = upgrade.set_table_properties(self._engine)
         self._lock = threading.RLock()  # one push, step or commit at a time
         self._control = threading.Condition()  # run() and pause/stop/resume
         self._running = False

@@ -12,6 +12,16 @@ Every checkpoint records the engine version, the state format and the circuit fi
 
 No input is processed again: migrations change how state is recorded, not what it holds.
 
+Tables an older engine created lack Delta properties the engine now creates its tables with
+(``storage/delta_store.py``'s ``DEFAULT_CONFIGURATION``: no tombstones in Delta checkpoints,
+without which a checkpoint grows with every step ever run). ``set_table_properties`` sets them
+once, after the open fenced the root: on the state tables the circuit opened (then a manifest
+commit records their new versions), the division log, the input and output logs and the errors
+table. Each setting is a metadata-only Delta commit that readers skip like a fence; a crash
+between them leaves some tables done, and the next open does the rest. The manifest is not
+changed yet: its readers take every commit for an entry (a metadata-only commit would read as a
+damaged one), so it keeps the 7-day tombstones until they learn to step past one.
+
 Formats: 1, the first; 2, every checkpoint records its layout (``runtime/layout.py``); 3, sums
 of floating-point values are kept exactly (``dbsp_pipeline/exact_sum.py``) in an aggregate's
 ``<name>_groups_exact`` trace instead of a DOUBLE column of ``<name>_groups``; 4, a checkpoint
@@ -23,16 +33,22 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from dbsp_pipeline import exact_sum
 from dbsp_pipeline import root as root_layout
+from dbsp_pipeline.connectors.errors_sink import ErrorsSink
 from dbsp_pipeline.errors import StateFormatError
 from dbsp_pipeline.runtime.layout import LAYOUT_KEY, Layout
-from dbsp_pipeline.storage.delta_table import delta_log
+from dbsp_pipeline.storage.delta_store import DEFAULT_CONFIGURATION
+from dbsp_pipeline.storage.delta_table import SparkDeltaTable, delta_log
 from dbsp_pipeline.storage.state_db import ENGINE_VERSION, STATE_FORMAT, StateDatabase
+
+if TYPE_CHECKING:
+    from dbsp_pipeline.runtime.engine_state import EngineState
 
 
 def _record_layout(db: StateDatabase) -> None:
@@ -109,10 +125,13 @@ class UpgradeInfo:
     from_format: int
     to_format: int
     migrations: list[tuple[int, int]] = field(default_factory=list)
+    #: the tables given the engine's Delta properties by this open (``set_table_properties``)
+    table_properties: list[str] = field(default_factory=list)
 
     @property
     def upgraded(self) -> bool:
-        return bool(self.migrations) or self.from_engine not in (None, self.to_engine)
+        return (bool(self.migrations) or bool(self.table_properties)
+                or self.from_engine not in (None, self.to_engine))
 
 
 def migrate(db: StateDatabase) -> UpgradeInfo:
@@ -131,3 +150,26 @@ def migrate(db: StateDatabase) -> UpgradeInfo:
         info.migrations.append((fmt, fmt + 1))
         fmt += 1
     return info
+
+
+#: the Delta table properties every engine table has (those an older engine did not set)
+ENGINE_TABLE_PROPERTIES = {"delta.deletedFileRetentionDuration":
+                           DEFAULT_CONFIGURATION["delta.deletedFileRetentionDuration"]}
+
+
+def set_table_properties(state: EngineState) -> list[str]:
+    """Give every table of the opened root that lacks them ``ENGINE_TABLE_PROPERTIES`` (see
+    the module docstring); returns the tables changed, by path under the root. Called by the
+    owner after the open's fences; commits the state tables' new versions as a checkpoint of
+    the same step (nothing else changes)."""
+    changed = [f"state/{name}" for name in state.db.set_table_properties(
+        ENGINE_TABLE_PROPERTIES)]
+    if changed:
+        state.db.commit()
+    tables: list[tuple[str, SparkDeltaTable]] = [("_divisions", state.divisions.table)]
+    tables += [(f"inputs/{n}", log.table) for n, log in state.inputs.items()]
+    tables += [(f"outputs/{n}", log.table) for n, log in state.outputs.items()]
+    if delta_log(root_layout.errors(state.root)) is not None:
+        tables.append(("_errors", ErrorsSink(state.spark, state.root).table))
+    changed += [name for name, table in tables if table.set_properties(ENGINE_TABLE_PROPERTIES)]
+    return changed

@@ -45,7 +45,8 @@ LOG_DIR = "_delta_log"
 #: merged) would carry one tombstone per step: after 100,000 steps, a 6 MB checkpoint read by
 #: every open and status read. Snapshots at any version are rebuilt from adds and removes of
 #: the commits, which stay until ``clean_log_below``; only checkpoints leave tombstones out.
-#: Tables created before this keep the 7-day default (their tombstones expire with it).
+#: Tables an older engine created get the property at open (``runtime/upgrade.py``'s
+#: ``set_table_properties``), all but the manifest, which keeps the 7-day default.
 DEFAULT_CONFIGURATION = {"delta.checkpointInterval": "50",
                          "delta.deletedFileRetentionDuration": "interval 0 seconds"}
 
@@ -232,6 +233,37 @@ class DeltaTableStore:
             raise StorageError(f"rollback of {self.uri} failed: {e}",
                                definitely_failed=False) from e
         self._refresh()
+
+    def set_properties(self, properties: Mapping[str, str], *,
+                       expected_version: int | None = None) -> bool:
+        current = self.properties()
+        if all(current.get(k) == v for k, v in properties.items()):
+            return False
+        # one metaData action besides the commit information (``ACTIONS_KEY``: verify counts)
+        props = CommitProperties(custom_metadata={ACTIONS_KEY: 1},
+                                 max_commit_retries=0 if expected_version is not None else None)
+        if expected_version is not None:
+            self._base_on(expected_version)
+        try:
+            self._table.alter.set_table_properties(dict(properties), commit_properties=props)
+        except CommitFailedError as e:
+            if expected_version is not None:
+                raise ConcurrentWriterError(
+                    f"another writer committed version {expected_version} of {self.uri} "
+                    "first") from e
+            raise StorageError(f"setting properties of {self.uri} failed: {e}",
+                               definitely_failed=True) from e
+        except (DeltaError, OSError) as e:
+            raise StorageError(f"setting properties of {self.uri} failed: {e}",
+                               definitely_failed=False) from e
+        self._refresh()
+        if expected_version is not None and self._table.version() != expected_version:
+            raise ConcurrentWriterError(f"another writer committed to {self.uri} after version "
+                                        f"{expected_version}")
+        return True
+
+    def properties(self) -> dict[str, str]:
+        return dict(self._table.metadata().configuration)
 
     def table_id(self) -> str:
         return str(self._table.metadata().id)

@@ -209,6 +209,13 @@ class SparkDeltaTable:
         expected = self.store.version(refresh=False) + 1 if self.single_writer else None
         self.store.restore(version, expected_version=expected)
 
+    def set_properties(self, properties: Mapping[str, str]) -> bool:
+        """Set Delta table ``properties`` unless they are set (``TableStore.set_properties``); a
+        single-writer table sets them at the version after the one it last saw, or raises
+        ``ConcurrentWriterError``. Returns whether a commit was made."""
+        expected = self.store.version(refresh=False) + 1 if self.single_writer else None
+        return self.store.set_properties(properties, expected_version=expected)
+
     def table_id(self) -> str:
         """The table's id (its Delta metadata's)."""
         return self.store.table_id()

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -278,6 +279,15 @@ class StateDatabase:
         if name not in entry.get("traces", {}):
             return {}
         return dict(entry.get(STAGED_KEY, {}).get(name, {}))
+
+    def set_table_properties(self, properties: Mapping[str, str]) -> list[str]:
+        """Set Delta table ``properties`` on every state table this process opened that lacks
+        them (a metadata-only commit each, at the version after the loaded one); returns their
+        names. The caller commits, which records the new versions; until then the open version
+        records the old ones, so after a crash the next open rolls the tables back (the
+        rollback restores their old metadata too) and sets the properties again."""
+        return sorted(name for name, t in self._tables.items()
+                      if t.delta.set_properties(properties))
 
     @property
     def dirty(self) -> bool:

@@ -160,6 +160,18 @@ class TableStore(Protocol):
         or raises ``ConcurrentWriterError``. Durable when it returns."""
         ...
 
+    def set_properties(self, properties: Mapping[str, str], *,
+                       expected_version: int | None = None) -> bool:
+        """Set Delta table ``properties`` (a metadata-only commit: the files stay) unless the
+        loaded version has them all already; returns whether a commit was made. With
+        ``expected_version`` the commit lands at exactly that version or raises
+        ``ConcurrentWriterError``. Durable when it returns."""
+        ...
+
+    def properties(self) -> dict[str, str]:
+        """The Delta table properties of the loaded version."""
+        ...
+
     def table_id(self) -> str:
         """The table's id (its Delta metadata's): a table deleted and created again has
         another."""

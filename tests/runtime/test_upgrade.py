@@ -211,3 +211,104 @@ def test_format_3_state_is_opened_as_staging_nothing(spark, tmp_path):
         for r, pushes in enumerate(ROUNDS):
             workload.play_round(p, r, pushes)
     assert workload.consumer_view(spark, root) == expected
+
+
+RETENTION = "delta.deletedFileRetentionDuration"
+
+
+def _delta_tables(root: str) -> dict[str, dict[str, str]]:
+    """Every Delta table under ``root`` (by path under it) with its table properties."""
+    import os
+
+    from deltalake import DeltaTable
+
+    found = {}
+    for folder, dirs, _ in os.walk(root):
+        if "_delta_log" in dirs:
+            found[os.path.relpath(folder, root)] = dict(DeltaTable(folder).metadata()
+                                                        .configuration)
+    return found
+
+
+def _old_engine_root(spark, tmp_path, monkeypatch, name: str = "old") -> str:
+    """A root of 3 rounds whose tables were created as before the engine set tombstone
+    retention (``delta_store.DEFAULT_CONFIGURATION`` without it)."""
+    from dbsp_pipeline.runtime import upgrade
+    from dbsp_pipeline.storage import delta_store
+
+    with monkeypatch.context() as m:
+        m.setattr(delta_store, "DEFAULT_CONFIGURATION", {"delta.checkpointInterval": "50"})
+        m.setattr(upgrade, "ENGINE_TABLE_PROPERTIES", {})  # that engine set none
+        root = str(tmp_path / name)
+        with workload.open_pipeline(root, spark) as p:
+            for r, pushes in enumerate(ROUNDS[:3]):
+                workload.play_round(p, r, pushes)
+    assert all(RETENTION not in props for props in _delta_tables(root).values())
+    return root
+
+
+def test_an_old_engines_tables_get_the_engine_properties_once(spark, tmp_path, monkeypatch):
+    """Opening a root whose tables lack the engine's Delta properties sets them on every table
+    but the manifest (state tables recorded by a checkpoint of the same step), processes
+    nothing again, verifies clean, runs on to the same views, and the next open sets
+    nothing."""
+    from dbsp_pipeline.storage.verify import verify_root
+
+    expected = _reference_view(spark, tmp_path)
+    root = _old_engine_root(spark, tmp_path, monkeypatch)
+    with workload.open_pipeline(root, spark) as p:
+        info = p.upgrade_info
+        changed = set(info.table_properties)
+        assert info.upgraded and p.recovered_steps == []
+        for r, pushes in enumerate(ROUNDS[3:], start=3):
+            workload.play_round(p, r, pushes)
+    tables = _delta_tables(root)
+    assert {t for t, props in tables.items() if RETENTION not in props} == {"_manifest"}
+    assert changed == set(tables) - {"_manifest"}
+    assert verify_root(root).ok, verify_root(root)
+    assert workload.consumer_view(spark, root) == expected
+    with workload.open_pipeline(root, spark) as p:
+        assert p.upgrade_info.table_properties == []
+
+
+def test_a_crash_anywhere_in_setting_the_properties_recovers(spark, tmp_path, monkeypatch):
+    """Crash before and after every property commit and the checkpoint that records the state
+    tables': the root verifies, the next open finishes the job, and the views run on equal."""
+    import shutil
+
+    from dbsp_pipeline.storage import crash_points
+    from dbsp_pipeline.storage.crash_points import InjectedCrash
+    from dbsp_pipeline.storage.verify import verify_root
+
+    expected = _reference_view(spark, tmp_path)
+    old = _old_engine_root(spark, tmp_path, monkeypatch)
+    probe = str(tmp_path / "probe")
+    shutil.copytree(old, probe)
+    crash_points.reset()
+    with workload.open_pipeline(probe, spark):
+        passes = crash_points.passes()
+    points = sorted(p for p in passes
+                    if ".properties." in p or p.startswith("manifest.commit."))
+    assert any(p.startswith("trace.properties") for p in points)
+    for role in ("division", "input", "output"):
+        assert f"{role}.properties.before" in points, points
+    assert "manifest.commit.before" in points
+    for point in points:
+        for n in range(1, passes[point] + 1):
+            root = str(tmp_path / f"crash-{point}-{n}")
+            shutil.copytree(old, root)
+            crash_points.reset()
+            crash_points.arm(point, n)
+            with pytest.raises(InjectedCrash):
+                workload.open_pipeline(root, spark)
+            crash_points.reset()
+            assert verify_root(root).ok, (point, n, verify_root(root))
+            with workload.open_pipeline(root, spark) as p:
+                assert p.recovered_steps == []
+            assert {t for t, props in _delta_tables(root).items()
+                    if RETENTION not in props} == {"_manifest"}, (point, n)
+    # one of them runs on to the reference views
+    with workload.open_pipeline(root, spark) as p:
+        for r, pushes in enumerate(ROUNDS[3:], start=3):
+            workload.play_round(p, r, pushes)
+    assert workload.consumer_view(spark, root) == expected

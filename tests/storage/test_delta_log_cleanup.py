@@ -71,3 +71,35 @@ def test_a_checkpoint_of_an_engine_table_carries_no_tombstones(tmp_path):
     assert len(checkpoint.column("remove").drop_null()) == 0  # 7-day default: 50 tombstones
     assert DeltaTable(uri, version=30).to_pyarrow_table().column("v").to_pylist() == [29]
     assert DeltaTable(uri).to_pyarrow_table().column("v").to_pylist() == [59]
+
+
+def test_setting_the_properties_of_an_old_table_drops_its_tombstones_from_then_on(tmp_path):
+    """A table created before the engine's configuration (7-day tombstones) gets it as one
+    metadata-only commit (files unchanged, the action count verify reads): the next
+    checkpoint carries no tombstones, older versions still load, and setting it again commits
+    nothing."""
+    import json
+
+    from dbsp_pipeline.storage.delta_store import ACTIONS_KEY, DEFAULT_CONFIGURATION
+
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.table({"v": [0]}), configuration={"delta.checkpointInterval": "50"})
+    for v in range(1, 30):
+        write_deltalake(uri, pa.table({"v": [v]}), mode="overwrite")
+    store = open_table_store(uri, pa.schema([("v", pa.int64())]))
+    assert "delta.deletedFileRetentionDuration" not in store.properties()
+    files = [f.path for f in store.files()]
+    assert store.set_properties(DEFAULT_CONFIGURATION) is True
+    assert store.version() == 30 and [f.path for f in store.files()] == files
+    assert store.properties()["delta.deletedFileRetentionDuration"] == "interval 0 seconds"
+    with open(os.path.join(uri, "_delta_log", f"{30:020d}.json")) as fh:
+        actions = [json.loads(line) for line in fh if line.strip()]
+    assert sorted(k for a in actions for k in a) == ["commitInfo", "metaData"]
+    info = next(a["commitInfo"] for a in actions if "commitInfo" in a)
+    assert int(info[ACTIONS_KEY]) == 1
+    assert store.set_properties(DEFAULT_CONFIGURATION) is False and store.version() == 30
+    for v in range(30, 60):
+        write_deltalake(uri, pa.table({"v": [v]}), mode="overwrite")
+    checkpoint = pq.read_table(os.path.join(uri, "_delta_log", f"{49:020d}.checkpoint.parquet"))
+    assert len(checkpoint.column("remove").drop_null()) == 0
+    assert DeltaTable(uri, version=20).to_pyarrow_table().column("v").to_pylist() == [20]

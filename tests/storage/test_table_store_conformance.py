@@ -182,6 +182,23 @@ def test_restore_rolls_back_and_is_fenced(open_store: Opener) -> None:
     assert open_store().version() == 3 and keys_of(open_store()) == ["a"]
 
 
+def test_setting_properties_is_a_fenced_metadata_commit(open_store: Opener) -> None:
+    store = open_store()
+    store.commit(store.write_arrow(rows(["a"])), expected_version=1)
+    stale = open_store()
+    wanted = {"delta.logRetentionDuration": "interval 60 days"}
+    assert store.set_properties(wanted, expected_version=2) is True
+    assert store.version() == 2 and keys_of(store) == ["a"]
+    assert store.properties()["delta.logRetentionDuration"] == "interval 60 days"
+    assert store.commit_infos(1, 2)[0][ACTIONS_KEY] == 1
+    assert store.set_properties(wanted, expected_version=3) is False  # set: no commit
+    with pytest.raises(ConcurrentWriterError):
+        stale.set_properties({"delta.logRetentionDuration": "interval 9 days"},
+                             expected_version=2)
+    reopened = open_store()
+    assert reopened.version() == 2 and reopened.properties() == store.properties()
+
+
 def test_reopen_sees_the_same_state(open_store: Opener) -> None:
     store = open_store()
     store.commit(store.write_arrow(rows(["a", "b"])), app_id="src", app_version=1)
