@@ -16,11 +16,10 @@ Tables an older engine created lack Delta properties the engine now creates its 
 (``storage/delta_store.py``'s ``DEFAULT_CONFIGURATION``: no tombstones in Delta checkpoints,
 without which a checkpoint grows with every step ever run). ``set_table_properties`` sets them
 once, after the open fenced the root: on the state tables the circuit opened (then a manifest
-commit records their new versions), the division log, the input and output logs and the errors
-table. Each setting is a metadata-only Delta commit that readers skip like a fence; a crash
-between them leaves some tables done, and the next open does the rest. The manifest is not
-changed yet: its readers take every commit for an entry (a metadata-only commit would read as a
-damaged one), so it keeps the 7-day tombstones until they learn to step past one.
+commit records their new versions), the manifest, the division log, the input and output logs
+and the errors table. Each setting is a metadata-only Delta commit that readers skip (a log's
+readers like a fence; the manifest's take it for the entry below it); a crash between them
+leaves some tables done, and the next open does the rest.
 
 Formats: 1, the first; 2, every checkpoint records its layout (``runtime/layout.py``); 3, sums
 of floating-point values are kept exactly (``dbsp_pipeline/exact_sum.py``) in an aggregate's
@@ -166,6 +165,8 @@ def set_table_properties(state: EngineState) -> list[str]:
         ENGINE_TABLE_PROPERTIES)]
     if changed:
         state.db.commit()
+    if state.db.set_manifest_properties(ENGINE_TABLE_PROPERTIES):
+        changed.append("_manifest")
     tables: list[tuple[str, SparkDeltaTable]] = [("_divisions", state.divisions.table)]
     tables += [(f"inputs/{n}", log.table) for n, log in state.inputs.items()]
     tables += [(f"outputs/{n}", log.table) for n, log in state.outputs.items()]

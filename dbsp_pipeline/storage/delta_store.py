@@ -46,9 +46,22 @@ LOG_DIR = "_delta_log"
 #: every open and status read. Snapshots at any version are rebuilt from adds and removes of
 #: the commits, which stay until ``clean_log_below``; only checkpoints leave tombstones out.
 #: Tables an older engine created get the property at open (``runtime/upgrade.py``'s
-#: ``set_table_properties``), all but the manifest, which keeps the 7-day default.
+#: ``set_table_properties``).
 DEFAULT_CONFIGURATION = {"delta.checkpointInterval": "50",
                          "delta.deletedFileRetentionDuration": "interval 0 seconds"}
+
+
+#: the operation delta-rs records for ``set_properties``'s commit (only a ``metaData`` action)
+PROPERTIES_OPERATION = "SET TBLPROPERTIES"
+
+
+def is_properties_commit(actions: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the actions of one commit file are a ``set_properties`` commit: table
+    properties changed, no file added or removed, no app transaction."""
+    kinds = {k for a in actions for k in a}
+    info = next((a["commitInfo"] for a in actions if "commitInfo" in a), None)
+    return (kinds == {"commitInfo", "metaData"} and isinstance(info, Mapping)
+            and info.get("operation") == PROPERTIES_OPERATION)
 
 
 class DeltaTableStore:

@@ -48,6 +48,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.errors import CircuitChangedError, UsageError
 from dbsp_pipeline.storage import garbage
+from dbsp_pipeline.storage.delta_store import PROPERTIES_OPERATION
 from dbsp_pipeline.storage.delta_table import SparkDeltaTable
 from dbsp_pipeline.storage.staged_table import STAGED_KEY, StagedTable
 from dbsp_pipeline.storage.table_store import root_uri
@@ -190,6 +191,7 @@ class StateDatabase:
         out: list[tuple[int, dict[str, Any]]] = []
         manifest_version: int | None = self._manifest.version()
         while manifest_version is not None and len(out) < count:
+            manifest_version = self._entry_commit(manifest_version)
             entry = self._entry_at_manifest(manifest_version)
             if entry is None or (out and int(entry.get("step", 0)) < from_step):
                 break
@@ -289,6 +291,12 @@ class StateDatabase:
         return sorted(name for name, t in self._tables.items()
                       if t.delta.set_properties(properties))
 
+    def set_manifest_properties(self, properties: Mapping[str, str]) -> bool:
+        """Set Delta table ``properties`` on the manifest unless it has them; returns whether
+        it committed. The commit adds no entry: every reader of the manifest takes it for the
+        entry below it (``_entry_commit``; ``verify.py`` alike)."""
+        return self._manifest.set_properties(properties)
+
     @property
     def dirty(self) -> bool:
         """Whether a state table stages other actions than the open version records (a
@@ -322,8 +330,25 @@ class StateDatabase:
         return f"state version {version} cannot be opened; available: {available}"
 
     def _latest_entry(self) -> dict[str, Any]:
-        entry = self._entry_at_manifest(self._manifest.version())
+        entry = self._entry_at_manifest(self._entry_commit(self._manifest.version()))
         return entry if entry is not None else _empty_entry()
+
+    def _entry_commit(self, manifest_version: int) -> int:
+        """The manifest version whose entry ``manifest_version`` holds: itself, or for a
+        commit that only set table properties (``runtime/upgrade.py``; it adds no entry), the
+        entry commit below it."""
+        while manifest_version > 0 and self._is_properties_commit(manifest_version):
+            manifest_version -= 1
+        return manifest_version
+
+    def _is_properties_commit(self, manifest_version: int) -> bool:
+        try:
+            if self._manifest.store.added_files(manifest_version - 1, manifest_version):
+                return False
+            infos = self._manifest.commit_infos(manifest_version - 1, manifest_version)
+        except (FileNotFoundError, DeltaError, OSError, ValueError):
+            return False  # not readable: ``_entry_at_manifest`` says what it is
+        return [i.get("operation") for i in infos] == [PROPERTIES_OPERATION]
 
     def _entry_at_manifest(self, manifest_version: int | None) -> dict[str, Any] | None:
         if manifest_version is None:

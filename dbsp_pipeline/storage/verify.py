@@ -71,6 +71,7 @@ from dbsp_pipeline.errors import CorruptStateError
 from dbsp_pipeline.runtime import division_log
 from dbsp_pipeline.runtime.plan import SCHEMA_CACHE_FILE, read_schema_cache
 from dbsp_pipeline.storage import set_aside
+from dbsp_pipeline.storage.delta_store import is_properties_commit
 from dbsp_pipeline.storage.delta_table import ACTIONS_KEY, storage_options
 from dbsp_pipeline.storage.small_files import (
     file_size,
@@ -521,6 +522,8 @@ class _RootScan:
         actions, damage = self.manifest.commit(m)
         if damage is not None:
             return None, [damage], False
+        if is_properties_commit(actions):  # adds no entry: the version holds the one below
+            return self._entry_at(m - 1)
         adds = [a["add"] for a in actions if "add" in a]
         commit = self.manifest.path(m)
         if len(adds) != 1 or not isinstance(adds[0], dict) or "path" not in adds[0]:

@@ -249,9 +249,9 @@ def _old_engine_root(spark, tmp_path, monkeypatch, name: str = "old") -> str:
 
 def test_an_old_engines_tables_get_the_engine_properties_once(spark, tmp_path, monkeypatch):
     """Opening a root whose tables lack the engine's Delta properties sets them on every table
-    but the manifest (state tables recorded by a checkpoint of the same step), processes
-    nothing again, verifies clean, runs on to the same views, and the next open sets
-    nothing."""
+    (state tables recorded by a checkpoint of the same step), processes nothing again,
+    verifies clean (the manifest's property commit is no entry, and no damage), keeps its
+    checkpoints, runs on to the same views, and the next open sets nothing."""
     from dbsp_pipeline.storage.verify import verify_root
 
     expected = _reference_view(spark, tmp_path)
@@ -263,9 +263,10 @@ def test_an_old_engines_tables_get_the_engine_properties_once(spark, tmp_path, m
         for r, pushes in enumerate(ROUNDS[3:], start=3):
             workload.play_round(p, r, pushes)
     tables = _delta_tables(root)
-    assert {t for t, props in tables.items() if RETENTION not in props} == {"_manifest"}
-    assert changed == set(tables) - {"_manifest"}
+    assert all(RETENTION in props for props in tables.values())
+    assert changed == set(tables)
     assert verify_root(root).ok, verify_root(root)
+    assert len(verify_root(root).checkpoints) == 2
     assert workload.consumer_view(spark, root) == expected
     with workload.open_pipeline(root, spark) as p:
         assert p.upgrade_info.table_properties == []
@@ -290,7 +291,7 @@ def test_a_crash_anywhere_in_setting_the_properties_recovers(spark, tmp_path, mo
     points = sorted(p for p in passes
                     if ".properties." in p or p.startswith("manifest.commit."))
     assert any(p.startswith("trace.properties") for p in points)
-    for role in ("division", "input", "output"):
+    for role in ("division", "input", "output", "manifest"):
         assert f"{role}.properties.before" in points, points
     assert "manifest.commit.before" in points
     for point in points:
@@ -305,8 +306,9 @@ def test_a_crash_anywhere_in_setting_the_properties_recovers(spark, tmp_path, mo
             assert verify_root(root).ok, (point, n, verify_root(root))
             with workload.open_pipeline(root, spark) as p:
                 assert p.recovered_steps == []
-            assert {t for t, props in _delta_tables(root).items()
-                    if RETENTION not in props} == {"_manifest"}, (point, n)
+            assert all(RETENTION in props for props in _delta_tables(root).values()), \
+                (point, n)
+            assert verify_root(root).ok, (point, n, verify_root(root))
     # one of them runs on to the reference views
     with workload.open_pipeline(root, spark) as p:
         for r, pushes in enumerate(ROUNDS[3:], start=3):
