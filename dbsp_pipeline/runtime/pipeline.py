@@ -223,6 +223,9 @@ class Pipeline:
                 self.upgrade_info = upgrade.migrate(db)
                 if self.upgrade_info.migrations:
                     db.commit()  # the migrated state, as a checkpoint in the current format
+                # an older engine's manifest gets the engine's Delta properties before the
+                # fence, so the fence's entry follows it (``runtime/upgrade.py``)
+                manifest_upgraded = db.set_manifest_properties(upgrade.ENGINE_TABLE_PROPERTIES)
                 # This process owns the root from here: a commit to either table a step
                 # records in, by a process that opened the root before, fails (it is fenced).
                 # Both tables were read before either fence, and each fence commits at the
@@ -256,7 +259,10 @@ class Pipeline:
             retain_steps=retain_steps,
             retain_checkpoints=retain_checkpoints)
         # tables an older engine created get the engine's Delta properties (once)
-        self.upgrade_info.table_properties = upgrade.set_table_properties(self._engine)
+        with _fenced_at_open(circuit, root):
+            self.upgrade_info.table_properties = (
+                ["_manifest"] if manifest_upgraded else []) + upgrade.set_table_properties(
+                    self._engine)
         self._lock = threading.RLock()  # one push, step or commit at a time
         self._control = threading.Condition()  # run() and pause/stop/resume
         self._running = False

@@ -14,12 +14,14 @@ No input is processed again: migrations change how state is recorded, not what i
 
 Tables an older engine created lack Delta properties the engine now creates its tables with
 (``storage/delta_store.py``'s ``DEFAULT_CONFIGURATION``: no tombstones in Delta checkpoints,
-without which a checkpoint grows with every step ever run). ``set_table_properties`` sets them
-once, after the open fenced the root: on the state tables the circuit opened (then a manifest
-commit records their new versions), the manifest, the division log, the input and output logs
-and the errors table. Each setting is a metadata-only Delta commit that readers skip (a log's
-readers like a fence; the manifest's take it for the entry below it); a crash between them
-leaves some tables done, and the next open does the rest.
+without which a checkpoint grows with every step ever run). They are set once: on the manifest
+before the open's fence (``StateDatabase.set_manifest_properties``), then, once the open fenced
+the root, by ``set_table_properties`` on the state tables the circuit opened (a manifest commit
+records their new versions), the division log, the input and output logs and the errors table.
+Each setting is a metadata-only Delta commit that readers skip (a log's readers like a fence;
+the manifest's take it for the entry below it); a crash between them leaves some tables done,
+and the next open does the rest. Restoring a checkpoint from before the upgrade restores the
+state tables' old properties with their old versions: the next open sets them again.
 
 Formats: 1, the first; 2, every checkpoint records its layout (``runtime/layout.py``); 3, sums
 of floating-point values are kept exactly (``dbsp_pipeline/exact_sum.py``) in an aggregate's
@@ -157,16 +159,14 @@ ENGINE_TABLE_PROPERTIES = {"delta.deletedFileRetentionDuration":
 
 
 def set_table_properties(state: EngineState) -> list[str]:
-    """Give every table of the opened root that lacks them ``ENGINE_TABLE_PROPERTIES`` (see
-    the module docstring); returns the tables changed, by path under the root. Called by the
-    owner after the open's fences; commits the state tables' new versions as a checkpoint of
-    the same step (nothing else changes)."""
+    """Give every table of the opened root but the manifest that lacks them
+    ``ENGINE_TABLE_PROPERTIES`` (see the module docstring); returns the tables changed, by path
+    under the root. Called by the owner after the open's fences; commits the state tables' new
+    versions as a checkpoint of the same step (nothing else changes)."""
     changed = [f"state/{name}" for name in state.db.set_table_properties(
         ENGINE_TABLE_PROPERTIES)]
     if changed:
         state.db.commit()
-    if state.db.set_manifest_properties(ENGINE_TABLE_PROPERTIES):
-        changed.append("_manifest")
     tables: list[tuple[str, SparkDeltaTable]] = [("_divisions", state.divisions.table)]
     tables += [(f"inputs/{n}", log.table) for n, log in state.inputs.items()]
     tables += [(f"outputs/{n}", log.table) for n, log in state.outputs.items()]

@@ -229,12 +229,12 @@ class QueryCompiler:
         taken = [e.alias_or_name for e in q.expressions]
         helper = fresh_name("qualify_rank", taken) if windows else None
         inner = q.copy()
-        _copy_meta(q, inner)
+        copy_meta(q, inner)
         for arg in ("qualify", "with_", "order", "limit", "offset"):
             inner.set(arg, None)  # the CTEs are in scope already; ORDER BY ... LIMIT is outside
         if windows:
             window = windows[0].copy()
-            _copy_meta(windows[0], window)
+            copy_meta(windows[0], window)
             inner.set("expressions", [*inner.expressions,
                                       exp.alias_(window, helper, quoted=True)])
         qualified = _rewrite(condition, lambda n: exp.column(helper or "", quoted=True)
@@ -280,12 +280,27 @@ class QueryCompiler:
             raise self.error(limit, "LIMIT without ORDER BY is not supported",
                              "it picks arbitrary rows; add ORDER BY to say which")
         by_name = {c.lower(): c for c in relation.columns}
+        # a qualified ORDER BY column (``b.k``) is the result's column ``k`` unless the SELECT
+        # list computes ``k`` otherwise: from another table's column, an expression, or a
+        # USING key merged from both sides (``*`` lists each table's columns as they are)
+        explicit = {x.alias_or_name.lower(): x.unalias() for x in q.expressions
+                    if not isinstance(x, exp.Star) and not (isinstance(x, exp.Column)
+                                                            and isinstance(x.this, exp.Star))}
         keys = []
         for item in order.expressions:
             e = item.this
             if isinstance(e, exp.Literal) and not e.is_string and e.this.isdigit() \
                     and 1 <= int(e.this) <= len(relation.columns):
                 column = relation.columns[int(e.this) - 1]
+            elif isinstance(e, exp.Column) and e.table:
+                chosen = explicit.get(e.name.lower())
+                if e.name.lower() not in by_name or (chosen is not None and not (
+                        isinstance(chosen, exp.Column) and chosen.name.lower() == e.name.lower()
+                        and chosen.table.lower() in ("", e.table.lower()))):
+                    raise self.error(item, f"ORDER BY {e.sql(dialect='spark')} of a top-k names "
+                                     "no column of the view", "select that column (with AS "
+                                     "name if another has its name) and order by its name")
+                column = by_name[e.name.lower()]
             elif isinstance(e, exp.Column) and e.name.lower() in by_name:
                 column = by_name[e.name.lower()]
             else:
@@ -304,9 +319,13 @@ class QueryCompiler:
         allowed (``_top_k`` compiles it)."""
         allowed = ("order", "limit") if top_k and q.args.get("limit") else ()
         for arg, what in (("order", "ORDER BY"), ("limit", "LIMIT"), ("offset", "OFFSET"),
-                          ("laterals", "LATERAL VIEW"),
+                          ("qualify", "QUALIFY"), ("laterals", "LATERAL VIEW"),
                           ("pivots", "PIVOT"), ("windows", "WINDOW")):
             value = q.args.get(arg)
+            if value and arg == "qualify":  # ``relation`` compiles a SELECT's; not here
+                raise self.error(value, "QUALIFY in an IN, EXISTS or scalar subquery is not "
+                                 "supported", "number and filter the rows in a subquery in "
+                                 "FROM or a CTE, and read that")
             if value and arg not in allowed:
                 node = value[0] if isinstance(value, list) else value
                 raise self.error(node, f"{what} is not supported in a view",
@@ -501,6 +520,7 @@ class QueryCompiler:
         orders it, each USING join's keys first, then the left side's other columns, then the
         right side's (none for SEMI and ANTI joins)."""
         merged: dict[str, exp.Expr] = {}
+        spelled: dict[str, str] = {}  # a merged key's name as the left side spells it
         star: list[tuple[str, exp.Expr]] = []
 
         def columns_of(i: int) -> list[tuple[str, exp.Expr]]:
@@ -544,7 +564,8 @@ class QueryCompiler:
                                          f"{'no table' if not having else 'several tables'} "
                                          "on the left of the join",
                                          "write the condition as ON a.k = b.k")
-                    left = next(e for c, e in columns_of(having[0]) if c.lower() == lower)
+                    spelled[lower], left = next(
+                        (c, e) for c, e in columns_of(having[0]) if c.lower() == lower)
                 if lower not in right:
                     raise self.error(u, f"USING column '{name}' is not a column of "
                                      f"'{relations[i][1]}'", "write the condition as ON a.k = b.k")
@@ -557,7 +578,7 @@ class QueryCompiler:
             join.set("on", exp.and_(*pairs))
             right_rest = ([] if kind in ("semi", "anti") else
                           [(n, e) for n, e in columns_of(i) if n.lower() not in keys])
-            star = ([(n, merged[n]) for n in keys]
+            star = ([(spelled[n], merged[n]) for n in keys]
                     + [(n, e) for n, e in star if n.lower() not in keys] + right_rest)
         for arg in ("where", "group", "having"):
             if q.args.get(arg) is not None:
@@ -1500,7 +1521,7 @@ def _rewrite(node: exp.Expr,
         return n
     original = node
     copy = node.copy()
-    _copy_meta(original, copy)
+    copy_meta(original, copy)
     return visit(copy)
 
 
@@ -1558,13 +1579,13 @@ def _number_after_grouping(q: exp.Select) -> exp.Select | None:
                            nulls_first=o.args.get("nulls_first"))
                for o in (order.expressions if order is not None else [])]
     inner = q.copy()
-    _copy_meta(q, inner)
+    copy_meta(q, inner)
     for arg in ("with_", "order", "limit", "offset"):
         inner.set(arg, None)  # the CTEs are in scope already; ORDER BY ... LIMIT is outside
     inner.set("expressions", [e for e in inner.expressions
                               if not any(e.find_all(exp.Window))] + extra)
     numbered = window.copy()
-    _copy_meta(window, numbered)
+    copy_meta(window, numbered)
     numbered.set("partition_by", partition or None)
     numbered.set("order", exp.Order(expressions=ordered) if order is not None else None)
     columns: list[exp.Expr] = [
@@ -1580,7 +1601,9 @@ def _number_after_grouping(q: exp.Select) -> exp.Select | None:
     return outer
 
 
-def _copy_meta(original: exp.Expr, copy: exp.Expr) -> None:
+def copy_meta(original: exp.Expr, copy: exp.Expr) -> None:
+    """Give each node of ``copy`` (a ``copy()`` of ``original``) its original's position in the
+    SQL text, which error messages name."""
     for a, b in zip(original.walk(), copy.walk()):
         if a.meta and not b.meta:
             b.meta.update(a.meta)

@@ -19,7 +19,7 @@ from sqlglot import exp
 from dbsp_pipeline.circuit import Circuit
 from dbsp_pipeline.sql.catalog import Catalog, column_defs
 from dbsp_pipeline.sql.errors import SqlError
-from dbsp_pipeline.sql.query import QueryCompiler
+from dbsp_pipeline.sql.query import QueryCompiler, copy_meta
 
 
 def declare_script(circuit: Circuit, text: str) -> None:
@@ -93,7 +93,9 @@ def _declare_query(circuit: Circuit, name: str, query: exp.Expr | None,
     compiler = QueryCompiler(name, Catalog.of(circuit))
     declared = len(circuit.nodes)
     try:
-        relation = compiler.relation(query, {})
+        compiled = query.copy()  # compiling rewrites some clauses (USING): keep the user's
+        copy_meta(query, compiled)
+        relation = compiler.relation(compiled, {})
         circuit.output(name, relation.collection)
     except BaseException:
         del circuit.nodes[declared:]  # nothing reads them: the failed view leaves no trace

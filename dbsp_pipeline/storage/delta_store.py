@@ -51,6 +51,9 @@ DEFAULT_CONFIGURATION = {"delta.checkpointInterval": "50",
                          "delta.deletedFileRetentionDuration": "interval 0 seconds"}
 
 
+#: how delta-rs names the conflict of an append with a concurrent metadata change
+_METADATA_CHANGED = re.compile(r"[Mm]etadata changed")
+
 #: the operation delta-rs records for ``set_properties``'s commit (only a ``metaData`` action)
 PROPERTIES_OPERATION = "SET TBLPROPERTIES"
 
@@ -210,8 +213,18 @@ class DeltaTableStore:
         if expected_version is not None:
             self._base_on(expected_version)
         try:
-            self._table.create_write_transaction(
-                actions, mode="append", schema=self.schema, commit_properties=props)
+            try:
+                self._table.create_write_transaction(
+                    actions, mode="append", schema=self.schema, commit_properties=props)
+            except CommitFailedError as e:
+                # delta-rs does not rebase an append over another writer's metadata change (a
+                # ``set_properties`` by the pipeline opening the root): load it and append once
+                # more, where the commit was not bound to a version
+                if expected_version is not None or not _METADATA_CHANGED.search(str(e)):
+                    raise
+                self._refresh()
+                self._table.create_write_transaction(
+                    actions, mode="append", schema=self.schema, commit_properties=props)
         except CommitFailedError as e:
             if expected_version is not None:
                 raise ConcurrentWriterError(

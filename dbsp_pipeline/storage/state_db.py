@@ -191,8 +191,7 @@ class StateDatabase:
         out: list[tuple[int, dict[str, Any]]] = []
         manifest_version: int | None = self._manifest.version()
         while manifest_version is not None and len(out) < count:
-            manifest_version = self._entry_commit(manifest_version)
-            entry = self._entry_at_manifest(manifest_version)
+            manifest_version, entry = self._entry_of(manifest_version)
             if entry is None or (out and int(entry.get("step", 0)) < from_step):
                 break
             out.append((manifest_version, entry))
@@ -294,7 +293,10 @@ class StateDatabase:
     def set_manifest_properties(self, properties: Mapping[str, str]) -> bool:
         """Set Delta table ``properties`` on the manifest unless it has them; returns whether
         it committed. The commit adds no entry: every reader of the manifest takes it for the
-        entry below it (``_entry_commit``; ``verify.py`` alike)."""
+        entry below it (``_entry_of``; ``verify.py`` alike). Called before the open's fence,
+        whose entry copies the open one's ``manifest_base``: the commit is then neither the head
+        nor any entry's base (so an older engine's readers never meet it), but after a crash
+        between the two."""
         return self._manifest.set_properties(properties)
 
     @property
@@ -330,24 +332,25 @@ class StateDatabase:
         return f"state version {version} cannot be opened; available: {available}"
 
     def _latest_entry(self) -> dict[str, Any]:
-        entry = self._entry_at_manifest(self._entry_commit(self._manifest.version()))
+        entry = self._entry_of(self._manifest.version())[1]
         return entry if entry is not None else _empty_entry()
 
-    def _entry_commit(self, manifest_version: int) -> int:
-        """The manifest version whose entry ``manifest_version`` holds: itself, or for a
-        commit that only set table properties (``runtime/upgrade.py``; it adds no entry), the
-        entry commit below it."""
-        while manifest_version > 0 and self._is_properties_commit(manifest_version):
+    def _entry_of(self, manifest_version: int) -> tuple[int, dict[str, Any] | None]:
+        """The entry manifest version ``manifest_version`` holds, with the version that added
+        it: itself, or for a commit that only set table properties (``runtime/upgrade.py``;
+        it adds no entry) the entry below it. None where there is no readable entry."""
+        while True:
+            entry = self._entry_at_manifest(manifest_version)
+            if entry is not None or manifest_version <= 0 \
+                    or not self._is_properties_commit(manifest_version):
+                return manifest_version, entry
             manifest_version -= 1
-        return manifest_version
 
     def _is_properties_commit(self, manifest_version: int) -> bool:
         try:
-            if self._manifest.store.added_files(manifest_version - 1, manifest_version):
-                return False
             infos = self._manifest.commit_infos(manifest_version - 1, manifest_version)
         except (FileNotFoundError, DeltaError, OSError, ValueError):
-            return False  # not readable: ``_entry_at_manifest`` says what it is
+            return False  # not readable: damage or collected history, not a properties commit
         return [i.get("operation") for i in infos] == [PROPERTIES_OPERATION]
 
     def _entry_at_manifest(self, manifest_version: int | None) -> dict[str, Any] | None:

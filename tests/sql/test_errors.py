@@ -40,6 +40,12 @@ def refused(query: str) -> SqlError:
      "AND row_number() OVER (ORDER BY order_id) = 1", 5, 5,
      "one window function per QUALIFY is supported", "name it in QUALIFY"),
     ("SELECT order_id FROM orders QUALIFY rn <= 2", 4, 37, "unknown column 'rn'", "have"),
+    ("SELECT order_id FROM orders WHERE customer_id IN (SELECT id FROM customers\n"
+     "QUALIFY row_number() OVER (ORDER BY id) <= 1)", 5, 9,
+     "QUALIFY in an IN, EXISTS or scalar subquery is not supported", "in FROM or a CTE"),
+    ("SELECT o.order_id AS id, c.region FROM orders o JOIN customers c\n"
+     "ON o.customer_id = c.id ORDER BY c.id LIMIT 1", 5, 34,
+     "ORDER BY c.id of a top-k names no column", "select that column"),
     ("SELECT order_id, rank() OVER (PARTITION BY customer_id) AS r FROM orders", 4, 18,
      "RANK() needs ORDER BY in its OVER clause", "arbitrary"),
     ("SELECT DISTINCT customer_id, row_number() OVER (ORDER BY amount) AS r FROM orders",
@@ -117,3 +123,11 @@ def test_a_statement_that_is_not_create_is_refused():
 def test_sql_that_does_not_parse_names_the_line_and_column():
     with pytest.raises(SqlError, match=r"view 'v'.*does not parse at line 1, column \d+"):
         Circuit("c").view("v", "SELECT FROM WHERE )")
+
+
+def test_using_keeps_the_users_sql_and_the_keys_spelling():
+    circuit = Circuit.from_sql(
+        "CREATE TABLE t1 (Id BIGINT, x STRING);\nCREATE TABLE t2 (ID BIGINT, y STRING);\n"
+        "CREATE VIEW v AS SELECT * FROM t1 JOIN t2 USING (id) ORDER BY t1.Id LIMIT 2;")
+    assert circuit.sql_views["v"] == ("Id", "x", "y")  # Spark: the left side's spelling
+    assert "USING" in circuit.sql_texts["v"]  # what the console shows is what was written

@@ -199,6 +199,18 @@ def test_setting_properties_is_a_fenced_metadata_commit(open_store: Opener) -> N
     assert reopened.version() == 2 and reopened.properties() == store.properties()
 
 
+def test_an_unbound_append_lands_after_another_handles_properties_commit(
+        open_store: Opener) -> None:
+    """A producer's push (no expected version) racing the opening pipeline's properties commit
+    lands after it (delta-rs alone refuses: "Metadata changed since last commit")."""
+    store, stale = open_store(), open_store()
+    assert store.set_properties({"delta.logRetentionDuration": "interval 60 days"})
+    assert stale.commit(stale.write_arrow(rows(["a"]))) == 2
+    reopened = open_store()
+    assert keys_of(reopened) == ["a"]
+    assert reopened.properties()["delta.logRetentionDuration"] == "interval 60 days"
+
+
 def test_reopen_sees_the_same_state(open_store: Opener) -> None:
     store = open_store()
     store.commit(store.write_arrow(rows(["a", "b"])), app_id="src", app_version=1)
