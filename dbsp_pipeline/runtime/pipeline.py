@@ -260,9 +260,9 @@ class Pipeline:
             retain_checkpoints=retain_checkpoints)
         # tables an older engine created get the engine's Delta properties (once)
         with _fenced_at_open(circuit, root):
-            self.upgrade_info.table_properties = (
-                ["_manifest"] if manifest_upgraded else []) + upgrade.set_table_properties(
-                    self._engine)
+            manifest = [upgrade.manifest_path(root)] if manifest_upgraded else []
+            self.upgrade_info.table_properties = manifest + upgrade.set_table_properties(
+                self._engine)
         self._lock = threading.RLock()  # one push, step or commit at a time
         self._control = threading.Condition()  # run() and pause/stop/resume
         self._running = False

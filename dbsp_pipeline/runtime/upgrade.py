@@ -163,14 +163,25 @@ def set_table_properties(state: EngineState) -> list[str]:
     ``ENGINE_TABLE_PROPERTIES`` (see the module docstring); returns the tables changed, by path
     under the root. Called by the owner after the open's fences; commits the state tables' new
     versions as a checkpoint of the same step (nothing else changes)."""
-    changed = [f"state/{name}" for name in state.db.set_table_properties(
-        ENGINE_TABLE_PROPERTIES)]
+    changed = [_under(state.root, root_layout.state_table(state.root, name))
+               for name in state.db.set_table_properties(ENGINE_TABLE_PROPERTIES)]
     if changed:
         state.db.commit()
-    tables: list[tuple[str, SparkDeltaTable]] = [("_divisions", state.divisions.table)]
-    tables += [(f"inputs/{n}", log.table) for n, log in state.inputs.items()]
-    tables += [(f"outputs/{n}", log.table) for n, log in state.outputs.items()]
+    tables: list[SparkDeltaTable] = [state.divisions.table]
+    tables += [log.table for log in state.inputs.values()]
+    tables += [log.table for log in state.outputs.values()]
     if delta_log(root_layout.errors(state.root)) is not None:
-        tables.append(("_errors", ErrorsSink(state.spark, state.root).table))
-    changed += [name for name, table in tables if table.set_properties(ENGINE_TABLE_PROPERTIES)]
+        tables.append(ErrorsSink(state.spark, state.root).table)
+    changed += [_under(state.root, t.uri) for t in tables
+                if t.set_properties(ENGINE_TABLE_PROPERTIES)]
     return changed
+
+
+def _under(root: str, uri: str) -> str:
+    """``uri``'s path under ``root`` (``inputs/orders``)."""
+    return uri[len(root):].strip("/") if uri.startswith(root) else uri
+
+
+def manifest_path(root: str) -> str:
+    """The manifest's path under ``root``, as ``set_table_properties`` names tables."""
+    return _under(root, root_layout.manifest(root))

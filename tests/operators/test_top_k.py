@@ -66,9 +66,6 @@ def _circuit() -> Circuit:
     c.output("top3_ranked", rows.top_k(3, ["v DESC"], rank="place"))
     c.output("low2_by_g_ranked", rows.top_k(2, ["v"], partition_by=["g"], rank="place"))
     c.output("top2_rank", rows.top_k(2, ["v DESC"], rank="place", numbering="rank"))
-    c.output("low2_by_g_rank", rows.top_k(2, ["v"], partition_by=["g"], numbering="rank"))
-    c.output("top2_dense", rows.top_k(2, ["v DESC NULLS FIRST"], rank="place",
-                                      numbering="dense_rank"))
     c.output("low1_by_g_dense", rows.top_k(1, ["v"], partition_by=["g"], rank="place",
                                            numbering="dense_rank"))
     return c
@@ -80,8 +77,6 @@ VIEWS = {"top3": (3, False, True, False, False), "low2_by_g": (2, True, False, T
          "top3_ranked": (3, False, True, False, True),
          "low2_by_g_ranked": (2, True, False, True, True),
          "top2_rank": (2, False, True, False, True, "rank"),
-         "low2_by_g_rank": (2, True, False, True, False, "rank"),
-         "top2_dense": (2, False, True, True, True, "dense_rank"),
          "low1_by_g_dense": (1, True, False, True, True, "dense_rank")}
 
 

@@ -295,7 +295,7 @@ def test_a_crash_anywhere_in_setting_the_properties_recovers(spark, tmp_path, mo
         assert f"{role}.properties.before" in points, points
     assert "manifest.commit.before" in points
     for point in points:
-        for n in range(1, passes[point] + 1):
+        for n in sorted({1, passes[point]}):  # the first and the last pass of each
             root = str(tmp_path / f"crash-{point}-{n}")
             shutil.copytree(old, root)
             crash_points.reset()
