@@ -42,6 +42,7 @@ from dbsp_pipeline.storage.crash_points import (
     passes,
     reset,
 )
+from dbsp_pipeline.storage.delta_store import has_properties
 from dbsp_pipeline.storage.table_store import DataFile, StoredFile, TableStore
 
 __all__ = ["CRASH_EXIT_CODE", "FaultInjectingTableStore", "InjectedCrash", "arm", "passes",
@@ -79,8 +80,7 @@ class FaultInjectingTableStore:
 
     def set_properties(self, properties: Mapping[str, str], *,
                        expected_version: int | None = None) -> bool:
-        current = self.inner.properties()
-        if all(current.get(k) == v for k, v in properties.items()):
+        if has_properties(self.inner.properties(), properties):
             return False  # nothing durable happens: no crash point
         hit(f"{self.role}.properties.before")
         changed = self.inner.set_properties(properties, expected_version=expected_version)

@@ -58,6 +58,12 @@ _METADATA_CHANGED = re.compile(r"[Mm]etadata changed")
 PROPERTIES_OPERATION = "SET TBLPROPERTIES"
 
 
+def has_properties(current: Mapping[str, str], wanted: Mapping[str, str]) -> bool:
+    """Whether table properties ``current`` hold every one of ``wanted`` (``set_properties``
+    then commits nothing)."""
+    return all(current.get(k) == v for k, v in wanted.items())
+
+
 def is_properties_commit(actions: Sequence[Mapping[str, Any]]) -> bool:
     """Whether the actions of one commit file are a ``set_properties`` commit: table
     properties changed, no file added or removed, no app transaction."""
@@ -238,9 +244,7 @@ class DeltaTableStore:
         except (DeltaError, OSError) as e:
             raise StorageError(f"commit to {self.uri} failed: {e}", definitely_failed=False) from e
         self._refresh()
-        if expected_version is not None and self._table.version() != expected_version:
-            raise ConcurrentWriterError(f"another writer committed to {self.uri} after version "
-                                        f"{expected_version}")
+        self._require_landed_at(expected_version)
         return self._table.version()
 
     def restore(self, version: int, *, expected_version: int | None = None) -> None:
@@ -262,8 +266,7 @@ class DeltaTableStore:
 
     def set_properties(self, properties: Mapping[str, str], *,
                        expected_version: int | None = None) -> bool:
-        current = self.properties()
-        if all(current.get(k) == v for k, v in properties.items()):
+        if has_properties(self.properties(), properties):
             return False
         # one metaData action besides the commit information (``ACTIONS_KEY``: verify counts)
         props = CommitProperties(custom_metadata={ACTIONS_KEY: 1},
@@ -283,9 +286,7 @@ class DeltaTableStore:
             raise StorageError(f"setting properties of {self.uri} failed: {e}",
                                definitely_failed=False) from e
         self._refresh()
-        if expected_version is not None and self._table.version() != expected_version:
-            raise ConcurrentWriterError(f"another writer committed to {self.uri} after version "
-                                        f"{expected_version}")
+        self._require_landed_at(expected_version)
         return True
 
     def properties(self) -> dict[str, str]:
@@ -350,6 +351,13 @@ class DeltaTableStore:
         except (DeltaError, OSError) as e:
             raise StorageError(f"reading the log of {self.uri} failed: {e}",
                                definitely_failed=True) from e
+
+    def _require_landed_at(self, expected_version: int | None) -> None:
+        """After a commit bound to ``expected_version`` (and a refresh): another writer's commit
+        after it means this writer is fenced."""
+        if expected_version is not None and self._table.version() != expected_version:
+            raise ConcurrentWriterError(f"another writer committed to {self.uri} after version "
+                                        f"{expected_version}")
 
     def _base_on(self, expected_version: int) -> None:
         """Load the version before ``expected_version``, so the next commit (with no retries)
