@@ -14,6 +14,7 @@ columns and ``_weight``, written once per input and step (producer ``quarantine/
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,8 @@ SCHEMA = StructType([
 class ErrorsSink:
     def __init__(self, spark: SparkSession, root: str) -> None:
         self.table = SparkDeltaTable(spark, root_layout.errors(root), SCHEMA, role="errors")
+        #: one write at a time (the sources of a ``KafkaRunner``'s workers share one sink)
+        self._lock = threading.Lock()
 
     def recorded_upto(self, producer: str) -> int | None:
         """The offset through which ``producer``'s rejected records are recorded (None: none)."""
@@ -58,6 +61,10 @@ class ErrorsSink:
         """Durably record ``rejected`` (dicts of the schema's columns but ``rejected_at``), the
         rejects of ``producer``'s records through offset ``upto``; those at or below an offset
         already recorded are skipped. Returns how many were written."""
+        with self._lock:
+            return self._record(producer, upto, rejected)
+
+    def _record(self, producer: str, upto: int, rejected: list[dict[str, Any]]) -> int:
         done = self.recorded_upto(producer)
         fresh = [r for r in rejected if done is None or r["offset"] is None or r["offset"] > done]
         if not fresh or (done is not None and upto <= done):
@@ -84,6 +91,10 @@ class ErrorsSink:
         """Durably record every row of ``tables`` (built by ``rows``, written one by one as
         they come, so a large batch never sits in memory whole) in one commit, as ``producer``'s
         rejects through ``upto``; nothing if that is recorded already. Returns the rows."""
+        with self._lock:
+            return self._record_tables(producer, upto, tables)
+
+    def _record_tables(self, producer: str, upto: int, tables: Iterable[pa.Table]) -> int:
         done = self.recorded_upto(producer)
         if done is not None and upto <= done:
             return 0

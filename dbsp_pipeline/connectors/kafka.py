@@ -1,10 +1,15 @@
 """Kafka in and out, exactly once.
 
-**In** (``KafkaSource``): each bound input reads one topic (any number of partitions, all
-assigned to this worker: the layout has one). A partition's records are pushed into the input's
-durable log with the producer name ``kafka/<topic>/<partition>`` and, as sequence number, the
-offset of the batch's last record: the records and the offset are committed together, so after
-a crash the source resumes at the recorded offset + 1 and no record enters twice or is lost. The
+**In** (``KafkaSource``): each bound input reads one topic (any number of partitions). A
+source reads the partitions of one worker (``worker``: the layout's ``partition_owner``, the
+partition mod W) or, without one, all of them; ``KafkaRunner`` runs one source per worker of the
+layout, each with its own consumer, polled in parallel, and follows a rescale (a partition whose
+owner changed is given up by one source and taken by another at its recorded offset). A
+partition's records are pushed into the input's durable log with the producer name
+``kafka/<topic>/<partition>`` and, as sequence number, the offset of the batch's last record:
+the records and the offset are committed together, so after a crash, or when the partition
+moves to another worker, it is read again from the recorded offset + 1, and no record enters
+twice or is lost (the exactly-once handshake is per partition, whichever worker reads it). The
 pipeline tracks these producers, so every step's division records the offsets it reaches
 (``Pipeline.step_info(s).offsets``; ``docs/recovery.md``, section 4), written before any output
 of the step. Replay after a crash re-reads those records from the input log, where they are
@@ -40,6 +45,7 @@ import json
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -108,7 +114,15 @@ class KafkaSource:
     """Reads the bound topics into the pipeline's input logs. See the module docstring."""
 
     def __init__(self, pipeline: Pipeline, config: dict[str, Any], inputs: Sequence[KafkaInput],
-                 errors: ErrorsSink | None = None) -> None:
+                 errors: ErrorsSink | None = None, *, worker: int | None = None) -> None:
+        """``worker``: read only the partitions that worker owns in the pipeline's layout (the
+        partition mod W, ``Layout.partition_owner``), following the layout as it changes; None:
+        every partition. No two sources may read one partition at once: a runner's sources, one
+        per worker, never do."""
+        if worker is not None and not 0 <= worker < pipeline.layout.workers:
+            raise UsageError(f"worker {worker} is not one of the layout's "
+                             f"{pipeline.layout.workers} workers")
+        self.worker = worker
         topics = [b.topic for b in inputs]
         if len(set(topics)) != len(topics):
             raise UsageError(f"a topic can feed one input only: {topics}")
@@ -132,7 +146,7 @@ class KafkaSource:
     def poll(self, max_records: int = 50_000, timeout: float = 0.5) -> PollResult:
         """Read what the topics have (up to ``max_records``, waiting up to ``timeout`` for the
         first) and push it, one push per partition batch; returns the counts."""
-        self._assign_new_partitions()
+        self.follow_layout()
         result = PollResult()
         messages = self._consumer.consume(max_records, timeout)
         by_partition: dict[tuple[str, int], list[Message]] = defaultdict(list)
@@ -203,16 +217,27 @@ class KafkaSource:
             out[topic] = sorted(info.partitions) if info is not None and not info.error else []
         return out
 
-    def _assign_new_partitions(self) -> None:
-        new = []
-        for topic, partitions in self._partitions().items():
-            name = self.bindings[topic].input
-            fresh = [p for p in partitions if (topic, p) not in self._assigned]
-            self.pipeline.track_producers(name, [producer_name(topic, p) for p in fresh])
-            new += [TopicPartition(topic, p, self._next_offset(topic, p)) for p in fresh]
-        if new:
-            self._consumer.incremental_assign(new)
-            self._assigned |= {(tp.topic, tp.partition) for tp in new}
+    def owns(self, partition: int) -> bool:
+        """Whether this source reads ``partition`` (of any bound topic) under the layout now."""
+        return (self.worker is None
+                or self.pipeline.layout.partition_owner(partition) == self.worker)
+
+    def follow_layout(self) -> None:
+        """Take the partitions this source owns and does not read yet (new ones, or moved here
+        by a rescale), each at its recorded offset + 1; give up those it no longer owns."""
+        owned = {(topic, p) for topic, partitions in self._partitions().items()
+                 for p in partitions if self.owns(p)}
+        gone = sorted(self._assigned - owned)
+        if gone:
+            self._consumer.incremental_unassign([TopicPartition(t, p) for t, p in gone])
+            self._assigned -= set(gone)
+        fresh = sorted(owned - self._assigned)
+        for topic, p in fresh:
+            self.pipeline.track_producers(self.bindings[topic].input, [producer_name(topic, p)])
+        if fresh:
+            self._consumer.incremental_assign(
+                [TopicPartition(t, p, self._next_offset(t, p)) for t, p in fresh])
+            self._assigned |= set(fresh)
 
     def _rewind(self) -> None:
         for topic, partition in self._assigned:
@@ -439,12 +464,25 @@ def read_newest(config: dict[str, Any], tp: TopicPartition, timeout: float = 10.
 class KafkaRunner:
     """A pipeline fed and read through Kafka: ``run`` polls the sources, executes a step while
     input is pending, and writes the new output; ``close`` closes the clients (not the
-    pipeline)."""
+    pipeline).
+
+    The input is read by one ``KafkaSource`` per worker of the pipeline's layout (``sources``:
+    worker ``w`` reads the partitions ``p`` with ``p mod W == w``, with its own consumer), polled
+    in parallel threads; their pushes go through the pipeline one at a time. After a rescale the
+    runner has one source per new worker, and each partition is read by its new owner from its
+    recorded offset."""
 
     def __init__(self, pipeline: Pipeline, config: dict[str, Any],
                  inputs: Sequence[KafkaInput] = (), outputs: Sequence[KafkaOutput] = ()) -> None:
         self.pipeline = pipeline
-        self.source = KafkaSource(pipeline, config, inputs) if inputs else None
+        self._config = dict(config)
+        self._inputs = list(inputs)
+        self._errors = ErrorsSink(as_session(pipeline.spark), pipeline.root) if inputs else None
+        #: one source per worker of the layout (none without inputs)
+        self.sources: list[KafkaSource] = []
+        self._pool: ThreadPoolExecutor | None = None  # polls the sources (W > 1)
+        self._pool_size = 0
+        self._one_source_per_worker()
         self.sink = KafkaSink(pipeline, config, outputs) if outputs else None
         #: the oldest Kafka timestamp among the records ``run`` read (None: none)
         self.oldest_arrival: float | None = None
@@ -463,8 +501,8 @@ class KafkaRunner:
                 break
             if max_seconds is not None and now - started >= max_seconds:
                 break
-            polled = self.source.poll(poll_records) if self.source is not None else None
-            if polled is not None and polled.records:
+            polled = self.poll(poll_records)
+            if polled.records:
                 idle_since = now
                 if polled.oldest is not None:
                     self.oldest_arrival = min(self.oldest_arrival or polled.oldest,
@@ -479,9 +517,52 @@ class KafkaRunner:
             self.pipeline.commit()
         return results
 
+    def poll(self, max_records: int = 50_000, timeout: float = 0.5) -> PollResult:
+        """Poll every worker's source (in parallel when there are several; each reads up to
+        ``max_records``) and add up what they pushed and rejected."""
+        self._one_source_per_worker()
+        if not self.sources:
+            return PollResult()
+        for source in self.sources:  # all give up moved partitions before any reads
+            source.follow_layout()
+        if len(self.sources) == 1:
+            return self.sources[0].poll(max_records, timeout)
+        assert self._pool is not None
+        out = PollResult()
+        for r in self._pool.map(lambda s: s.poll(max_records, timeout), self.sources):
+            for name, n in r.pushed.items():
+                out.pushed[name] = out.pushed.get(name, 0) + n
+            for name, n in r.rejected.items():
+                out.rejected[name] = out.rejected.get(name, 0) + n
+            if r.oldest is not None and (out.oldest is None or r.oldest < out.oldest):
+                out.oldest = r.oldest
+        return out
+
+    def _one_source_per_worker(self) -> None:
+        """One source per worker of the pipeline's layout (a rescale changes W): sources of
+        workers gone are closed, new workers' sources made; each source follows the layout's
+        partition owners at its next poll."""
+        if not self._inputs:
+            return
+        workers = self.pipeline.layout.workers
+        while len(self.sources) > workers:
+            self.sources.pop().close()
+        while len(self.sources) < workers:
+            self.sources.append(KafkaSource(self.pipeline, self._config, self._inputs,
+                                            self._errors, worker=len(self.sources)))
+        if workers > 1 and self._pool_size != workers:
+            if self._pool is not None:
+                self._pool.shutdown()
+            self._pool = ThreadPoolExecutor(workers, thread_name_prefix="kafka-source")
+            self._pool_size = workers
+
     def close(self) -> None:
-        if self.source is not None:
-            self.source.close()
+        for source in self.sources:
+            source.close()
+        self.sources = []
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool, self._pool_size = None, 0
         if self.sink is not None:
             self.sink.close()
 

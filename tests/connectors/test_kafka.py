@@ -202,6 +202,57 @@ def test_poison_weights_go_to_the_errors_sink_and_restarts_go_on(spark, tmp_path
             source.close()
 
 
+def test_each_worker_reads_its_partitions_and_a_rescale_moves_them_exactly_once(
+        spark, tmp_path, broker):
+    """At W=2 the runner has a source per worker, worker w reading the partitions p with
+    p mod 2 == w with its own consumer; after a rescale to 3 each partition is read by its new
+    owner from its recorded offset, and after a scale-in to 1 by the one worker left: every
+    record enters exactly once, and each step's offsets per partition follow on."""
+    topic = new_topic(broker, partitions=4, prefix="workers")
+    c = Circuit("kworkers")
+    orders = c.input("orders", "order_id BIGINT, customer_id BIGINT, amount DOUBLE")
+    c.output("orders_copy", orders.select("order_id", "customer_id", "amount"))
+    sent: list[dict] = []
+
+    def send(n: int) -> None:
+        batch = [{"order_id": len(sent) + i, "customer_id": i % 5, "amount": i / 4}
+                 for i in range(n)]
+        produce(broker, topic, batch, partition_of=lambda i, v: v["order_id"] % 4)
+        sent.extend(batch)
+
+    def assigned(runner) -> list[list[int]]:
+        return [sorted(p for _, p in s._assigned) for s in runner.sources]
+
+    with Pipeline(c, str(tmp_path), spark) as p:
+        p.rescale(2)
+        runner = KafkaRunner(p, broker, [KafkaInput("orders", topic)])
+        try:
+            send(40)
+            steps = runner.run(idle_seconds=1.5)
+            assert [s.worker for s in runner.sources] == [0, 1]
+            assert assigned(runner) == [[0, 2], [1, 3]]
+            p.rescale(3)
+            send(30)
+            steps += runner.run(idle_seconds=1.5)
+            assert assigned(runner) == [[0, 3], [1], [2]]
+            p.rescale(1)
+            send(20)
+            steps += runner.run(idle_seconds=1.5)
+            assert assigned(runner) == [[0, 1, 2, 3]]
+        finally:
+            runner.close()
+        got = Counter(tuple(r[k] for k in ("order_id", "customer_id", "amount"))
+                      for r in p.view_arrow("orders_copy").to_pylist()
+                      for _ in range(r["_weight"]))
+        assert got == Counter((o["order_id"], o["customer_id"], o["amount"]) for o in sent)
+        reached = {}
+        for r in steps:
+            for producer, (after, upto) in p.step_info(r.step).offsets["orders"].items():
+                assert after == reached.get(producer) or after == upto, (producer, after, upto)
+                reached[producer] = upto
+        assert reached == {f"kafka/{topic}/{q}": 89 // 4 - (q > 89 % 4) for q in range(4)}
+
+
 def test_a_topic_feeds_one_input(spark, tmp_path, broker):
     with Pipeline(shop(), str(tmp_path), spark) as p:
         with pytest.raises(UsageError, match="one input only"):

@@ -49,8 +49,8 @@ def main(root: str, master: str, n: int, rescale_round: int | None, workers: int
                 print(f"rescaled {result.old.workers} {result.new.workers}", flush=True)
             if r == announce:
                 stepping.set()  # pushes use no Spark: the next tasks are the step's
-            play_round(p, r, work[r])
-            print(f"step {r}", flush=True)
+            result = play_round(p, r, work[r])
+            print(f"step {r}: {result.path_reason if result else 'replayed'}", flush=True)
     print("done", flush=True)
     spark.stop()
     return 0

@@ -21,7 +21,7 @@ from dbsp_pipeline import Circuit, NonDeterminismError, Pipeline
 from dbsp_pipeline.storage import crash_points, delta_store, state_db
 from dbsp_pipeline.storage.crash_points import InjectedCrash
 from dbsp_pipeline.storage.verify import verify_root
-from tests.runtime.workload import consumer_view, open_pipeline, play_round, rounds
+from tests.runtime.workload import circuit, consumer_view, open_pipeline, play_round, rounds
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -36,12 +36,14 @@ def fold_often():
 def run_workload(spark, root: str, crash: tuple[str, int] | None = None,
                  then: tuple[tuple[str, int], ...] = (), *, collect_garbage: bool = False,
                  also: tuple[tuple[str, int], ...] = (),
-                 after_crash: Callable[[], None] | None = None) -> int:
+                 after_crash: Callable[[], None] | None = None,
+                 opener: Callable[[str, object], Pipeline] = open_pipeline) -> int:
     """Run the rounds, crashing at ``crash`` and, after each crash, at the next point of
     ``then`` (so a crash can hit the recovery itself); returns how many crashes happened.
     ``also``: more points armed from the start, each counting its passes from there.
     ``collect_garbage``: garbage is collected after every round (division compaction and Delta
-    log cleanup included). ``after_crash`` looks at the root as each crash left it."""
+    log cleanup included). ``after_crash`` looks at the root as each crash left it. ``opener``
+    opens the root (at first and after each crash)."""
     crash_points.reset()
     pending = ([crash] if crash is not None else []) + list(then)
     if pending:
@@ -55,7 +57,7 @@ def run_workload(spark, root: str, crash: tuple[str, int] | None = None,
     while r < len(work):
         try:
             if p is None:
-                p = open_pipeline(root, spark)
+                p = opener(root, spark)
             play_round(p, r, work[r])
             if collect_garbage:
                 p.collect_garbage()
@@ -68,7 +70,7 @@ def run_workload(spark, root: str, crash: tuple[str, int] | None = None,
                 crash_points.arm(*pending.pop(0))
     while True:
         try:
-            p = open_pipeline(root, spark) if p is None else p
+            p = opener(root, spark) if p is None else p
             p.close()
             return crashes
         except InjectedCrash:
@@ -110,6 +112,45 @@ def test_every_crash_point_recovers_to_the_no_crash_output_and_state(spark, tmp_
             failures.append((point, k))
     assert not failures, f"recovery differs from the no-crash run after crashes at {failures}"
     assert len(cases) >= 25
+
+
+def open_on_spark(root: str, spark) -> Pipeline:
+    """The workload's pipeline with every step forced onto Spark: at the root's W=2, its
+    stateful operators run as one Spark task per owner, steps replayed at open too."""
+    return Pipeline(circuit(), root, spark, checkpoint_every=2, compact_threshold=3,
+                    driver_step_rows=0)
+
+
+def test_every_step_crash_point_recovers_at_two_workers_with_per_owner_tasks(
+        spark, tmp_path, reference):
+    """At W=2, every step on Spark with one task per owner (tasks add no durable action, so
+    the step's durable actions are the driver path's): a crash at every durable action of the
+    step and its commit recovers, through steps per owner again (replays included), to exactly
+    the output and state of the no-crash run at W=1 on the driver. Lean: two runs, one with a
+    crash before each action and one after, each crash at a pass in the middle of the workload
+    (the driver path enumerates every point at several passes above)."""
+    expected, passes = reference
+    points = sorted(p for p in passes if not p.startswith("input."))  # pushes: no Spark
+    assert {"division.commit.after", "trace.commit.after", "manifest.commit.after"} <= set(points)
+    failures = []
+    for when in ("before", "after"):
+        armed = tuple((p, (passes[p] + 1) // 2) for p in points if p.endswith(when))
+        root = str(tmp_path / when)
+        with open_pipeline(root, spark) as p:
+            p.rescale(2)
+        reasons: list[str] = []
+
+        def opener(root: str, spark, reasons: list[str] = reasons) -> Pipeline:
+            p = open_on_spark(root, spark)
+            reasons.extend(r.path_reason for r in p.recovered_steps)
+            return p
+
+        crashed = run_workload(spark, root, also=armed, opener=opener)
+        assert crashed == len(armed), f"only {crashed} of the crashes {armed} happened"
+        assert reasons and all("per owner (W=2)" in r for r in reasons), reasons
+        if consumer_view(spark, root) != expected:
+            failures.append(armed)
+    assert not failures, f"recovery differs from the no-crash run after crashes at {failures}"
 
 
 # -- Delta log cleanup ---------------------------------------------------------------------------

@@ -3,8 +3,9 @@ a master and workers as separate processes on 127.0.0.1), every step as Spark jo
 workers' executors:
 
 * a Spark worker (and its executor) is killed with SIGKILL in the middle of the steps, and
-  while a known step's tasks are running: the tasks are retried on the worker left, the step
-  completes, and the output is exactly the no-kill output (each step once);
+  while a known step's tasks are running (at W=2, one task per owner): the tasks are retried
+  on the worker left, the step completes, and the output is exactly the no-kill output (each
+  step once);
 * scale out and in: a Spark worker is added and the pipeline rescaled to 2 workers, the Spark
   workers are replaced one at a time (a rolling upgrade of the cluster), then one is stopped
   and the pipeline rescaled to 1; the output is exactly the never-rescaled output.
@@ -85,9 +86,13 @@ def test_a_killed_spark_worker_does_not_change_the_output(cluster, tmp_path, spa
 
 
 def test_a_spark_worker_killed_while_a_step_runs_its_tasks(cluster, tmp_path, spark, reference):
+    """At W=2, every step runs its stateful operators as one task per owner (the change
+    exchanged by owner, each task reading its owner's files): one of the two Spark workers is
+    killed while step 2's tasks run, and the tasks it ran are retried on the other."""
     cluster.run("start", "2", str(cluster.port))
     root = str(tmp_path / "pipeline")
-    open_pipeline(root, spark).close()
+    with open_pipeline(root, spark) as p:
+        p.rescale(2)
     child = cluster.child(root, announce_step=2)
     lines = []
     while not lines or not lines[-1].startswith("tasks running in step 2"):
@@ -98,6 +103,8 @@ def test_a_spark_worker_killed_while_a_step_runs_its_tasks(cluster, tmp_path, sp
     cluster.run("kill-worker", "1")  # under the running step: its tasks lose an executor
     out = finish(child)
     assert "step 2" in out and "done" in out  # the step completed (its tasks retried)
+    steps = [line for line in lines + out.splitlines() if line.startswith("step ")]
+    assert len(steps) == ROUNDS and all("per owner (W=2)" in line for line in steps), steps
     assert consumer_view(spark, root) == reference
 
 

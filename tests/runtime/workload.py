@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from dbsp_pipeline import Circuit, Pipeline
+from dbsp_pipeline import Circuit, Pipeline, StepResult
 from dbsp_pipeline.runtime.recompute import check_views
 
 
@@ -44,14 +44,15 @@ def open_pipeline(root: str, spark=None) -> Pipeline:
     return Pipeline(circuit(), root, spark, checkpoint_every=2, compact_threshold=3)
 
 
-def play_round(p: Pipeline, r: int, pushes: list[tuple]) -> None:
-    """Round ``r``: its pushes (sequence numbers make a repeat exactly-once), then its step;
-    nothing if the step already ran (maybe replayed when the pipeline was reopened)."""
+def play_round(p: Pipeline, r: int, pushes: list[tuple]) -> StepResult | None:
+    """Round ``r``: its pushes (sequence numbers make a repeat exactly-once), then its step,
+    whose result it returns; nothing if the step already ran (maybe replayed when the pipeline
+    was reopened)."""
     if p.next_step != r:
-        return
+        return None
     for i, (name, rows, weight) in enumerate(pushes):
         p.push(name, rows, weight=weight, producer="loader", seq=r * 10 + i)
-    p.step()
+    return p.step()
 
 
 def consumer_view(spark, root: str) -> dict:
