@@ -127,8 +127,8 @@ class FaultInjectingTableStore:
     def commit_metadata(self, key: str, value: object) -> dict[str, Any] | None:
         return self.inner.commit_metadata(key, value)
 
-    def transaction_version(self, app_id: str) -> int | None:
-        return self.inner.transaction_version(app_id)
+    def transaction_version(self, app_id: str, *, refresh: bool = True) -> int | None:
+        return self.inner.transaction_version(app_id, refresh=refresh)
 
     def path(self, relative: str) -> str:
         return self.inner.path(relative)

@@ -7,8 +7,11 @@ transaction ``errors/<producer>``, the offset it covers up to, and records at or
 recorded offset are not written again (a source that re-reads after a crash).
 
 The records of a quarantined step (``Pipeline.quarantine_step``) land here too, whole (not cut):
-``source`` ``step <N>``, no partition or offset, the record as a JSON object of the input's
-columns and ``_weight``, written once per input and step (producer ``quarantine/<input>``).
+``source`` ``step <N>``, no partition, as offset the record's place in the step's input of that
+input (0, 1, ...), the record as a JSON object of the input's columns and ``_weight``, written
+once per input and step (producer ``quarantine/<input>``). Every row with an offset has an
+error id, by which ``Pipeline.reinject`` re-injects a corrected record
+(``runtime/dead_letters.py``).
 """
 
 from __future__ import annotations
@@ -77,15 +80,17 @@ class ErrorsSink:
                           app_version=upto)
         return len(rows)
 
-    def rows(self, input_name: str, source: str, reason: str, records: list[str]) -> pa.Table:
-        """Rejects of ``input_name`` with one ``source`` and ``reason`` and no offsets, as a
+    def rows(self, input_name: str, source: str, reason: str, records: list[str],
+             first_offset: int) -> pa.Table:
+        """Rejects of ``input_name`` with one ``source`` and ``reason``, no partition, and the
+        offsets ``first_offset``, ``first_offset + 1``, ... (their places in the source), as a
         table for ``record_tables``; records are kept whole."""
         n = len(records)
         now = dt.datetime.now(dt.UTC)
         return pa.Table.from_pydict({
             "input": [input_name] * n, "source": [source] * n, "partition": [None] * n,
-            "offset": [None] * n, "reason": [reason] * n, "record": records,
-            "rejected_at": [now] * n}, schema=self.table.arrow_schema)
+            "offset": list(range(first_offset, first_offset + n)), "reason": [reason] * n,
+            "record": records, "rejected_at": [now] * n}, schema=self.table.arrow_schema)
 
     def record_tables(self, producer: str, upto: int, tables: Iterable[pa.Table]) -> int:
         """Durably record every row of ``tables`` (built by ``rows``, written one by one as

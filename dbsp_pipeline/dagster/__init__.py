@@ -20,6 +20,7 @@ from dbsp_pipeline.dagster.definitions import PipelineSpec, build_definitions
 from dbsp_pipeline.dagster.deployment import Deployment
 from dbsp_pipeline.dagster.jobs import (
     QuarantineConfig,
+    ReinjectConfig,
     RescaleConfig,
     RestoreConfig,
     operation_jobs,
@@ -37,5 +38,6 @@ __all__ = [
     "SparkResource", "SPARK_MODES", "PipelineStore", "KafkaResource", "PipelineRef", "RUN_TAG",
     "input_assets", "views_asset", "StepConfig", "view_checks", "MATCHES", "POSITIVE",
     "step_job", "operation_jobs", "RescaleConfig", "RestoreConfig", "QuarantineConfig",
+    "ReinjectConfig",
     "input_arrival_sensor", "recover_on_failure_sensor", "checkpoint_schedule",
 ]

@@ -22,19 +22,24 @@ so the instance's run queue never runs two of them on one pipeline at once.
   expression error) and fails again however often it is tried: move the records of its input
   to the errors table and execute it with no input (``Pipeline.quarantine_step``); refuses
   unless ``confirm`` and ``step`` names the failed step.
+* ``<name>_reinject``: re-inject corrected dead letters (``Pipeline.reinject``) from a JSON
+  lines file (``file``), one ``{"id": <error id>, "row": {...}}`` (or ``"rows": [...]``) per
+  line, the ids as ``Pipeline.errors()`` lists them; each id's rows enter exactly once, however
+  often the job runs. Reports the rows appended per id and the ids re-injected before.
 * ``<name>_upgrade``: run after deploying a new engine (and rolling the Spark workers,
   ``infra/spark_cluster.sh roll``): opens the pipeline, which migrates an older state format
   and refuses a changed circuit (``CircuitChangedError``), and reports what it did.
 """
 
 # no ``from __future__ import annotations``: Dagster reads the decorated functions' annotations
+import json
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
-from dbsp_pipeline import Pipeline, UsageError, VerifyReport
+from dbsp_pipeline import InputError, Pipeline, UsageError, VerifyReport
 from dbsp_pipeline import verify as verify_root
 from dbsp_pipeline.dagster.ref import PipelineRef
 
@@ -97,6 +102,39 @@ class QuarantineConfig(dg.Config):
 
     step: int
     confirm: bool = False
+
+
+class ReinjectConfig(dg.Config):
+    """``file``: a JSON lines file of corrected records, ``{"id": <error id>, "row": {...}}``
+    or ``{"id": ..., "rows": [{...}, ...]}`` per line (a row may carry ``_weight``)."""
+
+    file: str
+
+
+def read_fixes(path: str) -> dict[str, Any]:
+    """The corrected records of a reinject file (``ReinjectConfig``): error id → rows;
+    ``dg.Failure`` naming the file and line for a line that is not such an object."""
+    fixes: dict[str, Any] = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    item = json.loads(line)
+                    if not isinstance(item, dict) or not isinstance(item.get("id"), str) \
+                            or ("row" in item) == ("rows" in item):
+                        raise ValueError('expected {"id": "...", "row": {...}} or '
+                                         '{"id": "...", "rows": [...]}')
+                except ValueError as e:
+                    raise dg.Failure(description=f"{path}, line {n}: {e}") from e
+                rows = item["rows"] if "rows" in item else [item["row"]]
+                fixes.setdefault(item["id"], []).extend(rows)
+    except OSError as e:
+        raise dg.Failure(description=f"cannot read the reinject file {path}: {e}") from e
+    if not fixes:
+        raise dg.Failure(description=f"the reinject file {path} holds no corrected record")
+    return fixes
 
 
 def step_job(ref: PipelineRef, views: dg.AssetsDefinition,
@@ -170,6 +208,20 @@ def operation_jobs(ref: PipelineRef) -> dict[str, dg.JobDefinition]:
                 "quarantined_step": done.step, "reason": done.reason,
                 "records_moved_to_errors": done.moved, "state_version": p.state_version,
                 "next_step": p.next_step})
+
+    @dg.op(name=ref.job_name("reinject_op"), required_resource_keys=keys)
+    def reinject(context: dg.OpExecutionContext, config: ReinjectConfig) -> None:
+        fixes = read_fixes(config.file)
+        store = ref.store(context)
+        with store.open(circuit, context.resources.spark) as p:
+            try:
+                appended = p.reinject(fixes)
+            except (UsageError, InputError) as e:
+                raise dg.Failure(description=f"{config.file}: {e}") from e
+            context.add_output_metadata({
+                "rows_appended": {i: n for i, n in appended.items() if n},
+                "reinjected_before": sorted(i for i, n in appended.items() if not n),
+                "input_pending": p.input_pending(), "next_step": p.next_step})
 
     @dg.op(name=ref.job_name("restore_op"), required_resource_keys=keys)
     def restore(context: dg.OpExecutionContext, config: RestoreConfig) -> None:
@@ -247,6 +299,8 @@ def operation_jobs(ref: PipelineRef) -> dict[str, dg.JobDefinition]:
         job("rescale", rescale, f"change the layout of '{ref.name}' (cold: between steps)"),
         job("quarantine", quarantine, f"move the input of a failed step of '{ref.name}' to "
             "the errors table and go on"),
+        job("reinject", reinject, f"re-inject corrected rejected records of '{ref.name}' "
+            "from a file, exactly once"),
         job("upgrade", upgrade, f"open '{ref.name}' with this engine: migrate its state "
             "format, refuse a changed circuit"),
         job("verify", verify, f"check the storage of '{ref.name}': every table and retained "

@@ -132,6 +132,12 @@ class InputLog:
         """The newest sequence number recorded for ``producer`` (None if none)."""
         return self.table.transaction_version(PRODUCER_APP_PREFIX + producer)
 
+    def pushed_all(self, producers: list[str]) -> dict[str, int | None]:
+        """``pushed`` of each of ``producers``, as of one read of the log."""
+        self.table.version()  # loads the newest version
+        return {p: self.table.transaction_version(PRODUCER_APP_PREFIX + p, refresh=False)
+                for p in producers}
+
     def _commit(self, adds: list[AddAction], producer: str | None, seq: int | None,
                 metadata: dict[str, Any] | None = None) -> bool:
         """Commit a push; returns False when it was not committed because ``producer`` has

@@ -35,7 +35,15 @@ from dbsp_pipeline.errors import (
     PipelineFencedError,
     UsageError,
 )
-from dbsp_pipeline.runtime import checkpoints, inputs, rescaling, step_protocol, upgrade, upkeep
+from dbsp_pipeline.runtime import (
+    checkpoints,
+    dead_letters,
+    inputs,
+    rescaling,
+    step_protocol,
+    upgrade,
+    upkeep,
+)
 from dbsp_pipeline.runtime.compactor import BackgroundCompactor
 from dbsp_pipeline.runtime.division_log import CARRIED_RECORDS_KEY, DivisionLog
 from dbsp_pipeline.runtime.engine_state import EngineState, compile_plan, read_layout
@@ -413,6 +421,26 @@ class Pipeline:
         """
         with self._exclusive():
             return step_protocol.quarantine(self._engine, step)
+
+    def errors(self) -> pa.Table:
+        """The errors table (``_errors``: records a source rejected, and the records of
+        quarantined steps) with each row's error ``id`` and whether it is ``resolved``
+        (re-injected); ``runtime/dead_letters.py``."""
+        self._require_open()
+        return dead_letters.errors(self._engine)
+
+    def reinject(self, fixes: dict[str, Any]) -> dict[str, int]:
+        """Push corrected records in place of rejected ones: ``fixes`` maps an error id (see
+        ``errors``) to its corrected row or rows (dicts or tuples of the input's columns; a dict
+        may carry ``_weight``). Each id's rows are pushed exactly once, as the producer
+        ``reinject/<id>``, and that push marks the error resolved in the same commit; a second
+        re-injection of an id appends nothing. The rows belong to the next step, so the views
+        change by exactly their effect. Returns, per id, the rows appended (0: re-injected
+        before). Unknown ids are refused before anything is pushed
+        (``runtime/dead_letters.py``)."""
+        self._require_open()
+        with self._lock:
+            return dead_letters.reinject(self._engine, fixes)
 
     def input_pending(self) -> bool:
         """Whether the next step has input: a recorded division to replay, or pushes since."""

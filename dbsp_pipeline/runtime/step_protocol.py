@@ -61,6 +61,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterator
+
+import pyarrow as pa
 
 from dbsp_pipeline.connectors.errors_sink import ErrorsSink
 from dbsp_pipeline.errors import (
@@ -336,11 +339,19 @@ def _move_input_to_errors(state: EngineState, step: int, reason: str,
         done = sink.recorded_upto(producer)
         if done is not None and done >= step:
             continue
-        sink.record_tables(producer, step, (
-            sink.rows(name, f"step {step}", reason,
-                      [json.dumps(r, sort_keys=True, default=str) for r in
-                       log_.table.read_arrow([f]).to_pylist()])
-            for f in files[name]))
+        sink.record_tables(producer, step, _quarantined(
+            sink, name, step, reason, (log_.table.read_arrow([f]) for f in files[name])))
+
+
+def _quarantined(sink: ErrorsSink, name: str, step: int, reason: str,
+                 parts: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    """Errors-table rows of ``step``'s records of input ``name`` (``parts``, in order), each
+    record a JSON object, numbered by its place in the step's input (its error id's offset)."""
+    offset = 0
+    for part in parts:
+        rows = [json.dumps(r, sort_keys=True, default=str) for r in part.to_pylist()]
+        yield sink.rows(name, f"step {step}", reason, rows, offset)
+        offset += len(rows)
 
 
 # -- what the divisions tell ---------------------------------------------------------------

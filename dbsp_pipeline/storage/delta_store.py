@@ -161,8 +161,9 @@ class DeltaTableStore:
                     return info
         return None
 
-    def transaction_version(self, app_id: str) -> int | None:
-        self._refresh()
+    def transaction_version(self, app_id: str, *, refresh: bool = True) -> int | None:
+        if refresh:
+            self._refresh()
         return self._table.transaction_version(app_id)
 
     # -- data files (``storage/data_files.py``) ---------------------------------------------

@@ -120,9 +120,10 @@ class SparkDeltaTable:
         to ``value`` (None if no retained commit has), searching from the newest commit back."""
         return self.store.commit_metadata(key, value)
 
-    def transaction_version(self, app_id: str) -> int | None:
-        """The newest app-transaction version committed under ``app_id`` (None if none)."""
-        return self.store.transaction_version(app_id)
+    def transaction_version(self, app_id: str, *, refresh: bool = True) -> int | None:
+        """The newest app-transaction version committed under ``app_id`` (None if none); with
+        ``refresh`` False, as of the version loaded last (``version()`` loads the newest)."""
+        return self.store.transaction_version(app_id, refresh=refresh)
 
     # -- writing ---------------------------------------------------------------------------
     def write_files(self, df: DataFrame, *, sort_by: Sequence[str] = ()) -> list[AddAction]:

@@ -108,8 +108,9 @@ class TableStore(Protocol):
         ``key`` equal to ``value`` (None if none has)."""
         ...
 
-    def transaction_version(self, app_id: str) -> int | None:
-        """The newest app-transaction version committed under ``app_id`` (None if none)."""
+    def transaction_version(self, app_id: str, *, refresh: bool = True) -> int | None:
+        """The newest app-transaction version committed under ``app_id`` (None if none); with
+        ``refresh`` False, as of the version loaded last (no read of the log)."""
         ...
 
     # -- data files --------------------------------------------------------------------------

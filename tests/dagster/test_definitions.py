@@ -17,7 +17,7 @@ from dbsp_pipeline.dagster import (
 from dbsp_pipeline.examples.shop import CUSTOMERS, shop_circuit
 
 SHOP_JOBS = {"shop_step", "shop_checkpoint", "shop_recover", "shop_restore", "shop_rescale",
-             "shop_quarantine", "shop_upgrade", "shop_verify"}
+             "shop_quarantine", "shop_reinject", "shop_upgrade", "shop_verify"}
 
 
 def regions_circuit() -> Circuit:

@@ -197,7 +197,8 @@ def test_upgrade_job_reports_versions_and_refuses_a_changed_circuit(defs, root, 
     assert "different circuit" in error.cause.message
 
 
-def test_a_failed_step_is_reported_and_quarantined_by_jobs(defs, root, instance, spark):
+def test_a_failed_step_is_reported_quarantined_and_reinjected_by_jobs(defs, root, instance,
+                                                                     spark, tmp_path):
     """Three orders of weight 2**31 - 1 joined with a customer of that weight: the group's
     count overflows 64 bits, every time. The recover job names the step; the quarantine job
     moves its records to the errors table; the pipeline goes on."""
@@ -227,9 +228,34 @@ def test_a_failed_step_is_reported_and_quarantined_by_jobs(defs, root, instance,
         assert p.failed_step is None
         p.push("customers", [(2, "south")])
         p.push("orders", [(9, 2, 5.0)])
+        ids = sorted(e["id"] for e in p.errors().to_pylist())
+    assert ids == ["customers@step 0/-/0", *(f"orders@step 0/-/{i}" for i in range(3))]
     assert defs.resolve_job_def("shop_step").execute_in_process(instance=instance).success
     with Pipeline(shop_circuit(), root, spark) as p:
         assert view_counter(p.view("regions")) == {("south",): 1}
+
+    # The customer, fixed (weight 1), re-injected from a file by the reinject job, twice.
+    fixes = tmp_path / "fixes.jsonl"
+    fixes.write_text('{"id": "customers@step 0/-/0", "row": {"customer_id": 1, '
+                     '"region": "north"}}\n')
+    reinject = defs.resolve_job_def("shop_reinject")
+    config = {"ops": {"shop_reinject_op": {"config": {"file": str(fixes)}}}}
+    first = metadata_of(reinject.execute_in_process(instance=instance, run_config=config),
+                        "shop_reinject_op")
+    assert first["rows_appended"] == {"customers@step 0/-/0": 1} and first["input_pending"]
+    again = metadata_of(reinject.execute_in_process(instance=instance, run_config=config),
+                        "shop_reinject_op")
+    assert again["rows_appended"] == {} and again["reinjected_before"] == [
+        "customers@step 0/-/0"]
+    (tmp_path / "bad.jsonl").write_text('{"id": "customers@step 0/-/0"}\n')
+    refused = reinject.execute_in_process(instance=instance, raise_on_error=False, run_config={
+        "ops": {"shop_reinject_op": {"config": {"file": str(tmp_path / "bad.jsonl")}}}})
+    assert "bad.jsonl, line 1" in refused.failure_data_for_node("shop_reinject_op").error.message
+    assert defs.resolve_job_def("shop_step").execute_in_process(instance=instance).success
+    with Pipeline(shop_circuit(), root, spark) as p:
+        assert view_counter(p.view("regions")) == {("south",): 1, ("north",): 1}
+        assert [e["resolved"] for e in p.errors().to_pylist()
+                if e["input"] == "customers"] == [True]
 
 
 def test_verify_names_damage_and_restore_gets_past_it(defs, root, instance, spark):
