@@ -30,7 +30,9 @@ one renamed over it meanwhile stays for the next ingest.
 Rejection. A file that cannot be read or does not match the input is moved to ``rejected/``
 beside a ``<file>.error.txt`` (mode 0600) naming the file, the input, the record and the
 problem, with at most the offending record or line quoted and the message bounded to
-``MESSAGE_LIMIT`` characters; files already pushed are not affected.
+``MESSAGE_LIMIT`` characters; files already pushed are not affected. A file rejected for its
+content is also recorded in the errors table (``record_rejected_file``), once per name and
+content, so its error id can re-inject the corrected rows (``Pipeline.reinject``).
 
 ``done/`` and ``rejected/`` never overwrite a file: when the name is taken, the file lands as
 ``<stem>.<first 12 hex digits of its sha256><suffix>`` and, if that is taken too (or for a file
@@ -56,7 +58,9 @@ import pyarrow.parquet as pq
 from pyspark.sql.types import DecimalType, StructType
 
 from dbsp_pipeline.connectors import codec
+from dbsp_pipeline.connectors.errors_sink import ErrorsSink
 from dbsp_pipeline.errors import InputError
+from dbsp_pipeline.spark_session import as_session
 from dbsp_pipeline.zset import WEIGHT
 
 if TYPE_CHECKING:
@@ -155,6 +159,7 @@ def ingest(pipeline: Pipeline, folder: str, settle_seconds: float = SETTLE_SECON
     the inbox may or may not have been pushed, and the next ingest settles which, without
     pushing it twice."""
     result = IngestResult()
+    errors: ErrorsSink | None = None
     for name, files in pending_files(folder, list(pipeline.circuit.inputs),
                                      settle_seconds).items():
         for entry in files:
@@ -184,7 +189,11 @@ def ingest(pipeline: Pipeline, folder: str, settle_seconds: float = SETTLE_SECON
                 else:
                     rows = pipeline.push(name, table, producer=producer, seq=0)
             except InputError as e:
-                _reject(result, entry, digest, f"file {file}: {e}")
+                problem = f"file {file}: {e}"
+                if errors is None:
+                    errors = ErrorsSink(as_session(pipeline.spark), pipeline.root)
+                record_rejected_file(errors, entry, digest, data, e.record_index or 0, problem)
+                _reject(result, entry, digest, problem)
                 continue
             move_unique(entry, DONE, digest)  # None: replaced since; a later ingest takes it
             result.pushed.setdefault(name, {})[file] = rows
@@ -292,6 +301,19 @@ def bounded(message: str, limit: int = MESSAGE_LIMIT) -> str:
     if len(message) <= limit:
         return message
     return message[:limit] + f"... ({len(message) - limit} more characters not shown)"
+
+
+def record_rejected_file(errors: ErrorsSink, entry: InboxFile, digest: str, data: bytes,
+                         offset: int, problem: str) -> None:
+    """Record a file rejected for its content in the errors table, once per name and content
+    (before it is moved, so a crash in between records it at the next ingest, not twice): one
+    row, source ``inbox/<file>@<first 12 hex digits of its sha256>``, as offset the offending
+    record's index (0 for a problem of the whole file), the file's text as the record (None
+    for Parquet). Its error id re-injects the file's corrected rows (``Pipeline.reinject``)."""
+    text = None if entry.name.endswith(".parquet") else data.decode("utf-8", errors="replace")
+    errors.record(f"inbox/{entry.input}/{entry.name}@{digest}", 0, [
+        {"input": entry.input, "source": f"inbox/{entry.name}@{digest[:12]}", "partition": None,
+         "offset": offset, "reason": bounded(problem), "record": text}])
 
 
 def _reject(result: IngestResult, entry: InboxFile, digest: str | None, problem: str) -> None:

@@ -1,12 +1,15 @@
 """Dead letters: the records the errors table holds, and re-injecting corrected ones.
 
 Every record a source rejected (a Kafka record that could not be decoded or did not fit its
-input) or a quarantined step moved out of an input log (``step_protocol.quarantine``) is a row
-of the errors table (``connectors/errors_sink.py``). Each such row has an **error id**,
+input; an inbox file rejected for its content, ``connectors/inbox.py``) or a quarantined step
+moved out of an input log (``step_protocol.quarantine``) is a row of the errors table
+(``connectors/errors_sink.py``). Each such row has an **error id**,
 ``<input>@<source>/<partition>/<offset>`` (``-`` for no partition): a Kafka record's topic,
-partition and offset, or a quarantined record's step (source ``step N``) and its place in that
-step's input (offset ``0..n-1``, in the order written). Rows written before quarantined records
-got offsets have none, and no id.
+partition and offset; an inbox file's ``inbox/<file>@<sha256 prefix>`` and the index of its
+offending record (the id stands for the whole file, whose corrected rows are re-injected); or a
+quarantined record's step (source ``step N``) and its place in that step's input (offset
+``0..n-1``, in the order written). Rows written before quarantined records got offsets have
+none, and no id.
 
 Re-injecting (``reinject``): the corrected rows of an error id are pushed into its input as the
 producer ``reinject/<id>`` with sequence number 0, so the push is exactly once whatever happens:

@@ -155,7 +155,7 @@ class InputLog:
         app_id = PRODUCER_APP_PREFIX + producer
         for _ in range(_PRODUCER_COMMIT_ATTEMPTS):
             base = self.table.version()  # looks for other writers' commits
-            last = self.table.transaction_version(app_id)
+            last = self.table.transaction_version(app_id, refresh=False)  # as of ``base``
             if last is not None and seq <= last:
                 return False
             try:

@@ -1,14 +1,17 @@
-"""Repairable dead letters: a rejected Kafka record and a quarantined step's records are fixed
-and re-injected by their error id, exactly once however often it is tried, and the views change
-by exactly their effect (``runtime/dead_letters.py``)."""
+"""Repairable dead letters: a rejected Kafka record, a rejected inbox file and a quarantined
+step's records are fixed and re-injected by their error id, exactly once however often it is
+tried, and the views change by exactly their effect (``runtime/dead_letters.py``)."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 import time
 
 import pytest
 
 from dbsp_pipeline import Circuit, InputError, Pipeline, StepFailedError, UsageError
+from dbsp_pipeline.connectors.inbox import ingest
 from dbsp_pipeline.connectors.kafka import KafkaInput, KafkaSource
 from dbsp_pipeline.runtime.dead_letters import error_id
 from tests.kafka_helpers import new_topic, produce
@@ -96,3 +99,34 @@ def test_a_quarantined_record_is_reinjected_by_its_place_in_the_step(spark, tmp_
         resolved = {e["id"]: e["resolved"] for e in p.errors().to_pylist()}
         assert resolved == {i: i == poisoned for i in ids.values()}
         assert_oracle(p)
+
+
+def test_a_rejected_inbox_file_fixed_and_reinjected_twice_lands_once(spark, tmp_path):
+    """A file with one bad record is rejected whole (moved to ``rejected/``) and recorded in
+    the errors table once, however often it is dropped again; its error id re-injects the
+    file's corrected rows, exactly once."""
+    box = str(tmp_path / "inbox")
+    bad = ('{"order_id": 1, "customer_id": 1, "amount": 1.5}\n'
+           '{"order_id": 2, "customer_id": 2, "amount": 2.5, "_weight": 0}\n')
+    with Pipeline(orders_circuit(), str(tmp_path / "root"), spark) as p:
+        for _ in range(2):  # the same content dropped twice: one error row
+            os.makedirs(os.path.join(box, "orders"), exist_ok=True)
+            path = os.path.join(box, "orders", "batch.jsonl")
+            with open(path, "w") as f:
+                f.write(bad)
+            os.utime(path, (time.time() - 60, time.time() - 60))
+            result = ingest(p, box)
+            assert "record 1" in result.rejected["orders"]["batch.jsonl"]
+        errors = p.errors().to_pylist()
+        digest = hashlib.sha256(bad.encode()).hexdigest()
+        assert [(e["id"], e["record"], e["resolved"]) for e in errors] == [
+            (f"orders@inbox/batch.jsonl@{digest[:12]}/-/1", bad, False)]
+        fixed = [{"order_id": 1, "customer_id": 1, "amount": 1.5},
+                 {"order_id": 2, "customer_id": 2, "amount": 2.5}]
+        assert p.reinject({errors[0]["id"]: fixed}) == {errors[0]["id"]: 2}
+        assert p.reinject({errors[0]["id"]: fixed}) == {errors[0]["id"]: 0}
+        p.step()
+        assert view(p, "per_customer") == [
+            {"customer_id": 1, "n": 1, "total": 1.5, "_weight": 1},
+            {"customer_id": 2, "n": 1, "total": 2.5, "_weight": 1}]
+        assert p.errors().column("resolved").to_pylist() == [True]
