@@ -143,10 +143,14 @@ class KafkaSource:
         self._admin = AdminClient(self.config)
 
     # -- reading ---------------------------------------------------------------------------
-    def poll(self, max_records: int = 50_000, timeout: float = 0.5) -> PollResult:
+    def poll(self, max_records: int = 50_000, timeout: float = 0.5, *,
+             follow_layout: bool = True) -> PollResult:
         """Read what the topics have (up to ``max_records``, waiting up to ``timeout`` for the
-        first) and push it, one push per partition batch; returns the counts."""
-        self.follow_layout()
+        first) and push it, one push per partition batch; returns the counts. First takes and
+        gives up partitions as the layout says (``follow_layout``), unless told not to (the
+        runner does that for all its sources before any reads)."""
+        if follow_layout:
+            self.follow_layout()
         result = PollResult()
         messages = self._consumer.consume(max_records, timeout)
         by_partition: dict[tuple[str, int], list[Message]] = defaultdict(list)
@@ -526,10 +530,11 @@ class KafkaRunner:
         for source in self.sources:  # all give up moved partitions before any reads
             source.follow_layout()
         if len(self.sources) == 1:
-            return self.sources[0].poll(max_records, timeout)
+            return self.sources[0].poll(max_records, timeout, follow_layout=False)
         assert self._pool is not None
         out = PollResult()
-        for r in self._pool.map(lambda s: s.poll(max_records, timeout), self.sources):
+        for r in self._pool.map(lambda s: s.poll(max_records, timeout, follow_layout=False),
+                                self.sources):
             for name, n in r.pushed.items():
                 out.pushed[name] = out.pushed.get(name, 0) + n
             for name, n in r.rejected.items():
