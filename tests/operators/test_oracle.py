@@ -195,11 +195,7 @@ def _drop_zero(c: Counter) -> Counter:
 ENGINES = pytest.mark.parametrize("driver_step_rows", [0, 10**9], ids=["spark", "driver"])
 
 
-@ENGINES
-@settings(max_examples=5, deadline=None, phases=[Phase.explicit, Phase.generate],
-          suppress_health_check=list(HealthCheck))
-@given(workloads)
-def test_every_view_equals_recomputation_after_every_step(spark, driver_step_rows, steps):
+def every_step_equals_recomputation(spark, driver_step_rows: int, steps) -> None:
     circuit = build_circuit()
     w = Workload()
     with tempfile.TemporaryDirectory() as root, Pipeline(
@@ -209,6 +205,22 @@ def test_every_view_equals_recomputation_after_every_step(spark, driver_step_row
             w.apply(p, ops)
             assert p.step().on_driver == bool(driver_step_rows)
             check_step(spark, p, w, i)
+
+
+@settings(max_examples=5, deadline=None, phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=list(HealthCheck))
+@given(workloads)
+def test_every_view_equals_recomputation_after_every_step_on_the_driver(spark, steps):
+    every_step_equals_recomputation(spark, 10**9, steps)
+
+
+@settings(max_examples=3, deadline=None, phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=list(HealthCheck))
+@given(workloads)
+def test_every_view_equals_recomputation_after_every_step_on_spark(spark, steps):
+    """As on the driver, with fewer generated workloads (each Spark step takes seconds; the
+    seeded workloads below add longer ones on Spark)."""
+    every_step_equals_recomputation(spark, 0, steps)
 
 
 def seeded_workload(seed: int, steps: int, ops_per_step: int) -> list[list[tuple]]:
