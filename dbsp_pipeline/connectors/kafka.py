@@ -221,6 +221,11 @@ class KafkaSource:
             out[topic] = sorted(info.partitions) if info is not None and not info.error else []
         return out
 
+    @property
+    def assigned(self) -> list[tuple[str, int]]:
+        """The (topic, partition) pairs this source reads now, sorted."""
+        return sorted(self._assigned)
+
     def owns(self, partition: int) -> bool:
         """Whether this source reads ``partition`` (of any bound topic) under the layout now."""
         return (self.worker is None
