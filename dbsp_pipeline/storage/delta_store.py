@@ -111,6 +111,8 @@ class DeltaTableStore:
             table = self._table
             if refresh:
                 self._refresh()
+        elif version == self._table.version():  # the loaded version: no need to open it again
+            table = self._table
         else:
             table = self._delta(version)
         actions = pa.table(table.get_add_actions(flatten=True)).to_pydict()
