@@ -87,14 +87,22 @@ class DataFiles:
         if table.num_rows == 0:
             return []
         folder = f"{DATA_DIR}/{uuid.uuid4().hex}"
-        target = self.fs_path(self.path(f"{folder}/part-00000.parquet"))
+        relative = f"{folder}/part-00000.parquet"
+        target = self.fs_path(self.path(relative))
+        footer: list[pq.FileMetaData] = []
         try:
             self.make_folder(self.fs_path(self.path(folder)))
-            pq.write_table(table.cast(self.schema), target, filesystem=self.filesystem)
+            pq.write_table(table.cast(self.schema), target, filesystem=self.filesystem,
+                           metadata_collector=footer)
+            info = self.filesystem.get_file_info(target)
         except OSError as e:
             raise StorageError(f"writing a data file to {self.path(folder)} failed: {e}",
                                definitely_failed=True) from e
-        return self.describe_folder(folder)
+        # the footer just written (its statistics are those a reader of the file finds), so
+        # the file is not listed and read back
+        return [AddAction(path=relative, size=info.size, partition_values={},
+                          modification_time=millis(info), data_change=True,
+                          stats=json.dumps(file_stats(footer[0])))]
 
     def describe_folder(self, relative: str) -> list[AddAction]:
         """The add actions of the Parquet files in the folder ``relative`` (with Delta
