@@ -118,7 +118,8 @@ class Layout:
             return F.pmod(wrapped, F.lit(w)).cast("int")
         if self.workers == 1:
             return F.lit(0).cast("int")
-        table = F.array(*[F.lit(w) for w in self.assignment])
+        # one SQL literal (a column per element would be one JVM call each: seconds for 1,024)
+        table = F.expr(f"array({', '.join(str(int(w)) for w in self.assignment)})")
         index = F.shiftright(shard_of(list(keys)), SHARD_BITS - self._bits()) + 1
         return F.element_at(table, index).cast("int")
 
