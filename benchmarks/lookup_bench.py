@@ -20,14 +20,15 @@ memory, over Arrow tables of the same integrated data) and by Spark (over Parque
 batch job reads them; one shared session), their ratios, and
 whether the view equals the recomputation (counts and maxima exactly, float sums within 1e-9
 relative). In the same run (each can be skipped): steps of ``--spark-change`` changed orders
-forced onto Spark (``driver_step_rows=0``, pattern (b)) against Spark's recompute, and 100-row
-steps with a commit each (steps/s). The shop workload at 1M orders with 10k changes per step is
-pattern (b) at 1M. Prints one JSON line per figure, a table at the end, and writes a plot
-(``--plot``, default ``docs/bench/lookup.png``).
+forced onto Spark (``driver_step_rows=0``, pattern (b); at ``--spark-workers`` W, default 2, after
+a rescale) against Spark's recompute, and 100-row steps with a commit each (steps/s). The shop
+workload at 1M orders with 10k changes per step is pattern (b) at 1M. Prints one JSON line per
+figure, a table at the end, and writes a plot (``--plot``, default ``docs/bench/lookup.png``).
 
     python benchmarks/lookup_bench.py [--sizes 1000000 4000000 16000000] [--steps 5]
         [--patterns moves orders max lines] [--spark-change 1000000] [--spark-steps 2]
-        [--no-spark-steps] [--no-small-steps] [--no-spark-recompute] [--plot PATH]
+        [--spark-workers 2] [--no-spark-steps] [--no-small-steps] [--no-spark-recompute]
+        [--plot PATH]
     python benchmarks/lookup_bench.py --from-json docs/bench/lookup.jsonl   # table + plot again
 """
 
@@ -284,9 +285,15 @@ def run_shop(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
                 out.append({"pattern": "small_steps", "size": size,
                             "steps_per_second": round(args.small_steps / seconds, 2)})
             if args.spark_steps:
-                record = {"pattern": "orders_on_spark", "size": size, "change": args.spark_change}
+                record = {"pattern": "orders_on_spark", "size": size, "change": args.spark_change,
+                          "workers": args.spark_workers}
                 print(f"# (b) {args.spark_change:,} order changes forced onto Spark at "
-                      f"{size:,} orders", flush=True)
+                      f"{size:,} orders, W={args.spark_workers}", flush=True)
+                if args.spark_workers != p.layout.workers:
+                    t = time.perf_counter()
+                    p.rescale(args.spark_workers)
+                    emit({**record, "figure": "rescale_seconds",
+                          "value": round(time.perf_counter() - t, 3)})
                 p.driver_step_rows = 0
                 medians = timed_steps(p, args.spark_steps, order_changes(args.spark_change),
                                       emit, record)
@@ -479,6 +486,9 @@ def main() -> None:
     ap.add_argument("--spark-steps", type=int, default=2,
                     help="timed Spark steps after a warm-up (0: none)")
     ap.add_argument("--no-spark-steps", dest="spark_steps", action="store_const", const=0)
+    ap.add_argument("--spark-workers", type=int, default=2,
+                    help="W of the Spark steps (the pipeline is rescaled to it before them): "
+                         "each stateful operator runs as one task per owner")
     ap.add_argument("--small-steps", type=int, default=30,
                     help="100-row steps with a commit each, at the first size (0: none)")
     ap.add_argument("--no-small-steps", dest="small_steps", action="store_const", const=0)
