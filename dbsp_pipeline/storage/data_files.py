@@ -107,9 +107,7 @@ class DataFiles:
                                definitely_failed=True) from e
         # the footer just written (its statistics are those a reader of the file finds), so
         # the file is not listed and read back
-        return [AddAction(path=relative, size=info.size, partition_values={},
-                          modification_time=millis(info), data_change=True,
-                          stats=json.dumps(file_stats(footer[0])))]
+        return [add_action(relative, info, footer[0])]
 
     def describe_folder(self, relative: str) -> list[AddAction]:
         """The add actions of the Parquet files in the folder ``relative`` (with Delta
@@ -124,10 +122,7 @@ class DataFiles:
             if meta.num_rows == 0:
                 self.filesystem.delete_file(info.path)
                 continue
-            adds.append(AddAction(
-                path=f"{relative}/{info.base_name}", size=info.size, partition_values={},
-                modification_time=millis(info), data_change=True,
-                stats=json.dumps(file_stats(meta))))
+            adds.append(add_action(f"{relative}/{info.base_name}", info, meta))
         return adds
 
     def read_arrow(self, paths: Sequence[str], where: pc.Expression | None = None,
@@ -140,6 +135,14 @@ class DataFiles:
         dataset = ds.dataset([self.fs_path(p) for p in paths], schema=self.schema,
                              format="parquet", filesystem=self.filesystem)
         return dataset.to_table(filter=where, columns=list(columns) if columns else None)
+
+
+def add_action(relative: str, info: pafs.FileInfo, meta: pq.FileMetaData) -> AddAction:
+    """The Delta add action of the data file at ``relative`` (inside the table), from its
+    file information and its footer (Delta statistics)."""
+    return AddAction(path=relative, size=info.size, partition_values={},
+                     modification_time=millis(info), data_change=True,
+                     stats=json.dumps(file_stats(meta)))
 
 
 def millis(info: pafs.FileInfo) -> int:
