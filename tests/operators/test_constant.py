@@ -10,7 +10,7 @@ import pytest
 
 from dbsp_pipeline import Circuit, Pipeline, check_views
 from dbsp_pipeline.errors import CircuitError
-from tests.conftest import view_counter
+from tests.conftest import view_rows
 
 ENGINES = pytest.mark.parametrize("driver_step_rows", [0, 10**9], ids=["spark", "driver"])
 EMPTY = (0, 0, None, None, None, None)
@@ -31,37 +31,37 @@ def test_a_constant_holds_its_rows_and_a_global_aggregate_one_row_at_every_step(
         spark, tmp_path, driver_step_rows):
     with Pipeline(_circuit(), str(tmp_path), spark, driver_step_rows=driver_step_rows) as p:
         assert p.step().on_driver == bool(driver_step_rows)  # nothing pushed yet
-        assert view_counter(p.view("codes")) == {(1, "one"): 1, (2, None): 1}
-        assert view_counter(p.view("totals")) == {EMPTY: 1}
-        assert view_counter(p.view("big")) == {(0, None): 1}
+        assert view_rows(p, "codes") == {(1, "one"): 1, (2, None): 1}
+        assert view_rows(p, "totals") == {EMPTY: 1}
+        assert view_rows(p, "big") == {(0, None): 1}
         p.push("orders", [(1, 2.5), (2, None), (3, 7.5)])
         p.step()
-        assert view_counter(p.view("totals")) == {(3, 2, 10.0, 5.0, 2.5, 7.5): 1}
-        assert view_counter(p.view("big")) == {(0, None): 1}
+        assert view_rows(p, "totals") == {(3, 2, 10.0, 5.0, 2.5, 7.5): 1}
+        assert view_rows(p, "big") == {(0, None): 1}
         p.push("orders", [(1, 2.5), (2, None), (3, 7.5)], weight=-1)  # empty again
         p.push("orders", [(4, 200.0)])
         p.step()
-        assert view_counter(p.view("totals")) == {(1, 1, 200.0, 200.0, 200.0, 200.0): 1}
-        assert view_counter(p.view("big")) == {(1, 200.0): 1}
+        assert view_rows(p, "totals") == {(1, 1, 200.0, 200.0, 200.0, 200.0): 1}
+        assert view_rows(p, "big") == {(1, 200.0): 1}
         p.push("orders", [(4, 200.0)], weight=-1)
         p.step()
-        assert view_counter(p.view("totals")) == {EMPTY: 1}
-        assert view_counter(p.view("big")) == {(0, None): 1}
-        assert view_counter(p.view("codes")) == {(1, "one"): 1, (2, None): 1}
+        assert view_rows(p, "totals") == {EMPTY: 1}
+        assert view_rows(p, "big") == {(0, None): 1}
+        assert view_rows(p, "codes") == {(1, "one"): 1, (2, None): 1}
         assert all(c.equal and c.nonpositive == 0 for c in check_views(p).values())
     with Pipeline(_circuit(), str(tmp_path), spark, driver_step_rows=driver_step_rows) as p:
         p.push("orders", [(5, 1.0)])
         p.step()  # a step after reopening emits no constant rows again
-        assert view_counter(p.view("codes")) == {(1, "one"): 1, (2, None): 1}
-        assert view_counter(p.view("totals")) == {(1, 1, 1.0, 1.0, 1.0, 1.0): 1}
+        assert view_rows(p, "codes") == {(1, "one"): 1, (2, None): 1}
+        assert view_rows(p, "totals") == {(1, 1, 1.0, 1.0, 1.0, 1.0): 1}
 
 
 def test_the_first_step_may_already_carry_input(spark, tmp_path):
     with Pipeline(_circuit(), str(tmp_path), spark) as p:
         p.push("orders", [(1, 150.0)])
         p.step()
-        assert view_counter(p.view("totals")) == {(1, 1, 150.0, 150.0, 150.0, 150.0): 1}
-        assert view_counter(p.view("big")) == {(1, 150.0): 1}
+        assert view_rows(p, "totals") == {(1, 1, 150.0, 150.0, 150.0, 150.0): 1}
+        assert view_rows(p, "big") == {(1, 150.0): 1}
 
 
 def test_constant_rows_that_do_not_fit_the_schema_are_refused_when_the_circuit_opens(

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from dbsp_pipeline import Circuit, Pipeline
 from dbsp_pipeline.errors import CircuitError
-from tests.conftest import view_counter
+from tests.conftest import view_rows
 
 ENGINES = pytest.mark.parametrize("driver_step_rows", [0, 10**9], ids=["spark", "driver"])
 
@@ -43,8 +43,8 @@ def test_repeat_multiplies_each_rows_multiplicity_by_its_count(spark, tmp_path,
             bag.update(inserts)
             bag.subtract(deletes)
             assert p.step().on_driver == bool(driver_step_rows)
-            assert view_counter(p.view("repeated")) == expected(+bag)
-        assert view_counter(p.view("repeated")) == Counter({("b",): 2})
+            assert view_rows(p, "repeated") == expected(+bag)
+        assert view_rows(p, "repeated") == Counter({("b",): 2})
 
 
 def test_repeat_needs_an_integer_count_column(spark, tmp_path):
@@ -87,4 +87,4 @@ def test_repeat_on_the_driver_equals_a_repetition_from_scratch(spark, tmp_path_f
             bag.subtract(deletes)
             bag = +bag
             assert p.step().on_driver
-            assert view_counter(p.view("repeated")) == expected(bag)
+            assert view_rows(p, "repeated") == expected(bag)

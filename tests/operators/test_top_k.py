@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from dbsp_pipeline import Circuit, Pipeline, check_views
 from dbsp_pipeline.errors import CircuitError
-from tests.conftest import view_counter
+from tests.conftest import view_rows
 
 ENGINES = pytest.mark.parametrize("driver_step_rows", [0, 10**9], ids=["spark", "driver"])
 SCHEMA = "g BIGINT, id BIGINT, v DOUBLE, s STRING"
@@ -100,7 +100,7 @@ def test_top_k_equals_a_ranking_from_scratch_after_every_step(spark, tmp_path, d
             assert p.step().on_driver == bool(driver_step_rows)
             for name, spec in VIEWS.items():
                 want = expected(bag, *spec)
-                assert view_counter(p.view(name)) == want, (step, name)
+                assert view_rows(p, name) == want, (step, name)
         assert all(c.equal and c.nonpositive == 0 for c in check_views(p).values())
 
 
@@ -132,7 +132,7 @@ def test_top_k_on_the_driver_equals_a_ranking_from_scratch(spark, tmp_path_facto
             assert p.step().on_driver
             for name, spec in VIEWS.items():
                 want = expected(bag, *spec)
-                assert view_counter(p.view(name)) == want, name
+                assert view_rows(p, name) == want, name
 
 
 def test_declaring_a_top_k_checks_its_arguments(spark, tmp_path):
