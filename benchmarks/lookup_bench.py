@@ -91,6 +91,14 @@ def lines_of(order_id: np.ndarray, line_no: np.ndarray) -> pa.Table:
 
 
 # -- circuits -----------------------------------------------------------------------------------
+def push_changes(p: Pipeline, name: str, inserts: pa.Table, deletes: pa.Table) -> None:
+    """One push of a step's inserts and deletes to input ``name``, as a user with a mixed
+    change pushes it: one Z-set (``_weight`` +1 and -1), so one durable commit, not two."""
+    weights = pa.array([1] * inserts.num_rows + [-1] * deletes.num_rows, pa.int64())
+    p.push_zset(name, pa.concat_tables([inserts, deletes.select(inserts.column_names)])
+                .append_column("_weight", weights))
+
+
 def max_circuit() -> Circuit:
     c = Circuit("max_per_customer")
     orders = c.input("orders", "order_id BIGINT, customer_id BIGINT, amount DOUBLE")
@@ -234,9 +242,9 @@ def run_shop(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
     def order_changes(n: int) -> Callable[[], None]:
         def push() -> None:
             n_del = n // 10
-            p.push("orders", orders_of(np.arange(live["next"], live["next"] + n - n_del)))
-            p.push("orders", orders_of(np.arange(live["first"], live["first"] + n_del)),
-                   weight=-1)
+            push_changes(p, "orders",
+                         orders_of(np.arange(live["next"], live["next"] + n - n_del)),
+                         orders_of(np.arange(live["first"], live["first"] + n_del)))
             live["next"] += n - n_del
             live["first"] += n_del
         return push
@@ -259,8 +267,7 @@ def run_shop(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
                     chosen = rng.choice(np.arange(1, CUSTOMERS + 1), args.moved, replace=False)
                     before = customers_of(shift, chosen)
                     shift[chosen] += 1
-                    p.push("customers", before, weight=-1)
-                    p.push("customers", customers_of(shift, chosen))
+                    push_changes(p, "customers", customers_of(shift, chosen), before)
                 record = {"pattern": "moves", "size": size, "change": args.moved}
                 print(f"# (a) moves at {size:,} orders", flush=True)
                 out.append(check(record, timed_steps(p, args.steps, move, emit, record)))
@@ -362,8 +369,8 @@ def run_lines(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
             def change() -> None:
                 n_del = args.change // 10
                 d, a = state["deleted"], state["added"]
-                p.push("lines", added(a, a + args.change - n_del))
-                p.push("lines", first.slice(d, n_del), weight=-1)
+                push_changes(p, "lines", added(a, a + args.change - n_del),
+                             first.slice(d, n_del))
                 state["deleted"] += n_del
                 state["added"] += args.change - n_del
 
