@@ -8,10 +8,11 @@ owner's part of a step (``runtime/owner_exec.py``), write and read a table's fil
 the *current process's* ``AWS_*`` environment, ``storage/s3_store.py::s3_options``), never opens
 or creates the Delta table, and carries no credentials of its own.
 
-Durability: none. ``write_arrow`` writes one new file into a fresh folder ``data/<uuid4>/`` (so a
-retried writer never overwrites a file) and returns its add action; the file is invisible to every
-Delta reader until a commit, or a manifest entry staging the action, records it. Files nobody
-records are orphans that garbage collection deletes (``storage/garbage.py``).
+Durability: none. ``write_arrow`` writes one new file under a fresh name
+``data/<uuid4>.parquet`` (so a retried writer never overwrites a file) and returns its add
+action; the file is invisible to every Delta reader until a commit, or a manifest entry staging
+the action, records it. Files nobody records are orphans that garbage collection deletes
+(``storage/garbage.py``).
 """
 
 from __future__ import annotations
@@ -88,26 +89,33 @@ class DataFiles:
 
     # -- files -------------------------------------------------------------------------------
     def write_arrow(self, table: pa.Table) -> list[AddAction]:
-        """Write ``table`` (cast to the schema) as one new file in a fresh ``data/<uuid4>/``
-        folder; its add action (none for no rows). Nothing is committed. A ``StorageError``
-        (definitely failed) naming the folder when the write fails."""
+        """Write ``table`` (cast to the schema) as one new file ``data/<uuid4>.parquet`` (a
+        fresh name, so a retried writer never overwrites a file); its add action (none for no
+        rows). Nothing is committed. A ``StorageError`` (definitely failed) naming the file
+        when the write fails."""
         if table.num_rows == 0:
             return []
-        folder = f"{DATA_DIR}/{uuid.uuid4().hex}"
-        relative = f"{folder}/part-00000.parquet"
+        relative = f"{DATA_DIR}/{uuid.uuid4().hex}.parquet"
         target = self.fs_path(self.path(relative))
         footer: list[pq.FileMetaData] = []
         try:
-            self.make_folder(self.fs_path(self.path(folder)))
-            pq.write_table(table.cast(self.schema), target, filesystem=self.filesystem,
-                           metadata_collector=footer, use_dictionary=self._dictionary_columns)
+            try:
+                self._write(table, target, footer)
+            except FileNotFoundError:  # a local table's data folder does not exist yet
+                self.make_folder(self.fs_path(self.path(DATA_DIR)))
+                footer.clear()
+                self._write(table, target, footer)
             info = self.filesystem.get_file_info(target)
         except OSError as e:
-            raise StorageError(f"writing a data file to {self.path(folder)} failed: {e}",
+            raise StorageError(f"writing a data file to {self.path(relative)} failed: {e}",
                                definitely_failed=True) from e
         # the footer just written (its statistics are those a reader of the file finds), so
         # the file is not listed and read back
         return [add_action(relative, info, footer[0])]
+
+    def _write(self, table: pa.Table, target: str, footer: list[pq.FileMetaData]) -> None:
+        pq.write_table(table.cast(self.schema), target, filesystem=self.filesystem,
+                       metadata_collector=footer, use_dictionary=self._dictionary_columns)
 
     def describe_folder(self, relative: str) -> list[AddAction]:
         """The add actions of the Parquet files in the folder ``relative`` (with Delta

@@ -36,7 +36,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake.transaction import AddAction
 
-#: the folder of a table that holds its data files (``data/<uuid>/part-*.parquet``)
+#: the folder of a table that holds its data files: ``data/<uuid>.parquet`` written on the
+#: driver or in a task (``data_files.py``), ``data/<uuid>/part-*.parquet`` written by Spark
 DATA_DIR = "data"
 #: commit metadata of every commit the engine makes: how many actions (adds, removes and the
 #: app transaction) follow the commit information in the commit file

@@ -13,7 +13,7 @@ data files, and staging.
   several owners (it *straddles* them) is allowed: reads of it keep only the owner's rows (a
   ``_shard`` filter, or under ``modulo`` sharding the owners of the rows' key hashes), so the
   task's trace has exactly the owner's part of the value.
-* **Writes**: through ``DataFiles`` (a fresh ``data/<uuid4>/`` folder per file), which reaches
+* **Writes**: through ``DataFiles`` (a fresh ``data/<uuid4>.parquet`` per file), which reaches
   the table's files from its URI without the Delta log. Only appends happen in tasks: removes
   are the driver's (merges, swaps, layout changes).
 * **No durable action.** ``stage`` keeps the actions in memory; ``record`` gives them as a
