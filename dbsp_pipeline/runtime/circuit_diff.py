@@ -20,6 +20,10 @@ Contract of ``diff(old, new)`` (both ``Circuit.describe()`` dicts):
 * an input whose schema changed is refused (``CircuitChangedError``): its log holds rows of the
   old schema. Inputs may be added (empty history) or dropped (the log is kept).
 
+``state_names`` then gives each node of the new circuit the name its state tables go by: a kept
+node its old node's (``positional_state_names`` for a root that recorded none), any other a
+fresh one that no old or new node uses.
+
 Pure: reads descriptions, touches no storage.
 """
 
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,6 +113,56 @@ def diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> CircuitDiff:
         outputs_changed=[n for n in new_out if n in old_out and n not in same],
         outputs_added=[n for n in new_out if n not in old_out],
         outputs_removed=[n for n in old_out if n not in new_out])
+
+
+#: nodes that hold no state of their own, so have no state name
+STATELESS_OPS = frozenset({"input", "constant"})
+
+
+def positional_state_names(description: Mapping[str, Any]) -> dict[int, str]:
+    """The state name of every node as a root without a recorded name map has it: ``n<id>_<op>``
+    (``plan.make_operator``; the prefix of every state table of the node), by node id."""
+    return {n["id"]: f"n{n['id']}_{n['op']}" for n in description["nodes"]
+            if n["op"] not in STATELESS_OPS}
+
+
+def state_names(change: CircuitDiff, new: Mapping[str, Any], old_names: Mapping[int, str],
+                in_use: Iterable[str] = ()) -> dict[int, str]:
+    """The state name of every node of circuit description ``new`` after an upgrade described by
+    ``change``, given ``old_names`` (the old circuit's: a recorded map, or
+    ``positional_state_names`` of the old description) and ``in_use``, the names of state
+    that exists besides (a retained checkpoint of an earlier circuit still refers to it).
+
+    A kept node keeps its old node's name, so it reads the same tables, untouched. Any other
+    node gets ``n<id>_<op>``, or ``n<id>_<op>_u<k>`` with the smallest ``k`` that makes it
+    differ from every old name and every name in use (a retired node's tables still hold the
+    old circuit's state: a crash before the upgrade commits, or a restore of an older
+    checkpoint, reopens an older circuit on them) and from every other new name. So a new node
+    always starts from tables of its own (a state table is named its node's name, or that and
+    a suffix such as ``_left``, ``_groups`` or ``_values0``, none of which begins with
+    ``_u<digit>``, so two names never share a table). Deterministic: a function of its
+    arguments alone."""
+    taken = {*old_names.values(), *in_use}
+    names: dict[int, str] = {}
+    for node in sorted(new["nodes"], key=lambda n: n["id"]):
+        node_id = node["id"]
+        if node["op"] in STATELESS_OPS:
+            continue
+        if node_id in change.kept and change.kept[node_id] in old_names:
+            names[node_id] = old_names[change.kept[node_id]]
+    taken |= set(names.values())
+    for node in sorted(new["nodes"], key=lambda n: n["id"]):
+        node_id = node["id"]
+        if node["op"] in STATELESS_OPS or node_id in names:
+            continue
+        base = name = f"n{node_id}_{node['op']}"
+        k = 0
+        while name in taken:
+            k += 1
+            name = f"{base}_u{k}"
+        names[node_id] = name
+        taken.add(name)
+    return names
 
 
 def _input_schemas(description: Mapping[str, Any]) -> dict[str, str]:

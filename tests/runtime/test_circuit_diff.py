@@ -8,7 +8,12 @@ import pytest
 
 from dbsp_pipeline import Circuit
 from dbsp_pipeline.errors import CircuitChangedError
-from dbsp_pipeline.runtime.circuit_diff import diff, node_fingerprints
+from dbsp_pipeline.runtime.circuit_diff import (
+    diff,
+    node_fingerprints,
+    positional_state_names,
+    state_names,
+)
 
 ORDERS = "order_id BIGINT, customer_id BIGINT, amount DOUBLE"
 CUSTOMERS = "customer_id BIGINT, region STRING"
@@ -137,3 +142,49 @@ def test_the_summary_is_json_ready():
     summary = json.loads(json.dumps(d.describe()))
     assert summary["outputs"]["added"] == ["per_customer"]
     assert summary["outputs"]["changed"] == ["big", "totals"]
+
+
+def test_state_names_are_positional_until_a_circuit_changes():
+    c = shop()
+    d = c.describe()
+    names = positional_state_names(d)
+    assert names == {n.id: f"n{n.id}_{n.op}" for n in map(c.node, range(len(d["nodes"])))
+                     if n.op != "input"}
+    assert state_names(diff(d, d), d, names) == names
+
+
+def test_kept_operators_keep_their_names_when_a_view_added_first_shifts_the_ids():
+    old, new = shop(), shop(extra_view=True)
+    d = diff(old.describe(), new.describe())
+    before = positional_state_names(old.describe())
+    names = state_names(d, new.describe(), before)
+    for new_id, old_id in d.kept.items():
+        if new_id in names:
+            assert names[new_id] == before[old_id]
+    fresh = [names[i] for i in d.added]
+    assert ops(new, d.added) == ["aggregate"] and len(fresh) == 1
+    assert fresh[0] not in before.values()  # n<id>_aggregate of an id the old circuit used
+    assert len(set(names.values())) == len(names)
+
+
+def test_a_new_operator_never_takes_a_retired_operators_name():
+    """Dropping ``totals`` retires its aggregate; a changed view's new aggregate declared at the
+    same position would be ``n<id>_aggregate`` too: it gets ``_u1``, since the retired tables
+    still hold the old circuit's state until the upgrade commits."""
+    def circuit(agg: str) -> Circuit:
+        c = Circuit("one")
+        x = c.input("x", "k BIGINT, v DOUBLE")
+        c.output("g", x.group_by("k").agg(s=agg))
+        return c
+
+    old, new = circuit("sum(v)"), circuit("max(v)")
+    d = diff(old.describe(), new.describe())
+    before = positional_state_names(old.describe())
+    assert d.retired == d.added == [1] and before == {1: "n1_aggregate"}
+    assert state_names(d, new.describe(), before) == {1: "n1_aggregate_u1"}
+    # changing it back: the first circuit's tables exist still (a retained checkpoint refers
+    # to them), so the new aggregate keeps clear of them too
+    again = diff(new.describe(), old.describe())
+    assert state_names(again, old.describe(), {1: "n1_aggregate_u1"},
+                       in_use=["n1_aggregate"]) == {1: "n1_aggregate_u2"}
+    assert state_names(again, old.describe(), {1: "n1_aggregate_u1"}) == {1: "n1_aggregate"}
