@@ -115,15 +115,22 @@ def diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> CircuitDiff:
         outputs_removed=[n for n in old_out if n not in new_out])
 
 
-#: nodes that hold no state of their own, so have no state name
-STATELESS_OPS = frozenset({"input", "constant"})
+#: nodes ``plan.make_operator`` gives no name: an input is no operator, a constant keeps its
+#: rows in the circuit
+UNNAMED_OPS = frozenset({"input", "constant"})
+
+
+def positional_state_name(node_id: int, op: str) -> str:
+    """The name of node ``node_id``'s state tables (their prefix) as ``plan.make_operator``
+    gives it when no upgrade named it otherwise: ``n<id>_<op>``."""
+    return f"n{node_id}_{op}"
 
 
 def positional_state_names(description: Mapping[str, Any]) -> dict[int, str]:
-    """The state name of every node as a root without a recorded name map has it: ``n<id>_<op>``
-    (``plan.make_operator``; the prefix of every state table of the node), by node id."""
-    return {n["id"]: f"n{n['id']}_{n['op']}" for n in description["nodes"]
-            if n["op"] not in STATELESS_OPS}
+    """``positional_state_name`` of every named node of ``description``, by node id: the names
+    of a root that recorded no name map."""
+    return {n["id"]: positional_state_name(n["id"], n["op"]) for n in description["nodes"]
+            if n["op"] not in UNNAMED_OPS}
 
 
 def state_names(change: CircuitDiff, new: Mapping[str, Any], old_names: Mapping[int, str],
@@ -142,20 +149,16 @@ def state_names(change: CircuitDiff, new: Mapping[str, Any], old_names: Mapping[
     a suffix such as ``_left``, ``_groups`` or ``_values0``, none of which begins with
     ``_u<digit>``, so two names never share a table). Deterministic: a function of its
     arguments alone."""
-    taken = {*old_names.values(), *in_use}
-    names: dict[int, str] = {}
-    for node in sorted(new["nodes"], key=lambda n: n["id"]):
+    taken = {*old_names.values(), *in_use}  # kept nodes' names are among them
+    nodes = sorted((n for n in new["nodes"] if n["op"] not in UNNAMED_OPS),
+                   key=lambda n: n["id"])
+    names = {n["id"]: old_names[change.kept[n["id"]]] for n in nodes
+             if change.kept.get(n["id"]) in old_names}
+    for node in nodes:
         node_id = node["id"]
-        if node["op"] in STATELESS_OPS:
+        if node_id in names:
             continue
-        if node_id in change.kept and change.kept[node_id] in old_names:
-            names[node_id] = old_names[change.kept[node_id]]
-    taken |= set(names.values())
-    for node in sorted(new["nodes"], key=lambda n: n["id"]):
-        node_id = node["id"]
-        if node["op"] in STATELESS_OPS or node_id in names:
-            continue
-        base = name = f"n{node_id}_{node['op']}"
+        base = name = positional_state_name(node_id, node["op"])
         k = 0
         while name in taken:
             k += 1

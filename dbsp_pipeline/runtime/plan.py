@@ -46,6 +46,7 @@ from dbsp_pipeline.operators.integration import Delay, Differentiate, Integrate
 from dbsp_pipeline.operators.join import Join
 from dbsp_pipeline.operators.linear import Conform, Filter, Negate, Repeat, Select, Union
 from dbsp_pipeline.operators.top_k import OrderKey, TopK, ranked_schema
+from dbsp_pipeline.runtime.circuit_diff import positional_state_name
 from dbsp_pipeline.runtime.owner_exec import owner_stage
 from dbsp_pipeline.spark_session import LazySession
 from dbsp_pipeline.storage.small_files import read_text, write_atomically
@@ -329,7 +330,7 @@ def make_operator(node: Node, schemas: Mapping[int, StructType],
     if node.op == "constant":
         return Constant(schema, node.params["rows"])
     src = schemas[node.inputs[0]]
-    name = f"n{node.id}_{node.op}"
+    name = positional_state_name(node.id, node.op)
     p = node.params
     if node.op == "select":
         return Select(p["exprs"], src, schema)
