@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: setup lint demo demo-engine ui test bench bench-recovery bench-console bench-kafka bench-rescale bench-open bench-lookup bench-commit bench-tpch clean
+.PHONY: setup lint demo demo-engine ui test bench bench-recovery bench-console bench-kafka bench-rescale bench-open bench-lookup bench-commit bench-tpch bench-upgrade clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml infra/setup.sh
@@ -50,6 +50,9 @@ bench-commit: setup   ## what one delta-rs commit and the log read after it cost
 
 bench-lookup: setup   ## step cost per access pattern (moves, order changes, max deletes, two big inputs) at 1M/4M/16M orders vs DuckDB and Spark recompute; writes docs/bench/lookup.png
 	$(PY) benchmarks/lookup_bench.py $(BENCH_ARGS)
+
+bench-upgrade: setup  ## change one view of five in a loaded pipeline (4M orders): upgrade vs rebuilding it vs DuckDB
+	$(PY) benchmarks/upgrade_bench.py $(BENCH_ARGS)
 
 bench-tpch: setup     ## TPC-H at scale factor 1: per query, RF1+RF2 refresh seconds vs DuckDB and Spark recomputing it
 	$(PY) benchmarks/tpch_bench.py $(BENCH_ARGS)

@@ -29,6 +29,7 @@ from dbsp_pipeline.runtime.readers import Reader
 from dbsp_pipeline.runtime.recompute import STREAM_OPS, ViewCheck, check_views
 from dbsp_pipeline.runtime.results import (
     Checkpoint,
+    CircuitChange,
     FailedStep,
     QuarantineResult,
     RescaleResult,
@@ -42,7 +43,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Circuit", "Collection", "GroupedCollection", "Pipeline", "StepInfo", "StepResult",
-    "FailedStep", "QuarantineResult", "RescaleResult", "Checkpoint", "Reader", "StepFailedError",
+    "FailedStep", "QuarantineResult", "RescaleResult", "Checkpoint", "CircuitChange", "Reader",
+    "StepFailedError",
     "DbspError", "UsageError", "CircuitError", "InputError", "UnknownNameError",
     "PipelineClosedError", "PipelineFencedError", "CircuitChangedError", "StateFormatError",
     "StorageError", "ConcurrentWriterError", "NonDeterminismError", "CorruptStateError",

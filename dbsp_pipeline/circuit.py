@@ -108,6 +108,25 @@ class Circuit:
             text = f.read()
         return cls.from_sql(text, name or os.path.splitext(os.path.basename(path))[0])
 
+    @classmethod
+    def from_description(cls, description: dict[str, Any]) -> Circuit:
+        """The circuit ``describe()`` returned (a root records its circuit's description, so an
+        upgrade can open the root with the circuit it ran before): the same nodes, inputs and
+        outputs, so the same ``fingerprint()``. Its SQL texts are not part of a description."""
+        circuit = cls(description["name"])
+        for n in description["nodes"]:
+            node = Node(int(n["id"]), n["op"], tuple(int(i) for i in n["inputs"]),
+                        dict(n["params"]))
+            if node.id != len(circuit.nodes):
+                raise CircuitError(f"circuit description '{circuit.name}': node {node.id} "
+                                   f"is not declared in order")
+            circuit.nodes.append(node)
+        circuit.inputs = {k: int(v) for k, v in description["inputs"].items()}
+        circuit.input_schemas = {k: circuit.nodes[v].params["schema"]
+                                 for k, v in circuit.inputs.items()}
+        circuit.outputs = {k: int(v) for k, v in description["outputs"].items()}
+        return circuit
+
     def view(self, name: str, query: str) -> Collection:
         """Compile the Spark SQL ``query`` (one SELECT over this circuit's inputs and SQL views)
         and declare it as output view ``name``; returns its collection."""

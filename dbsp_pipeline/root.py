@@ -7,6 +7,10 @@ Layout of a pipeline root (every name below is spelled only here)::
     _errors/                records left out of the input (bad records, quarantined steps)
     _readers/               the leases of live readers (``runtime/readers.py``)
     _plan_schemas.json      the schemas Spark analysed for the circuit (``runtime/plan.py``)
+    _circuits/<fp>.json     the description of every circuit that ran here, by fingerprint
+                            (what an upgrade compares a new circuit with,
+                            ``runtime/circuit_upgrade.py``)
+    _upgrade_scratch/<id>/  an upgrade's throwaway state (``runtime/circuit_upgrade.py``)
     inputs/<name>/          the durable log of each input (one Delta version per push)
     state/<trace>/          the traces of the stateful operators
     outputs/<name>/         the change log of each output view (``_step`` and ``_weight``)
@@ -63,6 +67,10 @@ ERRORS = "_errors"
 READERS = "_readers"
 #: the file caching the schemas Spark analysed for the circuit
 PLAN_SCHEMAS = "_plan_schemas.json"
+#: the folder of the descriptions of the circuits that ran at a root
+CIRCUITS = "_circuits"
+#: the folder of upgrades' throwaway state
+UPGRADE_SCRATCH = "_upgrade_scratch"
 #: the folder of the input logs (one table per input)
 INPUTS = "inputs"
 #: the folder of the state tables (one table per trace)
@@ -98,6 +106,22 @@ def readers(root: str) -> str:
 def plan_schemas(root: str) -> str:
     """The plan schema cache file of ``root``."""
     return os.path.join(root, PLAN_SCHEMAS)
+
+
+def circuit_description(root: str, fingerprint: str) -> str:
+    """The file holding the description of the circuit whose fingerprint is ``fingerprint``."""
+    return os.path.join(root, CIRCUITS, f"{fingerprint}.json")
+
+
+def upgrade_scratch(root: str, name: str | None = None) -> str:
+    """The folder of upgrades' throwaway state (with ``name``: one upgrade's)."""
+    folder = os.path.join(root, UPGRADE_SCRATCH)
+    return folder if name is None else os.path.join(folder, name)
+
+
+def state_tables(root: str) -> str:
+    """The folder of the state tables of ``root`` (one subfolder per table)."""
+    return os.path.join(root, STATE)
 
 
 def input_log(root: str, name: str) -> str:

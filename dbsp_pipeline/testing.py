@@ -90,6 +90,9 @@ class FaultInjectingTableStore:
     def properties(self) -> dict[str, str]:
         return self.inner.properties()
 
+    def stored_schema(self) -> pa.Schema:
+        return self.inner.stored_schema()
+
     def clean_log_below(self, version: int) -> int:
         names = self.inner.log_files_below(version)
         if not names:

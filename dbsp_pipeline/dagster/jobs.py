@@ -27,8 +27,10 @@ so the instance's run queue never runs two of them on one pipeline at once.
   line, the ids as ``Pipeline.errors()`` lists them; each id's rows enter exactly once, however
   often the job runs. Reports the rows appended per id and the ids re-injected before.
 * ``<name>_upgrade``: run after deploying a new engine (and rolling the Spark workers,
-  ``infra/spark_cluster.sh roll``): opens the pipeline, which migrates an older state format
-  and refuses a changed circuit (``CircuitChangedError``), and reports what it did.
+  ``infra/spark_cluster.sh roll``) or a changed circuit: opens the pipeline, which migrates an
+  older state format and refuses a changed circuit (``CircuitChangedError``) unless
+  ``allow_circuit_change`` (``runtime/circuit_upgrade.py``: the views change without starting
+  over), and reports what it did.
 """
 
 # no ``from __future__ import annotations``: Dagster reads the decorated functions' annotations
@@ -102,6 +104,15 @@ class QuarantineConfig(dg.Config):
 
     step: int
     confirm: bool = False
+
+
+class UpgradeConfig(dg.Config):
+    """``allow_circuit_change``: when the deployed circuit differs from the one the root
+    records, change the pipeline's views to it (``Pipeline(..., upgrade=True)``: kept
+    operators keep their state, new ones are computed from the input logs, and the upgrade
+    step's output takes each changed view to its new contents) instead of failing."""
+
+    allow_circuit_change: bool = False
 
 
 class ReinjectConfig(dg.Config):
@@ -271,13 +282,23 @@ def operation_jobs(ref: PipelineRef) -> dict[str, dg.JobDefinition]:
                 "state_version": r.state_version})
 
     @dg.op(name=ref.job_name("upgrade_op"), required_resource_keys=keys)
-    def upgrade(context: dg.OpExecutionContext) -> None:
+    def upgrade(context: dg.OpExecutionContext, config: UpgradeConfig) -> None:
         store = ref.store(context)
-        with store.open(circuit, context.resources.spark) as p:
+        with store.open(circuit, context.resources.spark,
+                        upgrade=config.allow_circuit_change) as p:
             info = p.upgrade_info
             context.log.info(f"state written by engine {info.from_engine} in format "
                              f"{info.from_format}; migrations {info.migrations}")
+            change = p.circuit_change
+            if change is not None:
+                context.log.info(
+                    f"circuit changed at step {change.step}: views changed "
+                    f"{change.views_changed}, added {change.views_added}, removed "
+                    f"{change.views_removed}; operators backfilled {change.backfilled}, "
+                    f"kept {len(change.kept)}, retired {change.retired}")
             context.add_output_metadata({
+                "circuit_change": change.describe() if change is not None else None,
+                "circuit_change_seconds": round(change.seconds, 3) if change else 0.0,
                 "from_engine": info.from_engine or "", "to_engine": info.to_engine,
                 "from_format": info.from_format, "to_format": info.to_format,
                 "migrations": [f"{a}->{b}" for a, b in info.migrations],
@@ -302,7 +323,7 @@ def operation_jobs(ref: PipelineRef) -> dict[str, dg.JobDefinition]:
         job("reinject", reinject, f"re-inject corrected rejected records of '{ref.name}' "
             "from a file, exactly once"),
         job("upgrade", upgrade, f"open '{ref.name}' with this engine: migrate its state "
-            "format, refuse a changed circuit"),
+            "format; change its views to the deployed circuit if allow_circuit_change"),
         job("verify", verify, f"check the storage of '{ref.name}': every table and retained "
             "checkpoint"),
     ]

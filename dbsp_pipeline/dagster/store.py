@@ -45,14 +45,16 @@ class PipelineStore(dg.ConfigurableResource):  # type: ignore[type-arg]  # its v
     driver_memory: int | None = None
 
     def open(self, circuit: Circuit, spark: SparkResource,
-             checkpoint: int | None = None) -> Pipeline:
+             checkpoint: int | None = None, upgrade: bool = False) -> Pipeline:
         """Open (or create, or recover) the pipeline of ``circuit`` at ``root``; with
-        ``checkpoint``, at that retained checkpoint instead of the newest (a restore)."""
+        ``checkpoint``, at that retained checkpoint instead of the newest (a restore); with
+        ``upgrade``, change a root built by another circuit to this one (``Pipeline``)."""
         return Pipeline(circuit, root=self.root, spark=spark.session(),
                         checkpoint_every=self.checkpoint_every,
                         retain_checkpoints=self.retain_checkpoints,
                         driver_step_rows=self.driver_step_rows,
-                        driver_memory=self.driver_memory, checkpoint=checkpoint)
+                        driver_memory=self.driver_memory, checkpoint=checkpoint,
+                        upgrade=upgrade)
 
     def status(self, circuit: Circuit) -> PipelineStatus:
         """What the pipeline has pending, read without opening it (no Spark, no writes)."""

@@ -26,7 +26,7 @@ from dbsp_pipeline.runtime.division_log import CARRIED_RECORDS_KEY, DivisionLog
 from dbsp_pipeline.runtime.engine_state import EngineState
 from dbsp_pipeline.runtime.layout import LAYOUT_KEY, Layout
 from dbsp_pipeline.runtime.results import Checkpoint, StepResult
-from dbsp_pipeline.storage.state_db import StateDatabase
+from dbsp_pipeline.storage.state_db import CIRCUIT_CHANGE_KEY, StateDatabase
 from dbsp_pipeline.storage.verify import prepare_open
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,8 @@ def retained(state: EngineState) -> list[Checkpoint]:
                        layout=Layout.from_json(e.get("meta", {}).get(LAYOUT_KEY)),
                        fingerprint=e.get("fingerprint"),
                        engine_version=e.get("engine_version"),
-                       state_format=e.get("state_format"))
+                       state_format=e.get("state_format"),
+                       circuit_change=e.get(CIRCUIT_CHANGE_KEY))
             for e in state.db.checkpoints(state.retain_checkpoints,
                                           state.divisions.compacted_below)]
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -133,23 +134,43 @@ def positional_state_names(description: Mapping[str, Any]) -> dict[int, str]:
             if n["op"] not in UNNAMED_OPS}
 
 
+#: the checkpoint metadata key of the state names of a circuit an upgrade installed (absent:
+#: positional names, ``positional_state_names``)
+STATE_NAMES_KEY = "state_names"
+
+
+def names_to_json(names: Mapping[int, str]) -> dict[str, str]:
+    """``names`` as a checkpoint records them (JSON object keys are strings)."""
+    return {str(k): v for k, v in sorted(names.items())}
+
+
+def names_from_json(recorded: Mapping[str, str] | None,
+                    description: Mapping[str, Any]) -> dict[int, str]:
+    """The state names a checkpoint recorded (``names_to_json``) for the circuit
+    ``description``; positional names when it recorded none."""
+    if recorded is None:
+        return positional_state_names(description)
+    return {int(k): str(v) for k, v in recorded.items()}
+
+
 def state_names(change: CircuitDiff, new: Mapping[str, Any], old_names: Mapping[int, str],
                 in_use: Iterable[str] = ()) -> dict[int, str]:
     """The state name of every node of circuit description ``new`` after an upgrade described by
     ``change``, given ``old_names`` (the old circuit's: a recorded map, or
-    ``positional_state_names`` of the old description) and ``in_use``, the names of state
-    that exists besides (a retained checkpoint of an earlier circuit still refers to it).
+    ``positional_state_names`` of the old description) and ``in_use``, the names of the state
+    tables that exist (the root's ``state/`` folder: a retired node's tables, a retained
+    checkpoint of an earlier circuit's, what a crashed upgrade left).
 
     A kept node keeps its old node's name, so it reads the same tables, untouched. Any other
     node gets ``n<id>_<op>``, or ``n<id>_<op>_u<k>`` with the smallest ``k`` that makes it
-    differ from every old name and every name in use (a retired node's tables still hold the
-    old circuit's state: a crash before the upgrade commits, or a restore of an older
-    checkpoint, reopens an older circuit on them) and from every other new name. So a new node
-    always starts from tables of its own (a state table is named its node's name, or that and
-    a suffix such as ``_left``, ``_groups`` or ``_values0``, none of which begins with
-    ``_u<digit>``, so two names never share a table). Deterministic: a function of its
-    arguments alone."""
-    taken = {*old_names.values(), *in_use}  # kept nodes' names are among them
+    clash with no old name, no table in use and no other new name (``TABLE_SUFFIX``: a name
+    clashes with a table it would own). So a new node always starts from tables of its own.
+    A retired node's tables
+    still hold the old circuit's state (a crash before the upgrade commits, or a restore of an
+    older checkpoint, reopens an older circuit on them); a table no checkpoint refers to any
+    more may have lost the early commits of its Delta log, and so cannot start empty again.
+    Deterministic: a function of its arguments alone."""
+    taken = {*old_names.values(), *in_use}  # names and tables; kept nodes' are among them
     nodes = sorted((n for n in new["nodes"] if n["op"] not in UNNAMED_OPS),
                    key=lambda n: n["id"])
     names = {n["id"]: old_names[change.kept[n["id"]]] for n in nodes
@@ -160,12 +181,28 @@ def state_names(change: CircuitDiff, new: Mapping[str, Any], old_names: Mapping[
             continue
         base = name = positional_state_name(node_id, node["op"])
         k = 0
-        while name in taken:
+        while _clashes(name, taken):
             k += 1
             name = f"{base}_u{k}"
         names[node_id] = name
         taken.add(name)
     return names
+
+
+#: what follows a node's state name in the names of its tables (``operators/``: a join's
+#: ``_left`` and ``_right``, an aggregate's ``_groups``, ``_groups_exact`` and ``_values<i>``;
+#: a distinct, top-k or stream operator's one table is its name); never ``_u<k>``
+TABLE_SUFFIX = r"(_left|_right|_groups|_groups_exact|_values[0-9]+)?"
+
+
+def table_belongs(name: str, table: str) -> bool:
+    """Whether state table ``table`` is one of the tables of the node named ``name``."""
+    return re.fullmatch(re.escape(name) + TABLE_SUFFIX, table) is not None
+
+
+def _clashes(name: str, taken: set[str]) -> bool:
+    """Whether state name ``name`` is a name in ``taken`` or owns a table in it."""
+    return any(table_belongs(name, t) for t in taken)
 
 
 def _input_schemas(description: Mapping[str, Any]) -> dict[str, str]:

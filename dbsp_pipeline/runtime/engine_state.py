@@ -22,6 +22,7 @@ from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.circuit import Circuit
 from dbsp_pipeline.driver.sql import LocalSQL
 from dbsp_pipeline.errors import UnknownNameError, UsageError
+from dbsp_pipeline.runtime.circuit_diff import STATE_NAMES_KEY, names_from_json
 from dbsp_pipeline.runtime.compactor import BackgroundCompactor
 from dbsp_pipeline.runtime.division_log import DivisionLog
 from dbsp_pipeline.runtime.input_log import InputLog
@@ -50,8 +51,11 @@ def read_layout(db: StateDatabase) -> Layout:
 
 
 def compile_plan(circuit: Circuit, spark: SparkSession, db: StateDatabase) -> Plan:
-    """The executable plan of ``circuit`` over the traces of the opened state version."""
-    return Plan(circuit, spark, db, schema_cache=root_layout.plan_schemas(db.root))
+    """The executable plan of ``circuit`` over the traces of the opened state version, each
+    operator's tables named as the version records (``circuit_diff.STATE_NAMES_KEY``)."""
+    names = names_from_json(db.get(STATE_NAMES_KEY), circuit.describe())
+    return Plan(circuit, spark, db, schema_cache=root_layout.plan_schemas(db.root),
+                state_names=names)
 
 
 @dataclass

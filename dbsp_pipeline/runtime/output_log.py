@@ -55,6 +55,9 @@ STEP_KEY, ROWS_KEY, DIGEST_KEY = "dbsp.step", "dbsp.rows", "dbsp.digest.all"
 #: commit metadata of a fold of several steps: the first of them (``STEP_KEY``: the newest)
 FIRST_STEP_KEY = "dbsp.first_step"
 LEGACY_DIGEST_KEY = "dbsp.digest"
+#: the table property of a log whose view an upgrade removed: the step from which the view is
+#: no longer computed (the log stays readable; ``runtime/circuit_upgrade.py``)
+RETIRED_PROPERTY = "dbsp.retiredAtStep"
 
 
 def content_digest(rows: pa.Table | None, schema: StructType, *, floats: bool = True) -> str:
@@ -115,10 +118,34 @@ class OutputLog:
         #: ``folded_last`` as of this object's last look at the table or its own last fold;
         #: None: read it from the table next time
         self._folded: int | None = None
+        #: the step an upgrade added the view at (``start_at``); 0: it was always there
+        self._first = 0
 
     def last(self) -> int:
         """The next step this log expects (every step before it is written)."""
-        return max(self.folded_last(), max(self._pending, default=-1) + 1)
+        return max(self.folded_last(), max(self._pending, default=-1) + 1, self._first)
+
+    def start_at(self, step: int) -> None:
+        """The view is added at ``step`` (by an upgrade): the log's next write is ``step``'s,
+        and no earlier step has a change (nothing is written for them). Held by this object
+        until that write's record is durable, which then says where the log goes on."""
+        self._first = max(self._first, step)
+
+    def stored_columns(self) -> pa.Schema:
+        """The columns the log's table holds (payload, ``_step``, ``_weight``), as its Delta
+        metadata records them: those of the view that wrote it, which an upgrade compares with
+        the view's new columns."""
+        return self.table.store.stored_schema()
+
+    def retired_at(self) -> int | None:
+        """The step from which an upgrade stopped computing this view (None: it is computed)."""
+        value = self.table.store.properties().get(RETIRED_PROPERTY, "")
+        return int(value) if value.isdigit() else None
+
+    def mark_retired(self, step: int | None) -> bool:
+        """Record in the log's table properties that the view is no longer computed from
+        ``step`` on (None: it is computed again); returns whether it committed (once)."""
+        return self.table.set_properties({RETIRED_PROPERTY: "" if step is None else str(step)})
 
     def folded_last(self) -> int:
         """The next step the Delta table itself expects (the steps before it are folded).

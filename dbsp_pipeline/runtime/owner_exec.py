@@ -91,6 +91,8 @@ class OwnerTaskSpec:
     schemas: Mapping[int, StructType]
     tables: Mapping[str, TaskTableSpec]
     task_memory: str | None = None
+    #: the name of the node's tables (``Plan.state_names``; None: positional)
+    state_name: str | None = None
     #: tests only: ``"<node>:<owner>:<attempt>"`` (``*`` matches any) makes the matching task
     #: fail after writing its files (``FAIL_OWNER_TASK``)
     fault: str | None = None
@@ -118,12 +120,14 @@ def task_sql(spec: OwnerTaskSpec) -> LocalSQL:
     return _SQL[1]
 
 
-def task_operator(node: Node, schemas: Mapping[int, StructType], db: TaskStateDb) -> Operator:
-    """The operator of ``node`` over one owner's state ``db``; its traces read a data file
-    whose keyed run is missing instead of building the run (a task never builds one)."""
+def task_operator(node: Node, schemas: Mapping[int, StructType], db: TaskStateDb,
+                  state_name: str | None = None) -> Operator:
+    """The operator of ``node`` (its tables named ``state_name``) over one owner's state ``db``;
+    its traces read a data file whose keyed run is missing instead of building the run (a task
+    never builds one)."""
     from dbsp_pipeline.runtime.plan import make_operator
 
-    op = make_operator(node, schemas, db)
+    op = make_operator(node, schemas, db, state_name)
     for trace in op.state_traces():
         trace.runs.build_on_miss = False
     return op
@@ -147,7 +151,7 @@ def run_owner_task(spec: OwnerTaskSpec, key: tuple[pa.Scalar, ...],
             names=[*names, WEIGHT])
         changes.append(conform(renamed, schema))
     db = TaskStateDb(spec.root, spec.tables, owner, spec.layout)
-    op = task_operator(spec.node, spec.schemas, db)
+    op = task_operator(spec.node, spec.schemas, db, spec.state_name)
     ctx = StepContext(None, spec.step, sql=task_sql(spec), layout=spec.layout, owner=owner)
     out = op.step_local(ctx, changes)
     from pyspark import TaskContext
@@ -225,7 +229,8 @@ def owner_stage(ctx: StepContext, plan: Plan, node: Node, inputs: Sequence[Delta
         tables={t.name: TaskTableSpec(t.name, t.table.uri, t.table.arrow_schema, tuple(t.key),
                                       owner_files(t.files(), layout))
                 for t in op.state_traces()},
-        task_memory=task_memory(spark), fault=os.environ.get(FAIL_OWNER_TASK) or None)
+        task_memory=task_memory(spark), state_name=plan.state_names.get(node.id),
+        fault=os.environ.get(FAIL_OWNER_TASK) or None)
     grouped = []
     for d, input_id, side_keys in zip(inputs, node.inputs, keys):
         schema = plan.schemas[input_id]

@@ -30,6 +30,7 @@ from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.circuit import Circuit
 from dbsp_pipeline.driver.sql import LocalSQL
 from dbsp_pipeline.errors import (
+    CircuitChangedError,
     ConcurrentWriterError,
     PipelineClosedError,
     PipelineFencedError,
@@ -37,13 +38,14 @@ from dbsp_pipeline.errors import (
 )
 from dbsp_pipeline.runtime import (
     checkpoints,
+    circuit_upgrade,
     dead_letters,
     inputs,
     rescaling,
     step_protocol,
-    upgrade,
     upkeep,
 )
+from dbsp_pipeline.runtime import upgrade as engine_upgrade
 from dbsp_pipeline.runtime.compactor import BackgroundCompactor
 from dbsp_pipeline.runtime.division_log import CARRIED_RECORDS_KEY, DivisionLog
 from dbsp_pipeline.runtime.engine_state import EngineState, compile_plan, read_layout
@@ -58,6 +60,7 @@ from dbsp_pipeline.runtime.readers import (
 )
 from dbsp_pipeline.runtime.results import (
     Checkpoint,
+    CircuitChange,
     FailedStep,
     QuarantineResult,
     RescaleResult,
@@ -75,8 +78,8 @@ from dbsp_pipeline.storage.verify import VerifyReport, prepare_open, verify_root
 #: fits (``runtime/path_choice.py``).
 DRIVER_STEP_ROWS: int | None = None
 
-__all__ = ["DRIVER_STEP_ROWS", "Checkpoint", "FailedStep", "Pipeline", "QuarantineResult",
-           "RescaleResult", "StepInfo", "StepResult"]
+__all__ = ["DRIVER_STEP_ROWS", "Checkpoint", "CircuitChange", "FailedStep", "Pipeline",
+           "QuarantineResult", "RescaleResult", "StepInfo", "StepResult"]
 
 T = TypeVar("T")
 
@@ -140,7 +143,7 @@ class Pipeline:
 
     Args:
         circuit: the declared circuit. Reopening a root built by a different circuit fails with
-            ``CircuitChangedError``.
+            ``CircuitChangedError``, unless ``upgrade``.
         root: a local folder (created if missing), or an object-store location
             (``s3://bucket/prefix``; see README, 'Where a root can live').
         spark: the session to use; ``None`` (or a ``LazySession``) means the process's local
@@ -165,6 +168,12 @@ class Pipeline:
             close). At least 2: the two-version database (``docs/recovery.md``, section 5).
         checkpoint: open this retained checkpoint instead of the newest, as ``restore`` does
             (the way back when the newest state is damaged).
+        upgrade: when the root was built by another circuit, change its views to
+            ``circuit``'s instead of refusing it (``runtime/circuit_upgrade.py``): operators
+            that did not change keep their state, new ones are computed from the input logs,
+            and the upgrade step's output takes every changed view from its old contents to
+            its new ones; ``circuit_change`` then says what happened. Does nothing when the
+            circuit did not change.
 
     Opening checks what it reads first (``storage/verify.py``): damaged storage is
     ``CorruptStateError``, naming the table, version and file, and an intact older checkpoint
@@ -195,7 +204,8 @@ class Pipeline:
                  compact_threshold: int = COMPACT_FILE_THRESHOLD,
                  retain_steps: int | None = None,
                  retain_checkpoints: int = 2,
-                 checkpoint: int | None = None) -> None:
+                 checkpoint: int | None = None,
+                 upgrade: bool = False) -> None:
         if not circuit.outputs:
             raise UsageError(f"circuit '{circuit.name}' declares no output")
         if checkpoint_every < 1:
@@ -212,12 +222,27 @@ class Pipeline:
         self.spark: SparkSession | LazySession = (
             spark if isinstance(spark, LazySession) else
             LazySession() if spark is None else configure(spark))
+        if upgrade and checkpoint is not None:
+            raise UsageError("an upgrade opens the newest checkpoint: checkpoint and upgrade "
+                             "cannot be given together")
         sql = LocalSQL()
         session = as_session(self.spark)
         if checkpoint is not None:  # opening it discards the newer entries, and what they carry
             with _fenced_at_open(circuit, root):
                 checkpoints.fold_carried_records(session, root)
         prepare_open(root, checkpoint, retain_checkpoints)  # damage: CorruptStateError
+        circuit_upgrade.record_description(root, circuit)
+        old_circuit = circuit_upgrade.circuit_to_upgrade(session, root, circuit) \
+            if upgrade else None
+        old_columns = {}
+        if old_circuit is not None:  # 1. settle the old circuit: every step committed
+            with Pipeline(old_circuit, root, self.spark, driver_step_rows=driver_step_rows,
+                          driver_memory=driver_memory, retain_checkpoints=retain_checkpoints,
+                          compact_threshold=compact_threshold) as before:
+                with before._exclusive():
+                    circuit_upgrade.settle(before.engine)
+                old_columns = {v: before.view_schema(v) for v in old_circuit.outputs}
+        planned = None
         for attempt in range(_OPEN_ATTEMPTS):
             db = StateDatabase(session, root, circuit.fingerprint())
             # read before opening: no checkpoint below its compacted_below can be opened
@@ -225,15 +250,16 @@ class Pipeline:
             with _fenced_at_open(circuit, root):  # opening rolls back and may commit: a race
                 divisions.load_pending(db.newest_meta(CARRIED_RECORDS_KEY))
                 db.open(checkpoint, retained=retain_checkpoints,
-                        from_step=divisions.compacted_below)
+                        from_step=divisions.compacted_below, circuit_change=upgrade)
                 #: what opening did about engine and state-format versions
                 #: (``runtime/upgrade.py``)
-                self.upgrade_info = upgrade.migrate(db)
+                self.upgrade_info = engine_upgrade.migrate(db)
                 if self.upgrade_info.migrations:
                     db.commit()  # the migrated state, as a checkpoint in the current format
                 # an older engine's manifest gets the engine's Delta properties before the
                 # fence, so the fence's entry follows it (``runtime/upgrade.py``)
-                manifest_upgraded = db.set_manifest_properties(upgrade.ENGINE_TABLE_PROPERTIES)
+                manifest_upgraded = db.set_manifest_properties(
+                    engine_upgrade.ENGINE_TABLE_PROPERTIES)
                 # This process owns the root from here: a commit to either table a step
                 # records in, by a process that opened the root before, fails (it is fenced).
                 # Both tables were read before either fence, and each fence commits at the
@@ -251,6 +277,15 @@ class Pipeline:
                         continue
                     raise
                 layout = read_layout(db)
+                if db.recorded_fingerprint not in (None, circuit.fingerprint()):
+                    if old_circuit is None or db.recorded_fingerprint != \
+                            old_circuit.fingerprint():
+                        raise CircuitChangedError(
+                            f"the circuit of the pipeline at {root} changed while it was "
+                            "being upgraded (another process upgraded it): open it again")
+                    # 2. compare; the plan is compiled with the new state names
+                    planned = circuit_upgrade.plan_change(db, circuit, old_circuit, old_columns)
+                    circuit_upgrade.install_names(db, planned)
                 plan = compile_plan(circuit, session, db)
             break
         self._engine = EngineState(
@@ -268,8 +303,8 @@ class Pipeline:
             retain_checkpoints=retain_checkpoints)
         # tables an older engine created get the engine's Delta properties (once)
         with _fenced_at_open(circuit, root):
-            manifest = [upgrade.manifest_path(root)] if manifest_upgraded else []
-            self.upgrade_info.table_properties = manifest + upgrade.set_table_properties(
+            manifest = [engine_upgrade.manifest_path(root)] if manifest_upgraded else []
+            self.upgrade_info.table_properties = manifest + engine_upgrade.set_table_properties(
                 self._engine)
         self._lock = threading.RLock()  # one push, step or commit at a time
         self._control = threading.Condition()  # run() and pause/stop/resume
@@ -280,6 +315,12 @@ class Pipeline:
             step_protocol.load_pending(self._engine)
             #: the steps executed again at open: divided before a crash, not yet committed
             self.recovered_steps: list[StepResult] = step_protocol.recover(self._engine)
+            #: what ``upgrade`` changed (None: the root's circuit was this one)
+            self.circuit_change: CircuitChange | None = None
+            if planned is not None:  # 3. the upgrade step, and its commit
+                self.circuit_change = circuit_upgrade.execute(self._engine, planned)
+            else:
+                circuit_upgrade.mark_views(self._engine)
 
     # -- state -----------------------------------------------------------------------------
     @property

@@ -46,7 +46,7 @@ from dbsp_pipeline.operators.integration import Delay, Differentiate, Integrate
 from dbsp_pipeline.operators.join import Join
 from dbsp_pipeline.operators.linear import Conform, Filter, Negate, Repeat, Select, Union
 from dbsp_pipeline.operators.top_k import OrderKey, TopK, ranked_schema
-from dbsp_pipeline.runtime.circuit_diff import positional_state_name
+from dbsp_pipeline.runtime.circuit_diff import positional_state_name, positional_state_names
 from dbsp_pipeline.runtime.owner_exec import owner_stage
 from dbsp_pipeline.spark_session import LazySession
 from dbsp_pipeline.storage.small_files import read_text, write_atomically
@@ -62,11 +62,16 @@ class Plan:
     """A circuit compiled against Spark, with its operators bound to the state database."""
 
     def __init__(self, circuit: Circuit, spark: SparkSession, db: StateDatabase,
-                 schema_cache: str | None = None) -> None:
+                 schema_cache: str | None = None,
+                 state_names: Mapping[int, str] | None = None) -> None:
         self.circuit = circuit
         self.spark = spark
         #: the root of the state the operators are bound to
         self.root = db.root
+        #: the name of each stateful node's tables (their prefix): positional
+        #: (``circuit_diff.positional_state_names``) until an upgrade named them otherwise
+        self.state_names: dict[int, str] = dict(
+            positional_state_names(circuit.describe()) if state_names is None else state_names)
         self.schemas: dict[int, StructType] = {}
         self.operators: dict[int, Operator] = {}
         cached = _load_schemas(schema_cache, circuit)
@@ -80,7 +85,8 @@ class Plan:
             _store_schemas(schema_cache, circuit, self.schemas)
         for node in circuit.nodes:
             if node.op != "input":
-                self.operators[node.id] = make_operator(node, self.schemas, db)
+                self.operators[node.id] = make_operator(node, self.schemas, db,
+                                                        self.state_names.get(node.id))
         #: the operator that has no driver implementation, described (None: every operator
         #: has one, so steps can run on the driver); decided once, from the compiled plan
         self.spark_only = self._spark_only()
@@ -319,10 +325,11 @@ class Plan:
 
 
 def make_operator(node: Node, schemas: Mapping[int, StructType],
-                  db: StateDatabase | TaskStateDb) -> Operator:
+                  db: StateDatabase | TaskStateDb, state_name: str | None = None) -> Operator:
     """The operator of ``node`` (not an input), its traces bound to ``db``: the driver's state
     database (``Plan``), or one owner's view of it in a Spark task (``runtime/owner_exec.py``).
-    ``schemas`` are the analysed schemas of the circuit's nodes."""
+    ``schemas`` are the analysed schemas of the circuit's nodes; ``state_name`` names the
+    operator's tables (``Plan.state_names``; default: positional)."""
     # Operators reach state only through ``Trace``, which uses ``db.table``, ``db.spark`` and
     # ``db.root``; a ``TaskStateDb`` offers those three (``storage/task_table.py``).
     state = cast(StateDatabase, db)
@@ -330,7 +337,7 @@ def make_operator(node: Node, schemas: Mapping[int, StructType],
     if node.op == "constant":
         return Constant(schema, node.params["rows"])
     src = schemas[node.inputs[0]]
-    name = positional_state_name(node.id, node.op)
+    name = state_name or positional_state_name(node.id, node.op)
     p = node.params
     if node.op == "select":
         return Select(p["exprs"], src, schema)

@@ -5,6 +5,7 @@ keeps nothing open and nothing of the pipeline changes when one is dropped."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from dbsp_pipeline.runtime.layout import Layout
 
@@ -102,3 +103,45 @@ class Checkpoint:
     fingerprint: str | None
     engine_version: str | None
     state_format: int | None
+    #: the circuit change this checkpoint committed (an upgrade: ``CircuitChange.describe``),
+    #: None for any other checkpoint
+    circuit_change: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class CircuitChange:
+    """What an upgrade to a changed circuit did (``runtime/circuit_upgrade.py``), as the
+    checkpoint it committed records it (``Checkpoint.circuit_change``)."""
+
+    #: the fingerprints of the circuit before and after
+    old_fingerprint: str
+    new_fingerprint: str
+    #: the upgrade step: the first step of the new circuit, whose output is each view's
+    #: difference between its old and new contents
+    step: int
+    #: the state version the upgrade committed
+    state_version: int
+    #: the new circuit's stateful operators that kept their state untouched (by state name),
+    #: those backfilled from the inputs, and the old circuit's whose state was retired
+    kept: list[str]
+    backfilled: list[str]
+    retired: list[str]
+    #: views by what happened to them
+    views_unchanged: list[str]
+    views_changed: list[str]
+    views_added: list[str]
+    views_removed: list[str]
+    #: rows of each view's change at the upgrade step (0 for an unchanged view)
+    outputs: dict[str, int]
+    #: whether the backfill ran on the driver, and the figures of why
+    on_driver: bool
+    path_reason: str
+    seconds: float
+
+    def describe(self) -> dict[str, Any]:
+        """The change as the checkpoint's entry records it (JSON)."""
+        return {"from": self.old_fingerprint, "to": self.new_fingerprint, "step": self.step,
+                "kept": self.kept, "backfilled": self.backfilled, "retired": self.retired,
+                "views": {"unchanged": self.views_unchanged, "changed": self.views_changed,
+                          "added": self.views_added, "removed": self.views_removed},
+                "outputs": self.outputs}

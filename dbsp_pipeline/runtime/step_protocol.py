@@ -62,6 +62,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 
@@ -218,12 +219,14 @@ def _compute(state: EngineState, s: int, lowers: dict[str, int], uppers: dict[st
         ctx.release()
 
 
-def commit(state: EngineState, compact: bool = True) -> int:
+def commit(state: EngineState, compact: bool = True,
+           circuit_change: dict[str, Any] | None = None) -> int:
     """Commit the state database (a checkpoint; durable when this returns), its entry carrying
     the step records staged since the last fold, and return the new state version; then, with
-    ``compact``, the upkeep after a commit (``upkeep.after_commit``)."""
+    ``compact``, the upkeep after a commit (``upkeep.after_commit``). ``circuit_change``: the
+    commit is an upgrade's (``circuit_upgrade.py``), which its entry records."""
     state.db.put(CARRIED_RECORDS_KEY, state.divisions.pending_records())
-    version = state.db.commit()
+    version = state.db.commit(circuit_change=circuit_change)
     state.uncommitted_steps = 0
     state.commits += 1
     if compact:

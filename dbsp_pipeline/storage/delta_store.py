@@ -277,7 +277,9 @@ class DeltaTableStore:
         if expected_version is not None:
             self._base_on(expected_version)
         try:
-            self._table.alter.set_table_properties(dict(properties), commit_properties=props)
+            # the engine's own properties (``dbsp.*``) are not Delta's: not refused as unknown
+            self._table.alter.set_table_properties(dict(properties), raise_if_not_exists=False,
+                                                   commit_properties=props)
         except CommitFailedError as e:
             if expected_version is not None:
                 raise ConcurrentWriterError(
@@ -294,6 +296,9 @@ class DeltaTableStore:
 
     def properties(self) -> dict[str, str]:
         return dict(self._table.metadata().configuration)
+
+    def stored_schema(self) -> pa.Schema:
+        return pa.schema(self._table.schema().to_arrow())
 
     def table_id(self) -> str:
         return str(self._table.metadata().id)

@@ -109,6 +109,14 @@ def make_folder(folder: str) -> None:
         os.makedirs(folder, exist_ok=True)
 
 
+def count_files(folder: str) -> int:
+    """How many files there are below ``folder``, at any depth (0 if there is no such
+    folder)."""
+    fs, path = filesystem(folder)
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    return sum(1 for i in infos if i.type == pafs.FileType.File)
+
+
 def list_folders(folder: str) -> list[str]:
     """The names of the subfolders of ``folder``, sorted (none if there is no such folder). On
     S3 a subfolder is a key prefix that holds at least one object."""

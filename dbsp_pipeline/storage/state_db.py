@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -50,6 +50,7 @@ from dbsp_pipeline.errors import CircuitChangedError, UsageError
 from dbsp_pipeline.storage import garbage
 from dbsp_pipeline.storage.delta_store import PROPERTIES_OPERATION
 from dbsp_pipeline.storage.delta_table import SparkDeltaTable
+from dbsp_pipeline.storage.small_files import count_files, list_folders, remove_folder
 from dbsp_pipeline.storage.staged_table import STAGED_KEY, StagedTable
 from dbsp_pipeline.storage.table_store import root_uri
 
@@ -61,6 +62,8 @@ STATE_FORMAT = 5  # see runtime/upgrade.py for what each format adds
 #: actions for ever, still folds, so its old files become garbage)
 FOLD_ACTIONS = 8
 ENGINE_VERSION = "0.1.0"
+#: the key of an upgrade's entry recording the circuit change (``runtime/circuit_upgrade.py``)
+CIRCUIT_CHANGE_KEY = "circuit_change"
 _MANIFEST_SCHEMA = StructType([
     StructField("version", LongType(), False),
     StructField("entry", StringType(), False),
@@ -83,6 +86,8 @@ class StateDatabase:
         self._meta: dict[str, Any] = {}
         self._step = 0
         self._state_id: str | None = None
+        #: tables the next commit no longer records (``retire_tables``)
+        self._retired: set[str] = set()
 
     # -- the two-version interface -------------------------------------------------------
     def versions(self, retained: int = 2, from_step: int = 0) -> range:
@@ -92,11 +97,14 @@ class StateDatabase:
         entries = self.retained_entries(max(1, retained), from_step)
         return range(entries[-1][1]["version"], entries[0][1]["version"] + 1)
 
-    def open(self, version: int | None = None, retained: int = 2, from_step: int = 0) -> int:
+    def open(self, version: int | None = None, retained: int = 2, from_step: int = 0, *,
+             circuit_change: bool = False) -> int:
         """Open ``version`` (default: the newest; any of the newest ``retained`` whose step is
         not below ``from_step``) as the base; returns it. Opening an older version discards the
         newer ones: their trace versions are rolled back and the next commit is
-        ``version + 1``. A version below ``from_step`` is ``UsageError``, saying so."""
+        ``version + 1``. A version below ``from_step`` is ``UsageError``, saying so. A version
+        another circuit recorded is ``CircuitChangedError``, unless ``circuit_change`` (an
+        upgrade, ``runtime/circuit_upgrade.py``: ``recorded_fingerprint`` then says which)."""
         entries = self.retained_entries(max(1, retained), from_step)
         latest = entries[0][1]
         if version is None:
@@ -106,12 +114,13 @@ class StateDatabase:
             raise UsageError(self._not_retained(version, retained, from_step, sorted(by_version)))
         entry = by_version[version]
         recorded_fp = entry.get("fingerprint")
-        if recorded_fp and recorded_fp != self.fingerprint:
+        if recorded_fp and recorded_fp != self.fingerprint and not circuit_change:
             raise CircuitChangedError(
-                f"the pipeline at {self.root} was built by a different circuit "
-                f"(fingerprint {recorded_fp[:12]}, this circuit {self.fingerprint[:12]}); "
-                "changing the computation of an existing pipeline is not supported: "
-                "use a new root")
+                f"state version {version} of the pipeline at {self.root} was recorded by a "
+                f"different circuit (fingerprint {recorded_fp[:12]}, this circuit "
+                f"{self.fingerprint[:12]}); to change the views of a running pipeline, open "
+                "the newest state with Pipeline(..., upgrade=True) (Dagster: the upgrade job "
+                "with allow_circuit_change: true)")
         if version != latest["version"]:
             # Discard the newer versions: a new manifest commit whose entry is a copy of
             # ``version`` (so the next commit's base chain leads back through ``version``).
@@ -119,16 +128,21 @@ class StateDatabase:
         self._base = entry
         self._meta = dict(entry.get("meta", {}))
         self._step = int(entry.get("step", 0))
+        self._retired = set()
         for table in self._tables.values():
             self._roll_back(table)
         return version
 
-    def commit(self, fold_all: bool = False) -> int:
+    def commit(self, fold_all: bool = False, *,
+               circuit_change: Mapping[str, Any] | None = None) -> int:
         """Record the current state as version ``base + 1``; returns the new version. Tables
         with ``FOLD_ACTIONS`` staged actions or more (with ``fold_all``, every table) are
-        folded into their Delta logs first."""
+        folded into their Delta logs first. With ``circuit_change`` (an upgrade: the entry's
+        circuit is ``fingerprint``, another than its base's), the entry records it, folds no
+        table (a kept operator's table stays at the very version and staged actions it had)
+        and no longer records the tables ``retire_tables`` named."""
         base = self._require_open()
-        for table in self._tables.values():
+        for table in self._tables.values() if circuit_change is None else ():
             if table.staged_actions and (fold_all or table.staged_actions >= FOLD_ACTIONS
                                          or table.checkpoints_since_fold >= FOLD_ACTIONS):
                 table.fold()
@@ -138,21 +152,46 @@ class StateDatabase:
         # recorded
         staged = {**base.get(STAGED_KEY, {}),
                   **{name: t.record() for name, t in self._tables.items()}}
+        traces = {**base.get("traces", {}), **{
+            name: t.delta.loaded_version() for name, t in self._tables.items()}}
         entry = {
             "version": base["version"] + 1,
             "step": self._step,
             "meta": self._meta,
-            "traces": dict(sorted({**base.get("traces", {}), **{
-                name: t.delta.loaded_version() for name, t in self._tables.items()}}.items())),
-            STAGED_KEY: {name: record for name, record in sorted(staged.items()) if record},
+            "traces": dict(sorted((n, v) for n, v in traces.items() if n not in self._retired)),
+            STAGED_KEY: {name: record for name, record in sorted(staged.items())
+                         if record and name not in self._retired},
             "fingerprint": self.fingerprint,
             "engine_version": ENGINE_VERSION,
             "state_format": STATE_FORMAT,
             "manifest_base": self._manifest.version(),
+            **({} if circuit_change is None else {CIRCUIT_CHANGE_KEY: dict(circuit_change)}),
         }
         self._write_entry(entry)
         self._base = entry
+        self._retired = set()
         return int(entry["version"])
+
+    def retire_tables(self, names: Iterable[str]) -> None:
+        """Leave the state tables ``names`` (not opened in this process) out of the entries from
+        the next commit on: an upgrade retires its retired operators' tables. The tables stay
+        on disk, as the older entries that record them left them."""
+        opened = sorted(set(names) & set(self._tables))
+        if opened:
+            raise UsageError(f"state tables {opened} are in use: they cannot be retired")
+        self._retired |= set(names)
+
+    @property
+    def recorded_fingerprint(self) -> str | None:
+        """The fingerprint of the circuit that recorded the open version (None: version 0)."""
+        fingerprint = self._require_open().get("fingerprint")
+        return None if fingerprint is None else str(fingerprint)
+
+    def newest_fingerprint(self) -> str | None:
+        """The fingerprint of the circuit that recorded the newest committed entry, whichever
+        version is open (or none is yet); None for a new database."""
+        fingerprint = self._latest_entry().get("fingerprint")
+        return None if fingerprint is None else str(fingerprint)
 
     def newest_meta(self, key: str, default: Any = None) -> Any:
         """The metadata ``key`` of the newest committed entry, whichever version is open (or
@@ -223,6 +262,21 @@ class StateDatabase:
                 for add in entry.get(STAGED_KEY, {}).get(name, {}).get("adds", [])}
             deleted += garbage.collect(table.delta, keep, grace_seconds, also_referenced=staged)
             table.delta.clean_log_below(keep)
+        return deleted + self._remove_retired_tables(retained)
+
+    def _remove_retired_tables(self, retained: list[tuple[int, dict[str, Any]]]) -> int:
+        """Delete the state tables that neither a retained entry records nor this process
+        opened: an upgrade's retired operators' (``retire_tables``), once the last checkpoint
+        that read them is no longer retained, and what an upgrade that crashed left. Returns
+        how many files went with them."""
+        referenced = set(self._tables) | {
+            name for _, entry in retained for name in entry.get("traces", {})}
+        deleted = 0
+        for name in list_folders(root_layout.state_tables(self.root)):
+            if name not in referenced:
+                folder = root_layout.state_table(self.root, name)
+                deleted += count_files(folder)
+                remove_folder(folder)
         return deleted
 
     # -- tables ----------------------------------------------------------------------------
@@ -262,6 +316,10 @@ class StateDatabase:
     def recorded_engine(self) -> str | None:
         """The engine version that wrote the opened version (None for the empty version 0)."""
         return self._require_open().get("engine_version")
+
+    def open_tables(self) -> list[str]:
+        """The state tables this process opened (``table``), by name."""
+        return sorted(self._tables)
 
     def recorded_traces(self) -> dict[str, int]:
         """Every state table the open version records, with its Delta version."""

@@ -174,6 +174,11 @@ class TableStore(Protocol):
         """The Delta table properties of the loaded version."""
         ...
 
+    def stored_schema(self) -> pa.Schema:
+        """The schema the table's Delta metadata records (the loaded version's), which may
+        differ from ``schema``, the one this handle was opened with."""
+        ...
+
     def table_id(self) -> str:
         """The table's id (its Delta metadata's): a table deleted and created again has
         another."""

@@ -194,7 +194,18 @@ def test_upgrade_job_reports_versions_and_refuses_a_changed_circuit(defs, root, 
     assert not failed.success
     error = failed.failure_data_for_node("shop_upgrade_op").error
     assert error.cause.cls_name == "CircuitChangedError"
-    assert "different circuit" in error.cause.message
+    assert "different circuit" in error.cause.message and "allow_circuit_change" in \
+        error.cause.message
+
+    # with allow_circuit_change the views change without starting over
+    upgraded = changed.resolve_job_def("shop_upgrade").execute_in_process(
+        instance=instance,
+        run_config={"ops": {"shop_upgrade_op": {"config": {"allow_circuit_change": True}}}})
+    change = metadata_of(upgraded, "shop_upgrade_op")["circuit_change"]
+    assert change["step"] == 1 and change["views"]["removed"]
+    assert not change["backfilled"] and not change["views"]["added"]
+    with Pipeline(shop_circuit(extra_views=False), root, spark) as p:
+        assert p.checkpoints()[0].circuit_change == change
 
 
 def test_a_failed_step_is_reported_quarantined_and_reinjected_by_jobs(defs, root, instance,

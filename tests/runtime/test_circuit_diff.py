@@ -186,5 +186,8 @@ def test_a_new_operator_never_takes_a_retired_operators_name():
     # to them), so the new aggregate keeps clear of them too
     again = diff(new.describe(), old.describe())
     assert state_names(again, old.describe(), {1: "n1_aggregate_u1"},
-                       in_use=["n1_aggregate"]) == {1: "n1_aggregate_u2"}
+                       in_use=["n1_aggregate_groups"]) == {1: "n1_aggregate_u2"}
+    assert state_names(again, old.describe(), {1: "n1_aggregate_u1"},
+                       in_use=["n1_aggregate_u1_groups", "n1_aggregate_values0"]
+                       ) == {1: "n1_aggregate_u2"}
     assert state_names(again, old.describe(), {1: "n1_aggregate_u1"}) == {1: "n1_aggregate"}

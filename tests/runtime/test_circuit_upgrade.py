@@ -1,0 +1,266 @@
+"""``Pipeline(new_circuit, root, upgrade=True)``: a running pipeline's views change without
+starting over (``runtime/circuit_upgrade.py``).
+
+Views are added, changed (a filter, an aggregate, a join key) and removed mid-run, with inserts
+and deletes before and after. After the upgrade step and every step after it, each view (its
+output log's integral, which is what a consumer applying the changes holds) equals its query
+recomputed from scratch over all input; unchanged operators' tables are exactly as they were
+(the same Delta versions and staged actions); a crash at every durable action of the upgrade
+leaves the old circuit or the new one, and upgrading again ends where the no-crash run does.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from collections import Counter
+
+import pytest
+from pyspark.sql.types import StructType
+
+from dbsp_pipeline import Circuit, CircuitChangedError, Pipeline, UsageError
+from dbsp_pipeline import root as root_layout
+from dbsp_pipeline.circuit import node_collection
+from dbsp_pipeline.runtime.circuit_upgrade import RETIRED_VIEWS_KEY
+from dbsp_pipeline.runtime.output_log import OutputLog
+from dbsp_pipeline.runtime.recompute import check_views
+from dbsp_pipeline.storage import crash_points
+from dbsp_pipeline.storage.crash_points import InjectedCrash
+from dbsp_pipeline.storage.small_files import list_folders
+from dbsp_pipeline.storage.staged_table import STAGED_KEY
+from tests.conftest import table_counter, view_rows
+
+CUSTOMERS = "customer_id BIGINT, region STRING"
+ORDERS = "order_id BIGINT, customer_id BIGINT, amount DOUBLE"
+
+
+def shop(*, big: str = "amount > 10", agg: str = "sum(amount)", key: str = "customer_id",
+         per_customer: bool = False, totals: bool = True) -> Circuit:
+    """Four views over orders and customers: ``big`` (a filter), ``totals`` (an aggregate over
+    a join of ``big``), ``matched`` (a join whose left key is ``key``), ``with_region`` (a left
+    join); ``per_customer`` (an aggregate) when asked for."""
+    c = Circuit("shop")
+    cu = c.input("customers", CUSTOMERS)
+    o = c.input("orders", ORDERS)
+    b = o.filter(big)
+    c.output("big", b)
+    if totals:
+        c.output("totals", b.join(cu, on="customer_id").group_by("region").agg(s=agg, n="count(*)"))
+    left = o if key == "customer_id" else o.select("order_id", f"{key} AS customer_id", "amount")
+    c.output("matched", left.join(cu, on="customer_id"))
+    c.output("with_region", o.left_join(cu, on="customer_id"))
+    if per_customer:
+        c.output("per_customer", o.group_by("customer_id").agg(n="count(*)", top="max(amount)"))
+    return c
+
+
+V2 = {"big": "amount > 20", "agg": "max(amount)", "key": "order_id % 7", "per_customer": True}
+#: V2 without ``totals``: views changed, added and removed at once
+V3 = {**V2, "totals": False}
+
+
+def play(p: Pipeline, rng: random.Random, steps: int, live: dict[int, tuple]) -> None:
+    """``steps`` steps of order inserts and deletes (and a customer moved now and then)."""
+    regions = live.setdefault(-1, {})  # type: ignore[arg-type]  # customer -> region
+    for _ in range(steps):
+        new = [(oid, rng.randrange(12), float(rng.randrange(1, 60)))
+               for oid in rng.sample(range(10_000), 12) if oid not in live]
+        orders = sorted(k for k in live if k >= 0)
+        gone = [live.pop(k) for k in rng.sample(orders, min(4, len(orders)))]
+        for row in new:
+            live[row[0]] = row
+        p.push("orders", new)
+        if gone:
+            p.push("orders", gone, weight=-1)
+        if rng.random() < 0.5:  # a customer moves to the next region
+            cid = rng.randrange(10)
+            region = regions.get(cid, cid % 3)
+            regions[cid] = (region + 1) % 3
+            p.push("customers", [(cid, f"r{region}")], weight=-1)
+            p.push("customers", [(cid, f"r{regions[cid]}")])
+        p.step()
+        assert_views_recompute(p)
+
+
+def assert_views_recompute(p: Pipeline) -> None:
+    checks = check_views(p)
+    assert all(c.equal and not c.nonpositive for c in checks.values()), checks
+
+
+def seeded_root(spark, root: str, seed: int = 7) -> tuple[random.Random, dict[int, tuple]]:
+    rng, live = random.Random(seed), {}
+    with Pipeline(shop(), root, spark) as p:
+        p.push("customers", [(i, f"r{i % 3}") for i in range(10)])
+        play(p, rng, 3, live)
+    return rng, live
+
+
+def kept_tables(p: Pipeline, names: list[str]) -> dict[str, tuple]:
+    """The Delta version and staged actions the open checkpoint records for the tables of the
+    state names ``names``."""
+    entry = p.engine.db._require_open()
+    return {t: (v, entry.get(STAGED_KEY, {}).get(t)) for t, v in entry["traces"].items()
+            if any(t == n or t.startswith(n + "_") for n in names)}
+
+
+def consumer(p: Pipeline, view: str) -> Counter:
+    """What a consumer that applied every step's change of ``view`` holds."""
+    held: Counter = Counter()
+    for step in range(p.output_last(view)):
+        held.update(table_counter(p.step_changes_arrow(view, step)))
+    return +held
+
+
+def test_views_added_changed_and_removed_mid_run_equal_their_queries(spark, tmp_path):
+    root = str(tmp_path / "shop")
+    rng, live = seeded_root(spark, root)
+    with Pipeline(shop(), root, spark) as p:
+        before_views = {v: view_rows(p, v) for v in p.circuit.outputs}
+        tables_before = p.engine.db._require_open()["traces"]
+    with pytest.raises(CircuitChangedError, match="upgrade=True"):
+        Pipeline(shop(**V2), root, spark)
+
+    with Pipeline(shop(**V2), root, spark, upgrade=True) as p:
+        change = p.circuit_change
+        assert change is not None and change.step == 3
+        assert change.views_changed == ["big", "totals", "matched"]
+        assert change.views_added == ["per_customer"]
+        assert change.views_unchanged == ["with_region"] and not change.views_removed
+        assert change.outputs["with_region"] == 0 and change.outputs["per_customer"] > 0
+        # the unchanged view's operators kept their tables as they were
+        assert change.kept and change.backfilled and change.retired
+        assert kept_tables(p, change.kept) == {
+            t: v for t, v in kept_tables(p, change.kept).items() if t in tables_before}
+        assert_views_recompute(p)
+        assert view_rows(p, "with_region") == before_views["with_region"]
+        for view in p.circuit.outputs:  # applying the changes ends at the new contents
+            assert consumer(p, view) == view_rows(p, view), view
+        listed = p.checkpoints()[0].circuit_change
+        assert listed is not None and listed["to"] == change.new_fingerprint
+        assert listed["views"]["added"] == ["per_customer"]
+        play(p, rng, 3, live)
+        for view in p.circuit.outputs:
+            assert consumer(p, view) == view_rows(p, view), view
+
+    # remove a view: its log stays readable, marked retired; the rest goes on
+    with Pipeline(shop(**V3), root, spark, upgrade=True) as p:
+        change = p.circuit_change
+        assert change is not None and change.views_removed == ["totals"]
+        assert not change.backfilled and change.retired
+        assert "totals" not in p.engine.outputs
+        play(p, rng, 2, live)
+        retired = p.engine.db.get(RETIRED_VIEWS_KEY)["totals"]
+        assert retired["step"] == change.step
+        totals = OutputLog(p.engine.spark, root, "totals",
+                           StructType.fromJson(json.loads(retired["columns"])))
+        assert totals.retired_at() == change.step
+        assert totals.view_arrow(p.engine.sql).num_rows > 0
+
+    # and back to the first circuit: every view of it equals its query again
+    with Pipeline(shop(), root, spark, upgrade=True) as p:
+        change = p.circuit_change
+        assert change is not None and change.views_added == ["totals"]
+        assert change.views_removed == ["per_customer"]
+        assert p.engine.outputs["totals"].retired_at() is None  # in use again
+        assert set(p.engine.db.get(RETIRED_VIEWS_KEY)) == {"per_customer"}
+        assert_views_recompute(p)
+        play(p, rng, 2, live)
+        for view in p.circuit.outputs:
+            assert consumer(p, view) == view_rows(p, view), view
+        # retired operators' tables go once no retained checkpoint reads them
+        p.collect_garbage(grace_seconds=0)
+        on_disk = set(list_folders(root_layout.state_tables(root)))
+        retained = {t for _, e in p.engine.db.retained_entries(2) for t in e["traces"]}
+        assert on_disk == set(p.engine.db.open_tables()) | retained
+
+
+def test_an_upgrade_on_spark_equals_the_queries_too(spark, tmp_path):
+    root = str(tmp_path / "shop")
+    rng, live = seeded_root(spark, root, seed=11)
+    with Pipeline(shop(**V2), root, spark, upgrade=True, driver_step_rows=0) as p:
+        change = p.circuit_change
+        assert change is not None and not change.on_driver
+        assert_views_recompute(p)
+        p.driver_step_rows = None  # the steps after it: wherever they fit
+        play(p, rng, 1, live)
+
+
+def test_what_an_upgrade_cannot_do_is_refused_and_the_root_stays_the_old_circuit(
+        spark, tmp_path):
+    root = str(tmp_path / "shop")
+    seeded_root(spark, root)
+    changed_input = Circuit("shop")
+    o = changed_input.input("orders", "order_id BIGINT, customer_id BIGINT, amount DOUBLE, "
+                                      "note STRING")
+    changed_input.output("big", o.filter("amount > 10"))
+    with pytest.raises(CircuitChangedError, match="input 'orders' changes its schema"):
+        Pipeline(changed_input, root, spark, upgrade=True)
+    other_columns = shop()
+    other_columns.outputs.pop("big")
+    orders = other_columns.inputs["orders"]
+    other_columns.output("big", node_collection(other_columns, orders).select("order_id"))
+    with pytest.raises(CircuitChangedError, match="view 'big' changes its columns"):
+        Pipeline(other_columns, root, spark, upgrade=True)
+    with pytest.raises(UsageError, match="cannot be given together"):
+        Pipeline(shop(**V2), root, spark, upgrade=True, checkpoint=1)
+    with Pipeline(shop(), root, spark) as p:  # the old circuit, as it was
+        assert p.circuit_change is None
+        assert_views_recompute(p)
+
+
+def test_a_checkpoint_from_before_an_upgrade_is_not_restored_with_the_new_circuit(
+        spark, tmp_path):
+    root = str(tmp_path / "shop")
+    seeded_root(spark, root)
+    with Pipeline(shop(**V2), root, spark, upgrade=True) as p:
+        old = [c for c in p.checkpoints() if c.circuit_change is None]
+        assert old
+        with pytest.raises(CircuitChangedError, match="different circuit"):
+            p.restore(old[0].version)
+
+
+def test_a_crash_at_every_durable_action_of_an_upgrade_leaves_one_circuit(spark, tmp_path):
+    seed_root = str(tmp_path / "seed")
+    rng, live = seeded_root(spark, seed_root)
+    # the no-crash upgrade, and the crash points it passes
+    reference = str(tmp_path / "reference")
+    shutil.copytree(seed_root, reference)
+    crash_points.reset()
+    p = Pipeline(shop(**V3), reference, spark, upgrade=True)
+    passes = crash_points.passes()  # of the upgrade alone (closing passes more)
+    with p:
+        expected = {v: view_rows(p, v) for v in p.circuit.outputs}
+        expected_steps = p.next_step
+    # the opens' fences, the upgrade's one commit, the removed view's retired mark
+    for required in ("manifest.commit.before", "manifest.commit.after",
+                     "output.properties.before", "output.properties.after"):
+        assert required in passes, (required, passes)
+    cases = [(point, k) for point, n in sorted(passes.items()) for k in sorted({1, n})]
+    assert len(cases) >= 6
+    seen = Counter()
+    for i, (point, k) in enumerate(cases):
+        root = str(tmp_path / f"case{i}")
+        shutil.copytree(seed_root, root)
+        crash_points.reset()
+        crash_points.arm(point, k)
+        with pytest.raises(InjectedCrash):
+            Pipeline(shop(**V3), root, spark, upgrade=True)
+            pytest.fail(f"no crash at {point} pass {k}")
+        crash_points.reset()
+        try:  # the old circuit, whole...
+            with Pipeline(shop(), root, spark) as old:
+                assert old.circuit_change is None
+                assert_views_recompute(old)
+                seen["old"] += 1
+        except CircuitChangedError:  # ...or the new one
+            with Pipeline(shop(**V3), root, spark) as new:
+                assert_views_recompute(new)
+                seen["new"] += 1
+        with Pipeline(shop(**V3), root, spark, upgrade=True) as p:
+            assert p.next_step == expected_steps, (point, k)
+            got = {v: view_rows(p, v) for v in p.circuit.outputs}
+            assert got == expected, (point, k)
+            for view in p.circuit.outputs:
+                assert consumer(p, view) == got[view], (point, k, view)
+    assert seen["old"] and seen["new"], seen
