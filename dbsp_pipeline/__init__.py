@@ -4,7 +4,7 @@ Declare a ``Circuit``; run it with a ``Pipeline``; push changes; each ``step`` t
 the changes of every output view at a cost that follows the size of the change.
 """
 
-from dbsp_pipeline.circuit import Circuit, Collection, GroupedCollection
+from dbsp_pipeline.circuit import STREAM_OPS, Circuit, Collection, GroupedCollection
 from dbsp_pipeline.errors import (
     CircuitChangedError,
     CircuitError,
@@ -26,7 +26,7 @@ from dbsp_pipeline.errors import (
 from dbsp_pipeline.root import PipelineStatus, read_status
 from dbsp_pipeline.runtime.pipeline import DRIVER_STEP_ROWS, Pipeline
 from dbsp_pipeline.runtime.readers import Reader
-from dbsp_pipeline.runtime.recompute import STREAM_OPS, ViewCheck, check_views
+from dbsp_pipeline.runtime.recompute import ViewCheck, check_views
 from dbsp_pipeline.runtime.results import (
     Checkpoint,
     CircuitChange,

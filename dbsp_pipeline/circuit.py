@@ -31,6 +31,9 @@ LINEAR_OPS = frozenset({"select", "filter", "union", "negate", "repeat", "confor
 SOURCE_OPS = frozenset({"constant"})
 STATEFUL_OPS = frozenset({"distinct", "join", "aggregate", "top_k", "integrate", "differentiate",
                           "delay"})
+#: Operators whose output depends on the history of their input, not only on its sum: a view
+#: over one cannot be computed from the integrated input (``recompute``, an upgrade's backfill).
+STREAM_OPS = frozenset({"integrate", "differentiate", "delay"})
 
 AGGREGATE_FUNCTIONS = ("count", "sum", "avg", "min", "max")
 #: ``fn(arg)``: arg is ``*``, a plain name, or a backticked name (a backtick inside doubled, as

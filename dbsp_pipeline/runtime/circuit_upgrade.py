@@ -13,9 +13,9 @@ recorded by another circuit. Top to bottom:
    failed step refuses the upgrade (step it again, or quarantine it, first).
 2. Compare (``plan_change``): ``circuit_diff.diff`` of the recorded circuit and the new one,
    and the state names (``circuit_diff.state_names``): a kept operator keeps its tables, any
-   other gets tables of its own. Refused there: an input whose schema changes, and a new
-   operator that depends on the order input arrived in (``integrate``, ``differentiate``,
-   ``delay``: the integrated input does not determine it).
+   other gets tables of its own. Refused there: an input whose schema changes, and a changed
+   view that reads an operator depending on the order input arrived in (``integrate``,
+   ``differentiate``, ``delay``: the integrated input does not determine it).
 3. The upgrade step ``s``, the next step, which consumes no input (``execute``):
 
    a. a view whose columns change is refused (its log holds the old ones: add the view under
@@ -42,6 +42,11 @@ recorded by another circuit. Top to bottom:
    metadata lists the retired views (``RETIRED_VIEWS_KEY``), and every open marks what a crash
    after the commit left unmarked (``mark_views``).
 
+Kept operators do not run in the upgrade step: to them it is not a step of their input. That
+matters only to a kept ``delay`` or ``differentiate`` view, which shows at the upgrade step what
+it showed before it, and from the next step on what it would show had the upgrade step been a
+step with no input.
+
 A checkpoint from before the upgrade belongs to the old circuit: restoring it with the new one
 is ``CircuitChangedError`` (open the root with the old circuit to go back to it).
 """
@@ -54,7 +59,6 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 import deltalake
 import pyarrow as pa
@@ -63,8 +67,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from dbsp_pipeline import root as root_layout
-from dbsp_pipeline.circuit import STATEFUL_OPS, Circuit
-from dbsp_pipeline.driver.sql import empty_zset, negate
+from dbsp_pipeline.circuit import STATEFUL_OPS, STREAM_OPS, Circuit
+from dbsp_pipeline.driver.sql import LocalSQL, empty_zset, negate
 from dbsp_pipeline.errors import CircuitChangedError, UsageError
 from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContext
 from dbsp_pipeline.operators.constant import FIRST_STEP
@@ -91,14 +95,12 @@ from dbsp_pipeline.storage.small_files import (
     write_atomically,
 )
 from dbsp_pipeline.storage.state_db import StateDatabase
+from dbsp_pipeline.storage.table_store import DataFile
 from dbsp_pipeline.zset import WEIGHT
 
 #: checkpoint metadata: the views an upgrade removed, ``{name: {"step": s, "columns": json}}``
 #: (the step from which the view is no longer computed, and its log's payload columns)
 RETIRED_VIEWS_KEY = "retired_views"
-#: operators whose state depends on the order input arrived in, not on the integrated input
-#: alone: an upgrade cannot compute a new one from the input logs
-ORDER_DEPENDENT_OPS = frozenset({"integrate", "differentiate", "delay"})
 
 
 # -- 0. the recorded circuits ------------------------------------------------------------------
@@ -171,6 +173,11 @@ class PlannedChange:
     diff: CircuitDiff
     names: dict[int, str]
     old_names: dict[int, str]
+    #: the views whose contents change (changed and added)
+    views: list[str]
+    #: the nodes the backfill evaluates: the new ones, the changed and added views', and every
+    #: node they read from
+    needed: set[int]
 
 
 def plan_change(db: StateDatabase, circuit: Circuit, old: Circuit,
@@ -180,18 +187,20 @@ def plan_change(db: StateDatabase, circuit: Circuit, old: Circuit,
     ``CircuitChangedError`` for what an upgrade cannot do."""
     old_description, new_description = old.describe(), circuit.describe()
     change = diff(old_description, new_description)  # refuses a changed input schema
+    views = [*change.outputs_changed, *change.outputs_added]
+    needed = _upstream(circuit, [*change.added, *(circuit.outputs[v] for v in views)])
     order_dependent = [f"{n.op} (node {n.id})" for n in circuit.nodes
-                       if n.id in change.added and n.op in ORDER_DEPENDENT_OPS]
+                       if n.id in needed and n.op in STREAM_OPS]
     if order_dependent:
         raise CircuitChangedError(
-            f"circuit '{circuit.name}': the new operators {', '.join(order_dependent)} depend "
-            "on the order input arrived in, which the input logs' integral does not keep: an "
-            "upgrade cannot compute them; use a new root for this circuit")
+            f"circuit '{circuit.name}': the changed views read {', '.join(order_dependent)}, "
+            "which depend on the order input arrived in; the input logs' integral does not "
+            "keep it, so an upgrade cannot compute them: use a new root for this circuit")
     old_names = names_from_json(db.get(STATE_NAMES_KEY), old_description)
     names = state_names(change, new_description, old_names,
                         in_use=list_folders(root_layout.state_tables(db.root)))
     return PlannedChange(old, {v: c.json() for v, c in old_columns.items()}, change, names,
-                         old_names)
+                         old_names, views, needed)
 
 
 def install_names(db: StateDatabase, planned: PlannedChange) -> None:
@@ -209,10 +218,9 @@ def execute(state: EngineState, planned: PlannedChange) -> CircuitChange:
     started = time.monotonic()
     circuit, change = state.circuit, planned.diff
     s = state.db.get_step()
-    views = [*change.outputs_changed, *change.outputs_added]
+    views, needed = planned.views, planned.needed
     try:
         _refuse_changed_columns(state, views)
-        needed = _upstream(circuit, [*change.added, *(circuit.outputs[v] for v in views)])
         files = {name: log.integrated_files(step_protocol.consumed_upto(state, name))
                  for name, log in state.inputs.items() if circuit.inputs[name] in needed}
         choice = choose_for_step(state.plan, files, state.driver_step_rows,
@@ -228,7 +236,7 @@ def execute(state: EngineState, planned: PlannedChange) -> CircuitChange:
                 log = state.outputs[name]
                 if name in change.outputs_added:
                     log.start_at(s)
-                difference = (_difference(contents.get(node_id), log, sql, state.spark)
+                difference = (_difference(contents.get(node_id), log, sql)
                               if name in views else None)
                 write = log.prepare(s, difference, sql)
                 assert write is not None, "the upgrade step is written once"
@@ -289,8 +297,9 @@ def mark_views(state: EngineState) -> None:
 
 # -- the parts of the upgrade step ----------------------------------------------------------------
 class _Scratch:
-    """The throwaway state of the kept stateful operators a backfill runs (a state database
-    under ``_upgrade_scratch``, made on first use), and the old circuit's view columns."""
+    """The throwaway state of the kept stateful operators a backfill runs: a state database
+    under ``_upgrade_scratch``, made on first use, removed after the commit (and by the next
+    upgrade, after a crash)."""
 
     def __init__(self, state: EngineState) -> None:
         self.state = state
@@ -344,7 +353,7 @@ def _upstream(circuit: Circuit, nodes: Iterable[int]) -> set[int]:
 
 
 def _backfill(state: EngineState, ctx: StepContext, needed: set[int], planned: PlannedChange,
-              files: Mapping[str, list[Any]], scratch: _Scratch
+              files: Mapping[str, list[DataFile]], scratch: _Scratch
               ) -> dict[int, Delta | LocalDelta]:
     """Evaluate the ``needed`` nodes once over the integrated inputs (``files``): each node's
     full contents. A new operator steps over its own (empty) tables, a kept stateful one over
@@ -368,8 +377,8 @@ def _backfill(state: EngineState, ctx: StepContext, needed: set[int], planned: P
     return contents
 
 
-def _difference(new: Delta | LocalDelta, log: OutputLog, sql: Any,
-                spark: SparkSession) -> Delta | LocalDelta:
+def _difference(new: Delta | LocalDelta, log: OutputLog, sql: LocalSQL | None
+                ) -> Delta | LocalDelta:
     """The change that takes ``log``'s integral to ``new`` (a view's full contents)."""
     columns = [*log.schema.fieldNames(), WEIGHT]
     if sql is not None:

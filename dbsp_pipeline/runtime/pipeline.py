@@ -127,6 +127,17 @@ def _boolean(name: str, value: bool) -> None:
 _OPEN_ATTEMPTS = 5
 
 
+def _settle(old_circuit: Circuit, root: str, spark: SparkSession | LazySession,
+            **settings: Any) -> dict[str, StructType]:
+    """Open ``root`` with the circuit it ran, ``old_circuit`` (which executes again the steps
+    divided after its newest checkpoint), commit every step and fold every output log
+    (``circuit_upgrade.settle``); returns its views' columns. Step 1 of an upgrade."""
+    with Pipeline(old_circuit, root, spark, **settings) as before:
+        with before._exclusive():
+            circuit_upgrade.settle(before.engine)
+        return {v: before.view_schema(v) for v in old_circuit.outputs}
+
+
 @contextlib.contextmanager
 def _fenced_at_open(circuit: Circuit, root: str) -> Iterator[None]:
     """Opening rolls state tables back to the newest checkpoint: if another process writes
@@ -236,12 +247,9 @@ class Pipeline:
             if upgrade else None
         old_columns = {}
         if old_circuit is not None:  # 1. settle the old circuit: every step committed
-            with Pipeline(old_circuit, root, self.spark, driver_step_rows=driver_step_rows,
-                          driver_memory=driver_memory, retain_checkpoints=retain_checkpoints,
-                          compact_threshold=compact_threshold) as before:
-                with before._exclusive():
-                    circuit_upgrade.settle(before.engine)
-                old_columns = {v: before.view_schema(v) for v in old_circuit.outputs}
+            old_columns = _settle(old_circuit, root, self.spark, driver_step_rows=driver_step_rows,
+                                  driver_memory=driver_memory, compact_threshold=compact_threshold,
+                                  retain_checkpoints=retain_checkpoints)
         planned = None
         for attempt in range(_OPEN_ATTEMPTS):
             db = StateDatabase(session, root, circuit.fingerprint())

@@ -24,14 +24,12 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from dbsp_pipeline import root as root_layout
+from dbsp_pipeline.circuit import STREAM_OPS
 from dbsp_pipeline.driver.sql import ident, negate
 from dbsp_pipeline.errors import UsageError
 from dbsp_pipeline.runtime.pipeline import Pipeline
 from dbsp_pipeline.storage.small_files import read_text, write_atomically
 from dbsp_pipeline.zset import WEIGHT
-
-#: Operators whose output depends on the history of their input, not only on its sum.
-STREAM_OPS = frozenset({"integrate", "differentiate", "delay"})
 
 
 @dataclass(frozen=True)

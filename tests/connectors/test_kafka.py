@@ -12,6 +12,7 @@ from decimal import Decimal
 import pytest
 
 from dbsp_pipeline import Circuit, Pipeline, UsageError
+from dbsp_pipeline.circuit import node_collection
 from dbsp_pipeline.connectors.codec import Batch
 from dbsp_pipeline.connectors.errors_sink import ErrorsSink
 from dbsp_pipeline.connectors.kafka import (
@@ -24,6 +25,7 @@ from dbsp_pipeline.connectors.kafka import (
     topic_lag,
 )
 from dbsp_pipeline.driver.sql import zset_arrow_schema
+from dbsp_pipeline.runtime.recompute import check_views
 from tests.kafka_helpers import consume_all, new_topic, produce
 from tests.object_store_helpers import new_bucket
 
@@ -93,6 +95,49 @@ def test_json_and_csv_inputs_flow_to_exactly_once_output(spark, tmp_path, broker
         again = KafkaSink(p, broker, [KafkaOutput("orders_copy", out_copy)])
         assert again.last["orders_copy"] == results[-1].step + 1 and again.emit() == []
         again.close()
+
+
+def test_a_sink_applying_changes_ends_at_a_changed_views_new_contents(spark, tmp_path,
+                                                                      broker):
+    """An upgrade changes ``by_region`` (a filter before its join) and adds ``big``: the
+    upgrade step's change goes to Kafka like any step's, so a consumer that applied every
+    change holds each view's new contents, without the topic being cleared; the sources
+    resume where the old circuit stopped."""
+    orders_topic, customers_topic = new_topic(broker, prefix="uorders"), new_topic(broker)
+    out_region, out_big = f"region-{orders_topic}", f"big-{orders_topic}"
+    produce(broker, customers_topic, [b"1,north", b"2,south", b"3,east"])
+    produce(broker, orders_topic, [{"order_id": i, "customer_id": 1 + i % 3,
+                                    "amount": float(i)} for i in range(12)])
+    inputs = [KafkaInput("orders", orders_topic),
+              KafkaInput("customers", customers_topic, format="csv")]
+    with Pipeline(shop(), str(tmp_path), spark) as p:
+        runner = KafkaRunner(p, broker, inputs, [KafkaOutput("by_region", out_region)])
+        runner.run(idle_seconds=2)
+        runner.close()
+    changed = shop()
+    orders_node = node_collection(changed, changed.inputs["orders"])
+    customers_node = node_collection(changed, changed.inputs["customers"])
+    changed.outputs.pop("by_region")
+    big = orders_node.filter("amount > 4")
+    changed.output("by_region", big.join(customers_node, on="customer_id").group_by("region")
+                   .agg(n="count(*)", total="sum(amount)"))
+    changed.output("big", big)
+    with Pipeline(changed, str(tmp_path), spark, upgrade=True) as p:
+        assert p.circuit_change is not None
+        assert p.circuit_change.views_changed == ["by_region"]
+        produce(broker, orders_topic, [{"delete": {"order_id": 7, "customer_id": 2,
+                                                   "amount": 7.0}},
+                                       {"order_id": 20, "customer_id": 3, "amount": 20.0}])
+        runner = KafkaRunner(p, broker, inputs, [KafkaOutput("by_region", out_region),
+                                                 KafkaOutput("big", out_big)])
+        results = runner.run(idle_seconds=2)
+        runner.close()
+        assert sum(sum(r.inputs.values()) for r in results) == 2  # nothing read twice
+        assert kafka_changes(broker, out_region) == view_rows(p, "by_region")
+        assert kafka_changes(broker, out_big) == view_rows(p, "big")
+        assert len(view_rows(p, "big")) == 12 - 5 - 1 + 1
+        checks = check_views(p)
+        assert all(c.equal for c in checks.values()), checks
 
 
 def test_decimal_date_and_timestamp_values_cross_kafka_exactly(spark, tmp_path, broker):

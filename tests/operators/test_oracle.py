@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
 
 from dbsp_pipeline import Circuit, Pipeline
-from tests.conftest import view_counter, view_rows
+from tests.conftest import table_counter, view_counter, view_rows
 
 ORDERS = "order_id BIGINT, customer_id BIGINT, amount DOUBLE"
 CUSTOMERS = "customer_id BIGINT, region STRING"
@@ -31,14 +31,18 @@ AGGS = dict(n="count(*)", na="count(amount)", s="sum(amount)", a="avg(amount)",
             lo="min(amount)", hi="max(amount)")
 
 
-def build_circuit() -> Circuit:
+def build_circuit(upgraded: bool = False) -> Circuit:
+    """Every query shape; ``upgraded``: as a user changes it mid-run (``ORACLE_SQL_UPGRADED``):
+    ``q_select`` removed, ``q_filter``'s filter, ``q_join2``'s join key and ``q_join_agg``'s
+    aggregate changed, ``q_added`` added."""
     c = Circuit("oracle")
     o = c.input("orders", ORDERS)
     cu = c.input("customers", CUSTOMERS)
     r = c.input("returns", RETURNS)
-    c.output("q_select", o.select("order_id", "amount * 2 AS amount2",
-                                  "customer_id IS NULL AS anon"))
-    c.output("q_filter", o.filter("amount > 10"))
+    if not upgraded:
+        c.output("q_select", o.select("order_id", "amount * 2 AS amount2",
+                                      "customer_id IS NULL AS anon"))
+    c.output("q_filter", o.filter("amount > 12" if upgraded else "amount > 10"))
     # not translatable to DuckDB (division, cast): on the driver this operator runs in Spark
     c.output("q_select_spark_only", o.select("order_id", "amount / 2 AS half",
                                              "cast(customer_id AS STRING) AS cid"))
@@ -46,15 +50,19 @@ def build_circuit() -> Circuit:
     c.output("q_minus", o.select("customer_id").minus(cu.select("customer_id")))
     c.output("q_distinct", cu.select("region").distinct())
     c.output("q_join", o.join(cu, on="customer_id"))
-    c.output("q_join2", o.join(r.select("order_id", "customer_id", "reason"),
-                               on=["order_id", "customer_id"]))
+    if upgraded:
+        c.output("q_join2", o.join(r.select("order_id", "reason"), on="order_id"))
+    else:
+        c.output("q_join2", o.join(r.select("order_id", "customer_id", "reason"),
+                                   on=["order_id", "customer_id"]))
     c.output("q_left_join", o.left_join(cu, on="customer_id"))
     c.output("q_semijoin", cu.semijoin(o, on="customer_id"))
     c.output("q_antijoin", cu.antijoin(o, on="customer_id"))
     c.output("q_agg", o.group_by("customer_id").agg(**AGGS))
     c.output("q_global", o.agg(**AGGS))  # one row, also while orders is empty
     c.output("q_join_agg", o.filter("amount > 10").join(cu, on="customer_id")
-             .group_by("region").agg(total="sum(amount)", n="count(*)", top="max(amount)"))
+             .group_by("region").agg(total="sum(amount)", n="count(*)",
+                                     top="min(amount)" if upgraded else "max(amount)"))
     per_customer = o.group_by("customer_id").agg(n="count(*)", lo="min(amount)")
     c.output("q_agg_join", per_customer.join(cu, on="customer_id"))
     c.output("q_distinct_join", o.join(cu, on="customer_id").select("region", "amount").distinct())
@@ -64,6 +72,9 @@ def build_circuit() -> Circuit:
     c.output("q_integrate", cu.select("region").integrate())
     c.output("q_delay", cu.select("region").delay())
     c.output("q_differentiate", o.select("customer_id").differentiate())
+    if upgraded:
+        c.output("q_added", o.filter("amount > 5").group_by("customer_id")
+                 .agg(n="count(*)", s="sum(amount)"))
     return c
 
 
@@ -106,7 +117,22 @@ ORACLE_SQL = {
 }
 
 
-def oracle(orders: Counter, customers: Counter, returns: Counter) -> dict[str, Counter]:
+#: the queries of ``build_circuit(upgraded=True)``
+ORACLE_SQL_UPGRADED = {
+    **{name: q for name, q in ORACLE_SQL.items() if name != "q_select"},
+    "q_filter": "SELECT * FROM o WHERE amount > 12",
+    "q_join2": "SELECT o.order_id, o.customer_id, amount, reason FROM o JOIN r "
+               "ON o.order_id = r.order_id",
+    "q_join_agg": "SELECT region, sum(amount) AS total, count(*) AS n, min(amount) AS top "
+                  "FROM o JOIN cu ON o.customer_id = cu.customer_id WHERE amount > 10 "
+                  "GROUP BY region",
+    "q_added": "SELECT customer_id, count(*) AS n, sum(amount) AS s FROM o WHERE amount > 5 "
+               "GROUP BY customer_id",
+}
+
+
+def oracle(orders: Counter, customers: Counter, returns: Counter,
+           queries: dict[str, str] = ORACLE_SQL) -> dict[str, Counter]:
     """The views computed from scratch by DuckDB over the integrated inputs, as
     ``Counter{row: multiplicity}`` (DuckDB, not Spark: 17 queries take milliseconds, not the
     7 s Spark takes here, and the oracle is an independent engine for both ways of running a
@@ -125,7 +151,7 @@ def oracle(orders: Counter, customers: Counter, returns: Counter) -> dict[str, C
         con.register("r", table(returns, pa.schema([("order_id", pa.int64()),
                                                     ("customer_id", pa.int64()),
                                                     ("reason", pa.string())])))
-        return {name: Counter(con.sql(query).fetchall()) for name, query in ORACLE_SQL.items()}
+        return {name: Counter(con.sql(query).fetchall()) for name, query in queries.items()}
     finally:
         con.close()
 
@@ -183,8 +209,9 @@ op = st.one_of(
 workloads = st.lists(st.lists(op, min_size=0, max_size=14), min_size=2, max_size=4)
 
 
-def check_step(p: Pipeline, w: Workload, step: int) -> None:
-    expected = oracle(w.orders, w.customers, w.returns)
+def check_step(p: Pipeline, w: Workload, step: int,
+               queries: dict[str, str] = ORACLE_SQL) -> None:
+    expected = oracle(w.orders, w.customers, w.returns, queries)
     cust_ids = w.customer_ids_history[-1]
     expected["q_minus"] = Counter({(c,): m for (c,), m in _sub(
         Counter((c,) for c in cust_ids.elements()),
@@ -280,6 +307,43 @@ def test_seeded_workload_with_many_deletes(spark, tmp_path, driver_step_rows):
             w.apply(p, ops)
             assert p.step().on_driver == bool(driver_step_rows)
             check_step(p, w, i)
+
+
+@pytest.mark.parametrize(("driver_step_rows", "before", "after"), [(10**9, 3, 3), (0, 1, 1)],
+                         ids=["driver", "spark"])
+def test_views_added_changed_and_removed_mid_run_equal_their_new_queries(
+        spark, tmp_path, driver_step_rows, before, after):
+    """The circuit changes mid-run (``build_circuit(upgraded=True)``, an upgrade): after the
+    upgrade step and every step after it, every view equals its new query over all input, and
+    what a consumer applying each view's changes holds is the view. The stream views
+    (``q_integrate``, ``q_delay``, ``q_differentiate``) are kept: to them the upgrade step is
+    not a step of their input (the workload's history gets no entry for it)."""
+    w, root = Workload(), str(tmp_path)
+    work = seeded_workload(seed=23, steps=before + after, ops_per_step=25)
+    with Pipeline(build_circuit(), root, spark, driver_step_rows=driver_step_rows) as p:
+        for i, ops in enumerate(work[:before]):
+            w.apply(p, ops)
+            p.step()
+            check_step(p, w, i)
+    with Pipeline(build_circuit(upgraded=True), root, spark, upgrade=True,
+                  driver_step_rows=driver_step_rows) as p:
+        change = p.circuit_change
+        assert change is not None and change.on_driver == bool(driver_step_rows)
+        assert change.views_changed == ["q_filter", "q_join2", "q_join_agg"]
+        assert (change.views_added, change.views_removed) == (["q_added"], ["q_select"])
+        check_step(p, w, before, ORACLE_SQL_UPGRADED)
+        for i, ops in enumerate(work[before:], start=before + 1):
+            w.apply(p, ops)
+            r = p.step()
+            # on Spark, stateful operators run as one task per owner, over their tables as
+            # the upgrade named them
+            assert ("per owner" in r.path_reason) != bool(driver_step_rows), r.path_reason
+            check_step(p, w, i, ORACLE_SQL_UPGRADED)
+        for name in p.circuit.outputs:
+            held: Counter = Counter()
+            for step in range(p.output_last(name)):
+                held.update(table_counter(p.step_changes_arrow(name, step)))
+            assert _drop_zero(held) == view_rows(p, name), name
 
 
 def test_steps_alternate_between_spark_and_driver(spark, tmp_path):
