@@ -79,6 +79,10 @@ def remove_folder(folder: str) -> None:
     if key.count("/") == 0:
         raise UsageError(f"{folder}: refusing to delete a whole bucket (name a prefix)")
     _s3().delete_dir_contents(key, missing_dir_ok=True)
+    try:  # the folder's own marker object, where a store keeps one: a listing shows it else
+        _s3().delete_dir(key)
+    except (FileNotFoundError, OSError):
+        pass
 
 
 def remove(path: str) -> None:

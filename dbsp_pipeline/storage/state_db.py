@@ -275,8 +275,10 @@ class StateDatabase:
         for name in list_folders(root_layout.state_tables(self.root)):
             if name not in referenced:
                 folder = root_layout.state_table(self.root, name)
-                deleted += count_files(folder)
-                remove_folder(folder)
+                files = count_files(folder)
+                if files:  # an object store may go on listing a folder it holds nothing in
+                    remove_folder(folder)
+                    deleted += files
         return deleted
 
     # -- tables ----------------------------------------------------------------------------

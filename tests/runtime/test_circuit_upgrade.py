@@ -12,6 +12,7 @@ leaves the old circuit or the new one, and upgrading again ends where the no-cra
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 from collections import Counter
@@ -28,9 +29,10 @@ from dbsp_pipeline.runtime.output_log import OutputLog
 from dbsp_pipeline.runtime.recompute import check_views
 from dbsp_pipeline.storage import crash_points
 from dbsp_pipeline.storage.crash_points import InjectedCrash
-from dbsp_pipeline.storage.small_files import list_folders
+from dbsp_pipeline.storage.small_files import count_files, list_folders
 from dbsp_pipeline.storage.staged_table import STAGED_KEY
 from tests.conftest import table_counter, view_rows
+from tests.object_store_helpers import new_bucket
 
 CUSTOMERS = "customer_id BIGINT, region STRING"
 ORDERS = "order_id BIGINT, customer_id BIGINT, amount DOUBLE"
@@ -299,3 +301,34 @@ def test_a_crash_at_every_durable_action_of_an_upgrade_leaves_one_circuit(spark,
             for view in p.circuit.outputs:
                 assert consumer(p, view) == got[view], (point, k, view)
     assert seen["old"] and seen["new"], seen
+
+
+def test_an_upgrade_of_an_s3_root_keeps_everything_in_the_object_store(
+        spark, object_store, tmp_path, monkeypatch):
+    """The circuit descriptions, the scratch state, the retired view's mark and the retired
+    tables' removal all go through the object store, as on local disk."""
+    for name, value in object_store.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)  # nothing of an s3:// root may land on the local disk
+    root = f"s3://{new_bucket(object_store, 'upgrade')}/shop"
+    rng, live = seeded_root(spark, root, seed=5)
+    with Pipeline(shop(agg="max(amount)", totals=True, per_customer=True), root, spark,
+                  upgrade=True) as p:
+        assert p.circuit_change is not None and p.circuit_change.views_added == ["per_customer"]
+        assert_views_recompute(p)
+        play(p, rng, 1, live)
+    with Pipeline(shop(per_customer=True, totals=False), root, spark, upgrade=True) as p:
+        change = p.circuit_change
+        assert change is not None and change.views_removed == ["totals"]
+        retired = p.engine.db.get(RETIRED_VIEWS_KEY)["totals"]
+        totals = OutputLog(p.engine.spark, root, "totals",
+                           StructType.fromJson(json.loads(retired["columns"])))
+        assert totals.retired_at() == change.step
+        play(p, rng, 2, live)
+        p.collect_garbage(grace_seconds=0)
+        # (an object store may go on listing a folder it holds nothing in)
+        on_disk = {t for t in list_folders(root_layout.state_tables(root))
+                   if count_files(root_layout.state_table(root, t))}
+        retained = {t for _, e in p.engine.db.retained_entries(2) for t in e["traces"]}
+        assert on_disk == set(p.engine.db.open_tables()) | retained
+    assert not os.listdir(tmp_path)
