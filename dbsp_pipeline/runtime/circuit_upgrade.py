@@ -42,13 +42,16 @@ recorded by another circuit. Top to bottom:
    metadata lists the retired views (``RETIRED_VIEWS_KEY``), and every open marks what a crash
    after the commit left unmarked (``mark_views``).
 
-Kept operators do not run in the upgrade step: to them it is not a step of their input. That
-matters only to a kept ``delay`` or ``differentiate`` view, which shows at the upgrade step what
-it showed before it, and from the next step on what it would show had the upgrade step been a
-step with no input.
+Kept operators do not run in the upgrade step: to them it does not exist (the step after it
+follows the one before it). That matters only to the operators that count steps, ``integrate``,
+``delay`` and ``differentiate``: the upgrade step is not one of the steps a view over a kept one
+counts.
 
 A checkpoint from before the upgrade belongs to the old circuit: restoring it with the new one
-is ``CircuitChangedError`` (open the root with the old circuit to go back to it).
+is ``CircuitChangedError``. The way back to the old views is an upgrade to the old circuit.
+
+A root upgraded before its first step (step 0) takes the new circuit without an upgrade step:
+no view has contents yet, and step 0 is where constants emit their rows.
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ from dbsp_pipeline.storage.small_files import (
 )
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.table_store import DataFile
-from dbsp_pipeline.zset import WEIGHT
+from dbsp_pipeline.zset import WEIGHT, quote
 
 #: checkpoint metadata: the views an upgrade removed, ``{name: {"step": s, "columns": json}}``
 #: (the step from which the view is no longer computed, and its log's payload columns)
@@ -219,30 +222,33 @@ def execute(state: EngineState, planned: PlannedChange) -> CircuitChange:
     circuit, change = state.circuit, planned.diff
     s = state.db.get_step()
     views, needed = planned.views, planned.needed
+    scratch = _Scratch(state)
+    writes: dict[str, PreparedWrite] = {}
+    on_driver, reason = True, "before the first step: no view has contents, nothing to compute"
     try:
         _refuse_changed_columns(state, views)
-        files = {name: log.integrated_files(step_protocol.consumed_upto(state, name))
-                 for name, log in state.inputs.items() if circuit.inputs[name] in needed}
-        choice = choose_for_step(state.plan, files, state.driver_step_rows,
-                                 state.driver_memory)
-        sql = state.sql if choice.on_driver else None
-        # a from-scratch evaluation is one step 0 (constants emit their rows)
-        ctx = StepContext(state.spark, FIRST_STEP, sql=sql, layout=state.layout)
-        scratch = _Scratch(state)
-        try:
-            contents = _backfill(state, ctx, needed, planned, files, scratch)
-            writes: dict[str, PreparedWrite] = {}
-            for name, node_id in circuit.outputs.items():
-                log = state.outputs[name]
-                if name in change.outputs_added:
-                    log.start_at(s)
-                difference = (_difference(contents.get(node_id), log, sql)
-                              if name in views else None)
-                write = log.prepare(s, difference, sql)
-                assert write is not None, "the upgrade step is written once"
-                writes[name] = write
-        finally:
-            ctx.release()
+        if s > FIRST_STEP:
+            files = {name: log.integrated_files(step_protocol.consumed_upto(state, name))
+                     for name, log in state.inputs.items() if circuit.inputs[name] in needed}
+            choice = choose_for_step(state.plan, files, state.driver_step_rows,
+                                     state.driver_memory)
+            on_driver, reason = choice.on_driver, choice.reason
+            sql = state.sql if choice.on_driver else None
+            # a from-scratch evaluation is one step 0 (constants emit their rows)
+            ctx = StepContext(state.spark, FIRST_STEP, sql=sql, layout=state.layout)
+            try:
+                contents = _backfill(state, ctx, needed, planned, files, scratch)
+                for name, node_id in circuit.outputs.items():
+                    log = state.outputs[name]
+                    if name in change.outputs_added:
+                        log.start_at(s)
+                    difference = (_difference(contents.get(node_id), log, sql)
+                                  if name in views else None)
+                    write = log.prepare(s, difference, sql)
+                    assert write is not None, "the upgrade step is written once"
+                    writes[name] = write
+            finally:
+                ctx.release()
         retired_tables = sorted(set(state.db.recorded_traces()) - set(state.db.open_tables()))
         state.db.retire_tables(retired_tables)
         retired_views = dict(state.db.get(RETIRED_VIEWS_KEY) or {})
@@ -260,13 +266,13 @@ def execute(state: EngineState, planned: PlannedChange) -> CircuitChange:
             views_unchanged=change.outputs_unchanged, views_changed=change.outputs_changed,
             views_added=change.outputs_added, views_removed=change.outputs_removed,
             outputs={name: w.rows for name, w in writes.items()},
-            on_driver=choice.on_driver, path_reason=choice.reason, seconds=0.0)
-        # the record: step s consumed no input, and wrote these changes
-        state.db.set_step(s + 1)
-        state.uncommitted_steps += 1
-        state.divisions.stage(s, state.divisions.lower(s, list(state.inputs)),
-                              state.divisions.offsets(s - 1) if s > 0 else None,
-                              {name: w.record() for name, w in writes.items()})
+            on_driver=on_driver, path_reason=reason, seconds=0.0)
+        if s > FIRST_STEP:  # the record: step s consumed no input, and wrote these changes
+            state.db.set_step(s + 1)
+            state.uncommitted_steps += 1
+            state.divisions.stage(s, state.divisions.lower(s, list(state.inputs)),
+                                  state.divisions.offsets(s - 1),
+                                  {name: w.record() for name, w in writes.items()})
         version = step_protocol.commit(state, compact=False,
                                        circuit_change=result.describe())
     except BaseException:
@@ -386,12 +392,13 @@ def _difference(new: Delta | LocalDelta, log: OutputLog, sql: LocalSQL | None
         new_rows = empty_zset(log.schema) if new is None else new
         assert isinstance(new_rows, pa.Table)
         return pa.concat_tables([new_rows.select(columns).cast(old.schema), negate(old)])
-    old_df: DataFrame = log.view().select(*columns)
+    quoted = [quote(c) for c in columns]
+    old_df: DataFrame = log.view().select(*quoted)
     retract = old_df.withColumn(WEIGHT, -F.col(WEIGHT))
     if new is None:
         return retract
     assert isinstance(new, DataFrame)
-    return new.select(*columns).unionByName(retract)
+    return new.select(*quoted).unionByName(retract)
 
 
 def _stateful_names(circuit: Circuit, names: Mapping[int, str],

@@ -128,14 +128,15 @@ _OPEN_ATTEMPTS = 5
 
 
 def _settle(old_circuit: Circuit, root: str, spark: SparkSession | LazySession,
-            **settings: Any) -> dict[str, StructType]:
+            **settings: Any) -> tuple[dict[str, StructType], int]:
     """Open ``root`` with the circuit it ran, ``old_circuit`` (which executes again the steps
     divided after its newest checkpoint), commit every step and fold every output log
-    (``circuit_upgrade.settle``); returns its views' columns. Step 1 of an upgrade."""
+    (``circuit_upgrade.settle``); returns its views' columns and the next step, which the
+    upgrade opens at (else another process ran the root meanwhile). Step 1 of an upgrade."""
     with Pipeline(old_circuit, root, spark, **settings) as before:
         with before._exclusive():
             circuit_upgrade.settle(before.engine)
-        return {v: before.view_schema(v) for v in old_circuit.outputs}
+        return {v: before.view_schema(v) for v in old_circuit.outputs}, before.next_step
 
 
 @contextlib.contextmanager
@@ -245,11 +246,13 @@ class Pipeline:
         circuit_upgrade.record_description(root, circuit)
         old_circuit = circuit_upgrade.circuit_to_upgrade(session, root, circuit) \
             if upgrade else None
-        old_columns = {}
+        old_columns: dict[str, StructType] = {}
+        settled_step = 0
         if old_circuit is not None:  # 1. settle the old circuit: every step committed
-            old_columns = _settle(old_circuit, root, self.spark, driver_step_rows=driver_step_rows,
-                                  driver_memory=driver_memory, compact_threshold=compact_threshold,
-                                  retain_checkpoints=retain_checkpoints)
+            old_columns, settled_step = _settle(
+                old_circuit, root, self.spark, driver_step_rows=driver_step_rows,
+                driver_memory=driver_memory, compact_threshold=compact_threshold,
+                retain_checkpoints=retain_checkpoints)
         planned = None
         for attempt in range(_OPEN_ATTEMPTS):
             db = StateDatabase(session, root, circuit.fingerprint())
@@ -287,10 +290,12 @@ class Pipeline:
                 layout = read_layout(db)
                 if db.recorded_fingerprint not in (None, circuit.fingerprint()):
                     if old_circuit is None or db.recorded_fingerprint != \
-                            old_circuit.fingerprint():
+                            old_circuit.fingerprint() or db.get_step() != settled_step or \
+                            divisions.get(settled_step) is not None:
                         raise CircuitChangedError(
-                            f"the circuit of the pipeline at {root} changed while it was "
-                            "being upgraded (another process upgraded it): open it again")
+                            f"the pipeline at {root} was changed by another process while it "
+                            "was being upgraded (a step, or another upgrade): stop it and "
+                            "upgrade again")
                     # 2. compare; the plan is compiled with the new state names
                     planned = circuit_upgrade.plan_change(db, circuit, old_circuit, old_columns)
                     circuit_upgrade.install_names(db, planned)
@@ -312,8 +317,10 @@ class Pipeline:
         # tables an older engine created get the engine's Delta properties (once)
         with _fenced_at_open(circuit, root):
             manifest = [engine_upgrade.manifest_path(root)] if manifest_upgraded else []
-            self.upgrade_info.table_properties = manifest + engine_upgrade.set_table_properties(
-                self._engine)
+            # (not before an upgrade's step: it commits the state; opening the old circuit to
+            # settle it set them)
+            self.upgrade_info.table_properties = manifest + (
+                engine_upgrade.set_table_properties(self._engine) if planned is None else [])
         self._lock = threading.RLock()  # one push, step or commit at a time
         self._control = threading.Condition()  # run() and pause/stop/resume
         self._running = False

@@ -117,7 +117,8 @@ class CircuitChange:
     old_fingerprint: str
     new_fingerprint: str
     #: the upgrade step: the first step of the new circuit, whose output is each view's
-    #: difference between its old and new contents
+    #: difference between its old and new contents (0: the root had executed no step, and
+    #: takes the new circuit without an upgrade step)
     step: int
     #: the state version the upgrade committed
     state_version: int

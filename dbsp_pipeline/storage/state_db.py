@@ -50,7 +50,7 @@ from dbsp_pipeline.errors import CircuitChangedError, UsageError
 from dbsp_pipeline.storage import garbage
 from dbsp_pipeline.storage.delta_store import PROPERTIES_OPERATION
 from dbsp_pipeline.storage.delta_table import SparkDeltaTable
-from dbsp_pipeline.storage.small_files import count_files, list_folders, remove_folder
+from dbsp_pipeline.storage.small_files import count_files, remove_folder
 from dbsp_pipeline.storage.staged_table import STAGED_KEY, StagedTable
 from dbsp_pipeline.storage.table_store import root_uri
 
@@ -64,6 +64,9 @@ FOLD_ACTIONS = 8
 ENGINE_VERSION = "0.1.0"
 #: the key of an upgrade's entry recording the circuit change (``runtime/circuit_upgrade.py``)
 CIRCUIT_CHANGE_KEY = "circuit_change"
+#: the key of the state tables an upgrade retired and garbage collection has not deleted yet
+#: (``retire_tables``; ``storage/verify.py`` does not check them)
+RETIRED_TABLES_KEY = "retired_tables"
 _MANIFEST_SCHEMA = StructType([
     StructField("version", LongType(), False),
     StructField("entry", StringType(), False),
@@ -88,6 +91,8 @@ class StateDatabase:
         self._state_id: str | None = None
         #: tables the next commit no longer records (``retire_tables``)
         self._retired: set[str] = set()
+        #: retired tables garbage collection deleted: the next commit no longer lists them
+        self._removed: set[str] = set()
 
     # -- the two-version interface -------------------------------------------------------
     def versions(self, retained: int = 2, from_step: int = 0) -> range:
@@ -154,6 +159,7 @@ class StateDatabase:
                   **{name: t.record() for name, t in self._tables.items()}}
         traces = {**base.get("traces", {}), **{
             name: t.delta.loaded_version() for name, t in self._tables.items()}}
+        retired = (set(base.get(RETIRED_TABLES_KEY, [])) | self._retired) - self._removed
         entry = {
             "version": base["version"] + 1,
             "step": self._step,
@@ -165,6 +171,7 @@ class StateDatabase:
             "engine_version": ENGINE_VERSION,
             "state_format": STATE_FORMAT,
             "manifest_base": self._manifest.version(),
+            **({RETIRED_TABLES_KEY: sorted(retired)} if retired else {}),
             **({} if circuit_change is None else {CIRCUIT_CHANGE_KEY: dict(circuit_change)}),
         }
         self._write_entry(entry)
@@ -175,7 +182,10 @@ class StateDatabase:
     def retire_tables(self, names: Iterable[str]) -> None:
         """Leave the state tables ``names`` (not opened in this process) out of the entries from
         the next commit on: an upgrade retires its retired operators' tables. The tables stay
-        on disk, as the older entries that record them left them."""
+        on disk, as the older entries that record them left them, and the entries list them
+        (``RETIRED_TABLES_KEY``: what ``verify`` does not check, since no plan opens them
+        again) until garbage collection has deleted them, once no retained entry records
+        them."""
         opened = sorted(set(names) & set(self._tables))
         if opened:
             raise UsageError(f"state tables {opened} are in use: they cannot be retired")
@@ -265,20 +275,22 @@ class StateDatabase:
         return deleted + self._remove_retired_tables(retained)
 
     def _remove_retired_tables(self, retained: list[tuple[int, dict[str, Any]]]) -> int:
-        """Delete the state tables that neither a retained entry records nor this process
-        opened: an upgrade's retired operators' (``retire_tables``), once the last checkpoint
-        that read them is no longer retained, and what an upgrade that crashed left. Returns
-        how many files went with them."""
+        """Delete the retired state tables (``retire_tables``) that no retained entry records
+        and this process did not open: once the last checkpoint that read them is no longer
+        retained. Returns how many files went with them. A deletion a crash cuts short is
+        done again by the next collection (the entries list the table until then)."""
         referenced = set(self._tables) | {
             name for _, entry in retained for name in entry.get("traces", {})}
         deleted = 0
-        for name in list_folders(root_layout.state_tables(self.root)):
-            if name not in referenced:
-                folder = root_layout.state_table(self.root, name)
-                files = count_files(folder)
-                if files:  # an object store may go on listing a folder it holds nothing in
-                    remove_folder(folder)
-                    deleted += files
+        for name in self._require_open().get(RETIRED_TABLES_KEY, []):
+            if name in referenced or name in self._removed:
+                continue
+            folder = root_layout.state_table(self.root, name)
+            files = count_files(folder)
+            if files:  # (an object store may go on listing a folder it holds nothing in)
+                remove_folder(folder)
+                deleted += files
+            self._removed.add(name)
         return deleted
 
     # -- tables ----------------------------------------------------------------------------

@@ -82,7 +82,7 @@ from dbsp_pipeline.storage.small_files import (
     read_text,
 )
 from dbsp_pipeline.storage.staged_table import STAGED_KEY
-from dbsp_pipeline.storage.state_db import MANIFEST_DIR
+from dbsp_pipeline.storage.state_db import MANIFEST_DIR, RETIRED_TABLES_KEY
 from dbsp_pipeline.storage.table_store import root_uri
 
 #: the tables of a pipeline root, by kind: (folder, kind, one table or a folder of tables)
@@ -614,8 +614,13 @@ class _RootScan:
         return out
 
     def _state_tables(self, cp: _Checkpoint) -> list[str]:
+        """The state tables opening ``cp`` may read: every one on disk or recorded, but those
+        an upgrade retired (``state_db.RETIRED_TABLES_KEY``: no plan opens them again, and
+        garbage collection deletes them, perhaps half-way when a crash cuts it short)."""
         recorded = [os.path.join(root_layout.STATE, name) for name in cp.entry.get("traces", {})]
-        return sorted({*self.tables("state"), *recorded})
+        retired = {os.path.join(root_layout.STATE, name)
+                   for name in cp.entry.get(RETIRED_TABLES_KEY, [])}
+        return sorted({*self.tables("state"), *recorded} - retired)
 
     # -- the logs -----------------------------------------------------------------------------
     def _log_tables_damage(self) -> list[Damage]:
@@ -872,13 +877,19 @@ class _RootScan:
 
     # -- reports ------------------------------------------------------------------------------
     def table_reports(self) -> list[TableReport]:
-        """One report per table, after the checkpoints were checked (whose damage it holds)."""
+        """One report per table, after the checkpoints were checked (whose damage it holds);
+        none for a state table an upgrade retired that no retained checkpoint records (no
+        open reads it again: garbage collection deletes it, perhaps half-way when a crash
+        cuts it short)."""
+        dead = self._retired_tables()
         for table in self.kinds:  # every table at least at its newest version
             newest = self.log(table).newest
-            if newest is not None and not self._checked.get(table):
+            if newest is not None and not self._checked.get(table) and table not in dead:
                 self.snapshot(table, newest)
         reports = []
         for table, kind in self.kinds.items():
+            if table in dead:
+                continue
             log = self.log(table)
             versions = tuple(sorted(self._checked.get(table, ())))
             damage: list[Damage] = []
@@ -894,6 +905,17 @@ class _RootScan:
             reports.append(TableReport(table, kind, log.newest, versions, last.files,
                                        last.rows, tuple(_unique(damage))))
         return reports
+
+    def _retired_tables(self) -> set[str]:
+        """The state tables the newest checkpoint lists as retired and no retained checkpoint
+        records."""
+        checkpoints = self.checkpoints()
+        if not checkpoints:
+            return set()
+        listed = checkpoints[0].entry.get(RETIRED_TABLES_KEY, [])
+        recorded = {name for cp in checkpoints for name in cp.entry.get("traces", {})}
+        return {os.path.join(root_layout.STATE, name) for name in listed
+                if name not in recorded}
 
     def side_file_damage(self) -> list[Damage]:
         path = root_layout.plan_schemas(self.root)

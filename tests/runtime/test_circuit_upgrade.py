@@ -31,6 +31,7 @@ from dbsp_pipeline.storage import crash_points
 from dbsp_pipeline.storage.crash_points import InjectedCrash
 from dbsp_pipeline.storage.small_files import count_files, list_folders
 from dbsp_pipeline.storage.staged_table import STAGED_KEY
+from dbsp_pipeline.storage.state_db import RETIRED_TABLES_KEY
 from tests.conftest import table_counter, view_rows
 from tests.object_store_helpers import new_bucket
 
@@ -151,7 +152,7 @@ def test_views_added_changed_and_removed_mid_run_equal_their_queries(spark, tmp_
         # the unchanged view's operators kept their tables as they were
         assert change.kept and change.backfilled and change.retired
         assert_kept_untouched(tables_before, p)
-        assert p.verify().ok, p.verify().damage()
+        assert p.verify().ok, p.verify().damage
         assert_views_recompute(p)
         assert view_rows(p, "with_region") == before_views["with_region"]
         for view in p.circuit.outputs:  # applying the changes ends at the new contents
@@ -193,7 +194,7 @@ def test_views_added_changed_and_removed_mid_run_equal_their_queries(spark, tmp_
         on_disk = set(list_folders(root_layout.state_tables(root)))
         retained = {t for _, e in p.engine.db.retained_entries(2) for t in e["traces"]}
         assert on_disk == set(p.engine.db.open_tables()) | retained
-        assert p.verify().ok, p.verify().damage()
+        assert p.verify().ok, p.verify().damage
 
 
 def test_a_changed_aggregate_over_a_kept_join_leaves_the_join_untouched(spark, tmp_path):
@@ -213,6 +214,58 @@ def test_a_changed_aggregate_over_a_kept_join_leaves_the_join_untouched(spark, t
         assert not list_folders(root_layout.upgrade_scratch(root))  # the scratch state went
         assert_views_recompute(p)
         play(p, rng, 1, live)
+
+
+def test_retired_tables_are_collected_and_a_collection_cut_short_is_not_damage(spark,
+                                                                                tmp_path):
+    root = str(tmp_path / "shop")
+    rng, live = seeded_root(spark, root)
+    with Pipeline(shop(**V3), root, spark, upgrade=True) as p:
+        retired = p.engine.db._require_open()[RETIRED_TABLES_KEY]
+        assert retired and p.circuit_change is not None
+        assert all(any(table_belongs(n, t) for n in p.circuit_change.retired) for t in retired)
+        play(p, rng, 2, live)  # the checkpoint from before the upgrade ages out
+    # closing collected the garbage: the retired tables are gone
+    assert not any(count_files(root_layout.state_table(root, t)) for t in retired)
+    # a collection a crash cut short: a table left without the first commits of its log
+    leftover = os.path.join(root_layout.state_table(root, retired[0]), "_delta_log")
+    os.makedirs(leftover)
+    with open(os.path.join(leftover, f"{7:020d}.json"), "w") as f:
+        f.write('{"commitInfo": {}}\n')
+    with Pipeline(shop(**V3), root, spark) as p:  # opening checks no retired table
+        assert p.verify().ok, p.verify().damage
+        p.collect_garbage(grace_seconds=0)
+        assert not count_files(root_layout.state_table(root, retired[0]))
+        play(p, rng, 1, live)
+    with Pipeline(shop(**V3), root, spark) as p:  # and the entries no longer list them
+        assert RETIRED_TABLES_KEY not in p.engine.db._require_open()
+
+
+def test_a_root_upgraded_before_its_first_step_takes_the_new_circuit_as_it_is(spark,
+                                                                               tmp_path):
+    """No step executed: there is no upgrade step (step 0, where constants emit their rows,
+    is the new circuit's first)."""
+    def circuit(extra: bool) -> Circuit:
+        c = Circuit("constants")
+        x = c.input("x", "k BIGINT")
+        fixed = c.constant("k BIGINT", [[1], [2]])
+        c.output("both", x.union(fixed))
+        if extra:
+            c.output("big", x.union(fixed).filter("k > 1"))
+        return c
+
+    root = str(tmp_path / "c")
+    with Pipeline(circuit(False), root, spark) as p:
+        p.push("x", [(5,)])  # pushed, not stepped
+        p.commit()  # a checkpoint of the old circuit at step 0
+    with Pipeline(circuit(True), root, spark, upgrade=True) as p:
+        change = p.circuit_change
+        assert change is not None and change.step == 0 and not change.outputs
+        assert p.next_step == 0
+        p.step()
+        assert view_rows(p, "both") == Counter({(1,): 1, (2,): 1, (5,): 1})
+        assert view_rows(p, "big") == Counter({(2,): 1, (5,): 1})
+        assert_views_recompute(p)
 
 
 def test_what_an_upgrade_cannot_do_is_refused_and_the_root_stays_the_old_circuit(
