@@ -316,7 +316,8 @@ class _Scratch:
     def db(self) -> StateDatabase:
         if self._db is None:
             self._db = StateDatabase(
-                self.state.spark, os.path.join(self.folder, uuid.uuid4().hex),
+                self.state.spark, root_layout.upgrade_scratch(self.state.root,
+                                                              uuid.uuid4().hex),
                 self.state.circuit.fingerprint())
             self._db.open()
         return self._db
