@@ -270,7 +270,7 @@ class Pipeline:
                 # an older engine's manifest gets the engine's Delta properties before the
                 # fence, so the fence's entry follows it (``runtime/upgrade.py``)
                 manifest_upgraded = db.set_manifest_properties(
-                    engine_upgrade.ENGINE_TABLE_PROPERTIES)
+                    engine_upgrade.engine_table_properties())
                 # This process owns the root from here: a commit to either table a step
                 # records in, by a process that opened the root before, fails (it is fenced).
                 # Both tables were read before either fence, and each fence commits at the

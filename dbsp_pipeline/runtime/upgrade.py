@@ -14,7 +14,8 @@ No input is processed again: migrations change how state is recorded, not what i
 
 Tables an older engine created lack Delta properties the engine now creates its tables with
 (``storage/delta_store.py``'s ``DEFAULT_CONFIGURATION``: no tombstones in Delta checkpoints,
-without which a checkpoint grows with every step ever run). They are set once: on the manifest
+without which a checkpoint grows with every step ever run; a Delta checkpoint every 10 commits,
+not 50, which makes each commit cheaper). They are set once: on the manifest
 before the open's fence (``StateDatabase.set_manifest_properties``), then, once the open fenced
 the root, by ``set_table_properties`` on the state tables the circuit opened (a manifest commit
 records their new versions), the division log, the input and output logs and the errors table.
@@ -153,18 +154,19 @@ def migrate(db: StateDatabase) -> UpgradeInfo:
     return info
 
 
-#: the Delta table properties every engine table has (those an older engine did not set)
-ENGINE_TABLE_PROPERTIES = {"delta.deletedFileRetentionDuration":
-                           DEFAULT_CONFIGURATION["delta.deletedFileRetentionDuration"]}
+def engine_table_properties() -> dict[str, str]:
+    """The Delta table properties every engine table has (``DEFAULT_CONFIGURATION``, as it is
+    now: an older engine set no tombstone retention and checkpointed every 50 commits)."""
+    return dict(DEFAULT_CONFIGURATION)
 
 
 def set_table_properties(state: EngineState) -> list[str]:
     """Give every table of the opened root but the manifest that lacks them
-    ``ENGINE_TABLE_PROPERTIES`` (see the module docstring); returns the tables changed, by path
+    ``engine_table_properties()`` (see the module docstring); returns the tables changed, by path
     under the root. Called by the owner after the open's fences; commits the state tables' new
     versions as a checkpoint of the same step (nothing else changes)."""
     changed = [_under(state.root, root_layout.state_table(state.root, name))
-               for name in state.db.set_table_properties(ENGINE_TABLE_PROPERTIES)]
+               for name in state.db.set_table_properties(engine_table_properties())]
     if changed:
         state.db.commit()
     tables: list[SparkDeltaTable] = [state.divisions.table]
@@ -173,7 +175,7 @@ def set_table_properties(state: EngineState) -> list[str]:
     if delta_log(root_layout.errors(state.root)) is not None:
         tables.append(ErrorsSink(state.spark, state.root).table)
     changed += [_under(state.root, t.uri) for t in tables
-                if t.set_properties(ENGINE_TABLE_PROPERTIES)]
+                if t.set_properties(engine_table_properties())]
     return changed
 
 

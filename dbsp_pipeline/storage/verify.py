@@ -42,7 +42,7 @@ the manifest (newer state, which restoring the checkpoint discards) does not: an
 ``CorruptStateError``, which names the table, the version, the file and the problem, and the
 newest retained checkpoint that is intact, if one is.
 
-Cost: per table, the commit files since its newest Delta checkpoint (written every 50 commits),
+Cost: per table, the commit files since its newest Delta checkpoint (written every 10 commits),
 one ``stat`` and one Parquet footer per data file of the snapshots checked; no data is scanned
 (the division log's step numbers come from its files' statistics).
 

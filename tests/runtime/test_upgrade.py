@@ -238,7 +238,7 @@ def _old_engine_root(spark, tmp_path, monkeypatch, name: str = "old") -> str:
 
     with monkeypatch.context() as m:
         m.setattr(delta_store, "DEFAULT_CONFIGURATION", {"delta.checkpointInterval": "50"})
-        m.setattr(upgrade, "ENGINE_TABLE_PROPERTIES", {})  # that engine set none
+        m.setattr(upgrade, "engine_table_properties", dict)  # that engine set none
         root = str(tmp_path / name)
         with workload.open_pipeline(root, spark) as p:
             for r, pushes in enumerate(ROUNDS[:3]):

@@ -19,7 +19,10 @@ def circuit() -> Circuit:
 
 
 def data_files(root: str) -> set[str]:
-    return set(glob.glob(os.path.join(root, "**", "*.parquet"), recursive=True))
+    """The data files under ``root`` (not the Delta checkpoints in the logs, which log cleanup
+    deletes, not garbage collection)."""
+    return {f for f in glob.glob(os.path.join(root, "**", "*.parquet"), recursive=True)
+            if f"{os.sep}_delta_log{os.sep}" not in f}
 
 
 def test_gc_keeps_the_retained_versions_and_deletes_the_rest(spark, tmp_path):

@@ -244,14 +244,15 @@ def test_removing_a_file_outside_the_table_is_refused(open_store: Opener) -> Non
 def test_the_log_cleaned_below_a_checkpoint_still_loads_every_later_version(
         open_store: Opener) -> None:
     """``clean_log_below``: the commits below the newest Delta checkpoint at or before the
-    version still needed go (tables are checkpointed every 50 commits); that version and every
-    later one still load, from a new handle too, and a version below the checkpoint no longer
-    does."""
+    version still needed go (tables are checkpointed every 10 commits, at versions 9, 19, ...);
+    that version and every later one still load, from a new handle too, and a version below
+    the checkpoint no longer does."""
     store = open_store()
     for v in range(1, 61):
         store.commit(store.write_arrow(rows([f"k{v}"], step=v)), expected_version=v)
-    assert store.clean_log_below(48) == 0  # no checkpoint at or before 48: nothing goes
-    assert store.clean_log_below(55) == 49  # commits 0..48; the checkpoint at 49 stays
+    assert store.clean_log_below(8) == 0  # no checkpoint at or before 8: nothing goes
+    # commits 0..48 and the checkpoints at 9, 19, 29 and 39; the checkpoint at 49 stays
+    assert store.clean_log_below(55) == 49 + 4
     assert store.clean_log_below(55) == 0  # done: a second call finds nothing more
     again = open_store()
     assert again.version() == 60

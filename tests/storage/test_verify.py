@@ -144,7 +144,7 @@ def test_a_data_file_that_is_not_what_its_commit_records_is_named(spark, built, 
 def test_a_damaged_delta_checkpoint_is_named(spark, tmp_path):
     root = str(tmp_path)
     with Pipeline(circuit(), root, spark) as p:
-        for i in range(50):  # the 50th commit writes a Delta checkpoint
+        for i in range(9):  # the 9th push is version 9, whose commit writes a Delta checkpoint
             p.push("x", [(i, "b")])
     [checkpoint] = glob.glob(os.path.join(root, "inputs", "x", "_delta_log", "*.parquet"))
     damage(checkpoint, "cut")
