@@ -536,7 +536,7 @@ class Aggregate(Operator):
     def _redo_extreme_local(self, ctx: StepContext, g: pa.Table, a: dict[str, Any]) -> pa.Table:
         """Set ``_mm<i>`` of the groups flagged ``_redo<i>`` from their live values."""
         i = a["i"]
-        redo = g.filter(pc.field(f"_redo{i}"))
+        redo = g.filter(g.column(f"_redo{i}"))  # (a NULL flag selects nothing)
         if redo.num_rows == 0:
             return g
         values = self.values[i].lookup_arrow(ctx.local, redo)

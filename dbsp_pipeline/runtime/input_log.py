@@ -15,6 +15,8 @@ input's table, which ``Pipeline.input_view`` reads and a recomputation from scra
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from typing import Any
 
 import pyarrow as pa
@@ -35,6 +37,10 @@ PRODUCER_APP_PREFIX = "producer/"
 REJECTED_KEY = "dbsp.rejected"
 #: how often a producer's push retries after other pushes took the version it aimed at
 _PRODUCER_COMMIT_ATTEMPTS = 50
+#: The pushes this process committed keep their rows in memory, up to this many rows in all
+#: (the oldest go first), so the step that consumes them reads no Parquet file. Data files are
+#: immutable: the kept rows are exactly what reading the file gives.
+PUSHED_ROWS_KEPT = 65_536
 
 
 class InputLog:
@@ -44,6 +50,11 @@ class InputLog:
         full = StructType([*schema.fields, StructField(WEIGHT, LongType(), False)])
         self.table = SparkDeltaTable(spark, root_layout.input_log(root, name), full,
                                      role="input")
+        #: the rows of pushes this process committed, by file path (``PUSHED_ROWS_KEPT``);
+        #: pushes may come from other threads (a Kafka runner's sources) than the step's
+        self._pushed: OrderedDict[str, pa.Table] = OrderedDict()
+        self._pushed_rows = 0
+        self._pushed_lock = threading.Lock()
 
     @property
     def arrow_schema(self) -> pa.Schema:
@@ -60,12 +71,26 @@ class InputLog:
         at the same time (``_commit``). ``rejected`` counts records of the batch that were not
         valid (sent to the errors sink); the commit records it for the step's result.
         """
-        adds = self.table.write_arrow(positive_zeros_arrow(table))
+        rows = positive_zeros_arrow(table)
+        adds = self.table.write_arrow(rows)
         if adds or producer is not None:
             metadata = {REJECTED_KEY: rejected} if rejected else None
             if not self._commit(adds, producer, seq, metadata):
                 return 0
+        for add in adds:  # (one file: the whole push)
+            self._keep(self.table.data_file(add).path, rows)
         return int(table.num_rows)
+
+    def _keep(self, path: str, rows: pa.Table) -> None:
+        """Keep ``rows``, the content of the committed push file ``path`` (as the file reads)."""
+        if rows.num_rows > PUSHED_ROWS_KEPT:
+            return
+        rows = rows.cast(self.table.arrow_schema)
+        with self._pushed_lock:
+            self._pushed[path] = rows
+            self._pushed_rows += rows.num_rows
+            while self._pushed_rows > PUSHED_ROWS_KEPT:
+                self._pushed_rows -= self._pushed.popitem(last=False)[1].num_rows
 
     def append_spark(self, df: DataFrame, producer: str | None = None,
                      seq: int | None = None) -> int:
@@ -100,7 +125,7 @@ class InputLog:
             return False
         cols = self.schema.fieldNames()
         if sum(f.rows for f in files) <= DRIVER_MERGE_ROWS:
-            merged = sql.consolidate(self.table.read_arrow(files), cols)
+            merged = sql.consolidate(self._read_arrow(files), cols)
             adds = self.table.write_arrow(merged) if merged.num_rows else []
         else:
             adds = self.table.write_files(consolidate(self.table.read(files), cols))
@@ -190,5 +215,13 @@ class InputLog:
         """The consolidated change held by ``files``, read on the driver."""
         if not files:
             return None
-        change = sql.consolidate(self.table.read_arrow(files), self.schema.fieldNames())
+        change = sql.consolidate(self._read_arrow(files), self.schema.fieldNames())
         return change if change.num_rows else None
+
+    def _read_arrow(self, files: list[DataFile]) -> pa.Table:
+        """The rows of ``files``: the kept rows when this process pushed them all, else read."""
+        with self._pushed_lock:
+            kept = [self._pushed.get(f.path) for f in files]
+        if kept and all(t is not None for t in kept):  # no file to open
+            return pa.concat_tables([t for t in kept if t is not None])
+        return self.table.read_arrow(files)

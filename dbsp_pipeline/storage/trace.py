@@ -119,10 +119,11 @@ def _null_safe_semi_join(rows: pa.Table, keys: pa.Table, key: Sequence[str]) -> 
     return rows.take(pc.take(found, pc.sort_indices(found)))
 
 
-#: The small files a trace wrote on the driver in this process keep their rows in memory, up to
-#: this many rows in all (the oldest go first), so the next steps' lookups read them without
-#: opening a Parquet file. Data files are immutable: the kept rows are the file's content for
-#: as long as the file is part of the trace (a lookup only reads the trace's current files).
+#: The small files a trace wrote on the driver in this process (a step's append, a driver merge
+#: once it is applied) keep their rows in memory, up to this many rows in all (the oldest go
+#: first), so the next steps' lookups and the background merges read them without opening a
+#: Parquet file. Data files are immutable: the kept rows are the file's content for as long as
+#: the file is part of the trace (a lookup only reads the trace's current files).
 RECENT_FILE_ROWS = 65_536
 
 #: Compact a trace once it has more files than this (size-tiered merge of the smallest).
@@ -150,6 +151,9 @@ class Trace:
         #: the rows of small files written by ``append_arrow``, by path (``RECENT_FILE_ROWS``)
         self._recent: dict[str, pa.Table] = {}
         self._recent_rows = 0
+        #: the rows of small files a background merge wrote, by path, until the merge is
+        #: applied (``apply_merge``, on the step's thread, moves them to ``_recent``)
+        self._merged: dict[str, pa.Table] = {}
         #: rows read from the trace by ``read``, ``read_arrow`` and ``lookup_arrow`` since the
         #: last ``reset_rows_read`` (what steps read from state; merges are not counted)
         self.rows_read = 0
@@ -308,8 +312,10 @@ class Trace:
             field = pc.field(SHARD)
             where = (field >= min(shards)) & (field <= max(shards)) & field.isin(shards)
             kept = [self._recent[f.path] for f in unread if f.path in self._recent]
-            if kept:
-                parts += [t.filter(where) for t in kept]
+            if kept:  # one mask over them all (a filter by expression costs a plan per table)
+                recent = pa.concat_tables(kept) if len(kept) > 1 else kept[0]
+                wanted = pa.array(shards, recent.schema.field(SHARD).type)
+                parts.append(recent.filter(pc.is_in(recent.column(SHARD), value_set=wanted)))
                 unread = [f for f in unread if f.path not in self._recent]
             if unread:
                 parts.append(self.table.read_arrow(unread, where))
@@ -382,7 +388,12 @@ class Trace:
         """
         rows = sum(f.rows for f in files)
         if sql is not None and rows <= DRIVER_MERGE_ROWS:
-            merged = sql.consolidate(self.table.read_arrow(files), [*self.payload, SHARD])
+            # files whose rows the step's thread keeps are not opened, if that is all of them
+            # (``dict.get`` is atomic; a kept table is never changed, only dropped)
+            kept = [self._recent.get(f.path) for f in files]
+            whole = (pa.concat_tables([t for t in kept if t is not None])
+                     if all(t is not None for t in kept) else self.table.read_arrow(files))
+            merged = sql.consolidate(whole, [*self.payload, SHARD])
             merged = merged.sort_by([(SHARD, "ascending"), *[(k, "ascending") for k in self.key]])
             merged = merged.select(self.table.arrow_schema.names)
             pieces = [merged]
@@ -394,7 +405,10 @@ class Trace:
             for part in pieces:  # one file a piece (its run is of use once it commits)
                 for a in self.table.write_arrow(part):
                     adds.append(a)
-                    self.runs.add(self.table.data_file(a), part)
+                    f = self.table.data_file(a)
+                    self.runs.add(f, part)
+                    if part.num_rows <= RECENT_FILE_ROWS:
+                        self._merged[f.path] = part
             return adds
         merged = consolidate(self.table.read(files), [*self.payload, SHARD])
         parts = max(1, min(64, rows // 2_000_000 + 1))
@@ -407,11 +421,15 @@ class Trace:
         part of the trace (it was rolled back or replaced meanwhile)."""
         current = self.files()
         gone = set(files)
+        new = [self.table.data_file(a) for a in adds]
+        merged = [self._merged.pop(f.path, None) for f in new]
         if not gone <= set(current):
             return False
         self.table.stage(adds, [f.path for f in files])
-        self._files = [f for f in current if f not in gone] + [
-            self.table.data_file(a) for a in adds]
+        self._files = [f for f in current if f not in gone] + new
+        for f, rows in zip(new, merged):
+            if rows is not None:
+                self._remember(f, rows)
         return True
 
     def compact(self, threshold: int = COMPACT_FILE_THRESHOLD, sql: LocalSQL | None = None) -> bool:

@@ -90,3 +90,43 @@ def test_a_merge_given_a_layout_writes_one_owners_rows_a_file(tmp_path):
             range(layout.workers))
         assert sorted(sql.consolidate(trace.table.read_arrow(merged), trace.payload).to_pylist(),
                       key=repr) == whole
+
+
+def test_lookups_after_a_driver_merge_read_its_rows_from_memory(tmp_path, monkeypatch):
+    """A small trace keeps the rows of the files it wrote, and of a driver merge once applied,
+    so a lookup after the merge opens no Parquet file and finds what reading the files finds
+    (a merge not applied, as when the trace moved on, keeps nothing)."""
+    import pyarrow as pa
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from dbsp_pipeline.driver.sql import LocalSQL
+    from dbsp_pipeline.spark_session import LazySession
+    from dbsp_pipeline.storage import data_files
+    from dbsp_pipeline.storage.state_db import StateDatabase
+
+    db = StateDatabase(LazySession(), str(tmp_path), "merge-memory-test")
+    db.open()
+    schema = StructType([StructField("k", LongType()), StructField("v", LongType())])
+    trace = Trace(db, "t", schema, ["k"])
+    sql = LocalSQL()
+    for step in range(4):
+        trace.append_arrow(sql, pa.table({"k": [1, 2, step + 3], "v": [step, step, step],
+                                          "_weight": [1, 1, 1]}))
+    files = trace.files()
+    assert trace.apply_merge(files, trace.merge(files, sql))
+    keys = pa.table({"k": [2, 4, 99]})
+    expected = sorted(trace.table.read_arrow(trace.files()).filter(
+        pa.compute.is_in(pa.compute.field("k"), pa.array([2, 4, 99]))).to_pylist(), key=repr)
+    opened = []
+    real_read = data_files.DataFiles.read_arrow
+    monkeypatch.setattr(data_files.DataFiles, "read_arrow",
+                        lambda self, paths, *a, **k: opened.append(paths) or real_read(
+                            self, paths, *a, **k))
+    assert sorted(trace.lookup_arrow(sql, keys).to_pylist(), key=repr) == expected
+    assert opened == [] and len(expected) == 5  # k=2 four times, k=4 once
+    trace.append_arrow(sql, pa.table({"k": [7], "v": [7], "_weight": [1]}))
+    files = trace.files()
+    stale = trace.merge(files, sql)  # written, then not applied: the files are gone meanwhile
+    trace.swap_files(files, [])
+    assert not trace.apply_merge(files, stale)
+    assert trace._merged == {} and trace.files() == []
