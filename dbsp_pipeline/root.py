@@ -44,17 +44,15 @@ import os
 import re
 from dataclasses import dataclass
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from dbsp_pipeline.runtime.division_log import CARRIED_RECORDS_KEY, read_last
 from dbsp_pipeline.storage.delta_table import (
     data_commit_times,
     delta_log,
+    newest_rows,
     table_id,
     table_version,
 )
-from dbsp_pipeline.storage.small_files import is_remote, read_bytes
+from dbsp_pipeline.storage.small_files import is_remote
 from dbsp_pipeline.storage.table_store import root_uri
 
 #: the state database's manifest table
@@ -249,9 +247,6 @@ def newest_entry_meta(root: str, key: str) -> object:
     """The metadata ``key`` of the newest manifest entry of the root ``root`` (None: no entry,
     or no such key): the one file of the manifest's newest version. Read-only, without Spark,
     on any store."""
-    log = delta_log(manifest(root_uri(root)))
-    for path in log.file_uris() if log is not None else []:
-        data = read_bytes(path.removeprefix("file://"))
-        for row in pq.read_table(pa.BufferReader(data)).to_pylist() if data else []:
-            return json.loads(row["entry"]).get("meta", {}).get(key)
+    for row in newest_rows(manifest(root_uri(root))) or []:
+        return json.loads(row["entry"]).get("meta", {}).get(key)
     return None

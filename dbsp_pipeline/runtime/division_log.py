@@ -47,9 +47,8 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from dbsp_pipeline.errors import DivisionRecordError, StorageError
-from dbsp_pipeline.storage.delta_table import SparkDeltaTable, delta_log
-from dbsp_pipeline.storage.small_files import read_bytes
+from dbsp_pipeline.errors import DivisionRecordError
+from dbsp_pipeline.storage.delta_table import SparkDeltaTable, newest_rows
 
 _SCHEMA = StructType([StructField("step", LongType(), False),
                       StructField("uppers", StringType(), False)])
@@ -309,18 +308,10 @@ def read_last(uri: str, carried: object = None) -> tuple[int, dict[str, int]] | 
             step = int(item[0])
             if last is None or step > last[0]:
                 last = step, parse(str(item[1]))[0]
-    log = delta_log(uri)
-    if log is None:
-        return last
-    for path in log.file_uris():
-        data = read_bytes(path.removeprefix("file://"))
-        if data is None:
-            raise StorageError(f"division log {uri}: its data file {path} is missing",
-                               definitely_failed=True)
-        for row in pq.read_table(pa.BufferReader(data)).to_pylist():
-            step = int(row["step"])
-            if last is None or step > last[0]:
-                last = step, parse(row["uppers"])[0]
+    for row in newest_rows(uri) or []:
+        step = int(row["step"])
+        if last is None or step > last[0]:
+            last = step, parse(row["uppers"])[0]
     return last
 
 

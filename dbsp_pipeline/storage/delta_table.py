@@ -27,6 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame, SparkSession
@@ -35,7 +36,7 @@ from pyspark.sql.types import StructType
 from dbsp_pipeline.errors import ConcurrentWriterError, StorageError
 from dbsp_pipeline.storage.delta_store import LOG_DIR
 from dbsp_pipeline.storage.s3_store import s3_options
-from dbsp_pipeline.storage.small_files import is_remote, read_text
+from dbsp_pipeline.storage.small_files import is_remote, read_bytes, read_text
 from dbsp_pipeline.storage.table_store import (
     ACTIONS_KEY,
     DATA_DIR,
@@ -80,6 +81,12 @@ class SparkDeltaTable:
             open_table_store(uri, self.arrow_schema, configuration,
                              storage_options=storage_options), role)
         self.uri = self.store.uri
+        #: the absolute paths of data files a commit of this process made part of the table
+        #: (``commit``, or a state database's checkpoint recording them staged): their writes
+        #: are over, so garbage collection deletes them as soon as no retained version refers
+        #: to them, without the grace that protects writes still on their way to a commit
+        #: (``storage/garbage.py``)
+        self.committed_files: set[str] = set()
 
     # -- versions --------------------------------------------------------------------------
     def version(self) -> int:
@@ -173,15 +180,17 @@ class SparkDeltaTable:
         if expected is None and self.single_writer:
             expected = self.store.version(refresh=False) + 1
         try:
-            return self.store.commit(adds, removes, app_id=app_id, app_version=app_version,
-                                     metadata=metadata, data_change=data_change,
-                                     expected_version=expected)
+            version = self.store.commit(adds, removes, app_id=app_id, app_version=app_version,
+                                        metadata=metadata, data_change=data_change,
+                                        expected_version=expected)
         except StorageError as e:
             if e.definitely_failed or expected is None or not adds:
                 raise
-            if self._landed(expected, adds, e):
-                return expected
-            raise
+            if not self._landed(expected, adds, e):
+                raise
+            version = expected
+        self.committed_files.update(self.store.path(a.path) for a in adds)
+        return version
 
     def _landed(self, version: int, adds: Sequence[AddAction], error: StorageError) -> bool:
         """Whether the commit of ``adds`` at ``version``, which failed with the unknown outcome
@@ -279,6 +288,31 @@ def delta_log(uri: str, version: int | None = None) -> DeltaTable | None:
     if not DeltaTable.is_deltatable(uri, storage_options=options):
         return None
     return DeltaTable(uri, version=version, storage_options=options)
+
+
+def newest_rows(uri: str, attempts: int = 5) -> list[dict[str, Any]] | None:
+    """The rows of the data files of the newest version of the small table at ``uri`` (the
+    division log, the manifest), read without Spark; None when there is no table there. A file
+    that is gone because the table moved on meanwhile (the writer replaced it, and its garbage
+    collection deleted it) is read again from the new version; a file missing from the version
+    that is still the newest is damage, a ``StorageError`` naming it."""
+    for _ in range(attempts):
+        log = delta_log(uri)
+        if log is None:
+            return None
+        rows: list[dict[str, Any]] = []
+        for path in log.file_uris():
+            data = read_bytes(path.removeprefix("file://"))
+            if data is None:
+                break
+            rows.extend(pq.read_table(pa.BufferReader(data)).to_pylist())
+        else:
+            return rows
+        if table_version(uri) == log.version():
+            raise StorageError(f"{uri}: its data file {path} is missing",
+                               definitely_failed=True)
+    raise StorageError(f"{uri}: moved on {attempts} times while it was read",
+                       definitely_failed=False)
 
 
 def table_version(uri: str) -> int:

@@ -175,6 +175,8 @@ class StateDatabase:
             **({} if circuit_change is None else {CIRCUIT_CHANGE_KEY: dict(circuit_change)}),
         }
         self._write_entry(entry)
+        for table in self._tables.values():  # the entry records them: their writes are over
+            table.delta.committed_files.update(table.staged_paths())
         self._base = entry
         self._retired = set()
         return int(entry["version"])

@@ -56,3 +56,37 @@ def test_a_commit_of_unknown_outcome_is_a_lost_race_when_the_log_says_so(
     monkeypatch.setattr(DeltaTable, "create_write_transaction", commit)
     with pytest.raises(ConcurrentWriterError):
         table.commit(_rows(table, "c"))
+
+
+def test_newest_rows_reads_again_when_the_table_moved_on_and_names_a_lost_file(
+        tmp_path, monkeypatch):
+    """``newest_rows`` (a status read in another process): a file that vanished because the
+    writer replaced it (and collected it) is read from the new version; a file missing from the
+    version that is still the newest is a ``StorageError`` naming it."""
+    import os
+
+    from dbsp_pipeline.spark_session import LazySession
+    from dbsp_pipeline.storage import delta_table
+
+    schema = StructType([StructField("k", LongType())])
+    table = SparkDeltaTable(LazySession(), str(tmp_path / "t"), schema)  # never starts Spark
+    [first] = table.write_arrow(pa.table({"k": [1]}))
+    table.commit([first])
+    real_read = delta_table.read_bytes
+    moves = []
+
+    def read_while_the_writer_moves_on(path: str) -> bytes | None:
+        if not moves:  # the writer replaces the file and deletes it, between load and read
+            [second] = table.write_arrow(pa.table({"k": [2]}))
+            moves.append(table.commit([second], [table.store.path(first.path)]))
+            os.remove(table.store.path(first.path))
+        return real_read(path)
+
+    with monkeypatch.context() as m:
+        m.setattr(delta_table, "read_bytes", read_while_the_writer_moves_on)
+        assert delta_table.newest_rows(table.uri) == [{"k": 2}] and moves == [2]
+    [lost] = table.files()
+    os.remove(lost.path)
+    with pytest.raises(StorageError, match=f"data file .*{os.path.basename(lost.path)}"):
+        delta_table.newest_rows(table.uri)
+    assert delta_table.newest_rows(str(tmp_path / "none")) is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import time
 
 from dbsp_pipeline import Circuit, Pipeline
 from dbsp_pipeline.runtime import upkeep
@@ -81,3 +82,55 @@ def test_consolidating_consumed_input_is_not_new_input(spark, tmp_path):
         assert {tuple(r.values())[:-1]: r["_weight"] for r in p.input_view_arrow("x").to_pylist()
                 } == {(1, i): 1 for i in range(6)}
         assert [r.inputs for r in p.run()] == [{"x": 1}]
+
+
+def test_files_this_process_committed_need_no_grace(spark, tmp_path):
+    """A file that a commit of this process made part of a table, and that no version to keep
+    refers to any more, is deleted once it is a minute old, though younger than the grace
+    period: its write is over. A young file no commit of this process made (an orphan, whose
+    write may still be going, or another process's file) waits out the grace period."""
+    import pyarrow as pa
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from dbsp_pipeline.storage import garbage
+    from dbsp_pipeline.storage.delta_table import SparkDeltaTable
+
+    schema = StructType([StructField("k", LongType())])
+    uri = str(tmp_path / "t")
+    table = SparkDeltaTable(spark, uri, schema)
+    [first] = table.write_arrow(pa.table({"k": [1]}))
+    table.commit([first])
+    [second] = table.write_arrow(pa.table({"k": [2]}))
+    table.commit([second], [table.store.path(first.path)])  # the first file is replaced
+    table.write_arrow(pa.table({"k": [3]}))  # an orphan: written, never committed
+    assert garbage.collect(table, table.version()) == 0  # all written a moment ago
+    two_minutes_ago = time.time() - 120
+    for f in table.store.stored_data_files():
+        os.utime(f.path, (two_minutes_ago, two_minutes_ago))
+    other = SparkDeltaTable(spark, uri, schema)  # another process: it committed nothing
+    assert garbage.collect(other, other.version()) == 0
+    on_disk = {f.path for f in table.store.stored_data_files()}
+    assert len(on_disk) == 3
+    assert garbage.collect(table, table.version()) == 1  # the default grace: an hour
+    assert {f.path for f in table.store.stored_data_files()} == on_disk - {
+        table.store.path(first.path)}
+    assert table.committed_files == {table.store.path(second.path)}
+
+
+def test_a_long_run_of_small_steps_keeps_few_files(spark, tmp_path, monkeypatch):
+    """Files a step writes and a merge or fold soon replaces do not pile up for the grace
+    period: after 64 steps (each taken as a minute apart) and a collection, the state tables,
+    the manifest, the input and the division log hold about the files the retained state refers
+    to, not one per step each (the output log keeps its history: a file per step)."""
+    from dbsp_pipeline.storage import garbage
+
+    monkeypatch.setattr(garbage, "COMMITTED_GRACE_SECONDS", 0.0)
+    root = str(tmp_path)
+    with Pipeline(circuit(), root, spark, compact_threshold=2) as p:
+        for i in range(64):
+            p.push("x", [(i % 5, i)])
+            p.step()
+        p.collect_garbage()  # the default grace
+        history = {f.path for f in p.engine.outputs["g"].table.files()}
+        assert {f for f in data_files(root) if f"{os.sep}outputs{os.sep}" in f} == history
+        assert len([f for f in data_files(root) if f not in history]) <= 20
