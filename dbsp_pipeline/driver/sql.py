@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.types import LongType, StructField, StructType
@@ -52,8 +53,8 @@ def arrow_groups_like_duckdb(table: pa.Table, columns: Sequence[str]) -> bool:
         if pa.types.is_floating(kind):
             if column.null_count == len(column):
                 continue
-            negative_zero = pc.and_(pc.equal(column, 0), pc.less(pc.divide(1.0, column), 0))
-            if pc.any(pc.or_kleene(negative_zero, pc.is_nan(column))).as_py():
+            values = pc.fill_null(column, 1.0).to_numpy()  # (a NULL is neither)
+            if np.isnan(values).any() or np.signbit(values[values == 0]).any():
                 return False
         elif not (pa.types.is_integer(kind) or pa.types.is_boolean(kind)
                   or pa.types.is_string(kind) or pa.types.is_large_string(kind)

@@ -70,6 +70,9 @@ def test_negative_zero_and_nan_keys_go_to_duckdb():
         table = pa.table({"f": [0.0, odd, 1.0], "_weight": [1, 1, 1]})
         assert not fast_path(table, ["f"])
         assert fast_path(table, [])  # no key: nothing to compare
+    for odd in (-0.0, math.nan):  # in a later chunk of a float32 column, beside a NULL
+        column = pa.chunked_array([[1.0, None], [odd, 2.0]], pa.float32())
+        assert not fast_path(pa.table({"f": column, "_weight": [1, 1, 1, 1]}), ["f"])
     table = pa.table({"f": [0.0, 0.0, None], "_weight": [1, -1, 2]})
     assert fast_path(table, ["f"])
     assert consolidate_arrow(table, ["f"]).to_pylist() == [{"f": None, "_weight": 2}]
