@@ -39,9 +39,9 @@ def collect_garbage(state: EngineState, grace_seconds: float) -> int:
     """Delete the data files no retained state version and no newer commit refers to, in the
     state tables and the output and input logs (files younger than ``grace_seconds`` are kept,
     their write may still commit, unless this process committed them: ``storage/garbage.py``);
-    input that every retained state version has consumed is
-    consolidated in the input logs first. Waits for a background merge to finish; does nothing
-    during a hot layout change (it copies files). Returns how many files were deleted."""
+    input that every retained state version has consumed is consolidated in the input logs
+    first. Waits for a background merge to finish; does nothing during a hot layout change (it
+    copies files). Returns how many files were deleted."""
     if state.migration is not None:
         return 0  # a hot layout change is copying files; the next collection will do
     state.compactor.apply_finished(wait=True)

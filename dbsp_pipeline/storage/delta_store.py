@@ -41,9 +41,9 @@ LOG_DIR = "_delta_log"
 #: a Delta checkpoint every 10 commits, and no tombstones in it. delta-rs replays every commit
 #: since the newest checkpoint at each commit and log read: in 100-row steps, where the manifest
 #: and an input log take a commit each step, a manifest commit plus the read after it cost 8.7 ms
-#: at an interval of 50 and 6.8 ms at 10, an input log's 12.7 and 9.6 ms. A checkpoint is one
-#: Parquet file of the table's live files. A checkpoint keeps a ``remove``
-#: action for every file removed within ``deletedFileRetentionDuration`` (7 days by default)
+#: at an interval of 50 and 6.8 ms at 10, an input log's 12.7 and 9.6 ms (a checkpoint is one
+#: Parquet file listing the table's live files). A checkpoint keeps a ``remove`` action for
+#: every file removed within ``deletedFileRetentionDuration`` (7 days by default)
 #: for VACUUM's sake; the engine never runs VACUUM (``storage/garbage.py`` decides by the
 #: versions it retains), and a table that replaces files at every step (a log folded, a trace
 #: merged) would carry one tombstone per step: after 100,000 steps, a 6 MB checkpoint read by

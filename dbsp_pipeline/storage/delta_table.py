@@ -83,9 +83,9 @@ class SparkDeltaTable:
         self.uri = self.store.uri
         #: the absolute paths of data files a commit of this process made part of the table
         #: (``commit``, or a state database's checkpoint recording them staged): their writes
-        #: are over, so garbage collection deletes them as soon as no retained version refers
-        #: to them, without the grace that protects writes still on their way to a commit
-        #: (``storage/garbage.py``)
+        #: are over, so once no retained version refers to them garbage collection deletes
+        #: them a minute after they were written, not after the hour of grace that protects
+        #: writes still on their way to a commit (``storage/garbage.py``)
         self.committed_files: set[str] = set()
 
     # -- versions --------------------------------------------------------------------------
