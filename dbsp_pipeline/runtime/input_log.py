@@ -15,8 +15,6 @@ input's table, which ``Pipeline.input_view`` reads and a recomputation from scra
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from typing import Any
 
 import pyarrow as pa
@@ -28,6 +26,7 @@ from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.driver.sql import LocalSQL
 from dbsp_pipeline.errors import ConcurrentWriterError
 from dbsp_pipeline.storage.delta_table import DataFile, SparkDeltaTable
+from dbsp_pipeline.storage.kept_rows import KeptRows
 from dbsp_pipeline.storage.trace import DRIVER_MERGE_ROWS
 from dbsp_pipeline.zset import WEIGHT, consolidate, positive_zeros, positive_zeros_arrow
 
@@ -50,11 +49,8 @@ class InputLog:
         full = StructType([*schema.fields, StructField(WEIGHT, LongType(), False)])
         self.table = SparkDeltaTable(spark, root_layout.input_log(root, name), full,
                                      role="input")
-        #: the rows of pushes this process committed, by file path (``PUSHED_ROWS_KEPT``);
-        #: pushes may come from other threads (a Kafka runner's sources) than the step's
-        self._pushed: OrderedDict[str, pa.Table] = OrderedDict()
-        self._pushed_rows = 0
-        self._pushed_lock = threading.Lock()
+        #: the rows of pushes this process committed, by file path (``PUSHED_ROWS_KEPT``)
+        self._pushed = KeptRows()
 
     @property
     def arrow_schema(self) -> pa.Schema:
@@ -77,20 +73,11 @@ class InputLog:
             metadata = {REJECTED_KEY: rejected} if rejected else None
             if not self._commit(adds, producer, seq, metadata):
                 return 0
-        for add in adds:  # (one file: the whole push)
-            self._keep(self.table.data_file(add).path, rows)
+        for add in adds:  # (one file: the whole push, kept as the file reads)
+            if rows.num_rows <= PUSHED_ROWS_KEPT:
+                self._pushed.keep(self.table.data_file(add).path,
+                                  rows.cast(self.table.arrow_schema), PUSHED_ROWS_KEPT)
         return int(table.num_rows)
-
-    def _keep(self, path: str, rows: pa.Table) -> None:
-        """Keep ``rows``, the content of the committed push file ``path`` (as the file reads)."""
-        if rows.num_rows > PUSHED_ROWS_KEPT:
-            return
-        rows = rows.cast(self.table.arrow_schema)
-        with self._pushed_lock:
-            self._pushed[path] = rows
-            self._pushed_rows += rows.num_rows
-            while self._pushed_rows > PUSHED_ROWS_KEPT:
-                self._pushed_rows -= self._pushed.popitem(last=False)[1].num_rows
 
     def append_spark(self, df: DataFrame, producer: str | None = None,
                      seq: int | None = None) -> int:
@@ -220,8 +207,7 @@ class InputLog:
 
     def _read_arrow(self, files: list[DataFile]) -> pa.Table:
         """The rows of ``files``: the kept rows when this process pushed them all, else read."""
-        with self._pushed_lock:
-            kept = [self._pushed.get(f.path) for f in files]
+        kept = [self._pushed.get(f.path) for f in files]
         if kept and all(t is not None for t in kept):  # no file to open
             return pa.concat_tables([t for t in kept if t is not None])
         return self.table.read_arrow(files)

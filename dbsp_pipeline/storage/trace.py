@@ -46,6 +46,7 @@ from dbsp_pipeline.driver.sql import (
     null_safe_on,
 )
 from dbsp_pipeline.storage.delta_table import DataFile
+from dbsp_pipeline.storage.kept_rows import KeptRows
 from dbsp_pipeline.storage.keyed_runs import KeyedRuns
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.zset import SHARD, WEIGHT, consolidate, shard_of
@@ -148,9 +149,9 @@ class Trace:
         #: the keyed runs of the trace's big files, for lookups by key
         self.runs = KeyedRuns(root_layout.keyed_runs(db.root, name), self.table.arrow_schema,
                               self.key, self._key_hashes)
-        #: the rows of small files written by ``append_arrow``, by path (``RECENT_FILE_ROWS``)
-        self._recent: dict[str, pa.Table] = {}
-        self._recent_rows = 0
+        #: the rows of small files written by ``append_arrow`` or an applied driver merge, by
+        #: path (``RECENT_FILE_ROWS``)
+        self._recent = KeptRows()
         #: the rows of small files a background merge wrote, by path, until the merge is
         #: applied (``apply_merge``, on the step's thread, moves them to ``_recent``)
         self._merged: dict[str, pa.Table] = {}
@@ -246,14 +247,9 @@ class Trace:
 
     def _remember(self, f: DataFile, rows: pa.Table) -> None:
         """Keep ``rows`` (the whole content of the new file ``f``) for lookups."""
-        if rows.num_rows > RECENT_FILE_ROWS:
-            return
-        self._recent[f.path] = rows.select(self.table.arrow_schema.names).cast(
-            self.table.arrow_schema)
-        self._recent_rows += rows.num_rows
-        while self._recent_rows > RECENT_FILE_ROWS:
-            oldest = next(iter(self._recent))
-            self._recent_rows -= self._recent.pop(oldest).num_rows
+        if rows.num_rows <= RECENT_FILE_ROWS:
+            self._recent.keep(f.path, rows.select(self.table.arrow_schema.names).cast(
+                self.table.arrow_schema), RECENT_FILE_ROWS)
 
     def replace_arrow(self, delta: pa.Table | None) -> None:
         """``replace`` on the driver (``delta`` is already consolidated)."""
@@ -311,12 +307,13 @@ class Trace:
         if unread:
             field = pc.field(SHARD)
             where = (field >= min(shards)) & (field <= max(shards)) & field.isin(shards)
-            kept = [self._recent[f.path] for f in unread if f.path in self._recent]
+            found = [(f, self._recent.get(f.path)) for f in unread]
+            kept = [t for _, t in found if t is not None]
             if kept:  # one mask over them all (a filter by expression costs a plan per table)
                 recent = pa.concat_tables(kept) if len(kept) > 1 else kept[0]
                 wanted = pa.array(shards, recent.schema.field(SHARD).type)
                 parts.append(recent.filter(pc.is_in(recent.column(SHARD), value_set=wanted)))
-                unread = [f for f in unread if f.path not in self._recent]
+                unread = [f for f, t in found if t is None]
             if unread:
                 parts.append(self.table.read_arrow(unread, where))
         rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
@@ -388,8 +385,7 @@ class Trace:
         """
         rows = sum(f.rows for f in files)
         if sql is not None and rows <= DRIVER_MERGE_ROWS:
-            # files whose rows the step's thread keeps are not opened, if that is all of them
-            # (``dict.get`` is atomic; a kept table is never changed, only dropped)
+            # files whose rows are kept are not opened, if that is all of them
             kept = [self._recent.get(f.path) for f in files]
             whole = (pa.concat_tables([t for t in kept if t is not None])
                      if all(t is not None for t in kept) else self.table.read_arrow(files))
