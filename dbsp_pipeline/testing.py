@@ -43,7 +43,7 @@ from dbsp_pipeline.storage.crash_points import (
     reset,
 )
 from dbsp_pipeline.storage.delta_store import has_properties
-from dbsp_pipeline.storage.table_store import DataFile, StoredFile, TableStore
+from dbsp_pipeline.storage.table_store import DataFile, FileChange, StoredFile, TableStore
 
 __all__ = ["CRASH_EXIT_CODE", "FaultInjectingTableStore", "InjectedCrash", "arm", "passes",
            "reset"]
@@ -124,6 +124,9 @@ class FaultInjectingTableStore:
     def added_files(self, lower: int, upper: int, data_only: bool = False) -> list[DataFile]:
         return self.inner.added_files(lower, upper, data_only)
 
+    def file_changes(self, lower: int, upper: int) -> list[FileChange] | None:
+        return self.inner.file_changes(lower, upper)
+
     def commit_infos(self, lower: int, upper: int) -> list[dict[str, Any]]:
         return self.inner.commit_infos(lower, upper)
 
@@ -148,6 +151,9 @@ class FaultInjectingTableStore:
 
     def stored_data_files(self) -> list[StoredFile]:
         return self.inner.stored_data_files()
+
+    def stat_data_files(self, paths: Sequence[str]) -> list[StoredFile]:
+        return self.inner.stat_data_files(paths)
 
     def delete_data_files(self, paths: Sequence[str]) -> None:
         self.inner.delete_data_files(paths)

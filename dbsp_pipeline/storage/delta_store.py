@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import posixpath
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 import pyarrow as pa
@@ -34,7 +35,13 @@ from deltalake.transaction import AddAction
 
 from dbsp_pipeline.errors import ConcurrentWriterError, StorageError
 from dbsp_pipeline.storage.data_files import DataFiles, millis
-from dbsp_pipeline.storage.table_store import ACTIONS_KEY, DATA_DIR, DataFile, StoredFile
+from dbsp_pipeline.storage.table_store import (
+    ACTIONS_KEY,
+    DATA_DIR,
+    DataFile,
+    FileChange,
+    StoredFile,
+)
 
 LOG_DIR = "_delta_log"
 #: Delta configuration of every table the engine creates (a caller's configuration wins):
@@ -101,8 +108,9 @@ class DeltaTableStore:
         """Make the folder ``fs_path`` exist before files are written into it."""
         self.data.make_folder(fs_path)
 
-    def _remove_empty_folders(self) -> None:
-        """Remove data folders that hold no file (after garbage collection)."""
+    def _remove_empty_folders(self, folders: Set[str]) -> None:
+        """Remove those of ``folders`` (filesystem paths of folders inside the data folder,
+        whose files garbage collection just deleted) that hold no file now."""
 
     # -- versions and the log ----------------------------------------------------------------
     def version(self, *, refresh: bool = True) -> int:
@@ -146,6 +154,17 @@ class DeltaTableStore:
                 if add is not None and (add.get("dataChange", True) or not data_only):
                     out.append(DataFile.from_stats(self.path(add["path"]),
                                                    add.get("stats") or "{}"))
+        return out
+
+    def file_changes(self, lower: int, upper: int) -> list[FileChange] | None:
+        out = []
+        for v in range(lower + 1, upper + 1):
+            actions = self._commit_actions(v)
+            if actions is None:
+                return None
+            added = tuple(self.path(a["add"]["path"]) for a in actions if a.get("add"))
+            removed = tuple(self.path(a["remove"]["path"]) for a in actions if a.get("remove"))
+            out.append(FileChange(v, added, removed))
         return out
 
     def commit_infos(self, lower: int, upper: int) -> list[dict[str, Any]]:
@@ -194,10 +213,15 @@ class DeltaTableStore:
                 for info in self._fs.get_file_info(selector)
                 if info.type == pafs.FileType.File and info.base_name.endswith(".parquet")]
 
+    def stat_data_files(self, paths: Sequence[str]) -> list[StoredFile]:
+        infos = self._fs.get_file_info([self.fs_path(p) for p in paths]) if paths else []
+        return [StoredFile(p, millis(info) / 1000) for p, info in zip(paths, infos)
+                if info.type == pafs.FileType.File]
+
     def delete_data_files(self, paths: Sequence[str]) -> None:
         for p in paths:
             self._fs.delete_file(self.fs_path(p))
-        self._remove_empty_folders()
+        self._remove_empty_folders({posixpath.dirname(self.fs_path(p)) for p in paths})
 
     # -- durable actions ---------------------------------------------------------------------
     def commit(self, adds: Sequence[AddAction] = (), removes: Sequence[str] = (), *,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -45,6 +45,9 @@ from dbsp_pipeline.storage.table_store import (
     open_table_store,
 )
 from dbsp_pipeline.zset import quote, spark_to_arrow_schema
+
+if TYPE_CHECKING:
+    from dbsp_pipeline.storage.garbage import RemovedFiles
 
 __all__ = ["ACTIONS_KEY", "DATA_DIR", "DataFile", "SparkDeltaTable", "spark_to_arrow_schema"]
 
@@ -87,6 +90,9 @@ class SparkDeltaTable:
         #: them a minute after they were written, not after the hour of grace that protects
         #: writes still on their way to a commit (``storage/garbage.py``)
         self.committed_files: set[str] = set()
+        #: what garbage collection learnt of this table's removed files since it last listed
+        #: the data folder (``storage/garbage.py``; None: the next collection lists it)
+        self.garbage: RemovedFiles | None = None
 
     # -- versions --------------------------------------------------------------------------
     def version(self) -> int:

@@ -8,7 +8,7 @@ are atomic and two writers racing for one version cannot both win (see
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -30,8 +30,11 @@ class LocalTableStore(DeltaTableStore):
         super().__init__(local_path(uri), schema, configuration,
                          filesystem=pafs.LocalFileSystem())
 
-    def _remove_empty_folders(self) -> None:
+    def _remove_empty_folders(self, folders: Set[str]) -> None:
         data_root = os.path.join(self.uri, DATA_DIR)
-        for folder, _, _ in os.walk(data_root, topdown=False):
-            if folder != data_root and not os.listdir(folder):
+        for folder in sorted(folders, key=len, reverse=True):  # a sub-folder before its parent
+            # and up: a folder holding only folders that were just removed goes with them
+            while folder.startswith(data_root + os.sep) and os.path.isdir(folder) \
+                    and not os.listdir(folder):
                 os.rmdir(folder)
+                folder = os.path.dirname(folder)

@@ -37,6 +37,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from dbsp_pipeline.errors import StorageError
+from dbsp_pipeline.storage import garbage
 from dbsp_pipeline.storage.delta_table import DataFile, SparkDeltaTable
 from dbsp_pipeline.storage.table_store import TableStore
 
@@ -103,11 +104,13 @@ class StagedTable:
     def stage(self, adds: Sequence[AddAction] = (), removes: Sequence[str] = ()) -> None:
         """Stage the adds ``adds`` (written, uncommitted files) and the removal of the files at
         the absolute paths ``removes``. A removed file that was only staged is unstaged (never
-        committed, it is garbage once no retained checkpoint stages it). Nothing is durable
-        until a checkpoint records the staged actions."""
+        committed, it is garbage once no retained checkpoint stages it: garbage collection is
+        told, ``garbage.note_never_committed``). Nothing is durable until a checkpoint records
+        the staged actions."""
         for path in removes:
             if path in self._adds:
                 del self._adds[path]
+                garbage.note_never_committed(self.delta, [path])
             else:
                 self._removes[path] = None
         for add in adds:

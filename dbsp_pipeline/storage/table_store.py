@@ -73,6 +73,15 @@ class StoredFile:
     modified: float
 
 
+@dataclass(frozen=True)
+class FileChange:
+    """What one commit did to a table's files: the absolute paths it added and removed."""
+
+    version: int
+    added: tuple[str, ...]
+    removed: tuple[str, ...]
+
+
 @runtime_checkable
 class TableStore(Protocol):
     """One Delta table in a store. See the module docstring for the contracts."""
@@ -97,6 +106,12 @@ class TableStore(Protocol):
         """The files added by versions ``lower+1 .. upper``, in commit order; with
         ``data_only``, only files of data changes (not rewrites). Raises ``StorageError`` when
         ``data_only`` and a commit of the range was cleaned up."""
+        ...
+
+    def file_changes(self, lower: int, upper: int) -> list[FileChange] | None:
+        """What each of the versions ``lower+1 .. upper`` did to the table's files, in commit
+        order; None when a commit file of the range was cleaned up. Reads those commits only:
+        the cost follows the number of commits, not the table's history."""
         ...
 
     def commit_infos(self, lower: int, upper: int) -> list[dict[str, Any]]:
@@ -136,6 +151,11 @@ class TableStore(Protocol):
 
     def stored_data_files(self) -> list[StoredFile]:
         """Every Parquet file under the table's data folder, committed or not."""
+        ...
+
+    def stat_data_files(self, paths: Sequence[str]) -> list[StoredFile]:
+        """The data files among ``paths`` (absolute) that the store holds, as
+        ``stored_data_files`` describes them (a path it does not hold is left out)."""
         ...
 
     def delete_data_files(self, paths: Sequence[str]) -> None:

@@ -502,9 +502,12 @@ class Trace:
         return [SHARD, *self.key] if layout.keyed else [SHARD]
 
     def collect_runs(self) -> int:
-        """Delete the keyed runs of data files that are no longer stored (garbage collection
-        deleted them); returns how many files went."""
-        return self.runs.retain(f.path for f in self.table.store.stored_data_files())
+        """Delete the keyed runs of data files the trace no longer holds (a merge replaced
+        them; garbage collection deletes them once no retained version reads them); returns how
+        many files went. Runs are a cache (``keyed_runs.py``): a lookup in a file of an older
+        version (after a restore) builds its run again. Lists only the runs' folder, not the
+        table's data files."""
+        return self.runs.retain(f.path for f in self.files())
 
     def reset_cache(self) -> None:
         """Forget the cached file list (after the state database rolled the table back)."""

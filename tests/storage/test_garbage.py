@@ -134,3 +134,129 @@ def test_a_long_run_of_small_steps_keeps_few_files(spark, tmp_path, monkeypatch)
         history = {f.path for f in p.engine.outputs["g"].table.files()}
         assert {f for f in data_files(root) if f"{os.sep}outputs{os.sep}" in f} == history
         assert len([f for f in data_files(root) if f not in history]) <= 20
+
+
+def _small_table(spark, tmp_path):
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from dbsp_pipeline.storage.delta_table import SparkDeltaTable
+
+    return SparkDeltaTable(spark, str(tmp_path / "t"),
+                           StructType([StructField("k", LongType())]))
+
+
+def test_collections_between_listings_delete_what_a_listing_would(spark, tmp_path,
+                                                                   monkeypatch):
+    """Random commits (adds, replacements, restores that add removed files back), some files
+    only staged, and collections keeping a random recent version: a collection that reads the
+    commits since the last one deletes exactly the files a listing would (no orphans here: a
+    listing finds those), and never a file a version from ``keep_version`` on refers to."""
+    import numpy as np
+    import pyarrow as pa
+
+    from dbsp_pipeline.storage import garbage
+
+    monkeypatch.setattr(garbage, "COMMITTED_GRACE_SECONDS", 0.0)
+    monkeypatch.setattr(garbage, "LISTING_EVERY", 10**6)
+    rng = np.random.default_rng(5)
+    table = _small_table(spark, tmp_path)
+    staged: set[str] = set()  # written, protected as a retained entry's staged adds would be
+    listings = 0
+    real_listing = garbage._delete_listed
+
+    def counted(*args, **kwargs):
+        nonlocal listings
+        listings += 1
+        return real_listing(*args, **kwargs)
+
+    monkeypatch.setattr(garbage, "_delete_listed", counted)
+    keep_floor, restores, deleted_between_listings = 0, 0, 0
+    for round_ in range(60):
+        current = {f.path for f in table.files()}
+        action = rng.integers(0, 4)
+        if action == 0 or not current:  # add files
+            table.commit([a for i in range(int(rng.integers(1, 3)))
+                          for a in table.write_arrow(pa.table({"k": [round_ * 10 + i]}))])
+        elif action == 1:  # replace some files by one (a merge)
+            gone = [p for p in current if rng.random() < 0.5]
+            table.commit(table.write_arrow(pa.table({"k": [round_]})), gone)
+        elif action == 2 and table.version() > max(1, keep_floor) + 1:
+            # a restore to a retained version: files it removed come back
+            table.store.restore(int(rng.integers(max(1, keep_floor), table.version())))
+            restores += 1
+        else:  # a staged file, later dropped from staging without a commit
+            [add] = table.write_arrow(pa.table({"k": [-round_]}))
+            path = table.store.path(add.path)
+            staged.add(path)
+            table.committed_files.add(path)
+            if len(staged) > 2:
+                dropped = sorted(staged)[0]
+                staged.discard(dropped)
+                garbage.note_never_committed(table, [dropped])
+        version = table.version()
+        keep = max(keep_floor, version - int(rng.integers(0, 5)))
+        keep_floor = keep
+        before = {f.path for f in table.store.stored_data_files()}
+        listed_before = listings
+        deleted = garbage.collect(table, keep, also_referenced=frozenset(staged))
+        if listings == listed_before:
+            deleted_between_listings += deleted
+        after = {f.path for f in table.store.stored_data_files()}
+        assert len(before - after) == deleted
+        for v in range(keep, version + 1):  # every version from keep on can still be read
+            assert {f.path for f in table.files(v)} <= after
+        assert staged <= after
+        # what a listing would delete now: nothing
+        assert garbage.collect(table, keep, also_referenced=frozenset(staged),
+                               listing=True) == 0
+        table.garbage = None if round_ % 7 == 6 else table.garbage  # as a new process
+    assert restores >= 2 and deleted_between_listings >= 20, (restores, deleted_between_listings)
+
+
+def test_a_collection_between_listings_lists_nothing(spark, tmp_path, monkeypatch):
+    """The first collection lists the data folder; the next ``LISTING_EVERY - 1`` read only
+    the commits since; then one lists again (orphans are found only so). A collection that
+    keeps a version below the one the last listing kept, or finds a commit file of its range
+    cleaned up, lists too."""
+    import pyarrow as pa
+
+    from dbsp_pipeline.storage import garbage
+
+    monkeypatch.setattr(garbage, "COMMITTED_GRACE_SECONDS", 0.0)
+    table = _small_table(spark, tmp_path)
+    listed: list[int] = []
+    real = table.store.stored_data_files
+    monkeypatch.setattr(table.store, "stored_data_files",
+                        lambda: listed.append(table.version()) or real())
+
+    def step() -> None:
+        old = table.files()
+        table.commit(table.write_arrow(pa.table({"k": [table.version()]})),
+                     [f.path for f in old])
+
+    step()
+    orphan = table.write_arrow(pa.table({"k": [-1]}))  # never committed
+    old = time.time() - 2 * garbage.ORPHAN_GRACE_SECONDS
+    os.utime(table.store.path(orphan[0].path), (old, old))
+    for _ in range(garbage.LISTING_EVERY):
+        step()
+        garbage.collect(table, table.version())
+    assert listed == [2]  # the first collection only; the orphan was deleted then
+    assert len(table.store.stored_data_files()) == 1
+    listed.clear()
+    step()
+    garbage.collect(table, table.version())
+    assert len(listed) == 1  # the LISTING_EVERY-th after a listing
+    step()
+    listed.clear()
+    garbage.collect(table, table.version() - 3)  # below what the last listing kept
+    assert len(listed) == 1
+    for _ in range(3):
+        step()
+    garbage.collect(table, table.version())  # (keeps the newest: reads on from here)
+    listed.clear()
+    for _ in range(12):
+        step()
+    table.store.delete_log_files([f"{table.version() - 5:020d}.json"])  # a commit cleaned up
+    garbage.collect(table, table.version())
+    assert len(listed) == 1 and len(real()) == 1

@@ -229,9 +229,31 @@ def test_garbage_listing_and_deletion(open_store: Opener) -> None:
     orphan = store.write_arrow(rows(["orphan"]))
     stored = {f.path for f in store.stored_data_files()}
     assert stored == {store.path(kept[0].path), store.path(orphan[0].path)}
+    listed = {f.path: f.modified for f in store.stored_data_files()}
+    gone = store.path("data/never-written.parquet")
+    statted = store.stat_data_files([store.path(orphan[0].path), gone])
+    assert [(f.path, f.modified) for f in statted] == [
+        (store.path(orphan[0].path), listed[store.path(orphan[0].path)])]
     store.delete_data_files([store.path(orphan[0].path)])
     assert [f.path for f in store.stored_data_files()] == [store.path(kept[0].path)]
+    assert store.stat_data_files([store.path(orphan[0].path)]) == []
     assert keys_of(store) == ["kept"]
+
+
+def test_file_changes_read_the_commits_of_a_range(open_store: Opener) -> None:
+    store = open_store()
+    first = store.write_arrow(rows(["a"]))
+    store.commit(first)
+    second = store.write_arrow(rows(["b"]))
+    store.commit(second, [store.path(first[0].path)])
+    store.restore(1)  # adds the first file back and removes the second
+    changes = store.file_changes(0, store.version())
+    assert changes is not None
+    assert [(c.version, c.added, c.removed) for c in changes] == [
+        (1, (store.path(first[0].path),), ()),
+        (2, (store.path(second[0].path),), (store.path(first[0].path),)),
+        (3, (store.path(first[0].path),), (store.path(second[0].path),))]
+    assert store.file_changes(3, 3) == []
 
 
 def test_removing_a_file_outside_the_table_is_refused(open_store: Opener) -> None:
