@@ -48,7 +48,7 @@ from pyspark.sql import types as T
 
 from dbsp_pipeline.zset import SHARD_BITS
 
-__all__ = ["supports", "xxhash64_arrow", "shard_arrow"]
+__all__ = ["supports", "xxhash64_arrow", "shard_arrow", "spark_hash_int"]
 
 #: Spark's seed for ``xxhash64``.
 SEED = 42
@@ -116,6 +116,26 @@ def _hash_long(v: np.ndarray, seed: np.ndarray) -> np.ndarray:
 
 
 # --- Arrow access ---------------------------------------------------------------------------------
+
+def spark_hash_int(value: int) -> int:
+    """Spark's ``hash()`` of one INT ``value`` (Murmur3 x86 32-bit, seed 42), signed: what
+    Spark's hash partitioning puts a row by (``repartition(n, col)`` sends it to partition
+    ``pmod(hash, n)``)."""
+    mask = 0xFFFFFFFF
+
+    def rotl(x: int, r: int) -> int:
+        return ((x << r) | (x >> (32 - r))) & mask
+
+    k1 = rotl((value & mask) * 0xCC9E2D51 & mask, 15) * 0x1B873593 & mask
+    h1 = (rotl(SEED ^ k1, 13) * 5 + 0xE6546B64) & mask
+    h1 ^= 4  # the length in bytes
+    h1 ^= h1 >> 16
+    h1 = h1 * 0x85EBCA6B & mask
+    h1 ^= h1 >> 13
+    h1 = h1 * 0xC2B2AE35 & mask
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 & 0x80000000 else h1
+
 
 def _values(arr: pa.Array, dtype: np.dtype, width: int = 1) -> np.ndarray:
     """The fixed-width data buffer of ``arr`` as numpy (zero copy; NULL slots hold garbage)."""

@@ -192,11 +192,14 @@ class InputLog:
         """The files appended by log versions ``lower+1 .. upper``."""
         return self.table.added_files(lower, upper, data_only=True)
 
-    def change(self, files: list[DataFile]) -> DataFrame | None:
-        """The consolidated change held by ``files`` (from ``files_between``), for Spark."""
+    def change(self, files: list[DataFile], *, consolidated: bool = True) -> DataFrame | None:
+        """The change held by ``files`` (from ``files_between``), for Spark: consolidated, or
+        with ``consolidated=False`` the rows as pushed (for readers that consolidate it
+        themselves: ``Plan.read_by_owner_stages``)."""
         if not files:
             return None
-        return consolidate(self.table.read(files), self.schema.fieldNames())
+        rows = self.table.read(files)
+        return consolidate(rows, self.schema.fieldNames()) if consolidated else rows
 
     def change_arrow(self, sql: LocalSQL, files: list[DataFile]) -> pa.Table | None:
         """The consolidated change held by ``files``, read on the driver."""

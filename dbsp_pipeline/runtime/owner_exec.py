@@ -8,9 +8,11 @@ the driver hashes its key types: ``Plan.owner_capable``) becomes one *owner stag
 1. each input change (a DataFrame) gets ``_owner``, the layout's owner of the row's key
    (``Layout.owner_column``), and its columns cross under positional names (``_c0``..), since
    PySpark's Arrow UDFs look columns up by unquoted name and names may hold dots or backticks;
-2. the change is grouped by ``_owner`` (``cogroup`` for a join's two sides) and each group is one
-   call of ``run_owner_task`` in a Python worker: only owners with rows form groups, so the work
-   follows the change, in at most W tasks;
+2. the change is hash-partitioned into W partitions and grouped by ``_owner``, a key of the
+   row's owner chosen so that owner w's rows are partition w (``owner_partition_keys``:
+   the W tasks run side by side), ``cogroup`` for a join's two sides when both changed; each
+   group is one call of ``run_owner_task`` in a Python worker: only owners with rows form
+   groups, so the work follows the change, in at most W tasks;
 3. a task rebuilds the operator against a ``TaskStateDb`` (``storage/task_table.py``) whose
    traces see only the owner's files, runs ``step_local`` with the worker's DuckDB
    (``task_sql``), writes its trace files under fresh names, and returns Arrow rows: the output
@@ -33,6 +35,7 @@ collection deletes them. A stage that fails raises out of the step (a failed ste
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -46,6 +49,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ByteType, LongType, StringType, StructField, StructType
 
 from dbsp_pipeline.circuit import Node
+from dbsp_pipeline.driver.hashing import spark_hash_int
 from dbsp_pipeline.driver.sql import LocalSQL, conform, zset_arrow_schema
 from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContext
 from dbsp_pipeline.runtime.layout import Layout
@@ -63,7 +67,8 @@ if TYPE_CHECKING:
 #: on purpose after writing their files, ``"<node>:<owner>:<attempt>"`` with ``*`` for any: the
 #: crash tests' way to make orphan files and failed stages
 FAIL_OWNER_TASK = "DBSP_FAIL_OWNER_TASK"
-#: the grouping column of an owner stage: the owner of the row's key
+#: the grouping column of an owner stage: the partition key of the owner of the row's key
+#: (``owner_partition_keys``)
 OWNER = "_owner"
 #: what a row of a task's result is: 0 a row of the output change, 1 the task's actions
 KIND = "_kind"
@@ -74,6 +79,21 @@ ACTION = "_action"
 def positional(i: int) -> str:
     """The name column ``i`` of a change crosses to a task under."""
     return f"_c{i}"
+
+
+@functools.cache
+def owner_partition_keys(workers: int) -> tuple[int, ...]:
+    """For each owner ``w`` of ``workers``, the smallest INT (from 0) whose Spark hash lands in
+    partition ``w`` of ``workers``. An owner stage groups a change by this key of the row's
+    owner, hash-partitioned into W partitions, so each owner's rows are a task of their own,
+    and W tasks run side by side. (Grouped by the owner itself, Spark's hash put owners 0 and
+    1 in one partition at W=2, and one task ran both, one after the other.)"""
+    keys: dict[int, int] = {}
+    value = 0
+    while len(keys) < workers:
+        keys.setdefault(spark_hash_int(value) % workers, value)  # Python's % is Spark's pmod
+        value += 1
+    return tuple(keys[w] for w in range(workers))
 
 
 @dataclass(frozen=True)
@@ -93,6 +113,8 @@ class OwnerTaskSpec:
     task_memory: str | None = None
     #: the name of the node's tables (``Plan.state_names``; None: positional)
     state_name: str | None = None
+    #: the node's inputs whose change the tasks consolidate (circuit inputs read as pushed)
+    consolidate: frozenset[int] = frozenset()
     #: tests only: ``"<node>:<owner>:<attempt>"`` (``*`` matches any) makes the matching task
     #: fail after writing its files (``FAIL_OWNER_TASK``)
     fault: str | None = None
@@ -135,10 +157,11 @@ def task_operator(node: Node, schemas: Mapping[int, StructType], db: TaskStateDb
 
 def run_owner_task(spec: OwnerTaskSpec, key: tuple[pa.Scalar, ...],
                    *sides: pa.Table) -> pa.Table:
-    """One owner's part of the stage: ``key`` holds the owner, ``sides`` the owner's rows of each
-    input's change (positional columns, ``_weight``, ``_owner``). Returns the output change
+    """One owner's part of the stage: ``key`` holds the owner's partition key, ``sides`` the
+    owner's rows of each input's change (positional columns, ``_weight``, ``_owner``; an empty
+    table for an input that did not change). Returns the output change
     (``_kind = 0``) and one row of staged actions (``_kind = 1``), in ``result_schema``."""
-    owner = int(key[0].as_py())
+    owner = owner_partition_keys(spec.layout.workers).index(int(key[0].as_py()))
     changes: list[LocalDelta] = []
     for side, input_id in zip(sides, spec.node.inputs):
         schema = spec.schemas[input_id]
@@ -149,7 +172,10 @@ def run_owner_task(spec: OwnerTaskSpec, key: tuple[pa.Scalar, ...],
         renamed = pa.Table.from_arrays(
             [side.column(positional(i)) for i in range(len(names))] + [side.column(WEIGHT)],
             names=[*names, WEIGHT])
-        changes.append(conform(renamed, schema))
+        change = conform(renamed, schema)
+        if input_id in spec.consolidate:  # an input's rows as pushed (Plan.read_by_owner_stages)
+            change = task_sql(spec).consolidate(change, names)
+        changes.append(change if change.num_rows else None)
     db = TaskStateDb(spec.root, spec.tables, owner, spec.layout)
     op = task_operator(spec.node, spec.schemas, db, spec.state_name)
     ctx = StepContext(None, spec.step, sql=task_sql(spec), layout=spec.layout, owner=owner)
@@ -182,6 +208,13 @@ def _grouped_task(spec: OwnerTaskSpec, key: tuple[pa.Scalar, ...], table: pa.Tab
 def _cogrouped_task(spec: OwnerTaskSpec, key: tuple[pa.Scalar, ...], left: pa.Table,
                     right: pa.Table) -> pa.Table:
     return run_owner_task(spec, key, left, right)
+
+
+def _one_side_task(spec: OwnerTaskSpec, changed: int, key: tuple[pa.Scalar, ...],
+                   table: pa.Table) -> pa.Table:
+    """A two-input operator's task when only input ``changed`` (0 or 1) has rows."""
+    empty = pa.table({})
+    return run_owner_task(spec, key, *((table, empty) if changed == 0 else (empty, table)))
 
 
 def result_schema(schema: StructType) -> StructType:
@@ -230,25 +263,33 @@ def owner_stage(ctx: StepContext, plan: Plan, node: Node, inputs: Sequence[Delta
                                       owner_files(t.files(), layout))
                 for t in op.state_traces()},
         task_memory=task_memory(spark), state_name=plan.state_names.get(node.id),
+        consolidate=frozenset(i for i in node.inputs if plan.circuit.nodes[i].op == "input"),
         fault=os.environ.get(FAIL_OWNER_TASK) or None)
+    workers = layout.workers
+    owner_keys = F.expr(f"array({', '.join(str(k) for k in owner_partition_keys(workers))})")
     grouped = []
     for d, input_id, side_keys in zip(inputs, node.inputs, keys):
+        if d is None:  # no rows: the task gets an empty table for this side
+            continue
         schema = plan.schemas[input_id]
-        if d is None:
-            d = spark.createDataFrame([], StructType([*schema.fields,
-                                                      StructField(WEIGHT, LongType(), False)]))
+        owner = layout.owner_column(side_keys)
         grouped.append(d.select(
             *[F.col(quote(n)).alias(positional(i)) for i, n in enumerate(schema.fieldNames())],
-            F.col(WEIGHT), layout.owner_column(side_keys).alias(OWNER)).groupBy(OWNER))
+            F.col(WEIGHT), F.element_at(owner_keys, owner + 1).alias(OWNER)
+        ).repartition(workers, OWNER).groupBy(OWNER))
     out_type = result_schema(plan.schemas[node.id])
-    if len(grouped) == 1:
+    if len(node.inputs) == 1:
         # A lambda: PySpark infers the UDF's form from type hints, and fails on a partial.
         result = grouped[0].applyInArrow(lambda key, t: _grouped_task(spec, key, t), out_type)
-    elif len(grouped) == 2:
+    elif len(node.inputs) == 2 and len(grouped) == 2:
         result = grouped[0].cogroup(grouped[1]).applyInArrow(
             lambda key, left, right: _cogrouped_task(spec, key, left, right), out_type)
+    elif len(node.inputs) == 2:  # one side changed: only its owners run
+        changed = 0 if inputs[0] is not None else 1
+        result = grouped[0].applyInArrow(
+            lambda key, t: _one_side_task(spec, changed, key, t), out_type)
     else:  # pragma: no cover - owner_keys names one or two inputs
-        raise AssertionError(f"operator #{node.id} {node.op}: {len(grouped)} inputs")
+        raise AssertionError(f"operator #{node.id} {node.op}: {len(node.inputs)} inputs")
     result = ctx.detach(result)  # its plan would hold the inputs' plans
     records = [json.loads(r[ACTION]) for r in
                result.where(F.col(KIND) == 1).select(ACTION).collect()]

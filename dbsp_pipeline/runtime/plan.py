@@ -94,6 +94,10 @@ class Plan:
         #: the operator names the keys its change is grouped by (``Operator.owner_keys``) and
         #: the driver hashes their types (the tasks shard and look up as the driver path does)
         self.owner_capable = self._owner_capable()
+        #: the inputs only owner stages read (no other operator, not a view): on a per-owner
+        #: Spark step their change is not consolidated in Spark (two shuffles) but by each task,
+        #: over its owner's rows (equal rows have equal keys, so one owner)
+        self.read_by_owner_stages = self._read_by_owner_stages()
 
     @property
     def runs_on_driver(self) -> bool:
@@ -138,6 +142,15 @@ class Plan:
             if all(hashing.supports(t) for t in types):
                 capable.add(node.id)
         return capable
+
+    def _read_by_owner_stages(self) -> set[str]:
+        views = set(self.circuit.outputs.values())
+        out = set()
+        for name, input_id in self.circuit.inputs.items():
+            readers = [n.id for n in self.circuit.nodes if input_id in n.inputs]
+            if readers and input_id not in views and set(readers) <= self.owner_capable:
+                out.add(name)
+        return out
 
     def _spark_only(self) -> str | None:
         """The first operator that keeps steps off the driver, described: a key a trace is

@@ -206,7 +206,10 @@ def _compute(state: EngineState, s: int, lowers: dict[str, int], uppers: dict[st
     if sql is not None:
         changes = {n: state.inputs[n].change_arrow(sql, files[n]) for n in names}
     else:
-        changes = {n: state.inputs[n].change(files[n]) for n in names}
+        # an input only owner stages read is consolidated by their tasks (no Spark shuffle)
+        raw = state.plan.read_by_owner_stages if per_owner else set()
+        changes = {n: state.inputs[n].change(files[n], consolidated=n not in raw)
+                   for n in names}
     ctx = StepContext(state.spark, s, sql=sql, layout=state.layout,
                       per_owner=per_owner)
     recorded = state.divisions.outputs(s) or {}

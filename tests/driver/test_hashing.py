@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from dbsp_pipeline.driver.hashing import shard_arrow, supports, xxhash64_arrow
+from dbsp_pipeline.driver.hashing import shard_arrow, spark_hash_int, supports, xxhash64_arrow
 from dbsp_pipeline.zset import shard_of
 
 UTC = dt.UTC
@@ -193,3 +193,12 @@ def test_random_rows_match_spark(spark, rows):
         exprs.append(F.xxhash64(*key).alias(f"_h{j}"))
         exprs.append(shard_of(key).alias(f"_s{j}"))
     _check(df.select("*", *exprs).toArrow(), keys)
+
+
+def test_spark_hash_int_equals_sparks_hash(spark):
+    """What Spark's hash partitioning puts a row by: ``hash()`` of an INT."""
+    values = [0, 1, -1, 2, 7, 1023, 2**31 - 1, -(2**31), *random.Random(3).sample(
+        range(-(2**31), 2**31), 200)]
+    df = spark.createDataFrame([(v,) for v in values], "v INT")
+    got = {r["v"]: r["h"] for r in df.select("v", F.hash("v").alias("h")).collect()}
+    assert {v: spark_hash_int(v) for v in values} == got

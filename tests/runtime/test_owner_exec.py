@@ -17,7 +17,12 @@ from dbsp_pipeline.circuit import Circuit
 from dbsp_pipeline.driver.sql import LocalSQL, zset_arrow_schema
 from dbsp_pipeline.operators.base import StepContext
 from dbsp_pipeline.runtime.layout import Layout
-from dbsp_pipeline.runtime.owner_exec import memory_bytes, result_schema
+from dbsp_pipeline.runtime.owner_exec import (
+    OWNER,
+    memory_bytes,
+    owner_partition_keys,
+    result_schema,
+)
 from dbsp_pipeline.runtime.plan import Plan
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.zset import SHARD, WEIGHT
@@ -110,6 +115,20 @@ def test_owner_stages_equal_the_driver_path(spark, tmp_path: Path, layout: Layou
         for f in new:  # a task's file: one owner's rows
             assert len(set(mine.owners(layout, mine.read_arrow([f])).tolist())) == 1, mine.name
         assert mine.rows_read > 0 or mine.name.endswith("_right")  # the tasks' reads count
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 4, 7, 16, 1024])
+def test_each_owner_is_a_spark_partition_of_its_own(spark, workers: int) -> None:
+    """Rows keyed by ``owner_partition_keys`` and hash-partitioned into W partitions: owner
+    w's rows are partition w, so the W tasks of a stage run side by side."""
+    from pyspark.sql import functions as F
+
+    keys = owner_partition_keys(workers)
+    assert len(set(keys)) == workers
+    owners = [w for w in range(workers) for _ in range(2)]
+    df = spark.createDataFrame([(w, keys[w]) for w in owners], f"owner INT, {OWNER} INT")
+    placed = df.repartition(workers, OWNER).select("owner", F.spark_partition_id().alias("p"))
+    assert sorted((r["owner"], r["p"]) for r in placed.collect()) == [(w, w) for w in owners]
 
 
 def test_result_rows_cross_under_positional_names() -> None:
