@@ -70,6 +70,9 @@ FAIL_OWNER_TASK = "DBSP_FAIL_OWNER_TASK"
 #: the grouping column of an owner stage: the partition key of the owner of the row's key
 #: (``owner_partition_keys``)
 OWNER = "_owner"
+#: a view's change of at most this many rows (the tasks count them) is collected and written on
+#: the driver, like a driver step's; a bigger one is written by Spark tasks
+VIEW_ROWS_ON_DRIVER = 65_536
 #: what a row of a task's result is: 0 a row of the output change, 1 the task's actions
 KIND = "_kind"
 #: the task's staged actions (JSON), on its ``_kind = 1`` row
@@ -189,7 +192,7 @@ def run_owner_task(spec: OwnerTaskSpec, key: tuple[pa.Scalar, ...],
                            f"{owner} of operator #{spec.node.id}, attempt {attempt}, after "
                            "writing its files")
     action = {"step": spec.step, "owner": owner, "layout_version": spec.layout.version,
-              "attempt": attempt,
+              "attempt": attempt, "rows": 0 if out is None else out.num_rows,
               "traces": {t.name: {**db.opened[t.name].record(), "rows_read": t.rows_read}
                          for t in op.state_traces()}}
     return _task_result(spec, out, json.dumps(action))
@@ -243,9 +246,12 @@ def _task_result(spec: OwnerTaskSpec, out: LocalDelta, action: str) -> pa.Table:
 
 
 # -- the stage (on the driver) -----------------------------------------------------------------
-def owner_stage(ctx: StepContext, plan: Plan, node: Node, inputs: Sequence[Delta]) -> Delta:
+def owner_stage(ctx: StepContext, plan: Plan, node: Node, inputs: Sequence[Delta]
+                ) -> Delta | pa.Table:
     """Run operator ``node`` of ``plan`` for this step as one task per owner of its change
-    (see the module docstring); returns its output change, or None when no input changed.
+    (see the module docstring); returns its output change, or None when no input changed: a
+    DataFrame, or an Arrow table when the node is only a view's and the tasks' output is at
+    most ``VIEW_ROWS_ON_DRIVER`` rows (the view writes it on the driver).
     Stages the tasks' trace actions on the driver's tables. Raises ``AssertionError`` (a failed
     step: rolled back, retried) when the tasks' records do not fit this step."""
     if all(d is None for d in inputs):
@@ -295,8 +301,14 @@ def owner_stage(ctx: StepContext, plan: Plan, node: Node, inputs: Sequence[Delta
                result.where(F.col(KIND) == 1).select(ACTION).collect()]
     stage_records(op, records, ctx.step, layout)
     names = plan.schemas[node.id].fieldNames()
-    return result.where(F.col(KIND) == 0).select(
+    change = result.where(F.col(KIND) == 0).select(
         *[F.col(positional(i)).alias(n) for i, n in enumerate(names)], F.col(WEIGHT))
+    only_a_view = node.id in plan.circuit.outputs.values() and not any(
+        node.id in n.inputs for n in plan.circuit.nodes)
+    if only_a_view and sum(int(r.get("rows", VIEW_ROWS_ON_DRIVER + 1)) for r in records) \
+            <= VIEW_ROWS_ON_DRIVER:
+        return change.toArrow()  # written on the driver (no Spark write job, no read-back)
+    return change
 
 
 def stage_records(op: Operator, records: Sequence[Mapping[str, Any]], step: int,

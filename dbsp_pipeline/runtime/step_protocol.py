@@ -215,8 +215,11 @@ def _compute(state: EngineState, s: int, lowers: dict[str, int], uppers: dict[st
     recorded = state.divisions.outputs(s) or {}
     try:
         node_changes = state.plan.evaluate(ctx, changes)
-        return {name: state.outputs[name].prepare(s, node_changes[node_id], sql,
-                                                  recorded.get(name))
+        # (a Spark step's view change the owner stage collected is written on the driver)
+        return {name: state.outputs[name].prepare(
+                    s, node_changes[node_id],
+                    state.sql if isinstance(node_changes[node_id], pa.Table) else sql,
+                    recorded.get(name))
                 for name, node_id in state.circuit.outputs.items()}
     finally:
         ctx.release()

@@ -5,6 +5,7 @@ holds one owner's rows; column names hold dots, backticks and other characters t
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -101,9 +102,10 @@ def test_owner_stages_equal_the_driver_path(spark, tmp_path: Path, layout: Layou
         got = plan.evaluate(ctx, {n: spark.createDataFrame(t) for n, t in step2.items()})
         for name, node_id in c.outputs.items():
             frame = got[node_id]
-            assert frame is not None
-            assert frame.columns == [*plan.output_schema(name).fieldNames(), WEIGHT]
-            assert counter(frame.toArrow()) == counter(expected[node_id]), name
+            # a view's small change comes collected, to be written on the driver
+            assert isinstance(frame, pa.Table), name
+            assert frame.column_names == [*plan.output_schema(name).fieldNames(), WEIGHT]
+            assert counter(frame) == counter(expected[node_id]), name
     finally:
         ctx.release()
 
@@ -141,11 +143,18 @@ def test_result_rows_cross_under_positional_names() -> None:
             memory_bytes("lots")) == (4 << 30, 512 << 20, 12, None)
 
 
-def test_a_pipeline_runs_its_spark_steps_per_owner(spark, tmp_path: Path) -> None:
+@pytest.mark.parametrize("view_rows_on_driver", [65_536, 0], ids=["driver-writes", "spark-writes"])
+def test_a_pipeline_runs_its_spark_steps_per_owner(spark, tmp_path: Path, monkeypatch,
+                                                    view_rows_on_driver: int) -> None:
     """``Pipeline.spark_per_owner`` at W=2: Spark steps run the owner stages; the views equal a
     driver-path pipeline's, the staged task files are recorded by the step's commit (reopening
-    gives the same state, ``verify`` is clean), and a later driver step continues on them."""
+    gives the same state, ``verify`` is clean), and a later driver step continues on them. A
+    view's small change is collected and written on the driver (``VIEW_ROWS_ON_DRIVER``), a
+    bigger one by Spark."""
+    from dbsp_pipeline.runtime import owner_exec
     from dbsp_pipeline.runtime.pipeline import Pipeline
+
+    monkeypatch.setattr(owner_exec, "VIEW_ROWS_ON_DRIVER", view_rows_on_driver)
 
     ref = Pipeline(circuit(), str(tmp_path / "ref"), spark)
     p = Pipeline(circuit(), str(tmp_path / "p"), spark, driver_step_rows=0)
@@ -167,6 +176,9 @@ def test_a_pipeline_runs_its_spark_steps_per_owner(spark, tmp_path: Path) -> Non
                 is (q is p)
         for name in ("joined", "totals", "names"):
             assert counter(p.view_arrow(name)) == counter(ref.view_arrow(name)), (i, name)
+            written = p.engine.outputs[name]._files()[-1].path  # this step's: by whom?
+            by_driver = os.path.dirname(written).endswith(f"{os.sep}data")
+            assert by_driver is (view_rows_on_driver > 0), (i, name, written)
         for t in p.engine.plan.state_traces():  # the step's files: one owner's rows each
             for f in set(t.files()) - before[t.name]:
                 owners = t.owners(p.engine.layout, t.read_arrow([f]))
