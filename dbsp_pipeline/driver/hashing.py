@@ -115,8 +115,6 @@ def _hash_long(v: np.ndarray, seed: np.ndarray) -> np.ndarray:
     return _fmix(h)
 
 
-# --- Arrow access ---------------------------------------------------------------------------------
-
 def spark_hash_int(value: int) -> int:
     """Spark's ``hash()`` of one INT ``value`` (Murmur3 x86 32-bit, seed 42), signed: what
     Spark's hash partitioning puts a row by (``repartition(n, col)`` sends it to partition
@@ -136,6 +134,8 @@ def spark_hash_int(value: int) -> int:
     h1 ^= h1 >> 16
     return h1 - (1 << 32) if h1 & 0x80000000 else h1
 
+
+# --- Arrow access ---------------------------------------------------------------------------------
 
 def _values(arr: pa.Array, dtype: np.dtype, width: int = 1) -> np.ndarray:
     """The fixed-width data buffer of ``arr`` as numpy (zero copy; NULL slots hold garbage)."""

@@ -303,8 +303,7 @@ def owner_stage(ctx: StepContext, plan: Plan, node: Node, inputs: Sequence[Delta
     names = plan.schemas[node.id].fieldNames()
     change = result.where(F.col(KIND) == 0).select(
         *[F.col(positional(i)).alias(n) for i, n in enumerate(names)], F.col(WEIGHT))
-    only_a_view = node.id in plan.circuit.outputs.values() and not any(
-        node.id in n.inputs for n in plan.circuit.nodes)
+    only_a_view = node.id in plan.circuit.outputs.values() and not plan.readers[node.id]
     if only_a_view and sum(int(r.get("rows", VIEW_ROWS_ON_DRIVER + 1)) for r in records) \
             <= VIEW_ROWS_ON_DRIVER:
         return change.toArrow()  # written on the driver (no Spark write job, no read-back)

@@ -94,6 +94,9 @@ class Plan:
         #: the operator names the keys its change is grouped by (``Operator.owner_keys``) and
         #: the driver hashes their types (the tasks shard and look up as the driver path does)
         self.owner_capable = self._owner_capable()
+        #: each node's readers: the nodes that take its change as an input
+        self.readers: dict[int, list[int]] = {
+            n.id: [m.id for m in circuit.nodes if n.id in m.inputs] for n in circuit.nodes}
         #: the inputs only owner stages read (no other operator, not a view): on a per-owner
         #: Spark step their change is not consolidated in Spark (two shuffles) but by each task,
         #: over its owner's rows (equal rows have equal keys, so one owner)
@@ -145,12 +148,9 @@ class Plan:
 
     def _read_by_owner_stages(self) -> set[str]:
         views = set(self.circuit.outputs.values())
-        out = set()
-        for name, input_id in self.circuit.inputs.items():
-            readers = [n.id for n in self.circuit.nodes if input_id in n.inputs]
-            if readers and input_id not in views and set(readers) <= self.owner_capable:
-                out.add(name)
-        return out
+        return {name for name, input_id in self.circuit.inputs.items()
+                if self.readers[input_id] and input_id not in views
+                and set(self.readers[input_id]) <= self.owner_capable}
 
     def _spark_only(self) -> str | None:
         """The first operator that keeps steps off the driver, described: a key a trace is
