@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction
 
@@ -44,6 +44,8 @@ from dbsp_pipeline.storage.table_store import (
 )
 
 LOG_DIR = "_delta_log"
+#: the file in ``_delta_log`` naming the newest checkpoint
+LAST_CHECKPOINT = "_last_checkpoint"
 #: Delta configuration of every table the engine creates (a caller's configuration wins):
 #: a Delta checkpoint every 10 commits, and no tombstones in it. delta-rs replays every commit
 #: since the newest checkpoint at each commit and log read: in 100-row steps, where the manifest
@@ -60,6 +62,13 @@ LOG_DIR = "_delta_log"
 #: ``set_table_properties``).
 DEFAULT_CONFIGURATION = {"delta.checkpointInterval": "10",
                          "delta.deletedFileRetentionDuration": "interval 0 seconds"}
+
+#: What delta-rs does after a commit: it writes the checkpoint every ``checkpointInterval``
+#: versions, but does not look for expired log files. Its cleanup lists ``_delta_log`` at every
+#: commit (a third of a small commit's time) to delete files older than the 30-day log
+#: retention, and the pipeline deletes the log files it no longer reads itself, much earlier
+#: (``clean_log_below``, from the versions its checkpoints and readers hold).
+COMMIT_HOOKS = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
 
 
 #: how delta-rs names the conflict of an append with a concurrent metadata change
@@ -252,7 +261,8 @@ class DeltaTableStore:
         try:
             try:
                 self._table.create_write_transaction(
-                    actions, mode="append", schema=self.schema, commit_properties=props)
+                    actions, mode="append", schema=self.schema, commit_properties=props,
+                    post_commithook_properties=COMMIT_HOOKS)
             except CommitFailedError as e:
                 # delta-rs does not rebase an append over another writer's metadata change (a
                 # ``set_properties`` by the pipeline opening the root): load it and append once
@@ -261,7 +271,8 @@ class DeltaTableStore:
                     raise
                 self._refresh()
                 self._table.create_write_transaction(
-                    actions, mode="append", schema=self.schema, commit_properties=props)
+                    actions, mode="append", schema=self.schema, commit_properties=props,
+                    post_commithook_properties=COMMIT_HOOKS)
         except CommitFailedError as e:
             if expected_version is not None:
                 raise ConcurrentWriterError(
@@ -382,11 +393,33 @@ class DeltaTableStore:
         return DeltaTable(self.uri, version=version, storage_options=self._options)
 
     def _refresh(self) -> None:
+        """Load the newest version, if there is one newer than the loaded version."""
+        if not self._newer_version_may_exist():
+            return
         try:
             self._table.update_incremental()
         except (DeltaError, OSError) as e:
             raise StorageError(f"reading the log of {self.uri} failed: {e}",
                                definitely_failed=True) from e
+
+    def _newer_version_may_exist(self) -> bool:
+        """Whether a version newer than the loaded one may exist: the next version's commit
+        file exists, or the newest checkpoint is newer (a writer cleaned the log below it,
+        ``clean_log_below``, which needs a checkpoint). One or two small reads instead of
+        delta-rs's listing of the log, for the common answer "nothing new"."""
+        loaded = self._table.version()
+        log = self.fs_path(self.path(LOG_DIR))
+        try:
+            if self._fs.get_file_info(f"{log}/{loaded + 1:020d}.json").type \
+                    != pafs.FileType.NotFound:
+                return True
+            with self._fs.open_input_stream(f"{log}/{LAST_CHECKPOINT}") as fh:
+                hint = json.loads(fh.read()).get("version")
+        except FileNotFoundError:
+            return False  # no checkpoint: no log file was cleaned
+        except (OSError, ValueError, AttributeError):
+            return True  # unreadable: let delta-rs list the log
+        return not isinstance(hint, int) or hint > loaded
 
     def _require_landed_at(self, expected_version: int | None) -> None:
         """After a commit bound to ``expected_version`` (and a refresh): another writer's commit

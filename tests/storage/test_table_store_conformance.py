@@ -283,3 +283,21 @@ def test_the_log_cleaned_below_a_checkpoint_still_loads_every_later_version(
     with pytest.raises(DeltaError):  # delta-rs: that version's log is gone
         again.files(30)
     assert again.commit(again.write_arrow(rows(["after"])), expected_version=61) == 61
+
+
+def test_a_handle_sees_every_newer_version_and_only_when_there_is_one(
+        open_store: Opener) -> None:
+    """A handle asked for the newest version loads it only when one exists (the next commit
+    file, or a newer checkpoint): it sees another handle's commit, and it also sees one when
+    that writer went on and cleaned the log below a newer checkpoint, so the commit after the
+    handle's version is gone."""
+    reader, writer = open_store(), open_store()
+    assert reader.version() == 0
+    writer.commit(writer.write_arrow(rows(["one"])), expected_version=1)
+    assert reader.version() == 1 and keys_of(reader) == ["one"]
+    assert reader.version() == 1  # nothing new: unchanged
+    for v in range(2, 25):
+        writer.commit(writer.write_arrow(rows([f"k{v}"], step=v)), expected_version=v)
+    assert writer.clean_log_below(24) > 0  # the commit files of versions 2..18 are gone
+    assert reader.version() == 24
+    assert keys_of(reader) == sorted(["one", *(f"k{v}" for v in range(2, 25))])
