@@ -8,6 +8,11 @@ per-step cost of the engine's commits can be told apart from its computing: a st
 ``n`` commits costs at least ``n`` times (commit + refresh). Also the cost of opening a handle
 (what a fresh handle would cost instead of a refresh), and how a handle that is never refreshed
 slows down (delta-rs checks each commit against every commit since the handle's version).
+The engine commits without delta-rs's expired-log cleanup (``delta_store.COMMIT_HOOKS``; the
+default hooks, timed here too, list ``_delta_log`` at every commit), and asks for a newer
+version by looking for the next commit file before it lets delta-rs read the log: both are
+timed through the engine's own store (``open_table_store``), whose log is cleaned as the
+pipeline cleans it (``clean_log_below``).
 
     python benchmarks/delta_commit_bench.py [--commits 200] [--dir DIR]
 
@@ -26,16 +31,18 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable
 from deltalake.transaction import AddAction
 
-from dbsp_pipeline.storage.delta_store import DEFAULT_CONFIGURATION
+from dbsp_pipeline.storage.delta_store import COMMIT_HOOKS, DEFAULT_CONFIGURATION
+from dbsp_pipeline.storage.table_store import open_table_store
 
 SCHEMA = pa.schema([("k", pa.int64())])
 
 
-def commit(table: DeltaTable, i: int) -> None:
+def commit(table: DeltaTable, i: int, default_hooks: bool = False) -> None:
     table.create_write_transaction(
         [AddAction(f"part-{i}.parquet", 100, {}, int(time.time() * 1000), True, None)],
         mode="append", schema=SCHEMA, commit_properties=CommitProperties(
-            custom_metadata={"bench": str(i)}))
+            custom_metadata={"bench": str(i)}),
+        post_commithook_properties=None if default_hooks else COMMIT_HOOKS)
 
 
 def median_ms(seconds: list[float]) -> float:
@@ -73,6 +80,37 @@ def main() -> None:
     emit("refresh_after_commit", median_ms(refreshes), commits=args.commits)
     emit("open_handle", median_ms(opens), versions=args.commits)
 
+    table = DeltaTable.create(f"{folder}/default_hooks", SCHEMA,
+                              configuration=DEFAULT_CONFIGURATION)
+    seconds = []
+    for i in range(args.commits):
+        t0 = time.perf_counter()
+        commit(table, i, default_hooks=True)
+        seconds.append(time.perf_counter() - t0)
+        table.update_incremental()
+    emit("commit_with_expired_log_cleanup", median_ms(seconds), commits=args.commits)
+    seconds = []
+    for _ in range(50):
+        t0 = time.perf_counter()
+        table.update_incremental()
+        seconds.append(time.perf_counter() - t0)
+    emit("delta_rs_refresh_nothing_new", median_ms(seconds), versions=args.commits)
+
+    store = open_table_store(f"{folder}/engine", SCHEMA)
+    commits, checks = [], []
+    for i in range(args.commits):
+        adds = store.write_arrow(pa.table({"k": [i]}, schema=SCHEMA))
+        t0 = time.perf_counter()
+        store.commit(adds)
+        t1 = time.perf_counter()
+        store.version()  # nothing new
+        checks.append(time.perf_counter() - t1)
+        commits.append(t1 - t0)
+        if i % 16 == 15:  # as the pipeline's garbage collection does
+            store.clean_log_below(i)
+    emit("engine_commit_and_refresh", median_ms(commits), commits=args.commits)
+    emit("engine_newer_version_check_nothing_new", median_ms(checks), commits=args.commits)
+
     stale = DeltaTable.create(f"{folder}/never_refreshed", SCHEMA,
                               configuration=DEFAULT_CONFIGURATION)
     seconds = []
@@ -86,9 +124,9 @@ def main() -> None:
          commits_since_load=args.commits)
 
     print()
-    print(f"{'figure':>36} {'ms':>9}")
+    print(f"{'figure':>40} {'ms':>9}")
     for r in rows:
-        print(f"{r['figure']:>36} {r['ms']:>9.3f}")
+        print(f"{r['figure']:>40} {r['ms']:>9.3f}")
 
 
 if __name__ == "__main__":
