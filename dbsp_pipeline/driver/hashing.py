@@ -43,6 +43,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import xxhash
 from pyspark.sql import types as T
 
@@ -179,6 +180,60 @@ def _bytes_hashes(data: pa.Buffer | None, offsets: np.ndarray, seeds: np.ndarray
     return np.array(out, dtype=np.uint64)
 
 
+def _each_bytes_hashes(arr: pa.Array, seeds: np.ndarray, valid: np.ndarray | None
+                       ) -> np.ndarray:
+    """XXH64 of each value of the string or binary array ``arr`` with its row's seed."""
+    large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
+    buffers = arr.buffers()
+    n = len(arr)
+    offsets = np.frombuffer(buffers[1], dtype=np.int64 if large else np.int32,
+                            count=arr.offset + n + 1)[arr.offset:]
+    return _bytes_hashes(buffers[2], offsets, seeds, valid, n)
+
+
+#: ``_distinct_bytes_hashes`` looks for repeated values in arrays of at least this many rows,
+#: in a sample of this many rows
+_DISTINCT_MIN_ROWS = 4096
+_DISTINCT_SAMPLE_ROWS = 1024
+
+
+def _few_distinct_pairs(arr: pa.Array, seeds: np.ndarray) -> bool:
+    """Whether an evenly spread sample of ``arr``'s rows holds at most a quarter as many
+    distinct (seed, value) pairs as rows."""
+    rows = np.linspace(0, len(arr) - 1, _DISTINCT_SAMPLE_ROWS).astype(np.int64)
+    pairs = set(zip(seeds[rows].tolist(), arr.take(pa.array(rows)).to_pylist()))
+    return 4 * len(pairs) <= len(rows)
+
+
+def _distinct_bytes_hashes(arr: pa.Array, seeds: np.ndarray, valid: np.ndarray | None
+                           ) -> np.ndarray:
+    """``_each_bytes_hashes``, hashing each distinct (value, seed) pair once: XXH64 runs once
+    per value in Python, and a key column of few distinct values (a region, a status) in a
+    big change is common. The pairs come from the values' dictionary (equal bytes, equal
+    index) and the distinct seeds. A sample of the rows decides first: where it holds many
+    distinct pairs (or the array is small), each row is hashed."""
+    n = len(arr)
+    if n < _DISTINCT_MIN_ROWS or not _few_distinct_pairs(arr, seeds):
+        return _each_bytes_hashes(arr, seeds, valid)
+    encoded = pc.dictionary_encode(arr)  # NULLs get a NULL index
+    if 2 * len(encoded.dictionary) > n:
+        return _each_bytes_hashes(arr, seeds, valid)
+    index = encoded.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    size = len(encoded.dictionary)
+    if (seeds == seeds[0]).all():  # the first column of a key: every value once
+        each = np.full(size, seeds[0], dtype=np.uint64)
+        hashes = _each_bytes_hashes(encoded.dictionary, each, None)[index]
+    else:
+        seed_values, seed_ids = np.unique(seeds, return_inverse=True)
+        pairs, row_pair = np.unique(seed_ids.astype(np.int64) * size + index,
+                                    return_inverse=True)
+        if 2 * len(pairs) > n:
+            return _each_bytes_hashes(arr, seeds, valid)
+        values = encoded.dictionary.take(pa.array(pairs % size))
+        hashes = _each_bytes_hashes(values, seed_values[pairs // size], None)[row_pair]
+    return hashes if valid is None else np.where(valid, hashes, seeds)
+
+
 def _decimal_wide_hashes(arr: pa.Array, seeds: np.ndarray, valid: np.ndarray | None
                          ) -> np.ndarray:
     """Decimals of precision > 18: XXH64 of ``BigInteger.toByteArray()`` of the unscaled value.
@@ -231,11 +286,7 @@ def _update(arr: pa.Array, h: np.ndarray) -> np.ndarray:
 
     if (pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t)
             or pa.types.is_large_binary(t)):
-        large = pa.types.is_large_string(t) or pa.types.is_large_binary(t)
-        buffers = arr.buffers()
-        offsets = np.frombuffer(buffers[1], dtype=np.int64 if large else np.int32,
-                                count=arr.offset + n + 1)[arr.offset:]
-        return _bytes_hashes(buffers[2], offsets, h, valid, n)
+        return _distinct_bytes_hashes(arr, h, valid)
     if pa.types.is_decimal(t):
         if t.precision > _MAX_LONG_DIGITS:
             return _decimal_wide_hashes(arr, h, valid)

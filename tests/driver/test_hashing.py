@@ -202,3 +202,27 @@ def test_spark_hash_int_equals_sparks_hash(spark):
     df = spark.createDataFrame([(v,) for v in values], "v INT")
     got = {r["v"]: r["h"] for r in df.select("v", F.hash("v").alias("h")).collect()}
     assert {v: spark_hash_int(v) for v in values} == got
+
+
+def test_repeated_text_values_hash_as_spark_hashes_them(spark):
+    """A big change whose text key has few distinct values (a region) is hashed once per
+    distinct (value, running hash) pair; the hashes still equal Spark's, with NULLs, after a
+    column of few values (running hashes repeat) and after a unique one (they do not: each
+    row is hashed), sliced, and for a text column of many distinct values."""
+    rng = random.Random(11)
+    regions = ["ASIA", "EUROPE", "AFRICA", "AMERICA", "MIDDLE EAST", "", LONG_UTF8, None]
+    rows = [(i, rng.randrange(3), rng.choice(regions), f"customer-{rng.randrange(20_000)}")
+            for i in range(9_000)]
+    df = spark.createDataFrame(rows, "i long, few int, region string, name string")
+    keys = [["region"], ["few", "region"], ["region", "few"], ["i", "region"], ["name"],
+            ["region", "name"]]
+    exprs = []
+    for j, key in enumerate(keys):
+        exprs.append(F.xxhash64(*key).alias(f"_h{j}"))
+        exprs.append(shard_of(key).alias(f"_s{j}"))
+    table = df.select("*", *exprs).orderBy("i").toArrow()
+    _check(table, keys)
+    _check(table.slice(1_234, 6_000), keys)
+    large = table.set_column(table.schema.get_field_index("region"), "region",
+                             table.column("region").cast(pa.large_string()))
+    _check(large, keys)
