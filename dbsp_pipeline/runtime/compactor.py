@@ -18,6 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from deltalake.transaction import AddAction
 
 from dbsp_pipeline.driver.sql import LocalSQL
+from dbsp_pipeline.runtime.path_choice import merge_rows_on_driver
 from dbsp_pipeline.storage.delta_table import DataFile
 from dbsp_pipeline.storage.trace import COMPACT_FILE_THRESHOLD, OwnerLayout, Trace
 
@@ -35,12 +36,18 @@ class BackgroundCompactor:
         self._sql = LocalSQL(threads=1)  # used by the background thread only
         self._running: Future[Merged] | None = None
 
-    def start(self, traces: Sequence[Trace], layout: OwnerLayout | None = None) -> bool:
+    def start(self, traces: Sequence[Trace], layout: OwnerLayout | None = None,
+              driver_memory: int | None = None) -> bool:
         """Start merging every trace that is due (unless a merge is still running); with
-        ``layout``, merges write one file per owner (``Trace.merge``)."""
+        ``layout``, merges write one file per owner (``Trace.merge``). A merge runs on the
+        driver, in DuckDB on one core, when its rows fit the driver's memory
+        (``path_choice.merge_rows_on_driver``; ``driver_memory`` caps it as it caps a step),
+        else as Spark jobs: on the driver it leaves the other cores to the steps, where a
+        Spark merge of 5.7M rows made the step beside it take 19 s instead of 7."""
         if self._running is not None:
             return False
-        work = [(t, files) for t in traces if (files := t.compaction_candidates(self.threshold))]
+        work = [(t, files, merge_rows_on_driver(t, driver_memory)) for t in traces
+                if (files := t.compaction_candidates(self.threshold))]
         if not work:
             return False
         self._running = self._executor.submit(self._merge, work, layout)
@@ -68,6 +75,7 @@ class BackgroundCompactor:
         self._executor.shutdown(wait=True)
         self._sql.close()
 
-    def _merge(self, work: list[tuple[Trace, list[DataFile]]],
+    def _merge(self, work: list[tuple[Trace, list[DataFile], int]],
                layout: OwnerLayout | None) -> Merged:
-        return [(trace, files, trace.merge(files, self._sql, layout)) for trace, files in work]
+        return [(trace, files, trace.merge(files, self._sql, layout, driver_rows))
+                for trace, files, driver_rows in work]

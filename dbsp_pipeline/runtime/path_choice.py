@@ -75,7 +75,7 @@ from dbsp_pipeline.runtime.owner_exec import memory_bytes
 from dbsp_pipeline.runtime.plan import Plan
 from dbsp_pipeline.spark_session import conf_value, task_slots
 from dbsp_pipeline.storage.table_store import DataFile
-from dbsp_pipeline.storage.trace import Trace
+from dbsp_pipeline.storage.trace import DRIVER_MERGE_ROWS, Trace
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -97,6 +97,9 @@ ENGINE_COLUMN_BYTES = 12
 DRIVER_OVERHEAD = 2.0
 #: The least a join's change row is assumed to match when the other side is not empty.
 JOIN_EXPANSION = 1.0
+#: Driver memory per byte of a background merge's rows: the files read, DuckDB's grouping and
+#: sort, the sorted copy and its pieces per owner.
+MERGE_OVERHEAD = 5.0
 
 
 class PathChoice(NamedTuple):
@@ -314,6 +317,15 @@ def _arrow_value_bytes(name: str) -> int:
     if name.startswith(("list", "large_list", "map", "struct")):
         return NESTED_BYTES
     return 8
+
+
+def merge_rows_on_driver(trace: Trace, driver_memory: int | None) -> int:
+    """The most rows a background merge of ``trace`` may have to run on the driver
+    (``runtime/compactor.py``): those whose estimated memory (``MERGE_OVERHEAD`` times their
+    Arrow bytes) fits half the driver's step budget (a step may run beside the merge), and
+    never fewer than ``DRIVER_MERGE_ROWS``."""
+    per_row = max(row_bytes_of_trace(trace), 1) * MERGE_OVERHEAD
+    return max(DRIVER_MERGE_ROWS, int(budget(driver_memory).bytes / 2 / per_row))
 
 
 # -- the budget ----------------------------------------------------------------------------

@@ -30,7 +30,7 @@ def after_commit(state: EngineState) -> None:
         return
     if state.commits % GC_EVERY_COMMITS == 0:
         collect_garbage(state, garbage.ORPHAN_GRACE_SECONDS)
-    state.compactor.start(state.plan.traces(), state.layout)
+    state.compactor.start(state.plan.traces(), state.layout, state.driver_memory)
     if state.retain_steps is not None:
         compact_history(state)
 

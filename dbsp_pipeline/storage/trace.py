@@ -86,16 +86,16 @@ SPLIT_FILE_ROWS = 131_072
 BLOCK_SHIFT = 4
 
 
-def _shard_chunks(rows: pa.Table) -> list[pa.Table]:
+def _shard_chunks(rows: pa.Table, min_rows: int = SPLIT_FILE_ROWS) -> list[pa.Table]:
     """``rows`` (sorted by ``_shard``) cut at shard-block boundaries into pieces of at least
-    ``SPLIT_FILE_ROWS`` rows (the last may be smaller); one piece if it is small."""
-    if rows.num_rows <= SPLIT_FILE_ROWS:
+    ``min_rows`` rows (the last may be smaller); one piece if it is small."""
+    if rows.num_rows <= min_rows:
         return [rows]
     blocks = rows.column(SHARD).to_numpy(zero_copy_only=False) >> BLOCK_SHIFT
     edges = np.flatnonzero(np.diff(blocks)) + 1  # first row of each new block
     pieces, start = [], 0
     for edge in edges:
-        if edge - start >= SPLIT_FILE_ROWS:
+        if edge - start >= min_rows:
             pieces.append(rows.slice(start, edge - start))
             start = edge
     pieces.append(rows.slice(start))
@@ -129,7 +129,12 @@ RECENT_FILE_ROWS = 65_536
 
 #: Compact a trace once it has more files than this (size-tiered merge of the smallest).
 COMPACT_FILE_THRESHOLD = 16
-#: Merges of at most this many rows run on the driver (when it offers a ``LocalSQL``).
+#: A merge on the driver writes at most about this many files (besides one per owner): a
+#: merge's files cut into ``SPLIT_FILE_ROWS`` pieces made a merge of 6.6M rows 36 files, more
+#: than ``COMPACT_FILE_THRESHOLD``, so the trace was due for a merge of all of it again at once.
+MERGE_FILES = COMPACT_FILE_THRESHOLD // 2
+#: Merges of at most this many rows run on the driver (when it offers a ``LocalSQL``), unless
+#: the caller allows more (the background compactor: as many as the driver's memory holds).
 DRIVER_MERGE_ROWS = 2_000_000
 
 
@@ -374,17 +379,19 @@ class Trace:
         return chosen
 
     def merge(self, files: Sequence[DataFile], sql: LocalSQL | None = None,
-              layout: OwnerLayout | None = None) -> list[AddAction]:
+              layout: OwnerLayout | None = None,
+              driver_rows: int = DRIVER_MERGE_ROWS) -> list[AddAction]:
         """Write the consolidated content of ``files`` as new, uncommitted, shard-sorted files.
 
         Pure: reads only the given (immutable) files and commits nothing, so it may run in the
-        background while steps append to the trace. Small merges run on the driver with ``sql``
-        (when given), large ones as a Spark job. With ``layout``, a driver merge writes one
-        file per owner (cut as ``split_by_owner`` cuts), so the files an owner task reads hold
-        only its rows.
+        background while steps append to the trace. Merges of at most ``driver_rows`` rows run
+        on the driver with ``sql`` (when given), larger ones as a Spark job. With ``layout``, a
+        driver merge writes files of one owner each (cut at shard-block boundaries, as
+        ``split_by_owner`` cuts, into about ``MERGE_FILES`` files in all), so the files an
+        owner task reads hold only its rows.
         """
         rows = sum(f.rows for f in files)
-        if sql is not None and rows <= DRIVER_MERGE_ROWS:
+        if sql is not None and rows <= driver_rows:
             # files whose rows are kept are not opened, if that is all of them
             kept = [self._recent.get(f.path) for f in files]
             whole = (pa.concat_tables([t for t in kept if t is not None])
@@ -395,8 +402,9 @@ class Trace:
             pieces = [merged]
             if layout is not None and layout.workers > 1 and merged.num_rows:
                 owner = self.owners(layout, merged)
-                pieces = [chunk for w in np.unique(owner)
-                         for chunk in _shard_chunks(merged.filter(pa.array(owner == w)))]
+                piece_rows = max(SPLIT_FILE_ROWS, -(-merged.num_rows // MERGE_FILES))
+                pieces = [chunk for w in np.unique(owner) for chunk in
+                          _shard_chunks(merged.filter(pa.array(owner == w)), piece_rows)]
             adds = []
             for part in pieces:  # one file a piece (its run is of use once it commits)
                 for a in self.table.write_arrow(part):

@@ -21,6 +21,8 @@ from dbsp_pipeline.runtime.path_choice import (
     choose,
     choose_spark_execution,
     estimate,
+    merge_rows_on_driver,
+    row_bytes_of_trace,
     task_budget,
 )
 
@@ -81,6 +83,27 @@ def test_the_budget_is_half_the_available_memory_capped_by_driver_memory():
     assert 0 < machine.bytes <= available and "available" in machine.source
     assert budget(12_345) == Budget(12_345, "driver_memory=12,345")
     assert "available" in budget(10**18).source  # a cap above the machine's budget: no effect
+
+
+def test_a_background_merge_runs_on_the_driver_as_far_as_its_memory_fits(tmp_path):
+    """``merge_rows_on_driver``: the rows whose estimated memory fits half the driver budget
+    (``driver_memory`` caps it as it caps a step), never fewer than ``DRIVER_MERGE_ROWS``."""
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from dbsp_pipeline.runtime.path_choice import MERGE_OVERHEAD
+    from dbsp_pipeline.spark_session import LazySession
+    from dbsp_pipeline.storage.state_db import StateDatabase
+    from dbsp_pipeline.storage.trace import DRIVER_MERGE_ROWS, Trace
+
+    db = StateDatabase(LazySession(), str(tmp_path), "merge-rows")  # never starts Spark
+    db.open()
+    trace = Trace(db, "t", StructType([StructField("k", LongType()),
+                                       StructField("v", StringType())]), ["k"])
+    per_row = row_bytes_of_trace(trace) * MERGE_OVERHEAD
+    assert merge_rows_on_driver(trace, 8 * GIB) == max(
+        DRIVER_MERGE_ROWS, int(budget(8 * GIB).bytes / 2 / per_row))
+    assert merge_rows_on_driver(trace, 1_000) == DRIVER_MERGE_ROWS  # a tiny cap: the floor
+    assert merge_rows_on_driver(trace, None) >= merge_rows_on_driver(trace, 4 * GIB)
 
 
 # -- on a real plan ------------------------------------------------------------------------

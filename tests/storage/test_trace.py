@@ -92,6 +92,39 @@ def test_a_merge_given_a_layout_writes_one_owners_rows_a_file(tmp_path):
                       key=repr) == whole
 
 
+def test_a_big_merge_given_a_layout_leaves_the_trace_under_the_threshold(tmp_path,
+                                                                          monkeypatch):
+    """A driver merge cuts each owner's rows at shard-block boundaries, into about
+    ``MERGE_FILES`` files in all, not into ``SPLIT_FILE_ROWS`` pieces: cut that small, a big
+    merge wrote more files than the compaction threshold, and the trace was due for a merge of
+    all of it again at once (here: 20 pieces of 1,000 rows before)."""
+    import pyarrow as pa
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from dbsp_pipeline.driver.sql import LocalSQL
+    from dbsp_pipeline.runtime.layout import Layout
+    from dbsp_pipeline.spark_session import LazySession
+    from dbsp_pipeline.storage import trace as trace_module
+    from dbsp_pipeline.storage.state_db import StateDatabase
+
+    monkeypatch.setattr(trace_module, "SPLIT_FILE_ROWS", 1_000)
+    db = StateDatabase(LazySession(), str(tmp_path), "merge-files")  # never starts Spark
+    db.open()
+    trace = Trace(db, "t", StructType([StructField("k", LongType())]), ["k"])
+    sql = LocalSQL()
+    for step in range(trace_module.COMPACT_FILE_THRESHOLD + 1):
+        keys = list(range(step * 1_200, (step + 1) * 1_200))
+        trace.append_arrow(sql, pa.table({"k": keys, "_weight": [1] * len(keys)}))
+    files = trace.compaction_candidates()
+    assert len(files) == trace_module.COMPACT_FILE_THRESHOLD + 1  # 20,400 rows: all of them
+    layout = Layout.initial(2, "fixed")
+    assert trace.apply_merge(files, trace.merge(files, sql, layout))
+    assert len(trace.files()) <= trace_module.MERGE_FILES + layout.workers
+    assert all(f.rows >= 1_000 for f in trace.files())
+    assert trace.compaction_candidates() == []
+    assert sum(f.rows for f in trace.files()) == 20_400
+
+
 def test_lookups_after_a_driver_merge_read_its_rows_from_memory(tmp_path, monkeypatch):
     """A small trace keeps the rows of the files it wrote, and of a driver merge once applied,
     so a lookup after the merge opens no Parquet file and finds what reading the files finds
