@@ -100,8 +100,10 @@ def test_a_background_merge_runs_on_the_driver_as_far_as_its_memory_fits(tmp_pat
     trace = Trace(db, "t", StructType([StructField("k", LongType()),
                                        StructField("v", StringType())]), ["k"])
     per_row = row_bytes_of_trace(trace) * MERGE_OVERHEAD
-    assert merge_rows_on_driver(trace, 8 * GIB) == max(
-        DRIVER_MERGE_ROWS, int(budget(8 * GIB).bytes / 2 / per_row))
+    # a cap well below half of what is available here: the budget is the cap, not a figure
+    # of the moment
+    assert budget(2 * GIB).bytes == 2 * GIB
+    assert merge_rows_on_driver(trace, 2 * GIB) == int(GIB / per_row) > DRIVER_MERGE_ROWS
     assert merge_rows_on_driver(trace, 1_000) == DRIVER_MERGE_ROWS  # a tiny cap: the floor
     assert merge_rows_on_driver(trace, None) >= merge_rows_on_driver(trace, 4 * GIB)
 
