@@ -35,6 +35,7 @@ from deltalake.transaction import AddAction
 
 from dbsp_pipeline.errors import ConcurrentWriterError, StorageError
 from dbsp_pipeline.storage.data_files import DataFiles, millis
+from dbsp_pipeline.storage.set_aside import LAST_CHECKPOINT, checkpoint_hint_version
 from dbsp_pipeline.storage.table_store import (
     ACTIONS_KEY,
     DATA_DIR,
@@ -44,8 +45,6 @@ from dbsp_pipeline.storage.table_store import (
 )
 
 LOG_DIR = "_delta_log"
-#: the file in ``_delta_log`` naming the newest checkpoint
-LAST_CHECKPOINT = "_last_checkpoint"
 #: Delta configuration of every table the engine creates (a caller's configuration wins):
 #: a Delta checkpoint every 10 commits, and no tombstones in it. delta-rs replays every commit
 #: since the newest checkpoint at each commit and log read: in 100-row steps, where the manifest
@@ -414,12 +413,12 @@ class DeltaTableStore:
                     != pafs.FileType.NotFound:
                 return True
             with self._fs.open_input_stream(f"{log}/{LAST_CHECKPOINT}") as fh:
-                hint = json.loads(fh.read()).get("version")
+                hint = checkpoint_hint_version(fh.read().decode(errors="replace"))
         except FileNotFoundError:
             return False  # no checkpoint: no log file was cleaned
-        except (OSError, ValueError, AttributeError):
+        except OSError:
             return True  # unreadable: let delta-rs list the log
-        return not isinstance(hint, int) or hint > loaded
+        return hint is None or hint > loaded
 
     def _require_landed_at(self, expected_version: int | None) -> None:
         """After a commit bound to ``expected_version`` (and a refresh): another writer's commit

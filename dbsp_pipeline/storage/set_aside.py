@@ -41,7 +41,8 @@ from dbsp_pipeline.storage.small_files import (
 
 SET_ASIDE_DIR = "_dbsp_set_aside"
 _VERSIONED = re.compile(r"^(\d{20})\.(json|checkpoint(\.\d+\.\d+)?\.parquet|crc)$")
-_HINT = "_last_checkpoint"
+#: the file in ``_delta_log`` naming the newest checkpoint
+LAST_CHECKPOINT = "_last_checkpoint"
 
 
 def set_aside_after(uri: str, version: int, reason: str) -> str:
@@ -57,13 +58,13 @@ def set_aside_after(uri: str, version: int, reason: str) -> str:
     write_atomically(note, (read_text(note) or "")
                      + f"commits after version {version} of {uri}, set aside: {reason}\n")
     names = list_names(log)
-    if _HINT in names:
+    if LAST_CHECKPOINT in names:
         try:
-            pointed = _hint_version(read_text(os.path.join(log, _HINT)))
+            pointed = checkpoint_hint_version(read_text(os.path.join(log, LAST_CHECKPOINT)))
         except OSError:
             pointed = None
         if pointed is None or pointed > version:  # delta-rs lists the log without it
-            move(os.path.join(log, _HINT), os.path.join(folder, _HINT))
+            move(os.path.join(log, LAST_CHECKPOINT), os.path.join(folder, LAST_CHECKPOINT))
     later = sorted(((int(m[1]), name) for name in names
                     if (m := _VERSIONED.match(name)) and int(m[1]) > version),
                    key=lambda vn: (vn[0], not vn[1].endswith(".json")), reverse=True)
@@ -75,7 +76,7 @@ def set_aside_after(uri: str, version: int, reason: str) -> str:
     return folder
 
 
-def _hint_version(text: str | None) -> int | None:
+def checkpoint_hint_version(text: str | None) -> int | None:
     """The version the ``_last_checkpoint`` hint ``text`` points at (None if it cannot be
     read)."""
     try:
