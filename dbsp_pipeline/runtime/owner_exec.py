@@ -54,6 +54,7 @@ from dbsp_pipeline.driver.sql import LocalSQL, conform, zset_arrow_schema
 from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContext
 from dbsp_pipeline.runtime.layout import Layout
 from dbsp_pipeline.spark_session import conf_value, task_slots
+from dbsp_pipeline.storage.data_files import new_sorted_run
 from dbsp_pipeline.storage.staged_table import add_from_record
 from dbsp_pipeline.storage.task_table import TaskStateDb, TaskTableSpec, owner_files
 from dbsp_pipeline.zset import WEIGHT, quote, spark_to_arrow_schema
@@ -266,7 +267,7 @@ def owner_stage(ctx: StepContext, plan: Plan, node: Node, inputs: Sequence[Delta
         step=ctx.step, root=plan.root, layout=layout, node=node,
         schemas={i: plan.schemas[i] for i in (node.id, *node.inputs)},
         tables={t.name: TaskTableSpec(t.name, t.table.uri, t.table.arrow_schema, tuple(t.key),
-                                      owner_files(t.files(), layout))
+                                      owner_files(t.files(), layout), new_sorted_run())
                 for t in op.state_traces()},
         task_memory=task_memory(spark), state_name=plan.state_names.get(node.id),
         consolidate=frozenset(i for i in node.inputs if plan.circuit.nodes[i].op == "input"),

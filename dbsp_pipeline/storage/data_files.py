@@ -10,9 +10,12 @@ or creates the Delta table, and carries no credentials of its own.
 
 Durability: none. ``write_arrow`` writes one new file under a fresh name
 ``data/<uuid4>.parquet`` (so a retried writer never overwrites a file) and returns its add
-action; the file is invisible to every Delta reader until a commit, or a manifest entry staging
-the action, records it. Files nobody records are orphans that garbage collection deletes
-(``storage/garbage.py``).
+action. The files of one *sorted run* (the pieces of one merge, an owner stage's appends) are
+named ``data/<run>-<uuid4>.parquet``, and Spark writes a run into a folder ``data/<uuid4>/``:
+``sorted_run_of`` tells a file's run from its path, which is how compaction counts the runs a
+lookup reads, not the files (``Trace.compaction_candidates``). A written file is invisible to
+every Delta reader until a commit, or a manifest entry staging its action, records it. Files
+nobody records are orphans that garbage collection deletes (``storage/garbage.py``).
 """
 
 from __future__ import annotations
@@ -88,14 +91,16 @@ class DataFiles:
             os.makedirs(fs_path, exist_ok=True)
 
     # -- files -------------------------------------------------------------------------------
-    def write_arrow(self, table: pa.Table) -> list[AddAction]:
-        """Write ``table`` (cast to the schema) as one new file ``data/<uuid4>.parquet`` (a
-        fresh name, so a retried writer never overwrites a file); its add action (none for no
-        rows). Nothing is committed. A ``StorageError`` (definitely failed) naming the file
-        when the write fails."""
+    def write_arrow(self, table: pa.Table, run: str | None = None) -> list[AddAction]:
+        """Write ``table`` (cast to the schema) as one new file ``data/<uuid4>.parquet``, or
+        ``data/<run>-<uuid4>.parquet`` as a piece of the sorted run ``run`` (``new_sorted_run``;
+        a fresh name either way, so a retried writer never overwrites a file); its add action
+        (none for no rows). Nothing is committed. A ``StorageError`` (definitely failed) naming
+        the file when the write fails."""
         if table.num_rows == 0:
             return []
-        relative = f"{DATA_DIR}/{uuid.uuid4().hex}.parquet"
+        name = uuid.uuid4().hex if run is None else f"{run}-{uuid.uuid4().hex}"
+        relative = f"{DATA_DIR}/{name}.parquet"
         target = self.fs_path(self.path(relative))
         footer: list[pq.FileMetaData] = []
         try:
@@ -143,6 +148,25 @@ class DataFiles:
         dataset = ds.dataset([self.fs_path(p) for p in paths], schema=self.schema,
                              format="parquet", filesystem=self.filesystem)
         return dataset.to_table(filter=where, columns=list(columns) if columns else None)
+
+
+def new_sorted_run() -> str:
+    """A fresh sorted-run name, for the files one write produces in pieces (``write_arrow``)."""
+    return uuid.uuid4().hex
+
+
+def sorted_run_of(path: str) -> str:
+    """The sorted run the data file at ``path`` belongs to: the run named in
+    ``data/<run>-<uuid4>.parquet``; the folder of a file in a folder of ``data/`` (Spark's
+    write); else the file alone (``data/<uuid4>.parquet``, and any other name)."""
+    folder, _, name = path.rpartition("/")
+    head, _, parent = folder.rpartition("/")
+    if parent == DATA_DIR:
+        stem, dash, _ = name.partition("-")
+        return f"{folder}/{stem}" if dash and len(stem) == 32 else path
+    if head.rpartition("/")[2] == DATA_DIR:
+        return folder
+    return path
 
 
 def add_action(relative: str, info: pafs.FileInfo, meta: pq.FileMetaData) -> AddAction:

@@ -83,8 +83,8 @@ class StagedTable:
     def write_files(self, df: DataFrame, *, sort_by: Sequence[str] = ()) -> list[AddAction]:
         return self.delta.write_files(df, sort_by=sort_by)
 
-    def write_arrow(self, table: pa.Table) -> list[AddAction]:
-        return self.delta.write_arrow(table)
+    def write_arrow(self, table: pa.Table, run: str | None = None) -> list[AddAction]:
+        return self.delta.write_arrow(table, run)
 
     def read(self, files: Sequence[DataFile] | Sequence[str]) -> DataFrame:
         return self.delta.read(files)

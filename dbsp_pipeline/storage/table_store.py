@@ -134,9 +134,10 @@ class TableStore(Protocol):
         """The absolute path (or object URI) of ``relative`` inside the table."""
         ...
 
-    def write_arrow(self, table: pa.Table) -> list[AddAction]:
-        """Write ``table`` (in table schema) as one new, uncommitted data file; returns its add
-        action (none for an empty table)."""
+    def write_arrow(self, table: pa.Table, run: str | None = None) -> list[AddAction]:
+        """Write ``table`` (in table schema) as one new, uncommitted data file, a piece of
+        ``run`` if given (``data_files.sorted_run_of``); returns its add action (none for an empty
+        table)."""
         ...
 
     def describe_folder(self, relative: str) -> list[AddAction]:

@@ -13,8 +13,10 @@ data files, and staging.
   several owners (it *straddles* them) is allowed: reads of it keep only the owner's rows (a
   ``_shard`` filter, or under ``modulo`` sharding the owners of the rows' key hashes), so the
   task's trace has exactly the owner's part of the value.
-* **Writes**: through ``DataFiles`` (a fresh ``data/<uuid4>.parquet`` per file), which reaches
-  the table's files from its URI without the Delta log. Only appends happen in tasks: removes
+* **Writes**: through ``DataFiles`` (a fresh ``data/<run>-<uuid4>.parquet`` per file: the
+  files every owner's task writes to a table in one stage are one sorted run, as one driver
+  append is, ``data_files.sorted_run_of``), which reaches the table's files from its URI
+  without the Delta log. Only appends happen in tasks: removes
   are the driver's (merges, swaps, layout changes).
 * **No durable action.** ``stage`` keeps the actions in memory; ``record`` gives them as a
   manifest entry records them (``staged_table.add_record``), for the driver to stage on its
@@ -63,13 +65,15 @@ def owner_files(files: Iterable[DataFile], layout: OwnerLayout) -> dict[int, tup
 class TaskTableSpec:
     """What a task needs to know of one trace's table: its ``name`` (as the operator asks
     ``db.table`` for it), ``uri``, Arrow schema (payload, ``_weight``, ``_shard``), the trace's
-    ``key``, and per worker the files it may read (``owner_files``)."""
+    ``key``, per worker the files it may read (``owner_files``), and the sorted run the
+    stage's files of this table belong to (``data_files.new_sorted_run``)."""
 
     name: str
     uri: str
     arrow_schema: pa.Schema
     key: tuple[str, ...]
     files_by_owner: Mapping[int, tuple[DataFile, ...]]
+    sorted_run: str | None = None
 
 
 class TaskTable:
@@ -104,8 +108,8 @@ class TaskTable:
         return [f for f in self._files if f.path not in self._removes] + [
             self.data_file(a) for a in self._adds.values()]
 
-    def write_arrow(self, table: pa.Table) -> list[AddAction]:
-        return self.data.write_arrow(table)
+    def write_arrow(self, table: pa.Table, run: str | None = None) -> list[AddAction]:
+        return self.data.write_arrow(table, run or self.spec.sorted_run)
 
     def read_arrow(self, files: Sequence[DataFile] | Sequence[str],
                    where: pc.Expression | None = None,

@@ -25,6 +25,7 @@ from dbsp_pipeline.runtime.owner_exec import (
     result_schema,
 )
 from dbsp_pipeline.runtime.plan import Plan
+from dbsp_pipeline.storage.data_files import sorted_run_of
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.zset import SHARD, WEIGHT
 
@@ -116,6 +117,8 @@ def test_owner_stages_equal_the_driver_path(spark, tmp_path: Path, layout: Layou
         assert new, mine.name
         for f in new:  # a task's file: one owner's rows
             assert len(set(mine.owners(layout, mine.read_arrow([f])).tolist())) == 1, mine.name
+        # the files every owner's task appended are one sorted run, as a driver append is
+        assert len({sorted_run_of(f.path) for f in new}) == 1, mine.name
         assert mine.rows_read > 0 or mine.name.endswith("_right")  # the tasks' reads count
 
 

@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 import pytest
 
 from dbsp_pipeline.errors import StorageError
-from dbsp_pipeline.storage.data_files import DataFiles
+from dbsp_pipeline.storage.data_files import DataFiles, new_sorted_run, sorted_run_of
 from dbsp_pipeline.storage.table_store import open_table_store
 from tests.object_store_helpers import new_bucket
 
@@ -27,6 +27,13 @@ def _round_trip(uri: str) -> None:
     assert '"minValues": {"key": "a", "_shard": 3}' in add.stats
     (again,) = files.write_arrow(pa.table({"key": ["c"], "_shard": [9]}))
     assert again.path != add.path  # a fresh name each
+    # the pieces of one sorted run: fresh names that tell their run
+    run = new_sorted_run()
+    pieces = [a for rows in (["d"], ["e"]) for a in files.write_arrow(
+        pa.table({"key": rows, "_shard": [1]}), run)]
+    assert len({a.path for a in pieces}) == 2
+    assert {sorted_run_of(files.path(a.path)) for a in pieces} == {files.path(f"data/{run}")}
+    assert sorted_run_of(files.path(add.path)) == files.path(add.path)  # a run of its own
     assert files.write_arrow(SCHEMA.empty_table()) == []
     rows = files.read_arrow([files.path(add.path)], pc.field("_shard") > 4, ["key"])
     assert rows.to_pylist() == [{"key": "b"}]
@@ -73,3 +80,16 @@ def test_a_spark_written_decimal_column_gets_no_bounds_and_the_rest_keeps_theirs
     stats = json.loads(add.stats)
     assert stats["numRecords"] == 2 and stats["nullCount"] == {"k": 0, "amount": 1}
     assert stats["minValues"] == {"k": 1} and stats["maxValues"] == {"k": 4}
+
+
+def test_the_sorted_run_of_a_file_is_told_by_its_path() -> None:
+    run, other = uuid.uuid4().hex, uuid.uuid4().hex
+    table = "s3://bucket/root/state/t"
+    # a piece of a run; a file of its own; Spark's write: a run in a folder
+    assert sorted_run_of(f"{table}/data/{run}-{other}.parquet") == f"{table}/data/{run}"
+    assert sorted_run_of(f"{table}/data/{other}.parquet") == f"{table}/data/{other}.parquet"
+    assert sorted_run_of(f"{table}/data/{run}/part-00001-{other}-c000.snappy.parquet") == (
+        f"{table}/data/{run}")
+    # any other name is a run of its own: a dash alone does not make a run
+    for path in (f"{table}/data/part-00000-{other}.parquet", "f1", "/t/x/y.parquet"):
+        assert sorted_run_of(path) == path

@@ -7,10 +7,13 @@ from dbsp_pipeline.storage.trace import Trace
 
 
 class FileList(Trace):
-    """A trace reduced to its file list (the candidate choice reads nothing else)."""
+    """A trace reduced to its file list (the candidate choice reads nothing else); ``runs``
+    makes files pieces of one sorted run: ``runs[i]`` names file i's run."""
 
-    def __init__(self, rows: list[int]) -> None:
-        self._list = [DataFile(f"f{i}", n) for i, n in enumerate(rows)]
+    def __init__(self, rows: list[int], runs: list[str] | None = None) -> None:
+        self._list = [DataFile(f"/t/data/{run}-{i:032x}.parquet" if run else f"/t/data/f{i}",
+                               n)
+                      for i, (n, run) in enumerate(zip(rows, runs or [""] * len(rows)))]
 
     def files(self) -> list[DataFile]:
         return list(self._list)
@@ -33,11 +36,39 @@ def test_files_of_similar_size_merge_together():
     assert len(FileList([1_000_000] * 20).compaction_candidates(16)) == 20
 
 
+def test_the_pieces_of_one_write_count_as_one_run():
+    """A merge cut into one piece per owner or more (more pieces than the threshold, with 16
+    workers or more) is one sorted run: counted as files, the trace was due again at once, and
+    merged whole for ever."""
+    a, b = "a" * 32, "b" * 32
+    pieces = FileList([10_000] * 40, [a] * 40)
+    assert pieces.compaction_candidates(16) == []
+    # with a step's small files beside it, the small ones merge; the run is not rewritten
+    trace = FileList([10_000] * 40 + [100] * 17, [a] * 40 + [""] * 17)
+    assert rows_of(trace.compaction_candidates(16)) == [100] * 17
+    # a run of pieces merges whole (all its files) when it is chosen: 15 rows of small
+    # files, then the run of 10 pieces of 1 row (10 rows, no bigger than those 15)
+    chosen = FileList([10] * 40 + [1] * 10 + [1] * 15, [a] * 40 + [b] * 10 + [""] * 15
+                      ).compaction_candidates(16)
+    assert {f.path for f in chosen} == {f"/t/data/f{i}" for i in range(50, 65)} | {
+        f"/t/data/{b}-{i:032x}.parquet" for i in range(40, 50)}
+
+
 def test_a_bigger_file_joins_when_too_many_would_remain():
     # 20 files of growing size: the small ones alone do not bring the count under the threshold
     sizes = [2 ** i for i in range(20)]
     chosen = FileList(sizes).compaction_candidates(4)
     assert len(sizes) - len(chosen) + 1 <= 4
+
+
+def test_a_due_merge_leaves_half_the_threshold():
+    """At the threshold, one more small run does not make a merge of two at every step: the
+    merge brings the trace down to half the threshold, so the next is due that many steps on."""
+    sizes = [100_000 * (i + 1) for i in range(16)]
+    assert FileList(sizes).compaction_candidates(16) == []
+    chosen = FileList([*sizes, 100]).compaction_candidates(16)
+    assert 17 - len(chosen) + 1 <= 8
+    assert rows_of(chosen) == sorted([100, *sizes])[:len(chosen)]  # the smallest
 
 
 def test_split_parts_are_cut_at_shard_block_boundaries(monkeypatch):
@@ -121,6 +152,14 @@ def test_a_big_merge_given_a_layout_leaves_the_trace_under_the_threshold(tmp_pat
     assert trace.apply_merge(files, trace.merge(files, sql, layout))
     assert len(trace.files()) <= trace_module.MERGE_FILES + layout.workers
     assert all(f.rows >= 1_000 for f in trace.files())
+    assert trace.compaction_candidates() == []
+    assert sum(f.rows for f in trace.files()) == 20_400
+    # with more workers than the threshold, the merge writes a piece per owner or more: one
+    # sorted run, so the trace is not due again
+    wide = Layout.initial(2 * trace_module.COMPACT_FILE_THRESHOLD, "fixed")
+    files = trace.files()
+    assert trace.apply_merge(files, trace.merge(files, sql, wide))
+    assert len(trace.files()) >= wide.workers
     assert trace.compaction_candidates() == []
     assert sum(f.rows for f in trace.files()) == 20_400
 
