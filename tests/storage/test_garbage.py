@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import time
+import types
 
 from dbsp_pipeline import Circuit, Pipeline
 from dbsp_pipeline.runtime import upkeep
@@ -84,7 +85,7 @@ def test_consolidating_consumed_input_is_not_new_input(spark, tmp_path):
         assert [r.inputs for r in p.run()] == [{"x": 1}]
 
 
-def test_files_this_process_committed_need_no_grace(spark, tmp_path):
+def test_files_this_process_committed_need_no_grace(spark, tmp_path, monkeypatch):
     """A file that a commit of this process made part of a table, and that no version to keep
     refers to any more, is deleted once it is a minute old, though younger than the grace
     period: its write is over. A young file no commit of this process made (an orphan, whose
@@ -104,9 +105,8 @@ def test_files_this_process_committed_need_no_grace(spark, tmp_path):
     table.commit([second], [table.store.path(first.path)])  # the first file is replaced
     table.write_arrow(pa.table({"k": [3]}))  # an orphan: written, never committed
     assert garbage.collect(table, table.version()) == 0  # all written a moment ago
-    two_minutes_ago = time.time() - 120
-    for f in table.store.stored_data_files():
-        os.utime(f.path, (two_minutes_ago, two_minutes_ago))
+    two_minutes_on = time.time() + 120  # (files keep their times: the clock moves)
+    monkeypatch.setattr(garbage, "time", types.SimpleNamespace(time=lambda: two_minutes_on))
     other = SparkDeltaTable(spark, uri, schema)  # another process: it committed nothing
     assert garbage.collect(other, other.version()) == 0
     on_disk = {f.path for f in table.store.stored_data_files()}
@@ -263,3 +263,42 @@ def test_a_collection_between_listings_lists_nothing(spark, tmp_path, monkeypatc
     table.store.delete_log_files([f"{table.version() - 5:020d}.json"])  # a commit cleaned up
     garbage.collect(table, table.version())
     assert len(listed) == 1 and len(real()) == 1
+
+
+def test_a_young_file_is_statted_once_until_its_age_allows_deleting_it(spark, tmp_path,
+                                                                        monkeypatch):
+    """Between listings a collection looks at the files commits removed; one too young to
+    delete is not statted again at every collection (files are never rewritten, so the time it
+    was statted with stands) but once the clock says it may be old enough: then it is statted
+    and deleted."""
+    import pyarrow as pa
+
+    from dbsp_pipeline.storage import garbage
+
+    table = _small_table(spark, tmp_path)
+    statted: list[str] = []
+    real = table.store.stat_data_files
+    monkeypatch.setattr(table.store, "stat_data_files",
+                        lambda paths: statted.extend(paths) or real(paths))
+
+    def step() -> None:
+        old = table.files()
+        table.commit(table.write_arrow(pa.table({"k": [table.version()]})),
+                     [f.path for f in old])
+
+    step()
+    garbage.collect(table, table.version())  # the first collection lists
+    removed = []
+    for _ in range(5):
+        removed.append(table.files()[0].path)
+        step()
+        garbage.collect(table, table.version())
+    assert sorted(statted) == sorted(removed)  # each once, though kept by every collection
+    assert {f.path for f in table.store.stored_data_files()} >= set(removed)
+    statted.clear()
+    later = time.time() + 2 * garbage.COMMITTED_GRACE_SECONDS
+    monkeypatch.setattr(garbage, "time", types.SimpleNamespace(time=lambda: later))
+    step()
+    assert garbage.collect(table, table.version()) == len(removed) + 1  # and the newest removed
+    assert set(removed) <= set(statted)
+    assert not set(removed) & {f.path for f in table.store.stored_data_files()}
