@@ -496,7 +496,7 @@ def main() -> None:
     ap.add_argument("--spark-workers", type=int, default=2,
                     help="W of the Spark steps (the pipeline is rescaled to it before them): "
                          "each stateful operator runs as one task per owner")
-    ap.add_argument("--small-steps", type=int, default=30,
+    ap.add_argument("--small-steps", type=int, default=200,
                     help="100-row steps with a commit each, at the first size (0: none)")
     ap.add_argument("--no-small-steps", dest="small_steps", action="store_const", const=0)
     ap.add_argument("--spark-recompute-runs", type=int, default=2,
