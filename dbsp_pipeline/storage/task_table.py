@@ -16,8 +16,8 @@ data files, and staging.
 * **Writes**: through ``DataFiles`` (a fresh ``data/<run>-<uuid4>.parquet`` per file: the
   files every owner's task writes to a table in one stage are one sorted run, as one driver
   append is, ``data_files.sorted_run_of``), which reaches the table's files from its URI
-  without the Delta log. Only appends happen in tasks: removes
-  are the driver's (merges, swaps, layout changes).
+  without the Delta log. Only appends happen in tasks: removes are the driver's (merges,
+  swaps, layout changes).
 * **No durable action.** ``stage`` keeps the actions in memory; ``record`` gives them as a
   manifest entry records them (``staged_table.add_record``), for the driver to stage on its
   ``StagedTable`` once it has collected exactly one record per owner. A task whose record is
