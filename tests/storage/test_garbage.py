@@ -133,7 +133,9 @@ def test_a_long_run_of_small_steps_keeps_few_files(spark, tmp_path, monkeypatch)
         p.collect_garbage()  # the default grace
         history = {f.path for f in p.engine.outputs["g"].table.files()}
         assert {f for f in data_files(root) if f"{os.sep}outputs{os.sep}" in f} == history
-        assert len([f for f in data_files(root) if f not in history]) <= 20
+        # (a state table keeps the files its staged removes name until they are folded, every
+        # FOLD_ACTIONS actions: 21 files here at 32, 15 at 8; one per step would be 64 a table)
+        assert len([f for f in data_files(root) if f not in history]) <= 24
 
 
 def _small_table(spark, tmp_path):

@@ -17,6 +17,10 @@ from dbsp_pipeline.storage.crash_points import InjectedCrash
 TRACE = "n1_aggregate_groups"
 
 
+#: no background merges: they would swap staged adds for merged ones before FOLD_ACTIONS steps
+NO_MERGES = {"compact_threshold": 10**6}
+
+
 def circuit() -> Circuit:
     c = Circuit("staged")
     x = c.input("x", "k BIGINT, r STRING")
@@ -41,20 +45,21 @@ def run(p: Pipeline, steps: range) -> None:
 def test_steps_stage_and_checkpoints_fold(spark, tmp_path):
     root = str(tmp_path)
     steps = state_db.FOLD_ACTIONS - 1
-    with Pipeline(circuit(), root, spark) as p:
+    with Pipeline(circuit(), root, spark, **NO_MERGES) as p:
         run(p, range(steps))
         assert trace_version(root) == 0  # nothing committed to the trace's Delta log
         entry = p.engine.db.checkpoints(1)[0]
         assert len(entry["staged"][TRACE]["adds"]) == steps
         expected = view(p)
-    with Pipeline(circuit(), root, spark) as p:  # opening stages the recorded actions again
+    # opening stages the recorded actions again
+    with Pipeline(circuit(), root, spark, **NO_MERGES) as p:
         assert view(p) == expected
         assert len(p.engine.db.recorded_staged(TRACE)["adds"]) == steps
         run(p, range(steps, steps + 1))  # the FOLD_ACTIONS-th action: the next commit folds
         assert trace_version(root) == 1
         assert TRACE not in p.engine.db.checkpoints(1)[0].get("staged", {})
         expected = view(p)
-    with Pipeline(circuit(), root, spark) as p:
+    with Pipeline(circuit(), root, spark, **NO_MERGES) as p:
         assert view(p) == expected
         assert verify(root).ok
 
@@ -62,18 +67,19 @@ def test_steps_stage_and_checkpoints_fold(spark, tmp_path):
 def test_a_crash_between_a_fold_and_its_checkpoint_recovers(spark, tmp_path):
     reference, crashed = str(tmp_path / "reference"), str(tmp_path / "crashed")
     steps = state_db.FOLD_ACTIONS
-    with Pipeline(circuit(), reference, spark) as p:
+    with Pipeline(circuit(), reference, spark, **NO_MERGES) as p:
         run(p, range(steps + 2))
         expected = view(p)
     crash_points.reset()
-    p = Pipeline(circuit(), crashed, spark)
+    p = Pipeline(circuit(), crashed, spark, **NO_MERGES)
     run(p, range(steps - 1))
     crash_points.arm("manifest.commit.before")  # the trace is folded; its checkpoint is not
     with pytest.raises(InjectedCrash):
         run(p, range(steps - 1, steps))
     crash_points.reset()
     assert trace_version(crashed) == 1  # the fold committed
-    with Pipeline(circuit(), crashed, spark) as p:  # rolled back to version 0 + staged, replayed
+    # rolled back to version 0 + staged, replayed
+    with Pipeline(circuit(), crashed, spark, **NO_MERGES) as p:
         run(p, range(steps, steps + 2))
         assert view(p) == expected
     assert verify(crashed).ok
