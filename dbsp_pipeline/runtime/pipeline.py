@@ -171,7 +171,7 @@ class Pipeline:
         driver_memory: the most memory (bytes) one step on the driver may take, when
             ``driver_step_rows`` is None; the budget is the lesser of it and half the memory
             available when the step starts (None: that half alone).
-        compact_threshold: a trace with more files than this is merged in the background.
+        compact_threshold: a trace with more sorted runs than this is merged in the background.
         retain_steps: keep the exact history of the last this many steps of every output log
             (``view(as_of=...)``, ``changes(since=...)``) and collapse older history at each
             checkpoint, never past what a live reader's ``since`` needs; ``None`` keeps all.
@@ -683,8 +683,8 @@ class Pipeline:
             return upkeep.compact_history(self._engine)
 
     def compact(self, threshold: int = COMPACT_FILE_THRESHOLD) -> int:
-        """Compact now, in the foreground, every trace with more than ``threshold`` files (after
-        the background merge, if one runs); returns how many traces were compacted."""
+        """Compact now, in the foreground, every trace with more than ``threshold`` sorted runs
+        (after the background merge, if one runs); returns how many traces were compacted."""
         with self._exclusive():  # their rewrites race other processes' commits too
             return upkeep.compact(self._engine, threshold)
 

@@ -110,7 +110,7 @@ def compact_history(state: EngineState) -> dict[str, int]:
 
 
 def compact(state: EngineState, threshold: int) -> int:
-    """Merge now, in the foreground, every trace with more than ``threshold`` files (after the
+    """Merge now, in the foreground, every trace with more than ``threshold`` sorted runs (after the
     background merge, if one runs); returns how many traces were merged."""
     done = state.compactor.apply_finished(wait=True)
     return done + sum(t.compact(threshold, state.sql) for t in state.plan.traces())

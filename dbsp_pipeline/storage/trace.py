@@ -128,7 +128,7 @@ def _null_safe_semi_join(rows: pa.Table, keys: pa.Table, key: Sequence[str]) -> 
 #: the file is part of the trace (a lookup only reads the trace's current files).
 RECENT_FILE_ROWS = 65_536
 
-#: Compact a trace once it has more files than this (size-tiered merge of the smallest).
+#: Compact a trace once it has more sorted runs than this (size-tiered merge of the smallest).
 COMPACT_FILE_THRESHOLD = 16
 #: A merge on the driver writes at most about this many files (besides one per owner): a
 #: merge's files cut into ``SPLIT_FILE_ROWS`` pieces made a merge of 6.6M rows 36 files, more
