@@ -11,6 +11,9 @@ Layout of a pipeline root (every name below is spelled only here)::
                             (what an upgrade compares a new circuit with,
                             ``runtime/circuit_upgrade.py``)
     _upgrade_scratch/<id>/  an upgrade's throwaway state (``runtime/circuit_upgrade.py``)
+    _exchange/<step>-<id>/  the changes a Spark step's owner stages hand each other as files
+                            (``runtime/exchange.py``): a step's, removed when it ends (and
+                            at open, after a crash)
     inputs/<name>/          the durable log of each input (one Delta version per push)
     state/<trace>/          the traces of the stateful operators
     outputs/<name>/         the change log of each output view (``_step`` and ``_weight``)
@@ -69,6 +72,8 @@ PLAN_SCHEMAS = "_plan_schemas.json"
 CIRCUITS = "_circuits"
 #: the folder of upgrades' throwaway state
 UPGRADE_SCRATCH = "_upgrade_scratch"
+#: the folder of the changes owner stages hand each other during a Spark step
+EXCHANGE = "_exchange"
 #: the folder of the input logs (one table per input)
 INPUTS = "inputs"
 #: the folder of the state tables (one table per trace)
@@ -114,6 +119,13 @@ def circuit_description(root: str, fingerprint: str) -> str:
 def upgrade_scratch(root: str, name: str | None = None) -> str:
     """The folder of upgrades' throwaway state (with ``name``: one upgrade's)."""
     folder = os.path.join(root, UPGRADE_SCRATCH)
+    return folder if name is None else os.path.join(folder, name)
+
+
+def exchange(root: str, name: str | None = None) -> str:
+    """The folder of the changes a Spark step's owner stages hand each other (with ``name``:
+    one step's)."""
+    folder = os.path.join(root, EXCHANGE)
     return folder if name is None else os.path.join(folder, name)
 
 

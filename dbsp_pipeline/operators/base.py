@@ -29,6 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from dbsp_pipeline.driver.sql import LocalSQL
+from dbsp_pipeline.storage.small_files import remove_folder
 from dbsp_pipeline.storage.trace import Trace
 
 if TYPE_CHECKING:
@@ -62,6 +63,13 @@ class StepContext:
     owner: int | None = None
     _cached: list[DataFrame] = field(default_factory=list)
     _checkpointed: list[DataFrame] = field(default_factory=list)
+    _scratch: list[str] = field(default_factory=list)
+
+    def scratch_folder(self, folder: str) -> str:
+        """``folder``, a folder of this step's scratch files (``runtime/exchange.py``),
+        removed with everything in it when the step ends (``release``)."""
+        self._scratch.append(folder)
+        return folder
 
     def materialize(self, df: DataFrame) -> tuple[DataFrame, int]:
         """Compute ``df`` once for several uses within this step; returns it and its row count.
@@ -128,6 +136,9 @@ class StepContext:
         for df in self._checkpointed:
             _free_checkpoint(df)
         self._checkpointed.clear()
+        for folder in self._scratch:
+            remove_folder(folder)
+        self._scratch.clear()
 
 
 def _free_checkpoint(df: DataFrame) -> None:

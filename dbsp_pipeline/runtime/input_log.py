@@ -25,6 +25,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.driver.sql import LocalSQL
 from dbsp_pipeline.errors import ConcurrentWriterError
+from dbsp_pipeline.runtime.scatter import PushedChange
 from dbsp_pipeline.storage.delta_table import DataFile, SparkDeltaTable
 from dbsp_pipeline.storage.kept_rows import KeptRows
 from dbsp_pipeline.storage.trace import DRIVER_MERGE_ROWS
@@ -200,6 +201,17 @@ class InputLog:
             return None
         rows = self.table.read(files)
         return consolidate(rows, self.schema.fieldNames()) if consolidated else rows
+
+    def pushed_files(self, files: list[DataFile], *,
+                     consolidated: bool = True) -> PushedChange | None:
+        """The change held by ``files`` as the files themselves, for a scatter stage
+        (``runtime/scatter.py``; None for no files); its ``frame`` is
+        ``change(files, consolidated=...)``."""
+        if not files:
+            return None
+        return PushedChange(self.table.uri, self.table.arrow_schema,
+                            tuple(f.path for f in files), sum(f.rows for f in files),
+                            lambda: self.change(files, consolidated=consolidated))
 
     def change_arrow(self, sql: LocalSQL, files: list[DataFile]) -> pa.Table | None:
         """The consolidated change held by ``files``, read on the driver."""

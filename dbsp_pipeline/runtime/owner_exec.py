@@ -40,7 +40,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +52,8 @@ from dbsp_pipeline.circuit import Node
 from dbsp_pipeline.driver.hashing import spark_hash_int
 from dbsp_pipeline.driver.sql import LocalSQL, conform, zset_arrow_schema
 from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContext
+from dbsp_pipeline.runtime import exchange
+from dbsp_pipeline.runtime.exchange import OwnedChange, positional
 from dbsp_pipeline.runtime.layout import Layout
 from dbsp_pipeline.spark_session import conf_value, task_slots
 from dbsp_pipeline.storage.data_files import new_sorted_run
@@ -60,7 +62,7 @@ from dbsp_pipeline.storage.task_table import TaskStateDb, TaskTableSpec, owner_f
 from dbsp_pipeline.zset import WEIGHT, quote, spark_to_arrow_schema
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
     from dbsp_pipeline.runtime.plan import Plan
 
@@ -78,11 +80,6 @@ VIEW_ROWS_ON_DRIVER = 65_536
 KIND = "_kind"
 #: the task's staged actions (JSON), on its ``_kind = 1`` row
 ACTION = "_action"
-
-
-def positional(i: int) -> str:
-    """The name column ``i`` of a change crosses to a task under."""
-    return f"_c{i}"
 
 
 @functools.cache
@@ -122,17 +119,22 @@ class OwnerTaskSpec:
     #: tests only: ``"<node>:<owner>:<attempt>"`` (``*`` matches any) makes the matching task
     #: fail after writing its files (``FAIL_OWNER_TASK``)
     fault: str | None = None
+    #: when only owner stages read the node's change (``Plan.exchange_keys``): the columns
+    #: whose owner splits the output into exchange files, and the stage's exchange folder
+    #: (``runtime/exchange.py``); the task then returns only its action row
+    exchange_keys: tuple[str, ...] | None = None
+    exchange_folder: str | None = None
 
 
 # -- the task (in a Python worker) -------------------------------------------------------------
 _SQL: tuple[int, LocalSQL] | None = None
 
 
-def task_sql(spec: OwnerTaskSpec) -> LocalSQL:
+def task_sql(memory: str | None) -> LocalSQL:
     """The DuckDB of this Python worker process: one per process (workers are reused across
     tasks, and a forked worker gets a connection of its own), with as many threads as the task
-    has cores, ``spec.task_memory`` and a spill folder under ``$DBSP_LOCAL_DIR`` (or the
-    temporary folder)."""
+    has cores, a memory limit of ``memory`` (the first task's: ``task_memory``) and a spill
+    folder under ``$DBSP_LOCAL_DIR`` (or the temporary folder)."""
     global _SQL
     if _SQL is None or _SQL[0] != os.getpid():
         from pyspark import TaskContext
@@ -140,7 +142,7 @@ def task_sql(spec: OwnerTaskSpec) -> LocalSQL:
         context = TaskContext.get()
         threads = max(1, context.cpus()) if context is not None else 1
         base = os.environ.get("DBSP_LOCAL_DIR") or tempfile.gettempdir()
-        _SQL = (os.getpid(), LocalSQL(threads, memory_limit=spec.task_memory,
+        _SQL = (os.getpid(), LocalSQL(threads, memory_limit=memory,
                                       temp_directory=os.path.join(
                                           base, f"dbsp-duckdb-{os.getpid()}")))
     return _SQL[1]
@@ -161,10 +163,9 @@ def task_operator(node: Node, schemas: Mapping[int, StructType], db: TaskStateDb
 
 def run_owner_task(spec: OwnerTaskSpec, key: tuple[pa.Scalar, ...],
                    *sides: pa.Table) -> pa.Table:
-    """One owner's part of the stage: ``key`` holds the owner's partition key, ``sides`` the
-    owner's rows of each input's change (positional columns, ``_weight``, ``_owner``; an empty
-    table for an input that did not change). Returns the output change
-    (``_kind = 0``) and one row of staged actions (``_kind = 1``), in ``result_schema``."""
+    """One owner's part of a shuffled stage: ``key`` holds the owner's partition key, ``sides``
+    the owner's rows of each input's change (positional columns, ``_weight``, ``_owner``; an
+    empty table for an input that did not change). Returns ``run_for_owner``'s result."""
     owner = owner_partition_keys(spec.layout.workers).index(int(key[0].as_py()))
     changes: list[LocalDelta] = []
     for side, input_id in zip(sides, spec.node.inputs):
@@ -178,24 +179,62 @@ def run_owner_task(spec: OwnerTaskSpec, key: tuple[pa.Scalar, ...],
             names=[*names, WEIGHT])
         change = conform(renamed, schema)
         if input_id in spec.consolidate:  # an input's rows as pushed (Plan.read_by_owner_stages)
-            change = task_sql(spec).consolidate(change, names)
+            change = task_sql(spec.task_memory).consolidate(change, names)
         changes.append(change if change.num_rows else None)
+    return run_for_owner(spec, owner, changes)
+
+
+def run_file_task(spec: OwnerTaskSpec, owners: Sequence[int],
+                  inputs: Sequence[OwnedChange | None],
+                  batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The tasks of a stage whose inputs are exchange files (``runtime/exchange.py``): each
+    row of ``batches`` is an index into ``owners``; the task reads that owner's files of each
+    input (None: the input did not change) and yields ``run_for_owner``'s result."""
+    for batch in batches:
+        for index in batch.column(0).to_pylist():
+            owner = owners[int(index)]
+            changes: list[LocalDelta] = []
+            for change in inputs:
+                rows = change.read(owner) if change is not None else None
+                if change is not None and rows is not None and not change.consolidated:
+                    rows = task_sql(spec.task_memory).consolidate(rows,
+                                                                  change.schema.fieldNames())
+                changes.append(rows if rows is not None and rows.num_rows else None)
+            yield from run_for_owner(spec, owner, changes).to_batches()
+
+
+def run_for_owner(spec: OwnerTaskSpec, owner: int, changes: Sequence[LocalDelta]) -> pa.Table:
+    """Owner ``owner``'s part of the stage, given its rows of each input's change: runs the
+    operator's ``step_local`` over the owner's state. Returns the output change
+    (``_kind = 0``; none when the stage hands its change on as exchange files) and one row of
+    staged actions (``_kind = 1``), in ``result_schema``."""
     db = TaskStateDb(spec.root, spec.tables, owner, spec.layout)
     op = task_operator(spec.node, spec.schemas, db, spec.state_name)
-    ctx = StepContext(None, spec.step, sql=task_sql(spec), layout=spec.layout, owner=owner)
-    out = op.step_local(ctx, changes)
+    ctx = StepContext(None, spec.step, sql=task_sql(spec.task_memory), layout=spec.layout,
+                      owner=owner)
+    out = op.step_local(ctx, list(changes))
     from pyspark import TaskContext
 
     context = TaskContext.get()
     attempt = context.attemptNumber() if context is not None else 0
+    handed: dict[int, list[str]] | None = None
+    if spec.exchange_keys is not None and spec.exchange_folder is not None:
+        handed = exchange.write_by_owner(
+            out if out is not None else zset_arrow_schema(spec.schemas[spec.node.id]
+                                                          ).empty_table(),
+            spec.schemas[spec.node.id], spec.exchange_keys, spec.layout, spec.exchange_folder)
     if spec.fault is not None and _fault_matches(spec.fault, spec.node.id, owner, attempt):
         raise RuntimeError(f"injected fault ({FAIL_OWNER_TASK}={spec.fault}): task of owner "
                            f"{owner} of operator #{spec.node.id}, attempt {attempt}, after "
                            "writing its files")
-    action = {"step": spec.step, "owner": owner, "layout_version": spec.layout.version,
-              "attempt": attempt, "rows": 0 if out is None else out.num_rows,
-              "traces": {t.name: {**db.opened[t.name].record(), "rows_read": t.rows_read}
-                         for t in op.state_traces()}}
+    action: dict[str, Any] = {
+        "step": spec.step, "owner": owner, "layout_version": spec.layout.version,
+        "attempt": attempt, "rows": 0 if out is None else out.num_rows,
+        "traces": {t.name: {**db.opened[t.name].record(), "rows_read": t.rows_read}
+                   for t in op.state_traces()}}
+    if handed is not None:
+        action["exchange"] = {str(w): paths for w, paths in handed.items()}
+        out = None
     return _task_result(spec, out, json.dumps(action))
 
 
@@ -247,12 +286,13 @@ def _task_result(spec: OwnerTaskSpec, out: LocalDelta, action: str) -> pa.Table:
 
 
 # -- the stage (on the driver) -----------------------------------------------------------------
-def owner_stage(ctx: StepContext, plan: Plan, node: Node, inputs: Sequence[Delta]
-                ) -> Delta | pa.Table:
+def owner_stage(ctx: StepContext, plan: Plan, node: Node,
+                inputs: Sequence[Delta | OwnedChange]) -> Delta | pa.Table | OwnedChange:
     """Run operator ``node`` of ``plan`` for this step as one task per owner of its change
-    (see the module docstring); returns its output change, or None when no input changed: a
-    DataFrame, or an Arrow table when the node is only a view's and the tasks' output is at
-    most ``VIEW_ROWS_ON_DRIVER`` rows (the view writes it on the driver).
+    (see the module docstring); returns its output change, or None when no input changed: an
+    ``OwnedChange`` when only owner stages read it (``Plan.exchange_keys``), an Arrow table when
+    the node is only a view's and the tasks' output is at most ``VIEW_ROWS_ON_DRIVER`` rows (the
+    view writes it on the driver), else a DataFrame.
     Stages the tasks' trace actions on the driver's tables. Raises ``AssertionError`` (a failed
     step: rolled back, retried) when the tasks' records do not fit this step."""
     if all(d is None for d in inputs):
@@ -263,6 +303,7 @@ def owner_stage(ctx: StepContext, plan: Plan, node: Node, inputs: Sequence[Delta
     if keys is None or layout is None:
         raise AssertionError(f"operator #{node.id} {node.op} cannot run per owner")
     spark = ctx.session
+    exchange_keys = plan.exchange_keys.get(node.id)
     spec = OwnerTaskSpec(
         step=ctx.step, root=plan.root, layout=layout, node=node,
         schemas={i: plan.schemas[i] for i in (node.id, *node.inputs)},
@@ -271,32 +312,34 @@ def owner_stage(ctx: StepContext, plan: Plan, node: Node, inputs: Sequence[Delta
                 for t in op.state_traces()},
         task_memory=task_memory(spark), state_name=plan.state_names.get(node.id),
         consolidate=frozenset(i for i in node.inputs if plan.circuit.nodes[i].op == "input"),
-        fault=os.environ.get(FAIL_OWNER_TASK) or None)
-    workers = layout.workers
-    owner_keys = F.expr(f"array({', '.join(str(k) for k in owner_partition_keys(workers))})")
-    grouped = []
-    for d, input_id, side_keys in zip(inputs, node.inputs, keys):
-        if d is None:  # no rows: the task gets an empty table for this side
-            continue
-        schema = plan.schemas[input_id]
-        owner = layout.owner_column(side_keys)
-        grouped.append(d.select(
-            *[F.col(quote(n)).alias(positional(i)) for i, n in enumerate(schema.fieldNames())],
-            F.col(WEIGHT), F.element_at(owner_keys, owner + 1).alias(OWNER)
-        ).repartition(workers, OWNER).groupBy(OWNER))
+        fault=os.environ.get(FAIL_OWNER_TASK) or None,
+        exchange_keys=exchange_keys,
+        exchange_folder=None if exchange_keys is None else ctx.scratch_folder(
+            exchange.new_folder(plan.root, ctx.step)))
     out_type = result_schema(plan.schemas[node.id])
-    if len(node.inputs) == 1:
-        # A lambda: PySpark infers the UDF's form from type hints, and fails on a partial.
-        result = grouped[0].applyInArrow(lambda key, t: _grouped_task(spec, key, t), out_type)
-    elif len(node.inputs) == 2 and len(grouped) == 2:
-        result = grouped[0].cogroup(grouped[1]).applyInArrow(
-            lambda key, left, right: _cogrouped_task(spec, key, left, right), out_type)
-    elif len(node.inputs) == 2:  # one side changed: only its owners run
-        changed = 0 if inputs[0] is not None else 1
-        result = grouped[0].applyInArrow(
-            lambda key, t: _one_side_task(spec, changed, key, t), out_type)
-    else:  # pragma: no cover - owner_keys names one or two inputs
-        raise AssertionError(f"operator #{node.id} {node.op}: {len(node.inputs)} inputs")
+    for d in inputs:
+        if isinstance(d, OwnedChange) and d.layout_version != layout.version:
+            raise AssertionError(f"owner stage of step {ctx.step}: an input's exchange files "
+                                 f"are of layout version {d.layout_version}, not "
+                                 f"{layout.version}")
+    if any(isinstance(d, OwnedChange) for d in inputs) and all(
+            d is None or (isinstance(d, OwnedChange) and list(d.keys) == list(side))
+            for d, side in zip(inputs, keys)):
+        owned = [d if isinstance(d, OwnedChange) else None for d in inputs]
+        owners = sorted({w for d in owned if d is not None for w in d.owners()})
+        if not owners:
+            return None
+        result = spark.range(0, len(owners), 1, len(owners)).mapInArrow(
+            lambda batches: run_file_task(spec, owners, owned, batches), out_type)
+    else:
+        result = _shuffled_stage(spec, layout, plan, node, [
+            d.to_frame(spark) if isinstance(d, OwnedChange) else d for d in inputs], keys,
+            out_type)
+    if exchange_keys is not None:  # the result is the action rows alone: collected, not cached
+        records = [json.loads(r[ACTION]) for r in result.select(ACTION).collect()]
+        stage_records(op, records, ctx.step, layout)
+        return _owned_change(plan.schemas[node.id], exchange_keys, layout,
+                             spec.exchange_folder or "", records)
     result = ctx.detach(result)  # its plan would hold the inputs' plans
     records = [json.loads(r[ACTION]) for r in
                result.where(F.col(KIND) == 1).select(ACTION).collect()]
@@ -309,6 +352,53 @@ def owner_stage(ctx: StepContext, plan: Plan, node: Node, inputs: Sequence[Delta
             <= VIEW_ROWS_ON_DRIVER:
         return change.toArrow()  # written on the driver (no Spark write job, no read-back)
     return change
+
+
+def _shuffled_stage(spec: OwnerTaskSpec, layout: Layout, plan: Plan, node: Node,
+                    inputs: Sequence[Delta], keys: Sequence[Sequence[str]],
+                    out_type: StructType) -> DataFrame:
+    """The stage's result frame when its inputs are DataFrames: each change hash-partitioned
+    by its rows' owners into W partitions and grouped by owner (``cogroup`` when both sides
+    of a join changed), one ``run_owner_task`` per group."""
+    workers = layout.workers
+    owner_keys = F.expr(f"array({', '.join(str(k) for k in owner_partition_keys(workers))})")
+    grouped = []
+    for d, input_id, side_keys in zip(inputs, node.inputs, keys):
+        if d is None:  # no rows: the task gets an empty table for this side
+            continue
+        schema = plan.schemas[input_id]
+        owner = layout.owner_column(side_keys)
+        grouped.append(d.select(
+            *[F.col(quote(n)).alias(positional(i)) for i, n in enumerate(schema.fieldNames())],
+            F.col(WEIGHT), F.element_at(owner_keys, owner + 1).alias(OWNER)
+        ).repartition(workers, OWNER).groupBy(OWNER))
+    if len(node.inputs) == 1:
+        # A lambda: PySpark infers the UDF's form from type hints, and fails on a partial.
+        return grouped[0].applyInArrow(lambda key, t: _grouped_task(spec, key, t), out_type)
+    if len(node.inputs) == 2 and len(grouped) == 2:
+        return grouped[0].cogroup(grouped[1]).applyInArrow(
+            lambda key, left, right: _cogrouped_task(spec, key, left, right), out_type)
+    if len(node.inputs) == 2:  # one side changed: only its owners run
+        changed = 0 if inputs[0] is not None else 1
+        return grouped[0].applyInArrow(
+            lambda key, t: _one_side_task(spec, changed, key, t), out_type)
+    raise AssertionError(  # pragma: no cover - owner_keys names one or two inputs
+        f"operator #{node.id} {node.op}: {len(node.inputs)} inputs")
+
+
+def _owned_change(schema: StructType, keys: Sequence[str], layout: Layout, folder: str,
+                  records: Sequence[Mapping[str, Any]]) -> OwnedChange | None:
+    """The change a stage's tasks wrote as exchange files, from their (checked) records; None
+    when they wrote no rows."""
+    files: dict[int, list[str]] = {}
+    for record in sorted(records, key=lambda r: int(r["owner"])):
+        for w, paths in record.get("exchange", {}).items():
+            files.setdefault(int(w), []).extend(str(p) for p in paths)
+    rows = sum(int(r.get("rows", 0)) for r in records)
+    if not rows:
+        return None
+    return OwnedChange(schema, tuple(keys), layout.version, folder,
+                       {w: tuple(paths) for w, paths in sorted(files.items())}, rows)
 
 
 def stage_records(op: Operator, records: Sequence[Mapping[str, Any]], step: int,

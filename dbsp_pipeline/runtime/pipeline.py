@@ -40,6 +40,7 @@ from dbsp_pipeline.runtime import (
     checkpoints,
     circuit_upgrade,
     dead_letters,
+    exchange,
     inputs,
     rescaling,
     step_protocol,
@@ -327,6 +328,7 @@ class Pipeline:
         self._halt_at: int | None = None  # run() starts no step >= this (-1: none at all)
         self._closed = False
         with self._lock, self._fenced():
+            exchange.remove_all(root)  # what a Spark step that crashed handed between stages
             step_protocol.load_pending(self._engine)
             #: the steps executed again at open: divided before a crash, not yet committed
             self.recovered_steps: list[StepResult] = step_protocol.recover(self._engine)

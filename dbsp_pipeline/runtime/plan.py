@@ -46,7 +46,9 @@ from dbsp_pipeline.operators.integration import Delay, Differentiate, Integrate
 from dbsp_pipeline.operators.join import Join
 from dbsp_pipeline.operators.linear import Conform, Filter, Negate, Repeat, Select, Union
 from dbsp_pipeline.operators.top_k import OrderKey, TopK, ranked_schema
+from dbsp_pipeline.runtime import scatter
 from dbsp_pipeline.runtime.circuit_diff import positional_state_name, positional_state_names
+from dbsp_pipeline.runtime.exchange import OwnedChange
 from dbsp_pipeline.runtime.owner_exec import owner_stage
 from dbsp_pipeline.spark_session import LazySession
 from dbsp_pipeline.storage.small_files import read_text, write_atomically
@@ -101,6 +103,16 @@ class Plan:
         #: Spark step their change is not consolidated in Spark (two shuffles) but by each task,
         #: over its owner's rows (equal rows have equal keys, so one owner)
         self.read_by_owner_stages = self._read_by_owner_stages()
+        #: the owner-capable nodes whose change only owner stages read, all grouping it by the
+        #: same columns (the value): on a per-owner Spark step their tasks hand it on as
+        #: exchange files split by those columns' owners (``runtime/exchange.py``)
+        self.exchange_keys = {n: keys for n in sorted(self.owner_capable)
+                              if (keys := self.handoff_keys(n)) is not None}
+        #: per circuit input (node id), the chain of row-wise nodes after it that ends at a
+        #: node whose change only owner stages read, and their columns: on a per-owner Spark
+        #: step the input's pushed files are split by owner in tasks (``runtime/scatter.py``)
+        self.scatter_chains = {n.id: chain for n in circuit.nodes if n.op == "input"
+                               and (chain := scatter.chain_of(self, n)) is not None}
 
     @property
     def runs_on_driver(self) -> bool:
@@ -113,14 +125,33 @@ class Plan:
     def output_schema(self, name: str) -> StructType:
         return self.schemas[self.circuit.outputs[name]]
 
-    def evaluate(self, ctx: StepContext, input_changes: dict[str, Delta | LocalDelta]
-                 ) -> dict[int, Delta | LocalDelta]:
+    def evaluate(self, ctx: StepContext,
+                 input_changes: Mapping[str, Delta | LocalDelta | scatter.PushedChange]
+                 ) -> dict[int, Delta | LocalDelta | OwnedChange]:
         """Run every operator once for this step, as Spark jobs or on the driver
-        (``ctx.on_driver``); returns each node's change."""
-        changes: dict[int, Delta | LocalDelta] = {}
+        (``ctx.on_driver``); returns each node's change (a node of a scattered chain,
+        ``runtime/scatter.py``, has none but the chain's last). An input's change may come as
+        its pushed files (``scatter.PushedChange``): on a per-owner step with a scatter chain
+        they are split by owner in tasks, else read into Spark."""
+        changes: dict[int, Delta | LocalDelta | OwnedChange] = {}
+        scattered: set[int] = set()
         for node in self.circuit.nodes:
+            if node.id in scattered:
+                continue
             if node.op == "input":
-                changes[node.id] = input_changes.get(node.params["name"])
+                change = input_changes.get(node.params["name"])
+                if isinstance(change, scatter.PushedChange):
+                    handed = (scatter.scatter_stage(ctx, self, node, change)
+                              if ctx.per_owner and node.id in self.scatter_chains
+                              else scatter.FALLBACK)
+                    if handed == scatter.FALLBACK:
+                        change = change.frame()
+                    else:
+                        chain, _ = self.scatter_chains[node.id]
+                        scattered.update(chain)
+                        changes[chain[-1] if chain else node.id] = handed
+                        continue
+                changes[node.id] = change
                 continue
             operator = self.operators[node.id]
             inputs = [changes[i] for i in node.inputs]
@@ -128,8 +159,10 @@ class Plan:
                 changes[node.id] = operator.step_local(ctx, inputs)
             elif ctx.per_owner and node.id in self.owner_capable:
                 changes[node.id] = owner_stage(ctx, self, node, inputs)
-            else:
-                changes[node.id] = operator.step(ctx, inputs)
+            else:  # (an exchanged change goes only to owner stages: ``exchange_keys``)
+                changes[node.id] = operator.step(ctx, [
+                    c.to_frame(ctx.session) if isinstance(c, OwnedChange) else c
+                    for c in inputs])
         return changes
 
     def _owner_capable(self) -> set[int]:
@@ -151,6 +184,22 @@ class Plan:
         return {name for name, input_id in self.circuit.inputs.items()
                 if self.readers[input_id] and input_id not in views
                 and set(self.readers[input_id]) <= self.owner_capable}
+
+    def handoff_keys(self, node_id: int) -> tuple[str, ...] | None:
+        """The columns every reader of node ``node_id`` groups its change by, when all its
+        readers are owner stages grouping by the same columns and it is not a view (its change
+        can then go to them as exchange files, ``runtime/exchange.py``); else None."""
+        readers = self.readers[node_id]
+        if node_id in self.circuit.outputs.values() or not readers:
+            return None
+        wanted: set[tuple[str, ...]] = set()
+        for reader in readers:
+            inputs = self.circuit.nodes[reader].inputs
+            keys = self.operators[reader].owner_keys()
+            if reader not in self.owner_capable or keys is None or inputs.count(node_id) != 1:
+                return None
+            wanted.add(tuple(keys[inputs.index(node_id)]))
+        return wanted.pop() if len(wanted) == 1 else None
 
     def _spark_only(self) -> str | None:
         """The first operator that keeps steps off the driver, described: a key a trace is

@@ -206,9 +206,14 @@ def _compute(state: EngineState, s: int, lowers: dict[str, int], uppers: dict[st
     if sql is not None:
         changes = {n: state.inputs[n].change_arrow(sql, files[n]) for n in names}
     else:
-        # an input only owner stages read is consolidated by their tasks (no Spark shuffle)
+        # an input only owner stages read is consolidated by their tasks (no Spark shuffle);
+        # one they read through row-wise operators is split by owner from its files in tasks
         raw = state.plan.read_by_owner_stages if per_owner else set()
-        changes = {n: state.inputs[n].change(files[n], consolidated=n not in raw)
+        scattered = {n for n, i in state.circuit.inputs.items()
+                     if i in state.plan.scatter_chains} if per_owner else set()
+        changes = {n: state.inputs[n].pushed_files(files[n], consolidated=n not in raw)
+                   if n in scattered else
+                   state.inputs[n].change(files[n], consolidated=n not in raw)
                    for n in names}
     ctx = StepContext(state.spark, s, sql=sql, layout=state.layout,
                       per_owner=per_owner)

@@ -245,3 +245,89 @@ def test_a_failing_owner_task_fails_the_step_and_leaves_only_orphans(spark, tmp_
         for name in ("joined", "totals", "names"):
             assert counter(p.view_arrow(name)) == counter(ref.view_arrow(name)), name
     ref.close()
+
+
+def chained_circuit() -> Circuit:
+    """Owner stages that read owner stages: a join's change aggregated (handed on as exchange
+    files), a join of two distincts (both sides files), and a join of a distinct with an input
+    (one side files, read by Spark)."""
+    c = Circuit("chained")
+    orders = c.input("orders", f"{_bt(K)} INT, {_bt(A)} DOUBLE")
+    customers = c.input("customers", f"{_bt(K)} INT, {_bt(N)} STRING")
+    c.output("by_name", orders.join(customers, on=K).group_by(N).agg(
+        n="count(*)", s=f"sum({_bt(A)})", lo=f"min({_bt(A)})"))
+    distinct_orders = orders.distinct()
+    c.output("both_files", distinct_orders.join(customers.distinct(), on=K))
+    c.output("one_side_files", distinct_orders.join(customers, on=K))
+    return c
+
+
+@pytest.mark.parametrize("layout", [Layout.initial(1), Layout.initial(2, "modulo"),
+                                    Layout.initial(3, "dynamic")],
+                         ids=["W1-fixed", "W2-modulo", "W3-dynamic"])
+def test_owner_stages_hand_changes_on_as_files(spark, tmp_path: Path, layout: Layout) -> None:
+    """A node whose change only owner stages read, grouped by the same columns, hands it on
+    as exchange files split by those columns' owners (``Plan.exchange_keys``): every view
+    equals the driver path's, over steps that insert and retract; each file holds one owner's
+    rows; the step's exchange folders are gone once the step is released."""
+    from dbsp_pipeline import root as root_layout
+    from dbsp_pipeline.runtime.exchange import OwnedChange
+
+    sql = LocalSQL()
+
+    def plan_at(folder: Path) -> Plan:
+        db = StateDatabase(spark, str(folder), "owner-exchange-test")
+        db.open()
+        return Plan(chained_circuit(), spark, db)
+
+    ref, plan = plan_at(tmp_path / "ref"), plan_at(tmp_path / "owners")
+    nodes = plan.circuit.nodes
+    joins = {n.id for n in nodes if n.op == "join"}
+    distincts = {n.id for n in nodes if n.op == "distinct"}
+    first_join = min(joins)
+    assert plan.exchange_keys == {first_join: (N,), **{d: (K,) for d in distincts}}
+    base = changes(plan, seed=3, rows=2000)
+    steps = [base, changes(plan, seed=4, rows=300, retract=base)]
+    for step, change in enumerate(steps, start=1):
+        expected = ref.evaluate(StepContext(spark, step, sql=sql), dict(change))
+        ctx = StepContext(spark, step, layout=layout, per_owner=True)
+        try:
+            got = plan.evaluate(ctx, {n: spark.createDataFrame(t) for n, t in change.items()})
+            handed = {i: c for i, c in got.items() if isinstance(c, OwnedChange)}
+            assert set(handed) == set(plan.exchange_keys), step
+            for c in handed.values():
+                assert c.rows == sum(c.read(w).num_rows for w in c.owners())
+                for w in c.owners():
+                    rows = c.read(w)
+                    from dbsp_pipeline.runtime.exchange import owners_of
+
+                    assert set(owners_of(layout, rows, c.keys).tolist()) == {w}
+            for name, node_id in plan.circuit.outputs.items():
+                frame = got[node_id]
+                if not isinstance(frame, pa.Table):
+                    frame = frame.toArrow()
+                assert counter(frame) == counter(expected[node_id]), (step, name)
+            assert os.listdir(root_layout.exchange(str(tmp_path / "owners")))
+        finally:
+            ctx.release()
+        assert not os.listdir(root_layout.exchange(str(tmp_path / "owners")))
+    for mine, theirs in zip(plan.state_traces(), ref.state_traces()):
+        assert counter(sql.consolidate(mine.read_arrow(), mine.payload)) == counter(
+            sql.consolidate(theirs.read_arrow(), theirs.payload)), mine.name
+
+
+def test_opening_a_root_removes_what_a_crashed_step_handed_on(spark, tmp_path: Path) -> None:
+    """Exchange folders are a step's scratch: one a crash left is removed when the root is
+    opened again, and the state is untouched."""
+    from dbsp_pipeline import root as root_layout
+    from dbsp_pipeline.runtime.pipeline import Pipeline
+
+    with Pipeline(circuit(), str(tmp_path), spark) as p:
+        p.push("orders", [(1, 2.0)])
+        p.step()
+    left = Path(root_layout.exchange(str(tmp_path), "7-crashed")) / "data"
+    left.mkdir(parents=True)
+    (left / "x.parquet").write_bytes(b"not yet read")
+    with Pipeline(circuit(), str(tmp_path), spark) as p:
+        assert not os.path.exists(root_layout.exchange(str(tmp_path)))
+        assert counter(p.view_arrow("totals")) == Counter({(1, 1, 2.0, 2.0): 1})

@@ -1,0 +1,205 @@
+"""A circuit input's change split by owner straight from its pushed files, for the owner stages
+that read it (the first exchange of a per-owner Spark step).
+
+An input whose change reaches only owner stages, directly or through a chain of row-wise
+operators (``filter``, a ``select`` DuckDB evaluates, ``conform``, ``negate``;
+``Plan.scatter_chains``), is not read into Spark: a *scatter stage* of a few tasks reads the
+files this step's pushes wrote (each task a share of them), applies the chain with the driver
+path's operator code (``step_local`` on the task's DuckDB), splits the rows by the owner of the
+reading stages' keys and writes them as exchange files (``runtime/exchange.py``). The readers
+then run as file stages: no Spark shuffle of the change, no consolidation in Spark, no row
+crossing the JVM.
+
+The rows are as pushed (not consolidated): row-wise operators commute with consolidation, and
+the reading stage's task consolidates its owner's rows (equal rows have equal keys, so one
+owner), as an owner stage reading a raw input does (``Plan.read_by_owner_stages``).
+
+When a task cannot apply the chain without Spark (DuckDB raised where Spark might not: the
+driver path then asks Spark, which a task cannot), the stage reports it and the step evaluates
+the chain and its readers the Spark way instead (``scatter_stage`` returns ``FALLBACK``).
+
+Durability: none; the tasks write only exchange files, a step's scratch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+import pyarrow as pa
+from pyspark.sql.types import StringType, StructField, StructType
+
+from dbsp_pipeline.circuit import Node
+from dbsp_pipeline.driver.sql import conform
+from dbsp_pipeline.operators.base import LocalDelta, StepContext
+from dbsp_pipeline.runtime import exchange
+from dbsp_pipeline.runtime.exchange import OwnedChange
+from dbsp_pipeline.runtime.layout import Layout
+from dbsp_pipeline.runtime.owner_exec import task_memory, task_sql
+from dbsp_pipeline.spark_session import task_slots
+from dbsp_pipeline.storage.data_files import DataFiles
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from dbsp_pipeline.runtime.plan import Plan
+
+#: the operators a scatter task applies between an input and the owner stages reading it
+ROW_WISE = frozenset({"filter", "select", "conform", "negate"})
+#: a scatter stage runs a task per this many pushed rows (at most one per task slot or owner)
+ROWS_PER_TASK = 250_000
+#: ``scatter_stage``'s answer when a task could not apply the chain (the step goes the Spark way)
+FALLBACK = "fallback"
+
+
+@dataclass(frozen=True)
+class PushedChange:
+    """An input's change for this step as the files its pushes wrote: the log table's ``uri``
+    and file schema, the files' absolute ``paths`` and ``rows``; ``frame`` gives the change as
+    Spark reads it (consolidated), for a step that does not scatter it."""
+
+    uri: str
+    file_schema: pa.Schema
+    paths: tuple[str, ...]
+    rows: int
+    frame: Callable[[], DataFrame | None]
+
+
+@dataclass(frozen=True)
+class ScatterSpec:
+    """What every task of one scatter stage gets (pickled: no session, no Delta handle): the
+    ``input`` node and the ``chain`` of row-wise nodes after it, their analysed ``schemas``,
+    the pushed files (their table's ``uri`` and ``file_schema``, ``paths``), the owners' ``keys``
+    (columns of the chain's last node) and ``layout``, the exchange ``folder``, the number of
+    ``tasks``."""
+
+    step: int
+    input: Node
+    chain: tuple[Node, ...]
+    schemas: dict[int, StructType]
+    uri: str
+    file_schema: pa.Schema
+    paths: tuple[str, ...]
+    keys: tuple[str, ...]
+    layout: Layout
+    folder: str
+    tasks: int
+    task_memory: str | None = None
+
+
+def result_schema() -> StructType:
+    """A scatter task's result: one JSON record."""
+    return StructType([StructField("_record", StringType(), True)])
+
+
+def scatter_task(spec: ScatterSpec, batches: Iterator[pa.RecordBatch]
+                 ) -> Iterator[pa.RecordBatch]:
+    """Task ``i`` of ``spec.tasks`` (the rows of ``batches``): reads its share of the pushed
+    files (every ``tasks``-th file; when there are fewer files than tasks, every file and its
+    ``i``-th slice of the rows), applies the chain and writes the rows as exchange files by
+    owner. Yields one record: the files per owner and the rows, or ``fallback`` with the
+    reason."""
+    for batch in batches:
+        for index in batch.column(0).to_pylist():
+            yield pa.RecordBatch.from_pylist([{"_record": json.dumps(_scatter(spec, index))}],
+                                             schema=pa.schema([("_record", pa.string())]))
+
+
+def _scatter(spec: ScatterSpec, index: int) -> dict[str, Any]:
+    files = DataFiles.for_uri(spec.uri, spec.file_schema)
+    schema = spec.schemas[spec.input.id]
+    if len(spec.paths) >= spec.tasks:
+        rows = files.read_arrow(spec.paths[index::spec.tasks])
+    else:
+        every = files.read_arrow(spec.paths)
+        lo, hi = (every.num_rows * index // spec.tasks,
+                  every.num_rows * (index + 1) // spec.tasks)
+        rows = every.slice(lo, hi - lo)
+    current: LocalDelta = conform(rows, schema) if rows.num_rows else None
+    if current is not None:
+        from dbsp_pipeline.runtime.plan import make_operator
+
+        ctx = StepContext(None, spec.step, sql=task_sql(spec.task_memory), layout=spec.layout)
+        for node in spec.chain:
+            operator = make_operator(node, spec.schemas, cast(Any, None))  # row-wise: no state
+            try:
+                current = operator.step_local(ctx, [current])
+            except AssertionError as e:  # it asked for Spark (``StepContext.session``)
+                return {"index": index, FALLBACK: f"operator #{node.id} {node.op}: {e}"}
+            if current is None or current.num_rows == 0:
+                current = None
+                break
+    end = spec.chain[-1].id if spec.chain else spec.input.id
+    handed = {} if current is None else exchange.write_by_owner(
+        current, spec.schemas[end], spec.keys, spec.layout, spec.folder)
+    return {"index": index, "rows": 0 if current is None else current.num_rows,
+            "exchange": {str(w): paths for w, paths in handed.items()}}
+
+
+def scatter_stage(ctx: StepContext, plan: Plan, node: Node, change: PushedChange
+                  ) -> OwnedChange | None | str:
+    """Split input ``node``'s pushed ``change`` by owner through its chain
+    (``Plan.scatter_chains``) as exchange files: the chain's last node's change as an
+    ``OwnedChange`` (None: no rows), or ``FALLBACK`` when a task could not apply the chain."""
+    chain_ids, keys = plan.scatter_chains[node.id]
+    layout = ctx.layout
+    if layout is None:
+        raise AssertionError(f"step {ctx.step}: a scatter stage needs the layout")
+    if not change.paths:
+        return None
+    spark = ctx.session
+    tasks = max(1, min(max(task_slots(spark), layout.workers),
+                       -(-change.rows // ROWS_PER_TASK)))
+    chain = tuple(plan.circuit.nodes[i] for i in chain_ids)
+    spec = ScatterSpec(
+        step=ctx.step, input=node, chain=chain,
+        schemas={n.id: plan.schemas[n.id] for n in (node, *chain)}, uri=change.uri,
+        file_schema=change.file_schema, paths=change.paths,
+        keys=tuple(keys), layout=layout,
+        folder=ctx.scratch_folder(exchange.new_folder(plan.root, ctx.step)), tasks=tasks,
+        task_memory=task_memory(spark))
+    records = [json.loads(r["_record"]) for r in spark.range(0, tasks, 1, tasks).mapInArrow(
+        lambda batches: scatter_task(spec, batches), result_schema()).collect()]
+    if sorted(int(r["index"]) for r in records) != list(range(tasks)):
+        raise AssertionError(f"scatter stage of step {ctx.step}: records of tasks "
+                             f"{sorted(int(r['index']) for r in records)}, not 0..{tasks - 1}")
+    if any(FALLBACK in r for r in records):
+        return FALLBACK
+    rows = sum(int(r["rows"]) for r in records)
+    if not rows:
+        return None
+    files: dict[int, list[str]] = {}
+    for record in sorted(records, key=lambda r: int(r["index"])):
+        for w, paths in record["exchange"].items():
+            files.setdefault(int(w), []).extend(paths)
+    end = chain[-1].id if chain else node.id
+    return OwnedChange(plan.schemas[end], tuple(keys), layout.version, spec.folder,
+                       {w: tuple(p) for w, p in sorted(files.items())}, rows,
+                       consolidated=False)
+
+
+def chain_of(plan: Plan, node: Node) -> tuple[tuple[int, ...], tuple[str, ...]] | None:
+    """The row-wise chain from input ``node`` to a node only owner stages read, all grouping
+    by the same columns, and those columns; None when there is none (see the module
+    docstring)."""
+    from dbsp_pipeline.operators.linear import Filter, Select
+
+    views = set(plan.circuit.outputs.values())
+    chain: list[int] = []
+    current = node.id
+    while True:
+        keys = plan.handoff_keys(current)
+        if keys is not None:
+            return tuple(chain), keys
+        readers = plan.readers[current]
+        if current in views or len(readers) != 1:
+            return None
+        reader = plan.circuit.nodes[readers[0]]
+        operator = plan.operators[reader.id]
+        if reader.op not in ROW_WISE or len(reader.inputs) != 1 or (
+                isinstance(operator, (Filter, Select)) and operator.local_sql is None):
+            return None
+        chain.append(reader.id)
+        current = reader.id
