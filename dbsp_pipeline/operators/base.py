@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeAlias
 
 import pyarrow as pa
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
@@ -62,7 +61,6 @@ class StepContext:
     #: in a Spark task, the owner whose keys it runs (None on the driver)
     owner: int | None = None
     _cached: list[DataFrame] = field(default_factory=list)
-    _checkpointed: list[DataFrame] = field(default_factory=list)
     _scratch: list[str] = field(default_factory=list)
 
     def scratch_folder(self, folder: str) -> str:
@@ -101,53 +99,13 @@ class StepContext:
             raise AssertionError(f"step {self.step} runs on Spark: no driver-side engine")
         return self.sql
 
-    def detach(self, df: DataFrame) -> DataFrame:
-        """``df``, cached for this step, as a frame whose logical plan no longer holds
-        ``df``'s: later operators build on a short plan. A stage whose output's plan would
-        hold its inputs' (``owner_exec.owner_stage``) needs it: Spark prints a plan as a tree
-        (to name a cache, to log a job), and a circuit that reads a collection twice at every
-        level (outer joins, anti-joins) doubles that tree at each one; 22 TPC-H views ran
-        the driver's JVM out of memory printing one.
-
-        In a classic session the new frame reads the cached rows through an RDD whose lineage
-        recomputes them if an executor is lost; a Spark Connect client, which has no RDDs,
-        gets a local checkpoint instead (computed now; rows kept on the executors, so a lost
-        executor fails the step, which is then rolled back). Released with the step."""
-        jdf = getattr(df, "_jdf", None)
-        if jdf is None:
-            checkpointed = df.localCheckpoint(eager=True,
-                                              storageLevel=StorageLevel.MEMORY_AND_DISK)
-            self._checkpointed.append(checkpointed)
-            return checkpointed
-        from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
-
-        cached = df.cache()
-        self._cached.append(cached)
-        session = cached.sparkSession
-        rows = cached._jdf.queryExecution().toRdd()
-        detached = session._jsparkSession.internalCreateDataFrame(rows, cached._jdf.schema(),
-                                                                  False)
-        return ClassicDataFrame(detached, session)
-
     def release(self) -> None:
         for df in self._cached:
             df.unpersist()
         self._cached.clear()
-        for df in self._checkpointed:
-            _free_checkpoint(df)
-        self._checkpointed.clear()
         for folder in self._scratch:
             remove_folder(folder)
         self._scratch.clear()
-
-
-def _free_checkpoint(df: DataFrame) -> None:
-    """Drop the rows of local checkpoint ``df`` (a Spark Connect frame: the server frees
-    them when the frame's plan is released)."""
-    try:
-        df.unpersist()
-    except Exception:  # the server's cleaner frees it with the frame
-        pass
 
 
 class Operator:

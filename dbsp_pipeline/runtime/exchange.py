@@ -1,18 +1,21 @@
-"""Changes that owner stages hand each other as files, partitioned by the next stage's owners.
+"""Changes that Spark steps' stages hand each other as files, split by the next stage's owners.
 
-On a per-owner Spark step (``runtime/owner_exec.py``), an operator whose change only owner
-stages read (``Plan.exchange_keys``) does not return its change to Spark: each of its tasks
-splits its output rows by the owner of the *reader's* key (the same owner ``Layout.owner_column``
-gives in Spark, so the row lands where the reader's trace keeps that key) and writes one Parquet
-file per owner into the step's exchange folder, ``_exchange/<step>-<id>/`` under the root
+On a per-owner Spark step (``runtime/owner_exec.py``) every owner stage's task writes its output
+change as files into the stage's exchange folder, ``_exchange/<step>-<id>/`` under the root
 (``root.exchange``): the root's own store, which every executor reaches as it reaches the
-traces. The tasks report the files in their action records; the driver gathers them into an
-``OwnedChange``, and the reader's stage runs one task per owner that got rows, each reading
-its own files. No row crosses the JVM: no Arrow-to-row conversion, no Spark shuffle, no cached
-frame between the two stages; the driver moves only file names.
+traces. When only owner stages read the change, all grouping it by the same columns
+(``Plan.exchange_keys``), the task splits its rows by the owner of those columns (the owner
+``Layout.owner_column`` gives in Spark, so a row lands where the reader's trace keeps its key)
+and writes one file per owner; a scatter stage does the same for an input's pushed rows
+(``runtime/scatter.py``). The tasks report their files in their records; the driver gathers
+them into an ``OwnedChange``, and the reading stage runs one task per owner that got rows, each
+reading its own files. No row crosses the JVM: no Arrow-to-row conversion, no Spark shuffle,
+no cached frame between two stages; the driver moves only file names. A change that is not
+split goes to the driver (a view's small change, ``OwnedChange.read_all``) or to Spark
+(``OwnedChange.to_frame``).
 
-Where a reader needs a DataFrame after all (an owner stage whose other input is a frame),
-``OwnedChange.to_frame`` reads the files with Spark.
+The files are Arrow IPC (a step's scratch is read once, soon after it is written: cheap to
+write and read matters, size does not), under positional column names (``file_schema``).
 
 Determinism: the files hold exactly the rows of the producing stage's output, split by owner
 (each row in one file); the reader's task sees its owner's rows, as it would after a shuffle.
@@ -27,11 +30,12 @@ again (``remove_all``). A step replayed after a crash writes a new folder.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
@@ -39,8 +43,8 @@ from pyspark.sql.types import LongType, StructField, StructType
 from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.driver import hashing
 from dbsp_pipeline.driver.sql import zset_arrow_schema
+from dbsp_pipeline.errors import StorageError
 from dbsp_pipeline.storage.data_files import DataFiles
-from dbsp_pipeline.storage.delta_table import spark_path
 from dbsp_pipeline.storage.small_files import remove_folder
 from dbsp_pipeline.storage.trace import OwnerLayout
 from dbsp_pipeline.zset import WEIGHT
@@ -81,41 +85,89 @@ def owners_of(layout: OwnerLayout, table: pa.Table, keys: Sequence[str]) -> np.n
     return owners
 
 
-def write_by_owner(change: pa.Table, schema: StructType, keys: Sequence[str],
-                   layout: OwnerLayout, folder: str) -> dict[int, list[str]]:
+def write_by_owner(change: pa.Table, schema: StructType, keys: Sequence[str] | None,
+                   layout: OwnerLayout, folder: str, owner: int = 0) -> dict[int, list[str]]:
     """Write ``change`` (payload of ``schema`` and ``_weight``) into ``folder`` as one file per
-    owner of its rows by ``keys``; per owner, the files' absolute paths (no entry for an owner
-    with no rows). Fresh file names, so a retried task never overwrites a file another attempt
-    wrote."""
+    owner of its rows by ``keys`` (with no ``keys``, one file, under ``owner``); per owner, the
+    files' absolute paths (no entry for an owner with no rows). Fresh file names, so a retried
+    task never overwrites a file another attempt wrote."""
     if change.num_rows == 0:
         return {}
-    target = file_schema(schema)
-    data = DataFiles.for_uri(folder, target)
-    renamed = pa.Table.from_arrays(list(change.columns), schema=target)
-    owners = owners_of(layout, change, keys) if layout.workers > 1 else np.zeros(
-        change.num_rows, dtype=np.int64)
-    out: dict[int, list[str]] = {}
-    for w in np.unique(owners):
-        part = renamed.filter(pa.array(owners == w)) if len(np.unique(owners)) > 1 else renamed
-        out[int(w)] = [data.path(a.path) for a in data.write_arrow(part)]
-    return out
+    renamed = pa.Table.from_arrays(list(change.columns), schema=file_schema(schema))
+    if keys is None or layout.workers == 1:
+        return {owner if keys is None else 0: [write_file(renamed, folder)]}
+    owners = owners_of(layout, change, keys)
+    return {int(w): [write_file(renamed.filter(pa.array(owners == w)), folder)]
+            for w in np.unique(owners)}
+
+
+def write_file(table: pa.Table, folder: str) -> str:
+    """Write ``table`` as a new Arrow IPC file in ``folder`` (uncompressed on a local disk,
+    LZ4 on an object store: a step's scratch is read once, soon, so it is kept cheap to write
+    and read rather than small); its absolute path. A ``StorageError`` naming it on failure."""
+    filesystem, base = _filesystem(folder)
+    name = f"{uuid.uuid4().hex}.arrow"
+    local = isinstance(filesystem, pafs.LocalFileSystem)
+    options = pa.ipc.IpcWriteOptions(compression=None if local else "lz4")
+    try:
+        if local:
+            filesystem.create_dir(base, recursive=True)
+        with filesystem.open_output_stream(f"{base}/{name}") as sink, \
+                pa.ipc.new_file(sink, table.schema, options=options) as writer:
+            writer.write_table(table)
+    except OSError as e:
+        raise StorageError(f"writing exchange file {folder}/{name} failed: {e}",
+                           definitely_failed=True) from e
+    return f"{folder}/{name}"
 
 
 def read_files(paths: Sequence[str], schema: StructType, folder: str) -> pa.Table:
     """The rows of exchange files ``paths`` (of ``folder``), under ``schema``'s names."""
-    table = DataFiles.for_uri(folder, file_schema(schema)).read_arrow(list(paths))
-    return pa.Table.from_arrays(list(table.columns), schema=zset_arrow_schema(schema))
+    target = zset_arrow_schema(schema)
+    tables = [pa.Table.from_arrays(list(t.columns), schema=target)
+              for t in _read_ipc(paths, folder)]
+    return pa.concat_tables(tables) if tables else target.empty_table()
+
+
+def _read_ipc(paths: Sequence[str], folder: str) -> list[pa.Table]:
+    filesystem, base = _filesystem(folder)
+    tables = []
+    for path in paths:
+        if not path.startswith(folder + "/"):
+            raise StorageError(f"exchange file {path} is not in {folder}", definitely_failed=True)
+        with filesystem.open_input_file(f"{base}/{path[len(folder) + 1:]}") as f:
+            tables.append(pa.ipc.open_file(f).read_all())
+    return tables
+
+
+def _filesystem(folder: str) -> tuple[pafs.FileSystem, str]:
+    """The filesystem of ``folder`` (a local path or ``s3://``, as ``DataFiles.for_uri``
+    reaches a table) and the folder's path in it."""
+    data = DataFiles.for_uri(folder, pa.schema([]))
+    return data.filesystem, data.fs_path(data.uri)
+
+
+def _read_task(paths: Sequence[str], folder: str, batches: Iterator[pa.RecordBatch]
+               ) -> Iterator[pa.RecordBatch]:
+    """The task of ``OwnedChange.to_frame``: each row of ``batches`` is an index into
+    ``paths``; yields that file's rows."""
+    for batch in batches:
+        for index in batch.column(0).to_pylist():
+            for table in _read_ipc([paths[int(index)]], folder):
+                yield from table.to_batches()
 
 
 @dataclass(frozen=True)
 class OwnedChange:
     """One operator's change for this step, held as exchange files per owner of ``keys`` (the
-    columns its reader groups by) under the layout of version ``layout_version``."""
+    columns its reader groups by) under the layout of version ``layout_version``; with no
+    ``keys``, per owner of the task that wrote them (for a view or a Spark operator: the
+    driver reads them, or Spark does, ``read_all`` and ``to_frame``)."""
 
     #: the change's payload schema
     schema: StructType
-    #: the columns whose owner split the rows
-    keys: tuple[str, ...]
+    #: the columns whose owner split the rows (None: not split)
+    keys: tuple[str, ...] | None
     layout_version: int
     #: the exchange folder of the producing stage
     folder: str
@@ -133,13 +185,26 @@ class OwnedChange:
         """Owner ``owner``'s rows (payload under the schema's names, and ``_weight``)."""
         return read_files(self.files.get(owner, ()), self.schema, self.folder)
 
+    def read_all(self) -> pa.Table:
+        """Every row of the change, read on the driver (payload under the schema's names, and
+        ``_weight``)."""
+        return read_files([p for w in self.owners() for p in self.files[w]], self.schema,
+                          self.folder)
+
     def to_frame(self, spark: SparkSession) -> DataFrame:
-        """The change as a DataFrame over its files (for a reader that needs Spark's)."""
+        """The change as a DataFrame over its files (for a reader that needs Spark's): a task
+        per file reads it (Spark has no reader of Arrow IPC files). Computed when used, so used
+        before the step ends (``StepContext.release`` removes the files)."""
         names = self.schema.fieldNames()
-        paths = [spark_path(p) for w in self.owners() for p in self.files[w]]
+        paths = [p for w in self.owners() for p in self.files[w]]
         frame_schema = StructType(
             [StructField(positional(i), f.dataType, True) for i, f in enumerate(self.schema)]
             + [StructField(WEIGHT, LongType(), True)])
-        frame = spark.read.schema(frame_schema).parquet(*paths)
+        if not paths:
+            frame = spark.createDataFrame([], frame_schema)
+        else:
+            folder = self.folder
+            frame = spark.range(0, len(paths), 1, len(paths)).mapInArrow(
+                lambda batches: _read_task(paths, folder, batches), frame_schema)
         return frame.select(*[F.col(positional(i)).alias(n) for i, n in enumerate(names)],
                             F.col(WEIGHT))

@@ -5,21 +5,29 @@ On the Spark path, an operator that can run per owner (``Operator.owner_keys`` i
 the driver hashes its key types: ``Plan.owner_capable``) becomes one *owner stage*
 (``owner_stage``, on the driver):
 
-1. each input change (a DataFrame) gets ``_owner``, the layout's owner of the row's key
-   (``Layout.owner_column``), and its columns cross under positional names (``_c0``..), since
-   PySpark's Arrow UDFs look columns up by unquoted name and names may hold dots or backticks;
-2. the change is hash-partitioned into W partitions and grouped by ``_owner``, a key of the
-   row's owner chosen so that owner w's rows are partition w (``owner_partition_keys``:
-   the W tasks run side by side), ``cogroup`` for a join's two sides when both changed; each
-   group is one call of ``run_owner_task`` in a Python worker: only owners with rows form
-   groups, so the work follows the change, in at most W tasks;
-3. a task rebuilds the operator against a ``TaskStateDb`` (``storage/task_table.py``) whose
+1. the tasks get their owner's rows of each input change one of two ways. When every changed
+   input comes as exchange files split by this operator's keys (an ``OwnedChange``: the
+   output of an owner stage or a scatter stage, ``runtime/exchange.py``,
+   ``runtime/scatter.py``), a *file stage* runs one task per owner that got rows
+   (``run_file_task``), each reading its own files: no shuffle. Otherwise each change (a
+   DataFrame) gets ``_owner``, the layout's owner of the row's key (``Layout.owner_column``),
+   its columns cross under positional names (``_c0``..: PySpark's Arrow UDFs look columns up
+   by unquoted name, and names may hold dots or backticks), and it is hash-partitioned into W
+   partitions and grouped by ``_owner``, a key of the row's owner chosen so that owner w's rows
+   are partition w (``owner_partition_keys``: the W tasks run side by side), ``cogroup`` for a
+   join's two sides when both changed; each group is one call of ``run_owner_task``: only
+   owners with rows form groups, so the work follows the change, in at most W tasks;
+2. a task rebuilds the operator against a ``TaskStateDb`` (``storage/task_table.py``) whose
    traces see only the owner's files, runs ``step_local`` with the worker's DuckDB
-   (``task_sql``), writes its trace files under fresh names, and returns Arrow rows: the output
-   change (``_kind = 0``) and one JSON row of its staged actions (``_kind = 1``);
-4. the driver caches the result, collects the action rows in one job (which runs every task),
-   checks there is at most one per owner, all of this step and layout, and stages them on its
-   ``StagedTable``s; the ``_kind = 0`` rows are the change fed to the next operator.
+   (``task_sql``), writes its trace files under fresh names, writes its output change as
+   exchange files (split by the owners of the readers' keys when only owner stages read it,
+   ``Plan.exchange_keys``; else one file), and returns one JSON record: its staged actions and
+   its exchange files;
+3. the driver collects the records in one job (which runs every task), checks there is at most
+   one per owner, all of this step and layout, and stages the actions on its
+   ``StagedTable``s. The output change is the exchange files: handed to the next owner stage
+   as they are, read on the driver for a view's small change, or read by Spark
+   (``OwnedChange.to_frame``) for a Spark operator or a big view.
 
 Determinism: a task's output is a function of its owner's change rows and its owner's trace rows
 for those keys; each key's rows are in exactly one task; the code is the driver path's. So the
@@ -29,8 +37,9 @@ differ, values do not).
 Durability: tasks make no durable action. Their files are orphans until the driver stages the
 actions it *collected*, and those become state only when the step's record or checkpoint
 commits them (``storage/staged_table.py``), as on the other paths. Files of failed or retried
-attempts, speculative copies and recomputed cache partitions are never staged; garbage
-collection deletes them. A stage that fails raises out of the step (a failed step, rolled back).
+attempts and speculative copies are never staged; garbage collection deletes them (their
+exchange files go with the step's exchange folder). A stage that fails raises out of the step
+(a failed step, rolled back).
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql import functions as F
-from pyspark.sql.types import ByteType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import StringType, StructField, StructType
 
 from dbsp_pipeline.circuit import Node
 from dbsp_pipeline.driver.hashing import spark_hash_int
@@ -59,7 +68,7 @@ from dbsp_pipeline.spark_session import conf_value, task_slots
 from dbsp_pipeline.storage.data_files import new_sorted_run
 from dbsp_pipeline.storage.staged_table import add_from_record
 from dbsp_pipeline.storage.task_table import TaskStateDb, TaskTableSpec, owner_files
-from dbsp_pipeline.zset import WEIGHT, quote, spark_to_arrow_schema
+from dbsp_pipeline.zset import WEIGHT, quote
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -76,9 +85,7 @@ OWNER = "_owner"
 #: a view's change of at most this many rows (the tasks count them) is collected and written on
 #: the driver, like a driver step's; a bigger one is written by Spark tasks
 VIEW_ROWS_ON_DRIVER = 65_536
-#: what a row of a task's result is: 0 a row of the output change, 1 the task's actions
-KIND = "_kind"
-#: the task's staged actions (JSON), on its ``_kind = 1`` row
+#: the column of a task's result: its record (JSON): staged actions and exchange files
 ACTION = "_action"
 
 
@@ -119,11 +126,12 @@ class OwnerTaskSpec:
     #: tests only: ``"<node>:<owner>:<attempt>"`` (``*`` matches any) makes the matching task
     #: fail after writing its files (``FAIL_OWNER_TASK``)
     fault: str | None = None
+    #: the stage's exchange folder, where tasks write their output change
+    #: (``runtime/exchange.py``)
+    exchange_folder: str = ""
     #: when only owner stages read the node's change (``Plan.exchange_keys``): the columns
-    #: whose owner splits the output into exchange files, and the stage's exchange folder
-    #: (``runtime/exchange.py``); the task then returns only its action row
+    #: whose owner splits the output into exchange files (None: a file per task)
     exchange_keys: tuple[str, ...] | None = None
-    exchange_folder: str | None = None
 
 
 # -- the task (in a Python worker) -------------------------------------------------------------
@@ -205,9 +213,9 @@ def run_file_task(spec: OwnerTaskSpec, owners: Sequence[int],
 
 def run_for_owner(spec: OwnerTaskSpec, owner: int, changes: Sequence[LocalDelta]) -> pa.Table:
     """Owner ``owner``'s part of the stage, given its rows of each input's change: runs the
-    operator's ``step_local`` over the owner's state. Returns the output change
-    (``_kind = 0``; none when the stage hands its change on as exchange files) and one row of
-    staged actions (``_kind = 1``), in ``result_schema``."""
+    operator's ``step_local`` over the owner's state and writes the output change as exchange
+    files (split by the owners of ``spec.exchange_keys``, else one file). Returns the task's
+    record, one row in ``result_schema``: its staged actions and files."""
     db = TaskStateDb(spec.root, spec.tables, owner, spec.layout)
     op = task_operator(spec.node, spec.schemas, db, spec.state_name)
     ctx = StepContext(None, spec.step, sql=task_sql(spec.task_memory), layout=spec.layout,
@@ -217,12 +225,10 @@ def run_for_owner(spec: OwnerTaskSpec, owner: int, changes: Sequence[LocalDelta]
 
     context = TaskContext.get()
     attempt = context.attemptNumber() if context is not None else 0
-    handed: dict[int, list[str]] | None = None
-    if spec.exchange_keys is not None and spec.exchange_folder is not None:
-        handed = exchange.write_by_owner(
-            out if out is not None else zset_arrow_schema(spec.schemas[spec.node.id]
-                                                          ).empty_table(),
-            spec.schemas[spec.node.id], spec.exchange_keys, spec.layout, spec.exchange_folder)
+    schema = spec.schemas[spec.node.id]
+    handed = exchange.write_by_owner(
+        out if out is not None else zset_arrow_schema(schema).empty_table(), schema,
+        spec.exchange_keys, spec.layout, spec.exchange_folder, owner)
     if spec.fault is not None and _fault_matches(spec.fault, spec.node.id, owner, attempt):
         raise RuntimeError(f"injected fault ({FAIL_OWNER_TASK}={spec.fault}): task of owner "
                            f"{owner} of operator #{spec.node.id}, attempt {attempt}, after "
@@ -231,11 +237,9 @@ def run_for_owner(spec: OwnerTaskSpec, owner: int, changes: Sequence[LocalDelta]
         "step": spec.step, "owner": owner, "layout_version": spec.layout.version,
         "attempt": attempt, "rows": 0 if out is None else out.num_rows,
         "traces": {t.name: {**db.opened[t.name].record(), "rows_read": t.rows_read}
-                   for t in op.state_traces()}}
-    if handed is not None:
-        action["exchange"] = {str(w): paths for w, paths in handed.items()}
-        out = None
-    return _task_result(spec, out, json.dumps(action))
+                   for t in op.state_traces()},
+        "exchange": {str(w): paths for w, paths in handed.items()}}
+    return pa.table({ACTION: [json.dumps(action)]})
 
 
 def _fault_matches(fault: str, node: int, owner: int, attempt: int) -> bool:
@@ -260,29 +264,9 @@ def _one_side_task(spec: OwnerTaskSpec, changed: int, key: tuple[pa.Scalar, ...]
     return run_owner_task(spec, key, *((table, empty) if changed == 0 else (empty, table)))
 
 
-def result_schema(schema: StructType) -> StructType:
-    """The schema of an owner stage's result for an operator of output ``schema``."""
-    return StructType([*[StructField(positional(i), f.dataType, True)
-                         for i, f in enumerate(schema.fields)],
-                       StructField(WEIGHT, LongType(), True), StructField(KIND, ByteType(), True),
-                       StructField(ACTION, StringType(), True)])
-
-
-def _task_result(spec: OwnerTaskSpec, out: LocalDelta, action: str) -> pa.Table:
-    schema = spec.schemas[spec.node.id]
-    target = spark_to_arrow_schema(result_schema(schema))
-    n = len(schema.fields)
-    change = out if out is not None else zset_arrow_schema(schema).empty_table()
-    rows = change.num_rows
-    columns: list[pa.Array | pa.ChunkedArray] = [change.column(i) for i in range(n)]
-    columns += [change.column(WEIGHT), pa.array([0] * rows, pa.int8()),
-                pa.nulls(rows, pa.string())]
-    body = pa.Table.from_arrays(columns, schema=target)
-    tail = pa.Table.from_arrays(
-        [pa.nulls(1, target.field(i).type) for i in range(n)]
-        + [pa.array([0], pa.int64()), pa.array([1], pa.int8()), pa.array([action])],
-        schema=target)
-    return pa.concat_tables([body, tail])
+def result_schema() -> StructType:
+    """The schema of an owner stage's result: one record per task."""
+    return StructType([StructField(ACTION, StringType(), True)])
 
 
 # -- the stage (on the driver) -----------------------------------------------------------------
@@ -292,7 +276,8 @@ def owner_stage(ctx: StepContext, plan: Plan, node: Node,
     (see the module docstring); returns its output change, or None when no input changed: an
     ``OwnedChange`` when only owner stages read it (``Plan.exchange_keys``), an Arrow table when
     the node is only a view's and the tasks' output is at most ``VIEW_ROWS_ON_DRIVER`` rows (the
-    view writes it on the driver), else a DataFrame.
+    view writes it on the driver), else a DataFrame over the tasks' exchange files (read before
+    the step ends: ``StepContext.release`` removes them).
     Stages the tasks' trace actions on the driver's tables. Raises ``AssertionError`` (a failed
     step: rolled back, retried) when the tasks' records do not fit this step."""
     if all(d is None for d in inputs):
@@ -313,17 +298,17 @@ def owner_stage(ctx: StepContext, plan: Plan, node: Node,
         task_memory=task_memory(spark), state_name=plan.state_names.get(node.id),
         consolidate=frozenset(i for i in node.inputs if plan.circuit.nodes[i].op == "input"),
         fault=os.environ.get(FAIL_OWNER_TASK) or None,
-        exchange_keys=exchange_keys,
-        exchange_folder=None if exchange_keys is None else ctx.scratch_folder(
-            exchange.new_folder(plan.root, ctx.step)))
-    out_type = result_schema(plan.schemas[node.id])
+        exchange_folder=ctx.scratch_folder(exchange.new_folder(plan.root, ctx.step)),
+        exchange_keys=exchange_keys)
+    out_type = result_schema()
     for d in inputs:
         if isinstance(d, OwnedChange) and d.layout_version != layout.version:
             raise AssertionError(f"owner stage of step {ctx.step}: an input's exchange files "
                                  f"are of layout version {d.layout_version}, not "
                                  f"{layout.version}")
     if any(isinstance(d, OwnedChange) for d in inputs) and all(
-            d is None or (isinstance(d, OwnedChange) and list(d.keys) == list(side))
+            d is None or (isinstance(d, OwnedChange) and d.keys is not None
+                          and list(d.keys) == list(side))
             for d, side in zip(inputs, keys)):
         owned = [d if isinstance(d, OwnedChange) else None for d in inputs]
         owners = sorted({w for d in owned if d is not None for w in d.owners()})
@@ -335,23 +320,17 @@ def owner_stage(ctx: StepContext, plan: Plan, node: Node,
         result = _shuffled_stage(spec, layout, plan, node, [
             d.to_frame(spark) if isinstance(d, OwnedChange) else d for d in inputs], keys,
             out_type)
-    if exchange_keys is not None:  # the result is the action rows alone: collected, not cached
-        records = [json.loads(r[ACTION]) for r in result.select(ACTION).collect()]
-        stage_records(op, records, ctx.step, layout)
-        return _owned_change(plan.schemas[node.id], exchange_keys, layout,
-                             spec.exchange_folder or "", records)
-    result = ctx.detach(result)  # its plan would hold the inputs' plans
-    records = [json.loads(r[ACTION]) for r in
-               result.where(F.col(KIND) == 1).select(ACTION).collect()]
+    # one job: the records are the whole result (the change is in the exchange files)
+    records = [json.loads(r[ACTION]) for r in result.collect()]
     stage_records(op, records, ctx.step, layout)
-    names = plan.schemas[node.id].fieldNames()
-    change = result.where(F.col(KIND) == 0).select(
-        *[F.col(positional(i)).alias(n) for i, n in enumerate(names)], F.col(WEIGHT))
+    change = _owned_change(plan.schemas[node.id], exchange_keys, layout, spec.exchange_folder,
+                           records)
+    if change is None or exchange_keys is not None:
+        return change
     only_a_view = node.id in plan.circuit.outputs.values() and not plan.readers[node.id]
-    if only_a_view and sum(int(r.get("rows", VIEW_ROWS_ON_DRIVER + 1)) for r in records) \
-            <= VIEW_ROWS_ON_DRIVER:
-        return change.toArrow()  # written on the driver (no Spark write job, no read-back)
-    return change
+    if only_a_view and change.rows <= VIEW_ROWS_ON_DRIVER:
+        return change.read_all()  # written on the driver (no Spark write job)
+    return change.to_frame(spark)
 
 
 def _shuffled_stage(spec: OwnerTaskSpec, layout: Layout, plan: Plan, node: Node,
@@ -386,7 +365,7 @@ def _shuffled_stage(spec: OwnerTaskSpec, layout: Layout, plan: Plan, node: Node,
         f"operator #{node.id} {node.op}: {len(node.inputs)} inputs")
 
 
-def _owned_change(schema: StructType, keys: Sequence[str], layout: Layout, folder: str,
+def _owned_change(schema: StructType, keys: Sequence[str] | None, layout: Layout, folder: str,
                   records: Sequence[Mapping[str, Any]]) -> OwnedChange | None:
     """The change a stage's tasks wrote as exchange files, from their (checked) records; None
     when they wrote no rows."""
@@ -397,7 +376,7 @@ def _owned_change(schema: StructType, keys: Sequence[str], layout: Layout, folde
     rows = sum(int(r.get("rows", 0)) for r in records)
     if not rows:
         return None
-    return OwnedChange(schema, tuple(keys), layout.version, folder,
+    return OwnedChange(schema, None if keys is None else tuple(keys), layout.version, folder,
                        {w: tuple(paths) for w, paths in sorted(files.items())}, rows)
 
 

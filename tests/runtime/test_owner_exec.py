@@ -136,12 +136,14 @@ def test_each_owner_is_a_spark_partition_of_its_own(spark, workers: int) -> None
     assert sorted((r["owner"], r["p"]) for r in placed.collect()) == [(w, w) for w in owners]
 
 
-def test_result_rows_cross_under_positional_names() -> None:
+def test_exchange_files_hold_changes_under_positional_names() -> None:
     from pyspark.sql.types import StringType, StructField, StructType
 
-    out = result_schema(StructType([StructField(ODD, StringType(), False)]))
-    assert out.fieldNames() == ["_c0", WEIGHT, "_kind", "_action"]
-    assert all(f.nullable for f in out.fields)
+    from dbsp_pipeline.runtime.exchange import file_schema
+
+    assert file_schema(StructType([StructField(ODD, StringType(), False)])).names == [
+        "_c0", WEIGHT]
+    assert result_schema().fieldNames() == ["_action"]  # a task's result: its record
     assert (memory_bytes("4g"), memory_bytes("512m"), memory_bytes("12"),
             memory_bytes("lots")) == (4 << 30, 512 << 20, 12, None)
 
