@@ -24,11 +24,12 @@ Durability: none; the tasks write only exchange files, a step's scratch.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql.types import StringType, StructField, StructType
 
 from dbsp_pipeline.circuit import Node
@@ -97,8 +98,7 @@ def result_schema() -> StructType:
 def scatter_task(spec: ScatterSpec, batches: Iterator[pa.RecordBatch]
                  ) -> Iterator[pa.RecordBatch]:
     """Task ``i`` of ``spec.tasks`` (the rows of ``batches``): reads its share of the pushed
-    files (every ``tasks``-th file; when there are fewer files than tasks, every file and its
-    ``i``-th slice of the rows), applies the chain and writes the rows as exchange files by
+    rows (``share_of_rows``), applies the chain and writes the rows as exchange files by
     owner. Yields one record: the files per owner and the rows, or ``fallback`` with the
     reason."""
     for batch in batches:
@@ -107,16 +107,31 @@ def scatter_task(spec: ScatterSpec, batches: Iterator[pa.RecordBatch]
                                              schema=pa.schema([("_record", pa.string())]))
 
 
+def share_of_rows(files: DataFiles, paths: Sequence[str], index: int, tasks: int) -> pa.Table:
+    """Task ``index`` of ``tasks``' share of the rows of the Parquet files ``paths``: the rows
+    ``[n * index / tasks, n * (index + 1) / tasks)`` of their ``n`` rows in file and row-group
+    order. Reads the files' footers and only the row groups that overlap the share (so a task
+    holds its share and at most two row groups more)."""
+    groups: list[tuple[pq.ParquetFile, int, int]] = []  # (file, row group, rows)
+    for path in paths:
+        parquet = pq.ParquetFile(files.filesystem.open_input_file(files.fs_path(path)))
+        groups += [(parquet, g, parquet.metadata.row_group(g).num_rows)
+                   for g in range(parquet.metadata.num_row_groups)]
+    total = sum(rows for _, _, rows in groups)
+    lo, hi = total * index // tasks, total * (index + 1) // tasks
+    pieces, start = [], 0
+    for parquet, group, rows in groups:
+        if start < hi and start + rows > lo and rows:
+            table = parquet.read_row_group(group)
+            pieces.append(table.slice(max(lo - start, 0), min(hi, start + rows) - max(lo, start)))
+        start += rows
+    return pa.concat_tables(pieces) if pieces else files.schema.empty_table()
+
+
 def _scatter(spec: ScatterSpec, index: int) -> dict[str, Any]:
-    files = DataFiles.for_uri(spec.uri, spec.file_schema)
     schema = spec.schemas[spec.input.id]
-    if len(spec.paths) >= spec.tasks:
-        rows = files.read_arrow(spec.paths[index::spec.tasks])
-    else:
-        every = files.read_arrow(spec.paths)
-        lo, hi = (every.num_rows * index // spec.tasks,
-                  every.num_rows * (index + 1) // spec.tasks)
-        rows = every.slice(lo, hi - lo)
+    rows = share_of_rows(DataFiles.for_uri(spec.uri, spec.file_schema), spec.paths, index,
+                         spec.tasks)
     current: LocalDelta = conform(rows, schema) if rows.num_rows else None
     if current is not None:
         from dbsp_pipeline.runtime.plan import make_operator

@@ -101,3 +101,35 @@ def test_an_input_read_by_owner_stages_is_scattered_from_its_files(
             assert counter(p.view_arrow(name)) == counter(ref.view_arrow(name)), name
         assert p.verify().ok
     ref.close()
+
+
+def test_each_task_reads_its_share_of_the_rows_and_no_more(tmp_path: Path, monkeypatch) -> None:
+    """The shares of 1..5 tasks partition the pushed rows in order, whatever the files' and
+    row groups' sizes; a task reads only the row groups its share overlaps."""
+    import pyarrow.parquet as pq
+
+    from dbsp_pipeline.storage.data_files import DataFiles
+
+    schema = pa.schema([("v", pa.int64()), (WEIGHT, pa.int64())])
+    files = DataFiles.for_uri(str(tmp_path), schema)
+    paths, start = [], 0
+    for n, group in [(10, 3), (1, 1), (0, 1), (25, 7)]:  # rows, rows per row group
+        path = str(tmp_path / f"f{len(paths)}.parquet")
+        pq.write_table(pa.table({"v": list(range(start, start + n)), WEIGHT: [1] * n},
+                                schema=schema), path, row_group_size=group)
+        paths.append(path)
+        start += n
+    for tasks in range(1, 6):
+        shares = [scatter.share_of_rows(files, paths, i, tasks) for i in range(tasks)]
+        assert [v for s in shares for v in s.column("v").to_pylist()] == list(range(36))
+        assert max(s.num_rows for s in shares) - min(s.num_rows for s in shares) <= 1
+    read: list[int] = []
+    original = pq.ParquetFile.read_row_group
+
+    def counting(self: pq.ParquetFile, i: int, *args: Any, **kwargs: Any) -> pa.Table:
+        read.append(i)
+        return original(self, i, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", counting)
+    assert scatter.share_of_rows(files, paths, 0, 4).column("v").to_pylist() == list(range(9))
+    assert read == [0, 1, 2]  # rows 0-8: three of the first file's four row groups
