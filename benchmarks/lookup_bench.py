@@ -26,7 +26,7 @@ workload at 1M orders with 10k changes per step is pattern (b) at 1M. Prints one
 figure, a table at the end, and writes a plot (``--plot``, default ``docs/bench/lookup.png``).
 
     python benchmarks/lookup_bench.py [--sizes 1000000 4000000 16000000] [--steps 5]
-        [--patterns moves orders max lines] [--spark-change 1000000] [--spark-steps 2]
+        [--patterns moves orders max lines] [--spark-change 1000000] [--spark-steps 5]
         [--spark-workers 2] [--no-spark-steps] [--no-small-steps] [--no-spark-recompute]
         [--plot PATH]
     python benchmarks/lookup_bench.py --from-json docs/bench/lookup.jsonl   # table + plot again
@@ -490,7 +490,7 @@ def main() -> None:
                     help="(c): customers whose maximum order is deleted per step")
     ap.add_argument("--spark-change", type=int, default=1_000_000,
                     help="changed orders per step forced onto Spark")
-    ap.add_argument("--spark-steps", type=int, default=2,
+    ap.add_argument("--spark-steps", type=int, default=5,
                     help="timed Spark steps after a warm-up (0: none)")
     ap.add_argument("--no-spark-steps", dest="spark_steps", action="store_const", const=0)
     ap.add_argument("--spark-workers", type=int, default=2,

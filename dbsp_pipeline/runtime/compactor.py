@@ -12,6 +12,7 @@ not yet recorded by a checkpoint (the state version rolls back as usual).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -35,6 +36,7 @@ class BackgroundCompactor:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dbsp-compact")
         self._sql = LocalSQL(threads=1)  # used by the background thread only
         self._running: Future[Merged] | None = None
+        self._started = 0.0  # time.monotonic() when the running merge started
 
     def start(self, traces: Sequence[Trace], layout: OwnerLayout | None = None,
               driver_memory: int | None = None) -> bool:
@@ -50,8 +52,15 @@ class BackgroundCompactor:
                 if (files := t.compaction_candidates(self.threshold))]
         if not work:
             return False
+        self._started = time.monotonic()
         self._running = self._executor.submit(self._merge, work, layout)
         return True
+
+    def running_for(self) -> float | None:
+        """Seconds since the merge not yet applied started (None: no merge to apply). Its
+        files are at most that old: a garbage collection whose grace is longer leaves them
+        alone (``upkeep.collect_garbage``)."""
+        return None if self._running is None else time.monotonic() - self._started
 
     def apply_finished(self, wait: bool = False) -> int:
         """Commit the finished merge's results; returns how many traces were compacted."""

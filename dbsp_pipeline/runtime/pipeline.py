@@ -670,8 +670,9 @@ class Pipeline:
         newer commit refers to, in the state tables and the output and input logs (files
         younger than ``grace_seconds`` are kept, their write may still commit, unless this
         process committed them: ``storage/garbage.py``); input that every retained state
-        version has consumed is consolidated in the input logs first. Waits for a background
-        merge to finish. Returns how many files were deleted."""
+        version has consumed is consolidated in the input logs first. Applies a finished
+        background merge; waits for a running one only when it may have written files older than
+        ``grace_seconds`` (``upkeep.collect_garbage``). Returns how many files were deleted."""
         with self._exclusive():  # their rewrites race other processes' commits too
             return upkeep.collect_garbage(self._engine, grace_seconds)
 

@@ -40,11 +40,21 @@ def collect_garbage(state: EngineState, grace_seconds: float) -> int:
     state tables and the output and input logs (files younger than ``grace_seconds`` are kept,
     their write may still commit, unless this process committed them: ``storage/garbage.py``);
     input that every retained state version has consumed is consolidated in the input logs
-    first. Waits for a background merge to finish; does nothing during a hot layout change (it
-    copies files). Returns how many files were deleted."""
+    first. Does nothing during a hot layout change (it copies files). Returns how many files
+    were deleted.
+
+    A background merge that finished is applied first. One still running is waited for only
+    when it may have written files older than ``grace_seconds`` (an explicit collection with a
+    short grace): its files, which no commit refers to yet, are younger than the grace
+    otherwise, so the collection leaves them alone and the step that triggered it does not wait
+    for the merge (at 4M orders a 1M-change Spark step took 2.1 s instead of 0.9 while waiting).
+    The keyed runs of data files the traces no longer hold are deleted only while no merge is
+    running (the running merge's new files are not in the traces yet)."""
     if state.migration is not None:
         return 0  # a hot layout change is copying files; the next collection will do
-    state.compactor.apply_finished(wait=True)
+    running = state.compactor.running_for()
+    state.compactor.apply_finished(wait=running is not None and running >= grace_seconds / 2)
+    merging = state.compactor.running_for() is not None
     fold(state)  # the division records about to be compacted hold unfolded output
     # Input that every retained state version has consumed is no longer needed.
     # A checkpoint below the division log's compacted_below is garbage, whatever the retention.
@@ -62,8 +72,9 @@ def collect_garbage(state: EngineState, grace_seconds: float) -> int:
         out.clean_log_before(oldest_step)
     deleted = state.db.collect_garbage(state.retain_checkpoints, grace_seconds,
                                        state.divisions.compacted_below)
-    for trace in state.plan.state_traces():
-        trace.collect_runs()  # local copies of deleted trace files (keyed_runs.py)
+    if not merging:
+        for trace in state.plan.state_traces():
+            trace.collect_runs()  # local copies of deleted trace files (keyed_runs.py)
     keyed_runs.remove_other_traces(root_layout.keyed_runs(state.db.root),
                                    [t.name for t in state.plan.state_traces()])
     tables = [*(log_.table for log_ in state.outputs.values()),

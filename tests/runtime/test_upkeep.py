@@ -1,0 +1,78 @@
+"""Upkeep after commits: a garbage collection does not wait for a background merge whose
+files are younger than its grace (the step that triggered it would), leaves the running merge's
+files and keyed runs alone, and the merge applies afterwards; a collection with a shorter grace
+waits for it."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from dbsp_pipeline.circuit import Circuit
+from dbsp_pipeline.runtime import upkeep
+from dbsp_pipeline.runtime.pipeline import Pipeline
+from dbsp_pipeline.storage import garbage
+from dbsp_pipeline.storage.trace import Trace
+
+
+def circuit() -> Circuit:
+    c = Circuit("upkeep")
+    x = c.input("x", "k BIGINT, v BIGINT")
+    c.output("g", x.group_by("k").agg(hi="max(v)", n="count(*)"))
+    return c
+
+
+def test_a_collection_does_not_wait_for_a_young_background_merge(spark, tmp_path,
+                                                                   monkeypatch) -> None:
+    release = threading.Event()
+    merging = threading.Event()
+    merge = Trace.merge
+
+    def blocked_merge(self: Trace, *args: Any, **kwargs: Any) -> Any:
+        merging.set()
+        assert release.wait(60), "the test never released the merge"
+        return merge(self, *args, **kwargs)
+
+    swept: list[bool] = []
+    collect_runs = Trace.collect_runs
+
+    def recording_collect_runs(self: Trace) -> int:
+        swept.append(True)
+        return collect_runs(self)
+
+    monkeypatch.setattr(Trace, "merge", blocked_merge)
+    monkeypatch.setattr(Trace, "collect_runs", recording_collect_runs)
+    with Pipeline(circuit(), root=str(tmp_path / "root"), spark=spark, compact_threshold=2,
+                  driver_step_rows=10**9) as p:
+        pushed: list[tuple[int, int]] = []
+        for i in range(4):
+            pushed += [(i % 2, i), (5, i)]
+            p.push("x", pushed[-2:])
+            p.step()
+            if merging.is_set():
+                break
+        assert merging.wait(30) and p.engine.compactor.running_for() is not None
+
+        def collect(grace: float, done: threading.Event) -> None:
+            with p._lock:
+                upkeep.collect_garbage(p.engine, grace)
+            done.set()
+
+        quick = threading.Event()
+        threading.Thread(target=collect, args=(garbage.ORPHAN_GRACE_SECONDS, quick)).start()
+        assert quick.wait(60)  # returned while the merge is still blocked
+        assert p.engine.compactor.running_for() is not None and not swept
+
+        slow = threading.Event()
+        threading.Thread(target=collect, args=(0.0, slow)).start()
+        assert not slow.wait(2)  # a grace of 0 could take the merge's files: it waits
+        release.set()
+        assert slow.wait(60)
+        assert p.engine.compactor.running_for() is None and swept  # applied, then swept
+        pushed.append((0, 100))
+        p.push("x", pushed[-1:])
+        p.step()
+        expected = {k: (max(v for kk, v in pushed if kk == k), sum(kk == k for kk, _ in pushed))
+                    for k in {k for k, _ in pushed}}
+        assert {r["k"]: (r["hi"], r["n"]) for r in p.view_arrow("g").to_pylist()} == expected
+        assert p.verify().ok
