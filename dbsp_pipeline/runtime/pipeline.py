@@ -392,6 +392,8 @@ class Pipeline:
                 or engine.db.dirty):  # a foreground compaction's swaps are staged
             self.commit(compact=False)
         self.collect_garbage()
+        for log in engine.inputs.values():  # consumed input being consolidated: finish it
+            log.apply_consolidated(wait=True)
         engine.compactor.close()
         keyed_runs.wait_for_writes()  # the runs of this pipeline's files in hand
         engine.sql.close()

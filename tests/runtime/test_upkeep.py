@@ -76,3 +76,62 @@ def test_a_collection_does_not_wait_for_a_young_background_merge(spark, tmp_path
                     for k in {k for k, _ in pushed}}
         assert {r["k"]: (r["hi"], r["n"]) for r in p.view_arrow("g").to_pylist()} == expected
         assert p.verify().ok
+
+
+def test_consumed_input_is_consolidated_beside_the_steps(spark, tmp_path, monkeypatch) -> None:
+    """The collection after a commit starts consolidating consumed input in the background and
+    returns; a later commit applies it (one rewrite of the log, the integrated input
+    unchanged); a collection with a short grace consolidates in the foreground."""
+    from dbsp_pipeline.runtime.input_log import InputLog
+
+    release = threading.Event()
+    started = threading.Event()
+    consolidated = InputLog._consolidated
+
+    def blocked(self: InputLog, files: Any, sql: Any) -> Any:
+        if sql is None:  # the background thread's
+            started.set()
+            assert release.wait(60), "the test never released the consolidation"
+        return consolidated(self, files, sql)
+
+    monkeypatch.setattr(InputLog, "_consolidated", blocked)
+    with Pipeline(circuit(), root=str(tmp_path / "root"), spark=spark,
+                  driver_step_rows=10**9) as p:
+        pushed: list[tuple[int, int]] = []
+        log = p.engine.inputs["x"]
+        for i in range(5):
+            pushed += [(i % 2, i), (5, i)]
+            p.push("x", pushed[-2:])
+            p.step()
+
+        def integrated() -> list[tuple[int, int]]:
+            rows = log.table.read_arrow(log.table.files()).to_pylist()
+            return sorted((r["k"], r["v"]) for r in rows for _ in range(r["_weight"]))
+
+        files_before = len(log.table.files())
+        done = threading.Event()
+
+        def collect() -> None:
+            with p._lock:
+                upkeep.collect_garbage(p.engine, garbage.ORPHAN_GRACE_SECONDS)
+            done.set()
+
+        threading.Thread(target=collect).start()
+        assert done.wait(60) and started.wait(30)  # returned while the consolidation runs
+        assert log.consolidation_running_for() is not None
+        assert len(log.table.files()) == files_before
+        release.set()
+        for i in range(5, 7):
+            pushed += [(i % 2, i)]
+            p.push("x", pushed[-1:])
+            p.step()  # its commit applies the finished consolidation
+            if log.consolidation_running_for() is None:
+                break
+        assert log.consolidation_running_for() is None
+        assert len(log.table.files()) < files_before
+        assert integrated() == sorted(pushed)
+        assert p.verify().ok
+        started.clear()
+        p.collect_garbage(0)  # a short grace: in the foreground
+        assert not started.is_set() and log.consolidation_running_for() is None
+        assert integrated() == sorted(pushed)
