@@ -121,8 +121,8 @@ class InputLog:
                 return 0
         return sum(self.table.data_file(a).rows for a in adds)
 
-    def consolidate_consumed(self, upper: int, sql: LocalSQL, *, background: bool = False
-                             ) -> bool:
+    def consolidate_consumed(self, upper: int, sql: LocalSQL, *, background: bool = False,
+                             driver_rows: int = DRIVER_MERGE_ROWS) -> bool:
         """Replace records of log versions ``.. upper`` (input every retained state version has
         consumed: no replay reads them push by push any more) by their consolidated sum, in one
         rewrite commit, which steps never read as new input (``data_change=False``). The log so
@@ -135,7 +135,9 @@ class InputLog:
         after 1M-change steps, 8 s that a step used to wait for), and its rewrite is committed
         by a later ``apply_consolidated`` (or call of this), unless a file it replaces left the
         log meanwhile (its files are then orphans for garbage collection). One consolidation
-        per log at a time.
+        per log at a time. A sum of at most ``driver_rows`` rows is consolidated on the driver
+        (DuckDB on one core, beside the steps), a bigger one with Spark (whose jobs would take
+        the steps' task slots).
 
         The log's commits below its newest Delta checkpoint at or before ``upper`` are deleted
         too (``clean_log_below``): no replay, status read or check reads a version before the
@@ -155,10 +157,11 @@ class InputLog:
             return committed
         if background:
             self._consolidation = _Consolidation(
-                files, _CONSOLIDATOR.submit(self._consolidated, files, None), time.monotonic())
+                files, _CONSOLIDATOR.submit(self._consolidated, files, None, driver_rows),
+                time.monotonic())
             return committed
-        self.table.commit(self._consolidated(files, sql), [f.path for f in files],
-                          data_change=False)
+        self.table.commit(self._consolidated(files, sql, driver_rows),
+                          [f.path for f in files], data_change=False)
         return True
 
     def apply_consolidated(self, wait: bool = False) -> bool:
@@ -186,12 +189,13 @@ class InputLog:
         job = self._consolidation
         return None if job is None else time.monotonic() - job.started
 
-    def _consolidated(self, files: list[DataFile], sql: LocalSQL | None) -> list[AddAction]:
+    def _consolidated(self, files: list[DataFile], sql: LocalSQL | None,
+                      driver_rows: int = DRIVER_MERGE_ROWS) -> list[AddAction]:
         """The consolidated sum of ``files`` written as new files (not committed); on the
-        driver (``sql``, or the consolidation thread's own DuckDB) up to ``DRIVER_MERGE_ROWS``
-        rows, else with Spark."""
+        driver (``sql``, or the consolidation thread's own DuckDB) up to ``driver_rows`` rows,
+        else with Spark."""
         cols = self.schema.fieldNames()
-        if sum(f.rows for f in files) <= DRIVER_MERGE_ROWS:
+        if sum(f.rows for f in files) <= driver_rows:
             merged = (sql or _background_sql()).consolidate(self._read_arrow(files), cols)
             return self.table.write_arrow(merged) if merged.num_rows else []
         return self.table.write_files(consolidate(self.table.read(files), cols))

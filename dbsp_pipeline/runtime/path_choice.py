@@ -50,6 +50,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+import pyarrow as pa
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -324,7 +325,15 @@ def merge_rows_on_driver(trace: Trace, driver_memory: int | None) -> int:
     (``runtime/compactor.py``): those whose estimated memory (``MERGE_OVERHEAD`` times their
     Arrow bytes) fits half the driver's step budget (a step may run beside the merge), and
     never fewer than ``DRIVER_MERGE_ROWS``."""
-    per_row = max(row_bytes_of_trace(trace), 1) * MERGE_OVERHEAD
+    return rows_on_driver(trace.table.arrow_schema, driver_memory)
+
+
+def rows_on_driver(schema: pa.Schema, driver_memory: int | None) -> int:
+    """The most rows of Arrow ``schema`` a background rewrite (a trace merge, an input log's
+    consolidation) may run on the driver: those whose estimated memory (``MERGE_OVERHEAD``
+    times their Arrow bytes) fits half the driver's step budget, and never fewer than
+    ``DRIVER_MERGE_ROWS``."""
+    per_row = max(sum(_arrow_value_bytes(str(t)) for t in schema.types), 1) * MERGE_OVERHEAD
     return max(DRIVER_MERGE_ROWS, int(budget(driver_memory).bytes / 2 / per_row))
 
 

@@ -16,6 +16,7 @@ live reader's ``since``. Every function here is called by the holder of the pipe
 from __future__ import annotations
 
 from dbsp_pipeline import root as root_layout
+from dbsp_pipeline.runtime import path_choice
 from dbsp_pipeline.runtime.engine_state import EngineState
 from dbsp_pipeline.runtime.output_log import FOLD_STEPS
 from dbsp_pipeline.storage import garbage, keyed_runs
@@ -73,8 +74,9 @@ def collect_garbage(state: EngineState, grace_seconds: float) -> int:
         running = log.consolidation_running_for()
         if running is not None and running >= grace_seconds / 2:
             log.apply_consolidated(wait=True)
-        log.consolidate_consumed((consumed or {}).get(name, 0), state.sql,
-                                 background=background)
+        log.consolidate_consumed(
+            (consumed or {}).get(name, 0), state.sql, background=background,
+            driver_rows=path_choice.rows_on_driver(log.arrow_schema, state.driver_memory))
     # A live reader (a Kafka sink re-sending steps not yet sent asks their step_info) keeps the
     # divisions from its ``since`` on, as it keeps the output history.
     held = [s for s in (state.leases.since(v) for v in state.outputs) if s is not None]

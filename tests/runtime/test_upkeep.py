@@ -88,11 +88,11 @@ def test_consumed_input_is_consolidated_beside_the_steps(spark, tmp_path, monkey
     started = threading.Event()
     consolidated = InputLog._consolidated
 
-    def blocked(self: InputLog, files: Any, sql: Any) -> Any:
+    def blocked(self: InputLog, files: Any, sql: Any, *args: Any) -> Any:
         if sql is None:  # the background thread's
             started.set()
             assert release.wait(60), "the test never released the consolidation"
-        return consolidated(self, files, sql)
+        return consolidated(self, files, sql, *args)
 
     monkeypatch.setattr(InputLog, "_consolidated", blocked)
     with Pipeline(circuit(), root=str(tmp_path / "root"), spark=spark,
