@@ -94,18 +94,22 @@ def write_by_owner(change: pa.Table, schema: StructType, keys: Sequence[str] | N
     if change.num_rows == 0:
         return {}
     renamed = pa.Table.from_arrays(list(change.columns), schema=file_schema(schema))
+    reached = _filesystem(folder)
     if keys is None or layout.workers == 1:
-        return {owner if keys is None else 0: [write_file(renamed, folder)]}
+        return {owner if keys is None else 0: [write_file(renamed, folder, reached)]}
     owners = owners_of(layout, change, keys)
-    return {int(w): [write_file(renamed.filter(pa.array(owners == w)), folder)]
+    return {int(w): [write_file(renamed.filter(pa.array(owners == w)), folder, reached)]
             for w in np.unique(owners)}
 
 
-def write_file(table: pa.Table, folder: str) -> str:
+def write_file(table: pa.Table, folder: str,
+               reached: tuple[pafs.FileSystem, str] | None = None) -> str:
     """Write ``table`` as a new Arrow IPC file in ``folder`` (uncompressed on a local disk,
     LZ4 on an object store: a step's scratch is read once, soon, so it is kept cheap to write
-    and read rather than small); its absolute path. A ``StorageError`` naming it on failure."""
-    filesystem, base = _filesystem(folder)
+    and read rather than small); its absolute path. ``reached``: the folder's filesystem and
+    path, as ``_filesystem`` gives them (else resolved here). A ``StorageError`` naming it on
+    failure."""
+    filesystem, base = reached or _filesystem(folder)
     name = f"{uuid.uuid4().hex}.arrow"
     local = isinstance(filesystem, pafs.LocalFileSystem)
     options = pa.ipc.IpcWriteOptions(compression=None if local else "lz4")

@@ -286,7 +286,12 @@ def row_bytes(schema: StructType) -> int:
 
 def row_bytes_of_trace(trace: Trace) -> int:
     """The Arrow bytes of one row of ``trace`` (payload, ``_weight``, ``_shard``)."""
-    return sum(_arrow_value_bytes(str(t)) for t in trace.table.arrow_schema.types)
+    return arrow_row_bytes(trace.table.arrow_schema)
+
+
+def arrow_row_bytes(schema: pa.Schema) -> int:
+    """The Arrow bytes of one row of Arrow ``schema``."""
+    return sum(_arrow_value_bytes(str(t)) for t in schema.types)
 
 
 def _value_bytes(t: DataType) -> int:
@@ -333,7 +338,7 @@ def rows_on_driver(schema: pa.Schema, driver_memory: int | None) -> int:
     consolidation) may run on the driver: those whose estimated memory (``MERGE_OVERHEAD``
     times their Arrow bytes) fits half the driver's step budget, and never fewer than
     ``DRIVER_MERGE_ROWS``."""
-    per_row = max(sum(_arrow_value_bytes(str(t)) for t in schema.types), 1) * MERGE_OVERHEAD
+    per_row = max(arrow_row_bytes(schema), 1) * MERGE_OVERHEAD
     return max(DRIVER_MERGE_ROWS, int(budget(driver_memory).bytes / 2 / per_row))
 
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyspark.sql.types import StringType, StructField, StructType
+from pyspark.sql.types import StructType
 
 from dbsp_pipeline.circuit import Node
 from dbsp_pipeline.driver.sql import conform
@@ -38,7 +38,7 @@ from dbsp_pipeline.operators.base import LocalDelta, StepContext
 from dbsp_pipeline.runtime import exchange
 from dbsp_pipeline.runtime.exchange import OwnedChange
 from dbsp_pipeline.runtime.layout import Layout
-from dbsp_pipeline.runtime.owner_exec import task_memory, task_sql
+from dbsp_pipeline.runtime.owner_exec import ACTION, result_schema, task_memory, task_sql
 from dbsp_pipeline.spark_session import task_slots
 from dbsp_pipeline.storage.data_files import DataFiles
 
@@ -90,11 +90,6 @@ class ScatterSpec:
     task_memory: str | None = None
 
 
-def result_schema() -> StructType:
-    """A scatter task's result: one JSON record."""
-    return StructType([StructField("_record", StringType(), True)])
-
-
 def scatter_task(spec: ScatterSpec, batches: Iterator[pa.RecordBatch]
                  ) -> Iterator[pa.RecordBatch]:
     """Task ``i`` of ``spec.tasks`` (the rows of ``batches``): reads its share of the pushed
@@ -103,8 +98,8 @@ def scatter_task(spec: ScatterSpec, batches: Iterator[pa.RecordBatch]
     reason."""
     for batch in batches:
         for index in batch.column(0).to_pylist():
-            yield pa.RecordBatch.from_pylist([{"_record": json.dumps(_scatter(spec, index))}],
-                                             schema=pa.schema([("_record", pa.string())]))
+            yield pa.RecordBatch.from_pylist([{ACTION: json.dumps(_scatter(spec, index))}],
+                                             schema=pa.schema([(ACTION, pa.string())]))
 
 
 def share_of_rows(files: DataFiles, paths: Sequence[str], index: int, tasks: int) -> pa.Table:
@@ -175,7 +170,7 @@ def scatter_stage(ctx: StepContext, plan: Plan, node: Node, change: PushedChange
         keys=tuple(keys), layout=layout,
         folder=ctx.scratch_folder(exchange.new_folder(plan.root, ctx.step)), tasks=tasks,
         task_memory=task_memory(spark))
-    records = [json.loads(r["_record"]) for r in spark.range(0, tasks, 1, tasks).mapInArrow(
+    records = [json.loads(r[ACTION]) for r in spark.range(0, tasks, 1, tasks).mapInArrow(
         lambda batches: scatter_task(spec, batches), result_schema()).collect()]
     if sorted(int(r["index"]) for r in records) != list(range(tasks)):
         raise AssertionError(f"scatter stage of step {ctx.step}: records of tasks "

@@ -273,7 +273,7 @@ def test_owner_stages_hand_changes_on_as_files(spark, tmp_path: Path, layout: La
     equals the driver path's, over steps that insert and retract; each file holds one owner's
     rows; the step's exchange folders are gone once the step is released."""
     from dbsp_pipeline import root as root_layout
-    from dbsp_pipeline.runtime.exchange import OwnedChange
+    from dbsp_pipeline.runtime.exchange import OwnedChange, owners_of
 
     sql = LocalSQL()
 
@@ -301,8 +301,6 @@ def test_owner_stages_hand_changes_on_as_files(spark, tmp_path: Path, layout: La
                 assert c.rows == sum(c.read(w).num_rows for w in c.owners())
                 for w in c.owners():
                     rows = c.read(w)
-                    from dbsp_pipeline.runtime.exchange import owners_of
-
                     assert set(owners_of(layout, rows, c.keys).tolist()) == {w}
             for name, node_id in plan.circuit.outputs.items():
                 frame = got[node_id]
