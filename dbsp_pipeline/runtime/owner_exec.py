@@ -49,7 +49,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -64,7 +64,7 @@ from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContex
 from dbsp_pipeline.runtime import exchange
 from dbsp_pipeline.runtime.exchange import OwnedChange, positional
 from dbsp_pipeline.runtime.layout import Layout
-from dbsp_pipeline.spark_session import conf_value, task_slots
+from dbsp_pipeline.spark_session import conf_value, run_tasks, task_slots
 from dbsp_pipeline.storage.data_files import new_sorted_run
 from dbsp_pipeline.storage.staged_table import add_from_record
 from dbsp_pipeline.storage.task_table import TaskStateDb, TaskTableSpec, owner_files
@@ -192,23 +192,18 @@ def run_owner_task(spec: OwnerTaskSpec, key: tuple[pa.Scalar, ...],
     return run_for_owner(spec, owner, changes)
 
 
-def run_file_task(spec: OwnerTaskSpec, owners: Sequence[int],
-                  inputs: Sequence[OwnedChange | None],
-                  batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The tasks of a stage whose inputs are exchange files (``runtime/exchange.py``): each
-    row of ``batches`` is an index into ``owners``; the task reads that owner's files of each
-    input (None: the input did not change) and yields ``run_for_owner``'s result."""
-    for batch in batches:
-        for index in batch.column(0).to_pylist():
-            owner = owners[int(index)]
-            changes: list[LocalDelta] = []
-            for change in inputs:
-                rows = change.read(owner) if change is not None else None
-                if change is not None and rows is not None and not change.consolidated:
-                    rows = task_sql(spec.task_memory).consolidate(rows,
-                                                                  change.schema.fieldNames())
-                changes.append(rows if rows is not None and rows.num_rows else None)
-            yield from run_for_owner(spec, owner, changes).to_batches()
+def run_file_task(spec: OwnerTaskSpec, owner: int,
+                  inputs: Sequence[OwnedChange | None]) -> str:
+    """The task of owner ``owner`` of a stage whose inputs are exchange files
+    (``runtime/exchange.py``): reads the owner's files of each input (None: the input did not
+    change), consolidating rows as pushed, and returns ``run_for_owner``'s record (JSON)."""
+    changes: list[LocalDelta] = []
+    for change in inputs:
+        rows = change.read(owner) if change is not None else None
+        if change is not None and rows is not None and not change.consolidated:
+            rows = task_sql(spec.task_memory).consolidate(rows, change.schema.fieldNames())
+        changes.append(rows if rows is not None and rows.num_rows else None)
+    return str(run_for_owner(spec, owner, changes).column(ACTION)[0].as_py())
 
 
 def run_for_owner(spec: OwnerTaskSpec, owner: int, changes: Sequence[LocalDelta]) -> pa.Table:
@@ -314,14 +309,15 @@ def owner_stage(ctx: StepContext, plan: Plan, node: Node,
         owners = sorted({w for d in owned if d is not None for w in d.owners()})
         if not owners:
             return None
-        result = spark.range(0, len(owners), 1, len(owners)).mapInArrow(
-            lambda batches: run_file_task(spec, owners, owned, batches), out_type)
+        # one job, a task per owner with rows
+        records = [json.loads(r) for r in run_tasks(
+            spark, len(owners), lambda i: run_file_task(spec, owners[i], owned))]
     else:
         result = _shuffled_stage(spec, layout, plan, node, [
             d.to_frame(spark) if isinstance(d, OwnedChange) else d for d in inputs], keys,
             out_type)
-    # one job: the records are the whole result (the change is in the exchange files)
-    records = [json.loads(r[ACTION]) for r in result.collect()]
+        # one job: the records are the whole result (the change is in the exchange files)
+        records = [json.loads(r[ACTION]) for r in result.collect()]
     stage_records(op, records, ctx.step, layout)
     change = _owned_change(plan.schemas[node.id], exchange_keys, layout, spec.exchange_folder,
                            records)

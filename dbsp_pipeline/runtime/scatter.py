@@ -24,7 +24,7 @@ Durability: none; the tasks write only exchange files, a step's scratch.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -38,8 +38,8 @@ from dbsp_pipeline.operators.base import LocalDelta, StepContext
 from dbsp_pipeline.runtime import exchange
 from dbsp_pipeline.runtime.exchange import OwnedChange
 from dbsp_pipeline.runtime.layout import Layout
-from dbsp_pipeline.runtime.owner_exec import ACTION, result_schema, task_memory, task_sql
-from dbsp_pipeline.spark_session import task_slots
+from dbsp_pipeline.runtime.owner_exec import task_memory, task_sql
+from dbsp_pipeline.spark_session import run_tasks, task_slots
 from dbsp_pipeline.storage.data_files import DataFiles
 
 if TYPE_CHECKING:
@@ -90,16 +90,12 @@ class ScatterSpec:
     task_memory: str | None = None
 
 
-def scatter_task(spec: ScatterSpec, batches: Iterator[pa.RecordBatch]
-                 ) -> Iterator[pa.RecordBatch]:
-    """Task ``i`` of ``spec.tasks`` (the rows of ``batches``): reads its share of the pushed
-    rows (``share_of_rows``), applies the chain and writes the rows as exchange files by
-    owner. Yields one record: the files per owner and the rows, or ``fallback`` with the
+def scatter_task(spec: ScatterSpec, index: int) -> str:
+    """Task ``index`` of ``spec.tasks``: reads its share of the pushed rows
+    (``share_of_rows``), applies the chain and writes the rows as exchange files by owner.
+    Returns one record (JSON): the files per owner and the rows, or ``fallback`` with the
     reason."""
-    for batch in batches:
-        for index in batch.column(0).to_pylist():
-            yield pa.RecordBatch.from_pylist([{ACTION: json.dumps(_scatter(spec, index))}],
-                                             schema=pa.schema([(ACTION, pa.string())]))
+    return json.dumps(_scatter(spec, index))
 
 
 def share_of_rows(files: DataFiles, paths: Sequence[str], index: int, tasks: int) -> pa.Table:
@@ -170,8 +166,8 @@ def scatter_stage(ctx: StepContext, plan: Plan, node: Node, change: PushedChange
         keys=tuple(keys), layout=layout,
         folder=ctx.scratch_folder(exchange.new_folder(plan.root, ctx.step)), tasks=tasks,
         task_memory=task_memory(spark))
-    records = [json.loads(r[ACTION]) for r in spark.range(0, tasks, 1, tasks).mapInArrow(
-        lambda batches: scatter_task(spec, batches), result_schema()).collect()]
+    records = [json.loads(r) for r in run_tasks(spark, tasks,
+                                                lambda i: scatter_task(spec, i))]
     if sorted(int(r["index"]) for r in records) != list(range(tasks)):
         raise AssertionError(f"scatter stage of step {ctx.step}: records of tasks "
                              f"{sorted(int(r['index']) for r in records)}, not 0..{tasks - 1}")
