@@ -50,6 +50,11 @@ from dbsp_pipeline.storage.trace import OwnerLayout
 from dbsp_pipeline.zset import WEIGHT
 
 
+class NeedsSpark(Exception):
+    """A task could not compute a change's rows without Spark (DuckDB raised where the driver
+    path would ask Spark, which a task cannot): its stage runs again the Spark way."""
+
+
 def positional(i: int) -> str:
     """The name column ``i`` of a change crosses to a task under (Spark's Arrow UDFs look
     columns up by unquoted name, and names may hold dots or backticks)."""

@@ -51,7 +51,7 @@ import re
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
 from pyspark.sql import functions as F
@@ -62,7 +62,7 @@ from dbsp_pipeline.driver.hashing import spark_hash_int
 from dbsp_pipeline.driver.sql import LocalSQL, conform, zset_arrow_schema
 from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContext
 from dbsp_pipeline.runtime import exchange
-from dbsp_pipeline.runtime.exchange import OwnedChange, positional
+from dbsp_pipeline.runtime.exchange import NeedsSpark, OwnedChange, positional
 from dbsp_pipeline.runtime.layout import Layout
 from dbsp_pipeline.spark_session import conf_value, run_tasks, task_slots
 from dbsp_pipeline.storage.data_files import new_sorted_run
@@ -74,6 +74,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from dbsp_pipeline.runtime.plan import Plan
+    from dbsp_pipeline.runtime.scatter import ScatterInReaders
 
 #: the environment variable (read by the driver when a stage starts) naming the tasks that fail
 #: on purpose after writing their files, ``"<node>:<owner>:<attempt>"`` with ``*`` for any: the
@@ -87,6 +88,8 @@ OWNER = "_owner"
 VIEW_ROWS_ON_DRIVER = 65_536
 #: the column of a task's result: its record (JSON): staged actions and exchange files
 ACTION = "_action"
+#: the key of a file task's record when its input's rows need Spark (``exchange.NeedsSpark``)
+NEEDS_SPARK = "needs_spark"
 
 
 @functools.cache
@@ -193,13 +196,18 @@ def run_owner_task(spec: OwnerTaskSpec, key: tuple[pa.Scalar, ...],
 
 
 def run_file_task(spec: OwnerTaskSpec, owner: int,
-                  inputs: Sequence[OwnedChange | None]) -> str:
+                  inputs: Sequence[OwnedChange | ScatterInReaders | None]) -> str:
     """The task of owner ``owner`` of a stage whose inputs are exchange files
-    (``runtime/exchange.py``): reads the owner's files of each input (None: the input did not
-    change), consolidating rows as pushed, and returns ``run_for_owner``'s record (JSON)."""
+    (``runtime/exchange.py``) or pushed files the task splits itself (``ScatterInReaders``):
+    reads the owner's rows of each input (None: the input did not change), consolidating rows
+    as pushed, and returns ``run_for_owner``'s record (JSON); or, before touching any state,
+    a record saying the rows need Spark (``NEEDS_SPARK``)."""
     changes: list[LocalDelta] = []
     for change in inputs:
-        rows = change.read(owner) if change is not None else None
+        try:
+            rows = change.read(owner) if change is not None else None
+        except NeedsSpark as e:
+            return json.dumps({"owner": owner, NEEDS_SPARK: str(e)})
         if change is not None and rows is not None and not change.consolidated:
             rows = task_sql(spec.task_memory).consolidate(rows, change.schema.fieldNames())
         changes.append(rows if rows is not None and rows.num_rows else None)
@@ -266,7 +274,8 @@ def result_schema() -> StructType:
 
 # -- the stage (on the driver) -----------------------------------------------------------------
 def owner_stage(ctx: StepContext, plan: Plan, node: Node,
-                inputs: Sequence[Delta | OwnedChange]) -> Delta | pa.Table | OwnedChange:
+                inputs: Sequence[Delta | OwnedChange | ScatterInReaders]
+                ) -> Delta | pa.Table | OwnedChange:
     """Run operator ``node`` of ``plan`` for this step as one task per owner of its change
     (see the module docstring); returns its output change, or None when no input changed: an
     ``OwnedChange`` when only owner stages read it (``Plan.exchange_keys``), an Arrow table when
@@ -274,7 +283,14 @@ def owner_stage(ctx: StepContext, plan: Plan, node: Node,
     view writes it on the driver), else a DataFrame over the tasks' exchange files (read before
     the step ends: ``StepContext.release`` removes them).
     Stages the tasks' trace actions on the driver's tables. Raises ``AssertionError`` (a failed
-    step: rolled back, retried) when the tasks' records do not fit this step."""
+    step: rolled back, retried) when the tasks' records do not fit this step.
+
+    An input that comes as pushed files to split (``scatter.ScatterInReaders``) is split by
+    this stage's tasks when it runs as a file stage; else the scatter stage runs for it first
+    (``scatter.materialize``). When a task finds the rows need Spark, the stage runs again over
+    the input evaluated by Spark (what the tasks wrote is never staged)."""
+    from dbsp_pipeline.runtime import scatter
+
     if all(d is None for d in inputs):
         return None
     op = plan.operators[node.id]
@@ -301,21 +317,32 @@ def owner_stage(ctx: StepContext, plan: Plan, node: Node,
             raise AssertionError(f"owner stage of step {ctx.step}: an input's exchange files "
                                  f"are of layout version {d.layout_version}, not "
                                  f"{layout.version}")
-    if any(isinstance(d, OwnedChange) for d in inputs) and all(
-            d is None or (isinstance(d, OwnedChange) and d.keys is not None
-                          and list(d.keys) == list(side))
-            for d, side in zip(inputs, keys)):
-        owned = [d if isinstance(d, OwnedChange) else None for d in inputs]
+    handed = (OwnedChange, scatter.ScatterInReaders)
+    file_stage = any(isinstance(d, handed) for d in inputs) and all(
+        d is None or (isinstance(d, handed) and d.keys is not None
+                      and list(d.keys) == list(side))
+        for d, side in zip(inputs, keys))
+    if not file_stage and any(isinstance(d, scatter.ScatterInReaders) for d in inputs):
+        return owner_stage(ctx, plan, node, [
+            scatter.materialize(ctx, plan, d) if isinstance(d, scatter.ScatterInReaders) else d
+            for d in inputs])
+    if file_stage:
+        owned = [d if isinstance(d, handed) else None for d in inputs]
         owners = sorted({w for d in owned if d is not None for w in d.owners()})
         if not owners:
             return None
         # one job, a task per owner with rows
         records = [json.loads(r) for r in run_tasks(
             spark, len(owners), lambda i: run_file_task(spec, owners[i], owned))]
+        if any(NEEDS_SPARK in r for r in records) \
+                and any(isinstance(d, scatter.ScatterInReaders) for d in inputs):
+            return owner_stage(ctx, plan, node, [
+                scatter.materialize(ctx, plan, d, in_spark=True)
+                if isinstance(d, scatter.ScatterInReaders) else d for d in inputs])
     else:
-        result = _shuffled_stage(spec, layout, plan, node, [
-            d.to_frame(spark) if isinstance(d, OwnedChange) else d for d in inputs], keys,
-            out_type)
+        result = _shuffled_stage(spec, layout, plan, node, [  # (none is to split: see above)
+            d.to_frame(spark) if isinstance(d, OwnedChange) else cast("Delta", d)
+            for d in inputs], keys, out_type)
         # one job: the records are the whole result (the change is in the exchange files)
         records = [json.loads(r[ACTION]) for r in result.collect()]
     stage_records(op, records, ctx.step, layout)

@@ -127,13 +127,14 @@ class Plan:
 
     def evaluate(self, ctx: StepContext,
                  input_changes: Mapping[str, Delta | LocalDelta | scatter.PushedChange]
-                 ) -> dict[int, Delta | LocalDelta | OwnedChange]:
+                 ) -> dict[int, Delta | LocalDelta | OwnedChange | scatter.ScatterInReaders]:
         """Run every operator once for this step, as Spark jobs or on the driver
         (``ctx.on_driver``); returns each node's change (a node of a scattered chain,
         ``runtime/scatter.py``, has none but the chain's last). An input's change may come as
         its pushed files (``scatter.PushedChange``): on a per-owner step with a scatter chain
-        they are split by owner in tasks, else read into Spark."""
-        changes: dict[int, Delta | LocalDelta | OwnedChange] = {}
+        they are split by owner in tasks (the readers' own, or a scatter stage's), else read
+        into Spark."""
+        changes: dict[int, Delta | LocalDelta | OwnedChange | scatter.ScatterInReaders] = {}
         scattered: set[int] = set()
         for node in self.circuit.nodes:
             if node.id in scattered:
@@ -141,9 +142,10 @@ class Plan:
             if node.op == "input":
                 change = input_changes.get(node.params["name"])
                 if isinstance(change, scatter.PushedChange):
-                    handed = (scatter.scatter_stage(ctx, self, node, change)
-                              if ctx.per_owner and node.id in self.scatter_chains
-                              else scatter.FALLBACK)
+                    scattering = ctx.per_owner and node.id in self.scatter_chains
+                    handed = ((scatter.in_readers(ctx, self, node, change)
+                               or scatter.scatter_stage(ctx, self, node, change))
+                              if scattering else scatter.FALLBACK)
                     if handed == scatter.FALLBACK:
                         change = change.frame()
                     else:
@@ -160,10 +162,21 @@ class Plan:
             elif ctx.per_owner and node.id in self.owner_capable:
                 changes[node.id] = owner_stage(ctx, self, node, inputs)
             else:  # (an exchanged change goes only to owner stages: ``exchange_keys``)
-                changes[node.id] = operator.step(ctx, [
-                    c.to_frame(ctx.session) if isinstance(c, OwnedChange) else c
-                    for c in inputs])
+                changes[node.id] = operator.step(ctx, [self._frame_of(ctx, c) for c in inputs])
         return changes
+
+    def _frame_of(self, ctx: StepContext,
+                  change: Delta | LocalDelta | OwnedChange | scatter.ScatterInReaders
+                  ) -> Delta:
+        """A change as a Spark operator reads it (only owner stages read exchanged or
+        to-be-split changes, but a change to split is made into one if asked)."""
+        if isinstance(change, scatter.ScatterInReaders):
+            change = scatter.materialize(ctx, self, change)
+        if isinstance(change, OwnedChange):
+            return change.to_frame(ctx.session)
+        if isinstance(change, pa.Table):
+            raise AssertionError("a driver-path change on a Spark step")
+        return change
 
     def _owner_capable(self) -> set[int]:
         capable = set()

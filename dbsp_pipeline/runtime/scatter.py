@@ -10,13 +10,22 @@ reading stages' keys and writes them as exchange files (``runtime/exchange.py``)
 then run as file stages: no Spark shuffle of the change, no consolidation in Spark, no row
 crossing the JVM.
 
+When every reading task can afford to read the whole change (its rows times the workers at most
+``FUSED_READ_ROWS``), there is no scatter stage: the change goes to the readers as a
+``ScatterInReaders``, and each reading owner stage's task reads all the pushed rows, applies
+the chain and keeps its owner's (one Spark job less per step). A reader that cannot run as a
+file stage (another input came as a DataFrame) has the scatter stage run for it then
+(``materialize``).
+
 The rows are as pushed (not consolidated): row-wise operators commute with consolidation, and
 the reading stage's task consolidates its owner's rows (equal rows have equal keys, so one
 owner), as an owner stage reading a raw input does (``Plan.read_by_owner_stages``).
 
 When a task cannot apply the chain without Spark (DuckDB raised where Spark might not: the
 driver path then asks Spark, which a task cannot), the stage reports it and the step evaluates
-the chain and its readers the Spark way instead (``scatter_stage`` returns ``FALLBACK``).
+the chain and its readers the Spark way instead (``scatter_stage`` returns ``FALLBACK``; a
+reading task raises ``exchange.NeedsSpark`` and its stage runs again over ``materialize(...,
+in_spark=True)``).
 
 Durability: none; the tasks write only exchange files, a step's scratch.
 """
@@ -25,7 +34,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
@@ -33,10 +42,10 @@ import pyarrow.parquet as pq
 from pyspark.sql.types import StructType
 
 from dbsp_pipeline.circuit import Node
-from dbsp_pipeline.driver.sql import conform
+from dbsp_pipeline.driver.sql import conform, zset_arrow_schema
 from dbsp_pipeline.operators.base import LocalDelta, StepContext
 from dbsp_pipeline.runtime import exchange
-from dbsp_pipeline.runtime.exchange import OwnedChange
+from dbsp_pipeline.runtime.exchange import NeedsSpark, OwnedChange
 from dbsp_pipeline.runtime.layout import Layout
 from dbsp_pipeline.runtime.owner_exec import task_memory, task_sql
 from dbsp_pipeline.spark_session import run_tasks, task_slots
@@ -53,6 +62,9 @@ ROW_WISE = frozenset({"filter", "select", "conform", "negate"})
 ROWS_PER_TASK = 250_000
 #: ``scatter_stage``'s answer when a task could not apply the chain (the step goes the Spark way)
 FALLBACK = "fallback"
+#: an input's change goes to its readers unsplit (``ScatterInReaders``) when its pushed rows
+#: times the workers (each reading task reads them all) are at most this many
+FUSED_READ_ROWS = 4_000_000
 
 
 @dataclass(frozen=True)
@@ -119,29 +131,125 @@ def share_of_rows(files: DataFiles, paths: Sequence[str], index: int, tasks: int
     return pa.concat_tables(pieces) if pieces else files.schema.empty_table()
 
 
-def _scatter(spec: ScatterSpec, index: int) -> dict[str, Any]:
+def chain_rows(spec: ScatterSpec, index: int, tasks: int) -> LocalDelta:
+    """Task ``index`` of ``tasks``' share of the pushed rows through the chain (None: no rows
+    left). ``exchange.NeedsSpark`` when an operator of the chain needs Spark."""
     schema = spec.schemas[spec.input.id]
-    rows = share_of_rows(DataFiles.for_uri(spec.uri, spec.file_schema), spec.paths, index,
-                         spec.tasks)
+    rows = share_of_rows(DataFiles.for_uri(spec.uri, spec.file_schema), spec.paths, index, tasks)
     current: LocalDelta = conform(rows, schema) if rows.num_rows else None
-    if current is not None:
-        from dbsp_pipeline.runtime.plan import make_operator
+    if current is None:
+        return None
+    from dbsp_pipeline.runtime.plan import make_operator
 
-        ctx = StepContext(None, spec.step, sql=task_sql(spec.task_memory), layout=spec.layout)
-        for node in spec.chain:
-            operator = make_operator(node, spec.schemas, cast(Any, None))  # row-wise: no state
-            try:
-                current = operator.step_local(ctx, [current])
-            except AssertionError as e:  # it asked for Spark (``StepContext.session``)
-                return {"index": index, FALLBACK: f"operator #{node.id} {node.op}: {e}"}
-            if current is None or current.num_rows == 0:
-                current = None
-                break
+    ctx = StepContext(None, spec.step, sql=task_sql(spec.task_memory), layout=spec.layout)
+    for node in spec.chain:
+        operator = make_operator(node, spec.schemas, cast(Any, None))  # row-wise: no state
+        try:
+            current = operator.step_local(ctx, [current])
+        except AssertionError as e:  # it asked for Spark (``StepContext.session``)
+            raise NeedsSpark(f"operator #{node.id} {node.op}: {e}") from None
+        if current is None or current.num_rows == 0:
+            return None
+    return current
+
+
+def _scatter(spec: ScatterSpec, index: int) -> dict[str, Any]:
+    try:
+        current = chain_rows(spec, index, spec.tasks)
+    except NeedsSpark as e:
+        return {"index": index, FALLBACK: str(e)}
     end = spec.chain[-1].id if spec.chain else spec.input.id
     handed = {} if current is None else exchange.write_by_owner(
         current, spec.schemas[end], spec.keys, spec.layout, spec.folder)
     return {"index": index, "rows": 0 if current is None else current.num_rows,
             "exchange": {str(w): paths for w, paths in handed.items()}}
+
+
+@dataclass(frozen=True)
+class ScatterInReaders:
+    """An input's change (its pushed files and row-wise ``chain``, ``spec``) that each reading
+    owner stage's task splits itself: ``read(owner)`` reads all the pushed rows, applies the
+    chain and keeps the rows of ``owner`` by ``keys``. Offers what a file stage asks of an
+    ``OwnedChange``; a stage that cannot run as a file stage asks ``materialize`` for the
+    scatter stage's ``OwnedChange`` (or Spark's frame) instead."""
+
+    spec: ScatterSpec
+    #: the chain's last node's payload schema
+    schema: StructType
+    keys: tuple[str, ...]
+    layout_version: int
+    #: the pushed rows (an upper bound of the change's)
+    rows: int
+    #: on the driver only (not pickled into tasks): the pushed change, and what ``materialize``
+    #: made of it, by ``in_spark``
+    pushed: PushedChange | None = field(default=None, compare=False)
+    made: dict[bool, OwnedChange | DataFrame | None] = field(default_factory=dict,
+                                                             compare=False)
+    consolidated: bool = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "pushed": None, "made": {}}
+
+    def owners(self) -> list[int]:
+        """Every owner (which ones get rows is known only once the chain has run)."""
+        return list(range(self.spec.layout.workers))
+
+    def read(self, owner: int) -> pa.Table:
+        """Owner ``owner``'s rows through the chain (payload under the schema's names, and
+        ``_weight``; as pushed, not consolidated). ``exchange.NeedsSpark`` when the chain
+        needs Spark."""
+        rows = chain_rows(self.spec, 0, 1)
+        if rows is None:
+            return zset_arrow_schema(self.schema).empty_table()
+        if self.spec.layout.workers == 1:
+            return rows
+        owners = exchange.owners_of(self.spec.layout, rows, self.keys)
+        return rows.filter(pa.array(owners == owner))
+
+
+def in_readers(ctx: StepContext, plan: Plan, node: Node, change: PushedChange
+               ) -> ScatterInReaders | None:
+    """Input ``node``'s pushed ``change`` for its readers' tasks to split
+    (``ScatterInReaders``), when they can afford to read all of it (``FUSED_READ_ROWS``);
+    else None (run ``scatter_stage``)."""
+    layout = ctx.layout
+    if layout is None or not change.paths \
+            or change.rows * layout.workers > FUSED_READ_ROWS:
+        return None
+    chain_ids, keys = plan.scatter_chains[node.id]
+    chain = tuple(plan.circuit.nodes[i] for i in chain_ids)
+    end = chain[-1].id if chain else node.id
+    spec = ScatterSpec(
+        step=ctx.step, input=node, chain=chain,
+        schemas={n.id: plan.schemas[n.id] for n in (node, *chain)}, uri=change.uri,
+        file_schema=change.file_schema, paths=change.paths, keys=tuple(keys), layout=layout,
+        folder="", tasks=1, task_memory=task_memory(ctx.session))
+    return ScatterInReaders(spec, plan.schemas[end], tuple(keys), layout.version, change.rows,
+                            pushed=change)
+
+
+def materialize(ctx: StepContext, plan: Plan, change: ScatterInReaders,
+                in_spark: bool = False) -> OwnedChange | DataFrame | None:
+    """``change`` as a stage that cannot split it in its tasks needs it: the scatter stage's
+    ``OwnedChange`` (None: no rows), or, when a task cannot apply the chain (or ``in_spark``),
+    the chain evaluated by Spark over the pushed change (a DataFrame). Made once per step and
+    ``in_spark``; on the driver."""
+    if in_spark in change.made:
+        return change.made[in_spark]
+    pushed, node = change.pushed, change.spec.input
+    if pushed is None:
+        raise AssertionError(f"step {ctx.step}: input #{node.id}'s change left the driver")
+    made: OwnedChange | DataFrame | str | None = (
+        FALLBACK if in_spark else scatter_stage(ctx, plan, node, pushed))
+    if made == FALLBACK:
+        in_spark = True
+        frame = pushed.frame()
+        for chained in change.spec.chain:
+            frame = plan.operators[chained.id].step(ctx, [frame])
+        made = frame
+    assert not isinstance(made, str)
+    change.made[in_spark] = made
+    return made
 
 
 def scatter_stage(ctx: StepContext, plan: Plan, node: Node, change: PushedChange

@@ -1,7 +1,8 @@
 """Scatter stages on real Spark: an input read only by owner stages, directly or through
-row-wise operators, is split by owner from its pushed files in tasks; every view equals a
-driver-path pipeline's over steps that insert and delete, whether the pushed files are more or
-fewer than the tasks; a chain a task cannot evaluate without Spark falls back to Spark's."""
+row-wise operators, is split by owner from its pushed files in tasks (a scatter stage's, or the
+reading stage's own); every view equals a driver-path pipeline's over steps that insert and
+delete, whether the pushed files are more or fewer than the tasks; a chain a task cannot
+evaluate without Spark falls back to Spark's."""
 
 from __future__ import annotations
 
@@ -43,20 +44,39 @@ def orders(lo: int, hi: int) -> list[tuple[Any, ...]]:
     return [(i % 23, float(i % 7), float(i), 2.0) for i in range(lo, hi)]
 
 
-@pytest.mark.parametrize("rows_per_task", [scatter.ROWS_PER_TASK, 7],
-                         ids=["one-task", "two-tasks"])
+@pytest.mark.parametrize("rows_per_task, fused_rows", [
+    (scatter.ROWS_PER_TASK, 0), (7, 0), (scatter.ROWS_PER_TASK, scatter.FUSED_READ_ROWS)],
+    ids=["one-task", "two-tasks", "in-readers"])
 def test_an_input_read_by_owner_stages_is_scattered_from_its_files(
-        spark, tmp_path: Path, monkeypatch, rows_per_task: int) -> None:
+        spark, tmp_path: Path, monkeypatch, rows_per_task: int, fused_rows: int) -> None:
     monkeypatch.setattr(scatter, "ROWS_PER_TASK", rows_per_task)
+    monkeypatch.setattr(scatter, "FUSED_READ_ROWS", fused_rows)
     handed: list[object] = []
-    stage = scatter.scatter_stage
+    split_in_readers: list[object] = []
+    in_spark: list[object] = []
+    stage, in_readers, materialize = (scatter.scatter_stage, scatter.in_readers,
+                                      scatter.materialize)
 
     def recording(*args: Any) -> object:
         result = stage(*args)
         handed.append(result)
         return result
 
+    def recording_in_readers(*args: Any) -> object:
+        result = in_readers(*args)
+        if result is not None:
+            split_in_readers.append(result)
+        return result
+
+    def recording_materialize(*args: Any, **kwargs: Any) -> object:
+        result = materialize(*args, **kwargs)
+        if kwargs.get("in_spark"):
+            in_spark.append(result)
+        return result
+
     monkeypatch.setattr(scatter, "scatter_stage", recording)
+    monkeypatch.setattr(scatter, "in_readers", recording_in_readers)
+    monkeypatch.setattr(scatter, "materialize", recording_materialize)
     ref = Pipeline(circuit(), str(tmp_path / "ref"), spark)
     with Pipeline(circuit(), str(tmp_path / "p"), spark, driver_step_rows=0) as p:
         plan = p.engine.plan
@@ -86,9 +106,15 @@ def test_an_input_read_by_owner_stages_is_scattered_from_its_files(
                 assert q.step().on_driver is (q is ref)
             for name in ("by_name", "joined"):
                 assert counter(p.view_arrow(name)) == counter(ref.view_arrow(name)), (step, name)
-        assert len(handed) == 2 * len(pushes) - 1  # customers unchanged in the last step
-        assert all(isinstance(h, OwnedChange) and h.owners() for h in handed)
-        assert {h.consolidated for h in handed if isinstance(h, OwnedChange)} == {False}
+        # customers unchanged in the last step
+        if fused_rows:  # each join task read the pushed rows and kept its owner's
+            assert handed == [] and len(split_in_readers) == 2 * len(pushes) - 1
+            assert all(isinstance(h, scatter.ScatterInReaders) and not h.consolidated
+                       for h in split_in_readers)
+        else:
+            assert len(handed) == 2 * len(pushes) - 1 and split_in_readers == []
+            assert all(isinstance(h, OwnedChange) and h.owners() for h in handed)
+            assert {h.consolidated for h in handed if isinstance(h, OwnedChange)} == {False}
 
         # x / d with x NULL and d = 0: Spark gives NULL, DuckDB raises; the task cannot ask
         # Spark, so the step evaluates the chain in Spark
@@ -96,7 +122,10 @@ def test_an_input_read_by_owner_stages_is_scattered_from_its_files(
         for q in (ref, p):
             q.push("orders", [(3, 5.0, None, 0.0), (4, 6.0, 1.0, 2.0)])
             q.step()
-        assert handed == [scatter.FALLBACK]
+        if fused_rows:  # the join's tasks found the chain needs Spark: the join ran again
+            assert handed == [] and len(in_spark) == 1 and in_spark[0] is not None
+        else:
+            assert handed == [scatter.FALLBACK] and in_spark == []
         for name in ("by_name", "joined"):
             assert counter(p.view_arrow(name)) == counter(ref.view_arrow(name)), name
         assert p.verify().ok
