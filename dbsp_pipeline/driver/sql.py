@@ -20,6 +20,7 @@ raise); otherwise the query runs, with its own errors.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import duckdb
@@ -153,6 +154,9 @@ class LocalSQL:
         if temp_directory is not None:
             config["temp_directory"] = temp_directory
         self._con = duckdb.connect(config=config)
+        #: the tables ``consolidate`` returned that are still alive, by ``id``, with the
+        #: columns they were consolidated over (a weak reference each: holds no memory)
+        self._consolidated: dict[int, tuple[weakref.ref[pa.Table], tuple[str, ...]]] = {}
 
     def query(self, sql: str, **tables: pa.Table) -> pa.Table:
         """Run ``sql``, in which each Arrow table passed as ``name=table`` is the table ``name``."""
@@ -168,14 +172,30 @@ class LocalSQL:
 
     def consolidate(self, table: pa.Table, columns: Sequence[str]) -> pa.Table:
         """Sum the weights of equal rows over ``columns`` and drop zero weights (NULLs group).
-        A small table is consolidated in pyarrow (``fast_path``), with the same result."""
+        A small table is consolidated in pyarrow (``fast_path``), with the same result. A table
+        this connection's ``consolidate`` returned over the same ``columns`` is returned as it
+        is (a task consolidates its owner's change, then the operator's trace append does)."""
+        key = tuple(columns)
+        seen = self._consolidated.get(id(table))
+        if seen is not None and seen[0]() is table and seen[1] == key:
+            return table
         if fast_path(table, columns):
-            return consolidate_arrow(table, columns)
-        cols = idents(columns)
-        group = f"GROUP BY {cols}" if columns else ""
-        return self.query(
-            f"SELECT {cols + ', ' if columns else ''}CAST(sum({ident(WEIGHT)}) AS BIGINT) AS "
-            f"{ident(WEIGHT)} FROM t {group} HAVING sum({ident(WEIGHT)}) <> 0", t=table)
+            out = consolidate_arrow(table, columns)
+        else:
+            cols = idents(columns)
+            group = f"GROUP BY {cols}" if columns else ""
+            out = self.query(
+                f"SELECT {cols + ', ' if columns else ''}CAST(sum({ident(WEIGHT)}) AS BIGINT) "
+                f"AS {ident(WEIGHT)} FROM t {group} HAVING sum({ident(WEIGHT)}) <> 0", t=table)
+        self._consolidated[id(out)] = (weakref.ref(out, self._forget), key)
+        return out
+
+    def _forget(self, ref: weakref.ref[pa.Table]) -> None:
+        """A table ``consolidate`` returned is gone: forget its entry (unless its id is
+        another's already)."""
+        for index, (held, _) in list(self._consolidated.items()):
+            if held is ref:
+                del self._consolidated[index]
 
     def close(self) -> None:
         self._con.close()

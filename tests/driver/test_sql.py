@@ -93,3 +93,22 @@ def test_big_tables_go_to_duckdb(monkeypatch):
     table = random_zset(random.Random(1), 50)
     monkeypatch.setattr(local_sql, "FAST_PATH_ROWS", 49)
     assert not fast_path(table, ["s"])
+
+
+@pytest.mark.parametrize("fast_rows", [0, local_sql.FAST_PATH_ROWS], ids=["duckdb", "pyarrow"])
+def test_a_table_consolidate_returned_is_not_consolidated_again(monkeypatch, fast_rows):
+    monkeypatch.setattr(local_sql, "FAST_PATH_ROWS", fast_rows)
+    sql = LocalSQL(1)
+    table = pa.table({"k": [1, 1, 2, 3], "_weight": pa.array([1, 1, 1, -1], pa.int64())})
+    once = sql.consolidate(table, ["k"])
+    assert once.sort_by("k").to_pylist() == [{"k": 1, "_weight": 2}, {"k": 2, "_weight": 1},
+                                             {"k": 3, "_weight": -1}]
+    assert sql.consolidate(once, ["k"]) is once  # remembered, over the same columns
+    # the same rows in another table, or over other columns, are consolidated again
+    copy = pa.table({"k": [1, 1], "_weight": pa.array([1, 1], pa.int64())})
+    assert sql.consolidate(copy, ["k"]).to_pylist() == [{"k": 1, "_weight": 2}]
+    assert sql.consolidate(once, []).to_pylist() == [{"_weight": 2}]
+    remembered = len(sql._consolidated)
+    del once  # a table that is gone is forgotten (the memo holds no memory)
+    assert len(sql._consolidated) == remembered - 1
+    sql.close()
