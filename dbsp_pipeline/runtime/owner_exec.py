@@ -8,8 +8,10 @@ the driver hashes its key types: ``Plan.owner_capable``) becomes one *owner stag
 1. the tasks get their owner's rows of each input change one of two ways. When every changed
    input comes as exchange files split by this operator's keys (an ``OwnedChange``: the
    output of an owner stage or a scatter stage, ``runtime/exchange.py``,
-   ``runtime/scatter.py``), a *file stage* runs one task per owner that got rows
-   (``run_file_task``), each reading its own files: no shuffle. Otherwise each change (a
+   ``runtime/scatter.py``), or as pushed files its tasks split themselves (a
+   ``scatter.ScatterInReaders``), a *file stage* runs one task per owner that got rows
+   (``run_file_task``; one plain RDD job, ``spark_session.run_tasks``), each reading its own
+   rows: no shuffle. Otherwise each change (a
    DataFrame) gets ``_owner``, the layout's owner of the row's key (``Layout.owner_column``),
    its columns cross under positional names (``_c0``..: PySpark's Arrow UDFs look columns up
    by unquoted name, and names may hold dots or backticks), and it is hash-partitioned into W

@@ -162,3 +162,55 @@ def test_each_task_reads_its_share_of_the_rows_and_no_more(tmp_path: Path, monke
     monkeypatch.setattr(pq.ParquetFile, "read_row_group", counting)
     assert scatter.share_of_rows(files, paths, 0, 4).column("v").to_pylist() == list(range(9))
     assert read == [0, 1, 2]  # rows 0-8: three of the first file's four row groups
+
+
+def test_a_reader_that_cannot_split_the_change_itself_gets_a_scatter_stage(
+        spark, tmp_path: Path, monkeypatch) -> None:
+    """The join's other side comes from a union (a Spark frame): the join cannot run as a file
+    stage, so the orders' change is scattered for it first; in a step where only orders
+    change, the join's tasks split it themselves, W=4 tasks for rows of two keys (owners with
+    no rows run empty). Every view equals the driver path's."""
+    c = Circuit("split_or_scatter")
+    orders = c.input("orders", "k INT, amount DOUBLE")
+    customers = c.input("customers", "k INT, name STRING")
+    vips = c.input("vips", "k INT, name STRING")
+    joined = orders.filter("amount > 1").join(customers.union(vips), on="k")
+    c.output("by_name", joined.group_by("name").agg(n="count(*)", s="sum(amount)"))
+    made: list[object] = []
+    stages: list[object] = []
+    materialize, stage = scatter.materialize, scatter.scatter_stage
+
+    def recording_materialize(*args: Any, **kwargs: Any) -> object:
+        made.append(materialize(*args, **kwargs))
+        return made[-1]
+
+    def recording_stage(*args: Any) -> object:
+        stages.append(stage(*args))
+        return stages[-1]
+
+    monkeypatch.setattr(scatter, "materialize", recording_materialize)
+    monkeypatch.setattr(scatter, "scatter_stage", recording_stage)
+    ref = Pipeline(c, str(tmp_path / "ref"), spark)
+    with Pipeline(c, str(tmp_path / "p"), spark, driver_step_rows=0) as p:
+        p.rescale(4)
+        p.spark_per_owner = True
+        steps = [  # per step: orders (k, amount, weight), customers, vips
+            ([(k % 2, float(k % 5), 1) for k in range(30)], [(0, "a"), (1, "b")], [(1, "v")]),
+            ([(0, 4.0, 1), (1, 4.0, -1), (1, 9.0, 1)], [], []),
+        ]
+        for number, (changes, customers_rows, vips_rows) in enumerate(steps):
+            for q in (ref, p):
+                for k, amount, weight in changes:
+                    q.push("orders", [(k, amount)], weight=weight)
+                if customers_rows:
+                    q.push("customers", customers_rows)
+                if vips_rows:
+                    q.push("vips", vips_rows)
+                assert q.step().on_driver is (q is ref)
+            assert counter(p.view_arrow("by_name")) == counter(ref.view_arrow("by_name")), number
+            if number == 0:  # the union's frame on the other side: scattered first
+                assert len(made) == 1 and made == stages and isinstance(made[0], OwnedChange)
+            else:  # only orders changed: split in the join's own tasks
+                assert len(made) == 1 and len(stages) == 1
+        assert p.verify().ok
+    ref.close()
