@@ -56,6 +56,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -84,6 +85,27 @@ _SHARD_SHIFT = np.uint64(64 - 10)
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class _OpenRun:
+    """A run opened by this process: its memory-mapped ``file``, and the first and last hash
+    of each of its non-empty record batches (``first``, ``last``; ``batches``: their indexes
+    in the file), so a lookup visits only the batches that may hold a hash."""
+
+    file: pa.ipc.RecordBatchFileReader
+    batches: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+
+    @classmethod
+    def of(cls, file: pa.ipc.RecordBatchFileReader) -> _OpenRun:
+        ends = [(b, column[0], column[-1]) for b, column in (
+            (b, file.get_batch(b).column(HASH).to_numpy())
+            for b in range(file.num_record_batches)) if len(column)]
+        return cls(file, np.array([e[0] for e in ends], dtype=np.int64),
+                   np.array([e[1] for e in ends], dtype=np.uint64),
+                   np.array([e[2] for e in ends], dtype=np.uint64))
+
+
 class KeyedRuns:
     """The runs of one trace, in the local folder ``folder``, for rows of Arrow schema
     ``schema`` (the trace's table schema); ``hash_of`` computes the key hash of rows of that
@@ -101,7 +123,7 @@ class KeyedRuns:
         self._hash_of = hash_of
         #: runs opened by this process, by data file path (memory maps; the files never
         #: change), the least recently used first
-        self._open: OrderedDict[str, pa.ipc.RecordBatchFileReader] = OrderedDict()
+        self._open: OrderedDict[str, _OpenRun] = OrderedDict()
         #: how many runs this process built from their data files (for tests and figures)
         self.built = 0
 
@@ -186,28 +208,44 @@ class KeyedRuns:
             log.warning("keyed run of %s unusable in %s (%s): reading the data file",
                         data_file.path, self.folder, e)
             return None
+        # Only the batches whose hash range holds a wanted hash, each searched for those
+        # hashes only: about K x log(rows) in all, not K x log(batch rows) per batch.
+        # per hash: the first batch ending at or after it, and past the last starting at or
+        # before it
+        lo_batch = np.searchsorted(reader.last, hashes, "left")
+        hi_batch = np.searchsorted(reader.first, hashes, "right")
+        spans = np.maximum(hi_batch - lo_batch, 0)  # a hash's rows may straddle batches
+        total_spans = int(spans.sum())
+        if total_spans == 0:
+            return self.schema.empty_table()
+        batch_of = np.repeat(lo_batch, spans) + (
+            np.arange(total_spans) - np.repeat(np.cumsum(spans) - spans, spans))
+        order = np.argsort(batch_of, kind="stable")  # by batch; hashes stay ascending
+        batch_of, wanted = batch_of[order], np.repeat(hashes, spans)[order]
+        cuts = np.flatnonzero(np.diff(batch_of)) + 1
         parts: list[pa.RecordBatch] = []
-        for b in range(reader.num_record_batches):
-            batch = reader.get_batch(b)
+        for batch_hashes, b in zip(np.split(wanted, cuts),
+                                   batch_of[np.concatenate(([0], cuts))]):
+            batch = reader.file.get_batch(int(reader.batches[b]))
             column = batch.column(HASH).to_numpy()
-            lo = np.searchsorted(column, hashes, "left")
-            hi = np.searchsorted(column, hashes, "right")
+            lo = np.searchsorted(column, batch_hashes, "left")
+            hi = np.searchsorted(column, batch_hashes, "right")
             found = hi - lo
-            total = int(found.sum())
-            if total == 0:
+            count = int(found.sum())
+            if count == 0:
                 continue
             starts = np.repeat(lo - (np.cumsum(found) - found), found)
-            parts.append(batch.take(pa.array(starts + np.arange(total))))
+            parts.append(batch.take(pa.array(starts + np.arange(count))))
         if not parts:
             return self.schema.empty_table()
         return pa.Table.from_batches(parts, self.run_schema).drop_columns([HASH])
 
     def _reader(self, data_file: DataFile,
-                read_file: Callable[[DataFile], pa.Table]) -> pa.ipc.RecordBatchFileReader | None:
-        reader = self._open.get(data_file.path)
-        if reader is not None:
+                read_file: Callable[[DataFile], pa.Table]) -> _OpenRun | None:
+        opened = self._open.get(data_file.path)
+        if opened is not None:
             self._open.move_to_end(data_file.path)
-            return reader
+            return opened
         reader = self._checked(data_file)
         if reader is None and not self.build_on_miss:
             return None
@@ -218,10 +256,11 @@ class KeyedRuns:
             if reader is None:  # written just now: only a failing disk gets here
                 raise OSError(f"the keyed run {self._path(data_file)} of {data_file.path} "
                               "cannot be read back")
-        self._open[data_file.path] = reader
+        opened = _OpenRun.of(reader)
+        self._open[data_file.path] = opened
         while len(self._open) > OPEN_RUNS:
             self._open.popitem(last=False)  # its memory map closes when no batch uses it
-        return reader
+        return opened
 
     def _checked(self, data_file: DataFile) -> pa.ipc.RecordBatchFileReader | None:
         """The run of ``data_file`` if it is there, whole and of this file and format (see the

@@ -77,6 +77,30 @@ def test_lookups_through_runs_equal_a_scan(big_trace):
     assert trace.runs.built == 0  # the writer's run served every lookup
 
 
+@pytest.mark.parametrize("batch_rows", [7, 997])
+def test_lookups_in_runs_of_many_batches_equal_a_scan(spark, tmp_path, monkeypatch, batch_rows):
+    """A run of many record batches: a lookup visits only the batches whose hash range holds a
+    wanted hash, and a key whose rows straddle batches (7-row batches, about 7 rows a key) is
+    found whole."""
+    monkeypatch.setattr(keyed_runs, "BATCH_ROWS", batch_rows)
+    db = StateDatabase(spark, str(tmp_path), "fp")
+    db.open()
+    sql = LocalSQL()
+    trace = Trace(db, "t", SCHEMA, ["c", "tag"])
+    rng = np.random.default_rng(11)
+    trace.append_arrow(sql, _rows(rng, ROWS, 0))
+    keyed_runs.wait_for_writes()
+    (run,) = os.listdir(trace.runs.folder)
+    with pa.memory_map(os.path.join(trace.runs.folder, run)) as source:
+        assert pa.ipc.open_file(source).num_record_batches == -(-ROWS // batch_rows)
+    for n in (1, 30, 1_000, 3_000):
+        keys = _keys(rng, n)
+        got = sorted(trace.lookup_arrow(sql, keys).to_pylist(), key=repr)
+        assert got == _scan(trace, keys) and got
+    assert trace.runs.built == 0
+    sql.close()
+
+
 def test_a_missing_run_is_rebuilt_from_the_data_file(big_trace, spark):
     trace, sql, rng, db = big_trace
     for name in os.listdir(trace.runs.folder):
