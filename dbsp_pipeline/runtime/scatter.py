@@ -242,11 +242,13 @@ def materialize(ctx: StepContext, plan: Plan, change: ScatterInReaders,
     made: OwnedChange | DataFrame | str | None = (
         FALLBACK if in_spark else scatter_stage(ctx, plan, node, pushed))
     if made == FALLBACK:
-        in_spark = True
-        frame = pushed.frame()
-        for chained in change.spec.chain:
-            frame = plan.operators[chained.id].step(ctx, [frame])
-        made = frame
+        if True in change.made:
+            made = change.made[True]
+        else:
+            frame = pushed.frame()
+            for chained in change.spec.chain:
+                frame = plan.operators[chained.id].step(ctx, [frame])
+            made = change.made[True] = frame
     assert not isinstance(made, str)
     change.made[in_spark] = made
     return made
