@@ -1,0 +1,16 @@
+"""``run_tasks``: one Spark task per index, results in index order (a plain RDD job on a
+classic session; through Spark Connect, which has no RDDs, a ``mapInArrow`` job: exercised by
+``tests/dagster/test_console.py``'s Connect run, whose owner stages run through it)."""
+
+from __future__ import annotations
+
+import os
+
+from dbsp_pipeline.spark_session import run_tasks
+
+
+def test_each_index_is_a_task_and_the_results_come_in_index_order(spark) -> None:
+    results = run_tasks(spark, 5, lambda i: f"{i}:{os.getpid()}")
+    assert [r.split(":")[0] for r in results] == ["0", "1", "2", "3", "4"]
+    assert all(int(r.split(":")[1]) != os.getpid() for r in results)  # in Python workers
+    assert run_tasks(spark, 0, lambda i: "never") == []
