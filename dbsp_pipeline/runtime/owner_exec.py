@@ -178,7 +178,8 @@ def run_owner_task(spec: OwnerTaskSpec, key: tuple[pa.Scalar, ...],
                    *sides: pa.Table) -> pa.Table:
     """One owner's part of a shuffled stage: ``key`` holds the owner's partition key, ``sides``
     the owner's rows of each input's change (positional columns, ``_weight``, ``_owner``; an
-    empty table for an input that did not change). Returns ``run_for_owner``'s result."""
+    empty table for an input that did not change). Returns ``run_for_owner``'s record as the
+    one row of a ``result_schema`` table."""
     owner = owner_partition_keys(spec.layout.workers).index(int(key[0].as_py()))
     changes: list[LocalDelta] = []
     for side, input_id in zip(sides, spec.node.inputs):
@@ -194,7 +195,7 @@ def run_owner_task(spec: OwnerTaskSpec, key: tuple[pa.Scalar, ...],
         if input_id in spec.consolidate:  # an input's rows as pushed (Plan.read_by_owner_stages)
             change = task_sql(spec.task_memory).consolidate(change, names)
         changes.append(change if change.num_rows else None)
-    return run_for_owner(spec, owner, changes)
+    return pa.table({ACTION: [run_for_owner(spec, owner, changes)]})
 
 
 def run_file_task(spec: OwnerTaskSpec, owner: int,
@@ -213,14 +214,14 @@ def run_file_task(spec: OwnerTaskSpec, owner: int,
         if change is not None and rows is not None and not change.consolidated:
             rows = task_sql(spec.task_memory).consolidate(rows, change.schema.fieldNames())
         changes.append(rows if rows is not None and rows.num_rows else None)
-    return str(run_for_owner(spec, owner, changes).column(ACTION)[0].as_py())
+    return run_for_owner(spec, owner, changes)
 
 
-def run_for_owner(spec: OwnerTaskSpec, owner: int, changes: Sequence[LocalDelta]) -> pa.Table:
+def run_for_owner(spec: OwnerTaskSpec, owner: int, changes: Sequence[LocalDelta]) -> str:
     """Owner ``owner``'s part of the stage, given its rows of each input's change: runs the
     operator's ``step_local`` over the owner's state and writes the output change as exchange
     files (split by the owners of ``spec.exchange_keys``, else one file). Returns the task's
-    record, one row in ``result_schema``: its staged actions and files."""
+    record (JSON): its staged actions and files."""
     db = TaskStateDb(spec.root, spec.tables, owner, spec.layout)
     op = task_operator(spec.node, spec.schemas, db, spec.state_name)
     ctx = StepContext(None, spec.step, sql=task_sql(spec.task_memory), layout=spec.layout,
@@ -244,7 +245,7 @@ def run_for_owner(spec: OwnerTaskSpec, owner: int, changes: Sequence[LocalDelta]
         "traces": {t.name: {**db.opened[t.name].record(), "rows_read": t.rows_read}
                    for t in op.state_traces()},
         "exchange": {str(w): paths for w, paths in handed.items()}}
-    return pa.table({ACTION: [json.dumps(action)]})
+    return json.dumps(action)
 
 
 def _fault_matches(fault: str, node: int, owner: int, attempt: int) -> bool:

@@ -102,14 +102,6 @@ class ScatterSpec:
     task_memory: str | None = None
 
 
-def scatter_task(spec: ScatterSpec, index: int) -> str:
-    """Task ``index`` of ``spec.tasks``: reads its share of the pushed rows
-    (``share_of_rows``), applies the chain and writes the rows as exchange files by owner.
-    Returns one record (JSON): the files per owner and the rows, or ``fallback`` with the
-    reason."""
-    return json.dumps(_scatter(spec, index))
-
-
 def share_of_rows(files: DataFiles, paths: Sequence[str], index: int, tasks: int) -> pa.Table:
     """Task ``index`` of ``tasks``' share of the rows of the Parquet files ``paths``: the rows
     ``[n * index / tasks, n * (index + 1) / tasks)`` of their ``n`` rows in file and row-group
@@ -153,16 +145,20 @@ def chain_rows(spec: ScatterSpec, index: int, tasks: int) -> LocalDelta:
     return current
 
 
-def _scatter(spec: ScatterSpec, index: int) -> dict[str, Any]:
+def scatter_task(spec: ScatterSpec, index: int) -> str:
+    """Task ``index`` of ``spec.tasks``: reads its share of the pushed rows
+    (``share_of_rows``), applies the chain and writes the rows as exchange files by owner.
+    Returns one record (JSON): the files per owner and the rows, or ``fallback`` with the
+    reason."""
     try:
         current = chain_rows(spec, index, spec.tasks)
     except NeedsSpark as e:
-        return {"index": index, FALLBACK: str(e)}
+        return json.dumps({"index": index, FALLBACK: str(e)})
     end = spec.chain[-1].id if spec.chain else spec.input.id
     handed = {} if current is None else exchange.write_by_owner(
         current, spec.schemas[end], spec.keys, spec.layout, spec.folder)
-    return {"index": index, "rows": 0 if current is None else current.num_rows,
-            "exchange": {str(w): paths for w, paths in handed.items()}}
+    return json.dumps({"index": index, "rows": 0 if current is None else current.num_rows,
+                       "exchange": {str(w): paths for w, paths in handed.items()}})
 
 
 @dataclass(frozen=True)
