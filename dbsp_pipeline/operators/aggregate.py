@@ -5,8 +5,11 @@ count), and for each aggregate its partials (``_c<i>`` non-NULL count, ``_s<i>``
 current value. ``count``, ``sum`` and ``avg`` are linear: a step adds the change's partials to the
 old ones. ``min``/``max`` are not invertible, so each keeps a second trace, the multiset of
 (group, value) it has seen; a step takes ``least(old, smallest inserted)`` unless the change
-deletes a value at or beyond the old extreme, and only for those groups it re-reads the group's
-values from the multiset trace (the files of the touched shards only).
+deletes a value at or beyond the old extreme, and only for those groups it re-reads values from
+the multiset trace: on the driver and in owner tasks, a few of the group's most extreme values
+a file (``Trace.lookup_extreme_rows``: the trace's keyed runs are sorted by value within a group,
+for every value type Arrow ranks as DuckDB's ``min``/``max`` do), deeper only past values that
+later files deleted; else all the group's values (the files of the touched shards only).
 
 Sums over floating-point values (``sum``/``avg`` of DOUBLE, FLOAT, or integers averaged as
 doubles) keep ``_s<i>`` exactly (:mod:`dbsp_pipeline.exact_sum`: the exact finite sum plus NaN and
@@ -32,13 +35,19 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
     DataType,
+    DateType,
     DecimalType,
     DoubleType,
     LongType,
+    NumericType,
     StringType,
     StructField,
     StructType,
+    TimestampNTZType,
+    TimestampType,
 )
 
 from dbsp_pipeline.driver import sql as local_sql
@@ -95,9 +104,12 @@ class Aggregate(Operator):
         self.values: dict[int, Trace] = {}
         for a in self.aggs:
             if a["fn"] in ("min", "max"):
+                value_type = input_schema[a["arg"]].dataType
                 vschema = StructType([input_schema[k] for k in self.keys]
-                                     + [StructField("_v", input_schema[a["arg"]].dataType)])
-                self.values[a["i"]] = Trace(db, f"{name}_values{a['i']}", vschema, self.keys)
+                                     + [StructField("_v", value_type)])
+                self.values[a["i"]] = Trace(
+                    db, f"{name}_values{a['i']}", vschema, self.keys,
+                    order_by="_v" if _ordered_like_duckdb(value_type) else None)
 
     # ------------------------------------------------------------------------------------
     def step(self, ctx: StepContext, changes: Sequence[Delta]) -> Delta:
@@ -539,8 +551,10 @@ class Aggregate(Operator):
         redo = g.filter(g.column(f"_redo{i}"))  # (a NULL flag selects nothing)
         if redo.num_rows == 0:
             return g
-        values = self.values[i].lookup_arrow(ctx.local, redo)
+        trace = self.values[i]
         best = "min" if a["fn"] == "min" else "max"
+        values = (trace.lookup_extreme_rows(ctx.local, redo, largest=best == "max")
+                  if trace.runs.order_by else trace.lookup_arrow(ctx.local, redo))
         limit = local_sql.FAST_PATH_ROWS
         if (values.num_rows <= limit and g.num_rows <= limit and self.keys
                 and arrow_groups_like_duckdb(values, [*self.keys, "_v"])
@@ -605,6 +619,17 @@ class Aggregate(Operator):
 
     def traces(self) -> list[Trace]:
         return [self.groups, *self.values.values()]
+
+
+def _ordered_like_duckdb(value_type: DataType) -> bool:
+    """Whether Arrow sorts values of ``value_type`` as DuckDB's ``min``/``max`` rank them (so a
+    values trace may be read by its extremes, ``Trace.lookup_extreme_rows``): numbers (NaN above
+    every number in both), strings of the binary collation and binaries (byte order), booleans,
+    decimals, dates and timestamps; not nested types."""
+    if isinstance(value_type, StringType):
+        return getattr(value_type, "collation", "UTF8_BINARY") == "UTF8_BINARY"
+    return isinstance(value_type, (NumericType, BinaryType, BooleanType, DateType,
+                                   TimestampType, TimestampNTZType))
 
 
 def _fold_exact_spark(g: DataFrame, specs: Sequence[FoldSpec]) -> DataFrame:

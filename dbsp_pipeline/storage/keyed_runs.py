@@ -1,7 +1,7 @@
 """Keyed runs: a local, memory-mapped copy of a trace's big data files, sorted by key hash, so a
 lookup of K keys costs about K x log(rows) plus the rows it finds, not a scan.
 
-A trace's Delta data files (``trace.py``) are Parquet, sorted by ``(_shard, key)``, and a reader
+A trace's Delta data files (``trace.py``) are Parquet, sorted by ``_shard``, and a reader
 can skip only whole files and row groups by their ``_shard`` range: a change touching more than a
 few hundred keys of a big trace reads nearly all of it. Each big data file therefore gets a
 *run*: the same rows, plus their key's full 64-bit hash (``_hash``, Spark's ``xxhash64`` as an
@@ -9,6 +9,14 @@ unsigned number, whose top bits are the ``_shard``), sorted by it, in an uncompr
 file on local disk. A lookup memory-maps the run, finds each wanted hash by binary search
 (``numpy.searchsorted`` touches about log(rows) pages) and takes the rows in the ranges found;
 only those pages are read from disk.
+
+Ordered runs, for min/max. The runs of a trace of (group, value) rows (``order_by``: a min/max
+aggregate's values) are sorted by the value too within each hash, in Arrow's order (NaN above
+every number, ``-0.0`` equal to ``0.0``: DuckDB's, which decides min/max). ``lookup_ends`` then
+takes only the ``count`` largest (or smallest) rows of each wanted hash and marks the last row
+taken of a hash that has more (``_cut``): every row of that hash beyond the cut's value was
+taken, so a group's live extreme is found from a few rows a file instead of all its values
+(``Trace.lookup_extreme_rows``).
 
 Never a second source of truth. A run is a pure function of one immutable data file: it is named
 by the data file's path (a hash of it) and, every time it is opened, checked against what it
@@ -27,8 +35,11 @@ hands the rows to one background thread per process (``_RunWriter``), which sort
 fails by, a run write (its errors are logged). Until the run is in place, a lookup in that
 file reads the data file (as for a small file) and gets the same rows; at most
 ``PENDING_WRITES`` runs wait, and a run given beyond that is built at its file's first
-lookup instead, as the run of a file Spark wrote is. ``flush`` waits until the runs handed
-over are written (tests, benchmarks, closing). The thread lives while it has work and is not a
+lookup instead, as the run of a file Spark wrote is. A file whose rows are not in hand (the
+pieces of a layout change, a file a lookup in a Spark task found without a run) gets its run
+built the same way from the data file (``build_later``: the thread reads the file; up to
+``PENDING_BUILDS`` wait, holding no rows). ``flush`` waits until the runs handed over are
+written (tests, benchmarks, closing). The thread lives while it has work and is not a
 daemon: a process that exits lets it finish the run in hand (a killed one leaves a temporary
 file that ``retain`` removes).
 
@@ -60,6 +71,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from dbsp_pipeline.storage.table_store import DataFile
 
@@ -71,14 +83,18 @@ MIN_ROWS = 16_384
 #: mean fewer searches per lookup)
 BATCH_ROWS = 1 << 20
 #: what a run is sorted by, recorded in its schema's metadata: a run of another format (an
-#: engine whose hash differs) is rebuilt
+#: engine whose hash differs) is rebuilt; an ordered run's adds ``;then:<column>``
 RUN_FORMAT = "1:xxhash64-spark-seed42"
+#: the column ``lookup_ends`` adds: the least extreme row taken of a hash with more rows
+CUT = "_cut"
 #: runs kept open (memory-mapped, one file descriptor each) per trace, least recently used out
 OPEN_RUNS = 32
 #: temporary files younger than this are another writer's run in progress, not crash leftovers
 TMP_GRACE_SECONDS = 3600.0
-#: runs handed to the background writer and not yet written, per process (each holds its rows)
+#: runs handed to the background writer with their rows and not yet written, per process
 PENDING_WRITES = 4
+#: runs the background writer is to build from their data files (holding no rows), per process
+PENDING_BUILDS = 256
 #: the top bits of a key hash that are its ``_shard`` (``zset.SHARD_BITS``)
 _SHARD_SHIFT = np.uint64(64 - 10)
 
@@ -95,15 +111,64 @@ class _OpenRun:
     batches: np.ndarray
     first: np.ndarray
     last: np.ndarray
+    #: the row of the run (counted over these batches) each batch starts at
+    offsets: np.ndarray
 
     @classmethod
     def of(cls, file: pa.ipc.RecordBatchFileReader) -> _OpenRun:
-        ends = [(b, column[0], column[-1]) for b, column in (
+        ends = [(b, column[0], column[-1], len(column)) for b, column in (
             (b, file.get_batch(b).column(HASH).to_numpy())
             for b in range(file.num_record_batches)) if len(column)]
+        lengths = np.array([e[3] for e in ends], dtype=np.int64)
         return cls(file, np.array([e[0] for e in ends], dtype=np.int64),
                    np.array([e[1] for e in ends], dtype=np.uint64),
-                   np.array([e[2] for e in ends], dtype=np.uint64))
+                   np.array([e[2] for e in ends], dtype=np.uint64),
+                   np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64))
+
+    def ranges(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Where each of ``hashes`` (sorted, unique) is: per hash found, its index in
+        ``hashes`` and its rows ``[lo, hi)`` in run rows (``offsets``). Only the batches whose
+        hash range holds a wanted hash are searched, each for those hashes only: about
+        K x log(rows) in all."""
+        # per hash: the first batch ending at or after it, and past the last starting at or
+        # before it (a hash's rows may straddle batches)
+        lo_batch = np.searchsorted(self.last, hashes, "left")
+        hi_batch = np.searchsorted(self.first, hashes, "right")
+        spans = np.maximum(hi_batch - lo_batch, 0)
+        total = int(spans.sum())
+        none = np.zeros(0, dtype=np.int64)
+        if total == 0:
+            return none, none, none
+        which = np.repeat(np.arange(len(hashes)), spans)
+        batch_of = np.repeat(lo_batch, spans) + (
+            np.arange(total) - np.repeat(np.cumsum(spans) - spans, spans))
+        order = np.argsort(batch_of, kind="stable")  # by batch; hashes stay ascending
+        batch_of, which = batch_of[order], which[order]
+        cuts = np.flatnonzero(np.diff(batch_of)) + 1
+        los, his = np.empty(total, dtype=np.int64), np.empty(total, dtype=np.int64)
+        for part, b in zip(np.split(np.arange(total), cuts),
+                           batch_of[np.concatenate(([0], cuts))]):
+            column = self.file.get_batch(int(self.batches[b])).column(HASH).to_numpy()
+            wanted = hashes[which[part]]
+            los[part] = np.searchsorted(column, wanted, "left") + self.offsets[b]
+            his[part] = np.searchsorted(column, wanted, "right") + self.offsets[b]
+        found = his > los
+        which, los, his = which[found], los[found], his[found]
+        # a hash's pieces in consecutive batches are one range of run rows
+        lo = np.full(len(hashes), np.iinfo(np.int64).max, dtype=np.int64)
+        hi = np.zeros(len(hashes), dtype=np.int64)
+        np.minimum.at(lo, which, los)
+        np.maximum.at(hi, which, his)
+        hit = np.flatnonzero(hi > 0)
+        return hit, lo[hit], hi[hit]
+
+    def take(self, rows: np.ndarray) -> pa.Table:
+        """The run's rows at ``rows`` (ascending run rows), with ``_hash``."""
+        batch = np.searchsorted(self.offsets, rows, "right") - 1
+        cuts = np.flatnonzero(np.diff(batch)) + 1
+        parts = [self.file.get_batch(int(self.batches[b])).take(pa.array(part - self.offsets[b]))
+                 for part, b in zip(np.split(rows, cuts), batch[np.concatenate(([0], cuts))])]
+        return pa.Table.from_batches(parts, parts[0].schema)
 
 
 class KeyedRuns:
@@ -112,11 +177,19 @@ class KeyedRuns:
     schema (``uint64``)."""
 
     def __init__(self, folder: str, schema: pa.Schema, key: Sequence[str],
-                 hash_of: Callable[[pa.Table], np.ndarray], *, build_on_miss: bool = True) -> None:
+                 hash_of: Callable[[pa.Table], np.ndarray], *, build_on_miss: bool = True,
+                 read_data_file: Callable[[DataFile], pa.Table] | None = None,
+                 order_by: str | None = None) -> None:
         self.folder = folder
+        #: the column a run's rows of one hash are sorted by, if any (``lookup_ends``)
+        self.order_by = order_by
+        self._format = RUN_FORMAT if order_by is None else f"{RUN_FORMAT};then:{order_by}"
         #: whether a lookup builds a missing run from its data file first; off in a Spark task
-        #: (``runtime/owner_exec.py``), which reads only its owner's rows of the file instead
+        #: (``runtime/owner_exec.py``), which reads the file's rows it needs instead and has the
+        #: run built in the background (``build_later``), so the next step finds it
         self.build_on_miss = build_on_miss
+        #: reads a data file whole for a run built in the background (no step's counters)
+        self._read_data_file = read_data_file
         self.schema = schema
         self.run_schema = schema.append(pa.field(HASH, pa.uint64(), False))
         self._key = ",".join(key)
@@ -133,8 +206,20 @@ class KeyedRuns:
         background if it is big enough to get one and has none yet. For the writer of a data
         file, which has its rows in hand: the run then costs no read. Returns at once; never
         raises for the run (see the module docstring)."""
-        if self.covers(data_file) and not os.path.exists(self._path(data_file)):
+        if self.covers(data_file) and not self.exists(data_file):
             _WRITER.submit(self, data_file, rows)
+
+    def build_later(self, data_file: DataFile,
+                    read_file: Callable[[DataFile], pa.Table] | None = None) -> bool:
+        """Have the run of ``data_file`` built in the background from the data file itself
+        (``read_file``, default the reader given at construction), if it is big enough to get
+        one and has none yet: for a writer without the rows in hand, and for a lookup that
+        found no run and must not build one on the step's path. Returns whether it was handed
+        over (not when it needs none, has one, waits already, or too many wait)."""
+        read = read_file or self._read_data_file
+        if read is None or not self.covers(data_file) or self.exists(data_file):
+            return False
+        return _WRITER.submit(self, data_file, read)
 
     def write_now(self, data_file: DataFile, rows: pa.Table) -> None:
         """Write the run of ``data_file`` from ``rows`` in this thread (the background writer's
@@ -159,14 +244,19 @@ class KeyedRuns:
         return self._path(data_file)
 
     def _metadata(self, data_file: DataFile) -> dict[bytes, bytes]:
-        return {b"dbsp.run_format": RUN_FORMAT.encode(), b"dbsp.key": self._key.encode(),
+        return {b"dbsp.run_format": self._format.encode(), b"dbsp.key": self._key.encode(),
                 b"dbsp.data_file": data_file.path.encode(),
                 b"dbsp.rows": str(data_file.rows).encode()}
 
     def _write(self, data_file: DataFile, rows: pa.Table) -> None:
         run = rows.select(self.schema.names).cast(self.schema)
         hashes = self._hash_of(run)  # of the values as the trace types them
-        order = np.argsort(hashes, kind="stable")
+        if self.order_by is None:
+            order = np.argsort(hashes, kind="stable")
+        else:  # Arrow's order of the values: NaN above every number, as DuckDB's min/max
+            order = pc.sort_indices(
+                pa.table({"h": hashes, "v": run.column(self.order_by)}),
+                sort_keys=[("h", "ascending"), ("v", "ascending")]).to_numpy()
         run = run.take(pa.array(order)).append_column(
             self.run_schema.field(HASH), pa.array(hashes[order], pa.uint64()))
         schema = self.run_schema.with_metadata(self._metadata(data_file))
@@ -186,6 +276,11 @@ class KeyedRuns:
                 os.remove(tmp)
 
     # -- reading ------------------------------------------------------------------------------
+    def exists(self, data_file: DataFile) -> bool:
+        """Whether a file is in place as the run of ``data_file`` (not checked: ``lookup``
+        checks it when it opens it)."""
+        return os.path.exists(self._path(data_file))
+
     def covers(self, data_file: DataFile) -> bool:
         """Whether lookups in ``data_file`` go through its run (it is big enough to have one)."""
         return data_file.rows >= MIN_ROWS
@@ -198,47 +293,57 @@ class KeyedRuns:
         usable run (a local disk that cannot hold one), while the background writer has its
         run in hand, or with no run in place and ``build_on_miss`` off, ``None``: the caller
         reads the data file."""
+        reader = self._usable(data_file, read_file)
+        if reader is None:
+            return None
+        _, lo, hi = reader.ranges(hashes)
+        count = hi - lo
+        total = int(count.sum())
+        if total == 0:
+            return self.schema.empty_table()
+        rows = np.repeat(lo - (np.cumsum(count) - count), count) + np.arange(total)
+        return reader.take(rows).drop_columns([HASH])
+
+    def lookup_ends(self, data_file: DataFile, hashes: np.ndarray, count: int, largest: bool,
+                    read_file: Callable[[DataFile], pa.Table]) -> pa.Table | None:
+        """For a run ordered by ``order_by``: per hash of ``hashes`` (sorted, unique
+        ``uint64``), the ``count`` rows of ``data_file`` of that hash with the largest
+        (``largest``) or smallest ``order_by`` values, with their ``_hash`` and ``_cut``: True
+        on the least extreme row taken of a hash that has more than ``count`` rows (so every row
+        of that hash whose value is strictly beyond the cut row's was taken; ties with it may
+        not all be). None as for ``lookup``."""
+        if self.order_by is None or count < 1:
+            raise ValueError("lookup_ends needs a run ordered by a column and a count")
+        reader = self._usable(data_file, read_file)
+        if reader is None:
+            return None
+        _, lo, hi = reader.ranges(hashes)
+        first = np.maximum(lo, hi - count) if largest else lo
+        last = hi if largest else np.minimum(hi, lo + count)
+        taken = last - first
+        total = int(taken.sum())
+        cut_schema = self.run_schema.append(pa.field(CUT, pa.bool_(), False))
+        if total == 0:
+            return cut_schema.empty_table()
+        rows = np.repeat(first - (np.cumsum(taken) - taken), taken) + np.arange(total)
+        cut = np.zeros(total, dtype=bool)
+        more = np.flatnonzero(hi - lo > count)  # the least extreme row taken of each
+        ends = np.cumsum(taken)
+        cut[(ends - taken)[more] if largest else ends[more] - 1] = True
+        return reader.take(rows).append_column(cut_schema.field(CUT), pa.array(cut))
+
+    def _usable(self, data_file: DataFile,
+                read_file: Callable[[DataFile], pa.Table]) -> _OpenRun | None:
+        """The open run of ``data_file`` for a lookup, or None when the caller is to read the
+        data file (the run is being written, is missing and not built here, or unusable)."""
         if data_file.path not in self._open and self.pending(data_file):
             return None  # its run is being written: read the data file meanwhile
         try:
-            reader = self._reader(data_file, read_file)
-            if reader is None:
-                return None  # no run and none built here: the caller reads the data file
+            return self._reader(data_file, read_file)  # None: missing and not built here
         except OSError as e:
             log.warning("keyed run of %s unusable in %s (%s): reading the data file",
                         data_file.path, self.folder, e)
             return None
-        # Only the batches whose hash range holds a wanted hash, each searched for those
-        # hashes only: about K x log(rows) in all, not K x log(batch rows) per batch.
-        # per hash: the first batch ending at or after it, and past the last starting at or
-        # before it
-        lo_batch = np.searchsorted(reader.last, hashes, "left")
-        hi_batch = np.searchsorted(reader.first, hashes, "right")
-        spans = np.maximum(hi_batch - lo_batch, 0)  # a hash's rows may straddle batches
-        total_spans = int(spans.sum())
-        if total_spans == 0:
-            return self.schema.empty_table()
-        batch_of = np.repeat(lo_batch, spans) + (
-            np.arange(total_spans) - np.repeat(np.cumsum(spans) - spans, spans))
-        order = np.argsort(batch_of, kind="stable")  # by batch; hashes stay ascending
-        batch_of, wanted = batch_of[order], np.repeat(hashes, spans)[order]
-        cuts = np.flatnonzero(np.diff(batch_of)) + 1
-        parts: list[pa.RecordBatch] = []
-        for batch_hashes, b in zip(np.split(wanted, cuts),
-                                   batch_of[np.concatenate(([0], cuts))]):
-            batch = reader.file.get_batch(int(reader.batches[b]))
-            column = batch.column(HASH).to_numpy()
-            lo = np.searchsorted(column, batch_hashes, "left")
-            hi = np.searchsorted(column, batch_hashes, "right")
-            found = hi - lo
-            count = int(found.sum())
-            if count == 0:
-                continue
-            starts = np.repeat(lo - (np.cumsum(found) - found), found)
-            parts.append(batch.take(pa.array(starts + np.arange(count))))
-        if not parts:
-            return self.schema.empty_table()
-        return pa.Table.from_batches(parts, self.run_schema).drop_columns([HASH])
 
     def _reader(self, data_file: DataFile,
                 read_file: Callable[[DataFile], pa.Table]) -> _OpenRun | None:
@@ -248,6 +353,7 @@ class KeyedRuns:
             return opened
         reader = self._checked(data_file)
         if reader is None and not self.build_on_miss:
+            self.build_later(data_file)  # for the next lookups; this one reads the file
             return None
         if reader is None:
             self._write(data_file, read_file(data_file))
@@ -321,27 +427,35 @@ class _RunWriter:
     def __init__(self) -> None:
         self._lock = threading.Condition()
         #: by the run's path
-        self._jobs: OrderedDict[str, tuple[KeyedRuns, DataFile, pa.Table]] = OrderedDict()
+        self._jobs: OrderedDict[str, tuple[KeyedRuns, DataFile,
+                                           pa.Table | Callable[[DataFile], pa.Table]]] = \
+            OrderedDict()
         self._thread: threading.Thread | None = None
         #: runs dropped because too many waited (for tests and figures)
         self.dropped = 0
         #: while positive, the thread writes nothing (``held_writes``)
         self.held = 0
 
-    def submit(self, runs: KeyedRuns, data_file: DataFile, rows: pa.Table) -> None:
+    def submit(self, runs: KeyedRuns, data_file: DataFile,
+               rows: pa.Table | Callable[[DataFile], pa.Table]) -> bool:
+        """Queue the run of ``data_file`` from ``rows``, or from the data file read by ``rows``
+        when it is a reader; whether it was queued."""
         with self._lock:
             key = runs.run_path(data_file)
             if key in self._jobs:
-                return
-            if len(self._jobs) >= PENDING_WRITES:
+                return False
+            from_file = callable(rows)
+            waiting = sum(callable(job[2]) == from_file for job in self._jobs.values())
+            if waiting >= (PENDING_BUILDS if from_file else PENDING_WRITES):
                 self.dropped += 1
                 log.info("keyed run of %s left to its first lookup: %d runs wait",
-                         data_file.path, len(self._jobs))
-                return
+                         data_file.path, waiting)
+                return False
             self._jobs[key] = (runs, data_file, rows)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="keyed-run-writer")
                 self._thread.start()
+            return True
 
     def pending(self, run_path: str) -> bool:
         with self._lock:
@@ -376,7 +490,12 @@ class _RunWriter:
                     return
                 key, (runs, data_file, rows) = next(iter(self._jobs.items()))
             try:
-                runs.write_now(data_file, rows)
+                if not callable(rows):
+                    runs.write_now(data_file, rows)
+                elif not runs.exists(data_file):  # else built meanwhile (a lookup, a process)
+                    runs.write_now(data_file, rows(data_file))
+            except FileNotFoundError:  # the data file left the trace and was collected
+                log.info("keyed run of %s not built: the data file is gone", data_file.path)
             except Exception:  # a cache: never let a run stop the engine
                 log.exception("keyed run of %s not written to %s", data_file.path, runs.folder)
             with self._lock:

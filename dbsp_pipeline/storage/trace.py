@@ -5,7 +5,8 @@ the operator's key, see ``dbsp_pipeline.zset``). The trace's value is the sum of
 it is not necessarily consolidated (each step appends its consolidated change as new files, like
 a batch in a spine), and ``compact`` merges files in the background of the step path.
 
-Files are sorted by ``(_shard, key)`` and carry min/max statistics, so a reader that only needs
+Files are sorted by ``_shard`` (Spark's writers sort by key within a shard too) and carry min/max
+statistics, so a reader that only needs
 some keys can skip files (``files_for_shards``), and a layout change (which moves whole shards
 between workers) rewrites only the files whose shard range crosses an owner boundary. A lookup by
 key (``lookup_arrow``) reads a big file through its keyed run (``keyed_runs.py``: a local,
@@ -48,7 +49,7 @@ from dbsp_pipeline.driver.sql import (
 from dbsp_pipeline.storage.data_files import new_sorted_run, sorted_run_of
 from dbsp_pipeline.storage.delta_table import DataFile
 from dbsp_pipeline.storage.kept_rows import KeptRows
-from dbsp_pipeline.storage.keyed_runs import KeyedRuns
+from dbsp_pipeline.storage.keyed_runs import CUT, HASH, KeyedRuns
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.zset import SHARD, WEIGHT, consolidate, shard_of
 
@@ -103,20 +104,33 @@ def _shard_chunks(rows: pa.Table, min_rows: int = SPLIT_FILE_ROWS) -> list[pa.Ta
     return pieces
 
 
+def _by_shard(rows: pa.Table) -> pa.Table:
+    """``rows`` ordered by ``_shard`` (stable: a shard's rows keep their order). All a file
+    written on the driver needs: its row groups' ``_shard`` ranges are narrow, a shard block is
+    contiguous (``_shard_chunks``), so each key is in one piece, and a lookup by key reads the
+    file's keyed run, sorted by the key's hash. Sorting by ``(_shard, key)`` instead cost 50 ms
+    for 475k rows (a 1M-change step's append on one of two owners), this 1 ms."""
+    if rows.num_rows < 2:
+        return rows
+    return rows.take(pc.sort_indices(rows.column(SHARD)))
+
+
 def _small_keyed(table: pa.Table, key: Sequence[str]) -> bool:
     """Whether pyarrow may match ``table``'s rows on ``key`` in place of a DuckDB query (the
     driver's fast path, ``driver/sql.py``)."""
     return table.num_rows <= local_sql.FAST_PATH_ROWS and arrow_groups_like_duckdb(table, key)
 
 
-def _null_safe_semi_join(rows: pa.Table, keys: pa.Table, key: Sequence[str]) -> pa.Table:
-    """The rows of ``rows`` whose ``key`` equals a row of ``keys`` (NULL equals NULL)."""
+def _null_safe_semi_join(rows: pa.Table, keys: pa.Table, key: Sequence[str],
+                         negate: bool = False) -> pa.Table:
+    """The rows of ``rows`` whose ``key`` equals a row of ``keys`` (NULL equals NULL); with
+    ``negate``, those whose ``key`` equals none."""
     row_ids, key_ids = null_safe_ids(rows, keys, key)
     ids = [f"_id{j}" for j in range(len(key))]
     left = pa.table({**dict(zip(ids, row_ids)),
                      "_row": np.arange(rows.num_rows, dtype=np.int64)})
-    hits = left.join(pa.table(dict(zip(ids, key_ids))), keys=ids, join_type="left semi",
-                     use_threads=False)
+    hits = left.join(pa.table(dict(zip(ids, key_ids))), keys=ids,
+                     join_type="left anti" if negate else "left semi", use_threads=False)
     found = hits.column("_row")
     return rows.take(pc.take(found, pc.sort_indices(found)))
 
@@ -127,6 +141,12 @@ def _null_safe_semi_join(rows: pa.Table, keys: pa.Table, key: Sequence[str]) -> 
 #: Parquet file. Data files are immutable: the kept rows are the file's content for as long as
 #: the file is part of the trace (a lookup only reads the trace's current files).
 RECENT_FILE_ROWS = 65_536
+
+#: rows a min/max re-read takes per group from each big file at first
+#: (``Trace.lookup_extreme_rows``); a group whose rows taken hold no live value is read again
+#: with ``EXTREME_GROWTH`` times as many
+EXTREME_ROWS = 8
+EXTREME_GROWTH = 8
 
 #: Compact a trace once it has more sorted runs than this (size-tiered merge of the smallest).
 COMPACT_FILE_THRESHOLD = 16
@@ -140,10 +160,12 @@ DRIVER_MERGE_ROWS = 2_000_000
 
 
 class Trace:
-    """The trace ``name`` of one operator: payload ``schema`` keyed (sharded) by ``key``."""
+    """The trace ``name`` of one operator: payload ``schema`` keyed (sharded) by ``key``; with
+    ``order_by`` (a payload column), its keyed runs are sorted by that column within a key, for
+    ``lookup_extreme_rows`` (a min/max aggregate's values)."""
 
     def __init__(self, db: StateDatabase, name: str, schema: StructType,
-                 key: Sequence[str]) -> None:
+                 key: Sequence[str], order_by: str | None = None) -> None:
         self.name = name
         self.key = list(key)
         self.payload = [f.name for f in schema.fields]
@@ -154,7 +176,9 @@ class Trace:
         self._files: list[DataFile] | None = None
         #: the keyed runs of the trace's big files, for lookups by key
         self.runs = KeyedRuns(root_layout.keyed_runs(db.root, name), self.table.arrow_schema,
-                              self.key, self._key_hashes)
+                              self.key, self._key_hashes,
+                              read_data_file=lambda f: self.table.read_arrow([f]),
+                              order_by=order_by)
         #: the rows of small files written by ``append_arrow`` or an applied driver merge, by
         #: path (``RECENT_FILE_ROWS``)
         self._recent = KeptRows()
@@ -239,8 +263,7 @@ class Trace:
         change = sql.consolidate(delta, self.payload)
         if change.num_rows == 0:
             return None
-        change = self._with_shard(change)
-        change = change.sort_by([(SHARD, "ascending"), *[(k, "ascending") for k in self.key]])
+        change = _by_shard(self._with_shard(change))
         before = self.files()
         adds = self.table.write_arrow(change)
         self.table.stage(adds)
@@ -283,21 +306,8 @@ class Trace:
         are read from it. The rows read (before the exact key match) count in ``rows_read``."""
         if keys.num_rows == 0:
             return self.table.arrow_schema.empty_table()
-        if len(self.key) == 1:
-            wanted_keys = pa.table({self.key[0]: pc.unique(keys.column(self.key[0]))})
-        elif self.key and _small_keyed(keys, self.key):
-            wanted_keys = keys.select(self.key).group_by(self.key, use_threads=False).aggregate(
-                [])
-        elif self.key:
-            wanted_keys = sql.query(f"SELECT DISTINCT {idents(self.key)} FROM k",
-                                    k=keys.select(self.key))
-        else:
-            wanted_keys = keys.slice(0, 1).select([])
-        wanted_keys = self._cast(wanted_keys, self.key)
-        shards = pc.unique(hashing.shard_arrow(wanted_keys, self.key)).to_pylist()
-        candidates = self.files() if files is None else list(files)
-        hit = set(self.files_for_shards(shards))
-        candidates = [f for f in candidates if f in hit]
+        wanted_keys = self._wanted(sql, keys)
+        shards, candidates = self._candidates(wanted_keys, files)
         if not candidates:
             return self.table.arrow_schema.empty_table()
         parts, unread = [], [f for f in candidates if not self.runs.covers(f)]
@@ -310,30 +320,156 @@ class Trace:
                         unread.append(f)
                     else:
                         parts.append(found)
+        parts += self._read_shards(unread, shards)
+        rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        self.rows_read += rows.num_rows  # the rows of small files and of the runs' hash ranges
+        return self._matching(sql, rows, wanted_keys)
+
+    def lookup_extreme_rows(self, sql: LocalSQL, keys: pa.Table, largest: bool) -> pa.Table:
+        """For a trace ordered by a value (``order_by``: a min/max aggregate's (group, value)
+        multiset): rows of the keys in ``keys`` from which each key's live largest
+        (``largest``) or smallest value follows. For each key, every row of it (from every
+        file) whose value is strictly beyond some cut, and among them the key's live extreme:
+        the extreme value whose weights sum above zero over these rows is the one over all the
+        key's rows, and a key with no live value at all gets none.
+
+        Reads about ``EXTREME_ROWS`` rows per key from each big file (``KeyedRuns.lookup_ends``)
+        and small files whole, as ``lookup_arrow`` does; a key whose rows taken hold no live
+        value (its extremes deleted by later files, not yet merged away) is read again with
+        ``EXTREME_GROWTH`` times as many, until a live value or all its rows are in hand. So a
+        min/max re-read costs about the rows deleted beyond the new extreme, not the group's
+        size. The rows read count in ``rows_read``."""
+        if self.runs.order_by is None:
+            raise ValueError(f"trace {self.name} is not ordered by a value")
+        empty = self.table.arrow_schema.empty_table()
+        if keys.num_rows == 0:
+            return empty
+        wanted = self._wanted(sql, keys)
+        count, found = EXTREME_ROWS, []
+        while wanted.num_rows:
+            rows, cut = self._beyond_cuts(sql, wanted, count, largest)
+            if cut.size == 0:
+                found.append(rows)
+                break
+            # keys with a cut whose rows taken hold no live value: read again, deeper
+            live = sql.consolidate(rows, self.payload)
+            live = live.filter(pc.greater(live.column(WEIGHT), 0))
+            again = self._matching(sql, wanted, live.select(self.key), negate=True)
+            again = again.filter(pa.array(np.isin(self._key_hashes(again), cut)))
+            found.append(self._matching(sql, rows, again, negate=True) if again.num_rows
+                         else rows)
+            wanted, count = again, count * EXTREME_GROWTH
+        found = [t for t in found if t.num_rows]
+        return pa.concat_tables(found) if len(found) > 1 else (found[0] if found else empty)
+
+    def _beyond_cuts(self, sql: LocalSQL, wanted_keys: pa.Table, count: int,
+                     largest: bool) -> tuple[pa.Table, np.ndarray]:
+        """One round of ``lookup_extreme_rows``: the rows of ``wanted_keys`` (distinct, in the
+        key types) strictly beyond every cut of their hash, and the hashes cut (uint64)."""
+        shards, candidates = self._candidates(wanted_keys, None)
+        if not candidates:
+            return self.table.arrow_schema.empty_table(), np.zeros(0, dtype=np.uint64)
+        hashes = np.unique(self._key_hashes(wanted_keys))
+        parts, unread = [], [f for f in candidates if not self.runs.covers(f)]
+        for f in candidates:
+            if self.runs.covers(f):
+                found = self.runs.lookup_ends(f, hashes, count, largest,
+                                              self._read_to_build_run)
+                if found is None:  # no usable run: read the file as a small one
+                    unread.append(f)
+                else:
+                    parts.append(found)
+        for rows in self._read_shards(unread, shards):  # every row of these: none cut
+            parts.append(rows.append_column(self.runs.run_schema.field(HASH),
+                                            pa.array(self._key_hashes(rows), pa.uint64()))
+                         .append_column(pa.field(CUT, pa.bool_(), False),
+                                        pa.array(np.zeros(rows.num_rows, dtype=bool))))
+        rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        self.rows_read += rows.num_rows
+        if rows.num_rows == 0:
+            return rows.drop_columns([HASH, CUT]), np.zeros(0, dtype=np.uint64)
+        # In Arrow's order of (hash, value), a cut row after the rows of its value (largest)
+        # or before them (smallest): the rows kept are those past the hash's last cut row
+        # (before its first), whose values are strictly beyond every cut of the hash.
+        order = pc.sort_indices(rows, sort_keys=[
+            (HASH, "ascending"), (self.runs.order_by, "ascending"),
+            (CUT, "ascending" if largest else "descending")]).to_numpy()
+        rows = rows.take(pa.array(order))
+        h = rows.column(HASH).to_numpy()
+        is_cut = rows.column(CUT).to_numpy(zero_copy_only=False)
+        group = np.concatenate(([0], np.cumsum(h[1:] != h[:-1])))
+        position = np.arange(rows.num_rows)
+        if largest:
+            bound = np.full(group[-1] + 1, -1)
+            np.maximum.at(bound, group[is_cut], position[is_cut])
+            keep = position > bound[group]
+        else:
+            bound = np.full(group[-1] + 1, rows.num_rows)
+            np.minimum.at(bound, group[is_cut], position[is_cut])
+            keep = position < bound[group]
+        cut = np.unique(h[is_cut])
+        rows = rows.filter(pa.array(keep)).drop_columns([HASH, CUT])
+        return self._matching(sql, rows, wanted_keys), cut
+
+    def _wanted(self, sql: LocalSQL, keys: pa.Table) -> pa.Table:
+        """The distinct keys of ``keys`` (a table holding the key columns), in the key types."""
+        if len(self.key) == 1:
+            wanted_keys = pa.table({self.key[0]: pc.unique(keys.column(self.key[0]))})
+        elif self.key and _small_keyed(keys, self.key):
+            wanted_keys = keys.select(self.key).group_by(self.key, use_threads=False).aggregate(
+                [])
+        elif self.key:
+            wanted_keys = sql.query(f"SELECT DISTINCT {idents(self.key)} FROM k",
+                                    k=keys.select(self.key))
+        else:
+            wanted_keys = keys.slice(0, 1).select([])
+        return self._cast(wanted_keys, self.key)
+
+    def _candidates(self, wanted_keys: pa.Table, files: Sequence[DataFile] | None
+                    ) -> tuple[list[int], list[DataFile]]:
+        """The shards of ``wanted_keys`` and the files of ``files`` (default: all) whose
+        ``_shard`` range holds one."""
+        shards = pc.unique(hashing.shard_arrow(wanted_keys, self.key)).to_pylist()
+        candidates = self.files() if files is None else list(files)
+        hit = set(self.files_for_shards(shards))
+        return shards, [f for f in candidates if f in hit]
+
+    def _read_shards(self, files: Sequence[DataFile], shards: list[int]) -> list[pa.Table]:
+        """The rows of ``files`` in ``shards``: from the rows kept of a file this process
+        wrote, else from the row groups whose ``_shard`` range holds one."""
+        if not files:
+            return []
+        parts = []
+        found = [(f, self._recent.get(f.path)) for f in files]
+        kept = [t for _, t in found if t is not None]
+        if kept:  # one mask over them all (a filter by expression costs a plan per table)
+            recent = pa.concat_tables(kept) if len(kept) > 1 else kept[0]
+            wanted = pa.array(shards, recent.schema.field(SHARD).type)
+            parts.append(recent.filter(pc.is_in(recent.column(SHARD), value_set=wanted)))
+        unread = [f for f, t in found if t is None]
         if unread:
             field = pc.field(SHARD)
             where = (field >= min(shards)) & (field <= max(shards)) & field.isin(shards)
-            found = [(f, self._recent.get(f.path)) for f in unread]
-            kept = [t for _, t in found if t is not None]
-            if kept:  # one mask over them all (a filter by expression costs a plan per table)
-                recent = pa.concat_tables(kept) if len(kept) > 1 else kept[0]
-                wanted = pa.array(shards, recent.schema.field(SHARD).type)
-                parts.append(recent.filter(pc.is_in(recent.column(SHARD), value_set=wanted)))
-                unread = [f for f, t in found if t is None]
-            if unread:
-                parts.append(self.table.read_arrow(unread, where))
-        rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-        self.rows_read += rows.num_rows  # the rows of small files and of the runs' hash ranges
-        if rows.num_rows == 0 or not self.key:
+            parts.append(self.table.read_arrow(unread, where))
+        return parts
+
+    def _matching(self, sql: LocalSQL, rows: pa.Table, keys: pa.Table,
+                  negate: bool = False) -> pa.Table:
+        """The rows of ``rows`` whose key equals a row of ``keys`` (distinct, in the key types;
+        NULL equals NULL), or with ``negate`` those whose key equals none."""
+        if not self.key:  # every row has the one key there is
+            return rows if (keys.num_rows > 0) != negate else rows.slice(0, 0)
+        if rows.num_rows == 0:
             return rows
         if len(self.key) == 1:  # is_in matches NULL with NULL, as the lookup must
             key = self.key[0]
-            return rows.filter(pc.is_in(rows.column(key), value_set=wanted_keys.column(key),
-                                        skip_nulls=False))
-        if _small_keyed(rows, self.key) and _small_keyed(wanted_keys, self.key):
-            return _null_safe_semi_join(rows, wanted_keys, self.key)
-        return sql.query(f"SELECT r.* FROM r SEMI JOIN k ON {null_safe_on('r', 'k', self.key)}",
-                         r=rows, k=wanted_keys).cast(self.table.arrow_schema)
+            mask = pc.is_in(rows.column(key), value_set=keys.column(key), skip_nulls=False)
+            return rows.filter(pc.invert(mask) if negate else mask)
+        if _small_keyed(rows, self.key) and _small_keyed(keys, self.key):
+            return _null_safe_semi_join(rows, keys, self.key, negate)
+        join = "ANTI" if negate else "SEMI"
+        return sql.query(f"SELECT r.* FROM r {join} JOIN k ON {null_safe_on('r', 'k', self.key)}",
+                         r=rows, k=keys).cast(rows.schema)
 
     def _cast(self, table: pa.Table, columns: Sequence[str]) -> pa.Table:
         """``columns`` of ``table``, cast to this trace's types."""
@@ -414,8 +550,7 @@ class Trace:
             whole = (pa.concat_tables([t for t in kept if t is not None])
                      if all(t is not None for t in kept) else self.table.read_arrow(files))
             merged = sql.consolidate(whole, [*self.payload, SHARD])
-            merged = merged.sort_by([(SHARD, "ascending"), *[(k, "ascending") for k in self.key]])
-            merged = merged.select(self.table.arrow_schema.names)
+            merged = _by_shard(merged.select(self.table.arrow_schema.names))
             pieces = [merged]
             if layout is not None and layout.workers > 1 and merged.num_rows:
                 owner = self.owners(layout, merged)
@@ -494,7 +629,11 @@ class Trace:
             run = runs.setdefault(sorted_run_of(f.path), new_sorted_run())
             for w in np.unique(owner):
                 for chunk in _shard_chunks(rows.filter(pa.array(owner == w))):
-                    adds += self.table.write_arrow(chunk, run)
+                    for a in self.table.write_arrow(chunk, run):
+                        adds.append(a)
+                        # its run from the file (a layout change may split hundreds of
+                        # files: their rows are not kept until the writer gets to them)
+                        self.runs.build_later(self.table.data_file(a))
         return adds
 
     def moved_rows(self, files: Sequence[DataFile], old: OwnerLayout, new: OwnerLayout) -> int:

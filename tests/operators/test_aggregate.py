@@ -114,3 +114,79 @@ def test_join_weight_overflow_names_the_join(spark, tmp_path):
                                                   r"overflows 64 bits: 4611686014132420609 x "
                                                   r"2147483647"):
             p.step()
+
+
+def test_min_max_re_reads_through_ordered_runs_equal_a_recompute(spark, tmp_path, monkeypatch):
+    """Steps that delete groups' current extremes re-read only a few values a file
+    (``Trace.lookup_extreme_rows``), deeper where later files deleted the top ones: the views
+    equal min/max recomputed from scratch over the live rows (NaN above every number, NULLs
+    skipped, strings in byte order), and the re-reads read less than the values trace."""
+    import duckdb
+    import pyarrow as pa
+
+    from dbsp_pipeline.storage import keyed_runs
+    from dbsp_pipeline.storage import trace as trace_module
+
+    monkeypatch.setattr(keyed_runs, "MIN_ROWS", 64)  # most files get an ordered run
+    monkeypatch.setattr(trace_module, "EXTREME_ROWS", 1)
+    rounds: list[tuple[int, int]] = []  # (rows taken per file and key, hashes cut)
+    beyond = trace_module.Trace._beyond_cuts
+
+    def spy(self, sql, wanted, count, largest):
+        rows, cut = beyond(self, sql, wanted, count, largest)
+        rounds.append((count, len(cut)))
+        return rows, cut
+
+    monkeypatch.setattr(trace_module.Trace, "_beyond_cuts", spy)
+    c = Circuit("extremes")
+    t = c.input("t", "id BIGINT, g BIGINT, v DOUBLE, s STRING")
+    c.output("ext", t.group_by("g").agg(hi="max(v)", lo="min(v)", hs="max(s)", n="count(*)"))
+    rng = random.Random(5)
+    live: dict[int, tuple] = {}
+    values = [math.nan, math.inf, -math.inf, -1.5, 0.0, 3.0, 8.25, None]
+    words = ["", "a", "ab", "b", "z", "ä", None]
+
+    def row(i: int) -> tuple:
+        v = rng.choice(values) if rng.random() < 0.3 else float(rng.randint(-20, 20))
+        return (i, None if rng.random() < 0.05 else rng.randint(0, 30), v, rng.choice(words))
+
+    def rank(v: float | None) -> tuple:
+        return (v is not None, v is not None and math.isnan(v), v if v is not None else 0.0)
+
+    query = ("SELECT g, max(v) AS hi, min(v) AS lo, max(s) AS hs, count(*) AS n, 1 AS _weight "
+             "FROM t "
+             "GROUP BY g")
+    with Pipeline(c, str(tmp_path / "p"), spark) as p:
+        next_id = 0
+        for step in range(10):
+            inserts = [row(next_id + j) for j in range(2_000 if step == 0 else 60)]
+            next_id += len(inserts)
+            deletes = []
+            for g in rng.sample(range(31), 12) if step else []:
+                mine = [r for r in live.values() if r[1] == g]
+                if mine:  # the current largest and smallest value, and the largest string
+                    deletes += {max(mine, key=lambda r: rank(r[2]))[0]: 1,
+                                min(mine, key=lambda r: rank(r[2]))[0]: 1,
+                                max(mine, key=lambda r: (r[3] is not None,
+                                                         (r[3] or "").encode()))[0]: 1}
+            p.push("t", inserts)
+            p.push("t", [live.pop(i) for i in deletes], weight=-1)
+            live.update({r[0]: r for r in inserts})
+            p.step()
+            if step == 0:
+                keyed_runs.wait_for_writes()
+            table = pa.table({k: [r[j] for r in live.values()]
+                              for j, k in enumerate(["id", "g", "v", "s"])},
+                             schema=pa.schema([("id", pa.int64()), ("g", pa.int64()),
+                                               ("v", pa.float64()), ("s", pa.string())]))
+            con = duckdb.connect()
+            con.register("t", table)
+            expected = sorted(repr([(k, _bits(v)) for k, v in sorted(r.items())])
+                              for r in con.sql(query).to_arrow_table().to_pylist())
+            con.close()
+            assert _view(p, "ext") == expected, step
+        values_trace = next(t for t in p.engine.plan.state_traces() if "_values" in t.name)
+        assert values_trace.runs.order_by == "_v"
+        assert any(values_trace.runs.covers(f) for f in values_trace.files())
+    assert any(cut for _, cut in rounds)  # files had more rows of a key than were taken
+    assert any(count > 1 for count, _ in rounds)  # and some keys were read again, deeper

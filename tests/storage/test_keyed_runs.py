@@ -261,3 +261,44 @@ def test_runs_beyond_the_pending_bound_are_built_at_first_lookup(spark, tmp_path
     keys = _keys(rng, 50)
     assert sorted(last.lookup_arrow(sql, keys).to_pylist(), key=repr) == _scan(last, keys)
     assert last.runs.built == 1 and os.path.exists(last.runs.run_path(last.files()[0]))
+
+
+def test_a_lookup_that_may_not_build_a_run_has_it_built_in_the_background(big_trace):
+    """A Spark task's lookup (``build_on_miss`` off) in a big file without a run reads the data
+    file, and hands the run to the background writer, which builds it from the file: the next
+    lookup goes through the run, and no run was built on the lookup's path."""
+    trace, sql, rng, db = big_trace
+    task = Trace(db, "t", SCHEMA, ["c", "tag"])  # another process's view of the trace
+    big = max(task.files(), key=lambda f: f.rows)
+    os.remove(task.runs.run_path(big))
+    task.runs.build_on_miss = False
+    keys = _keys(rng, 100)
+    with keyed_runs.held_writes():
+        task.reset_rows_read()
+        assert sorted(task.lookup_arrow(sql, keys).to_pylist(), key=repr) == _scan(trace, keys)
+        from_file = task.rows_read  # the data file's row groups of the wanted shards
+        assert task.runs.pending(big) and not os.path.exists(task.runs.run_path(big))
+    keyed_runs.wait_for_writes()
+    assert os.path.exists(task.runs.run_path(big)) and task.runs.built == 0
+    task.reset_rows_read()
+    assert sorted(task.lookup_arrow(sql, keys).to_pylist(), key=repr) == _scan(trace, keys)
+    assert task.rows_read < from_file / 3  # through the run: the wanted keys' rows
+
+
+def test_the_files_a_layout_change_writes_get_runs(big_trace):
+    """``split_by_owner`` writes files it holds no rows of afterwards: their runs are built
+    from the files in the background, so the steps after a rescale look up through runs."""
+    from dbsp_pipeline.runtime.layout import Layout
+
+    trace, sql, rng, db = big_trace
+    files = trace.files()
+    adds = trace.split_by_owner(files, Layout.initial(2))
+    trace.swap_files(files, adds)
+    keyed_runs.wait_for_writes()
+    big = [f for f in trace.files() if trace.runs.covers(f)]
+    assert big and all(os.path.exists(trace.runs.run_path(f)) for f in big)
+    keys = _keys(rng, 100)
+    trace.reset_rows_read()
+    got = trace.lookup_arrow(sql, keys)
+    assert trace.rows_read < ROWS // 5 and trace.runs.built == 0  # through the runs
+    assert sorted(got.to_pylist(), key=repr) == _scan(trace, keys)

@@ -1,0 +1,137 @@
+"""``Trace.lookup_extreme_rows``: a min/max re-read takes a few rows a file through ordered
+keyed runs, and the live extreme of every key over them is its live extreme over all its rows,
+whatever the files (runs, small files, runs not written yet), the deletes of top values by
+later files, NULL keys and NaN values, and hash collisions."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
+
+from dbsp_pipeline.driver import hashing
+from dbsp_pipeline.driver.sql import LocalSQL
+from dbsp_pipeline.storage import keyed_runs
+from dbsp_pipeline.storage import trace as trace_module
+from dbsp_pipeline.storage.state_db import StateDatabase
+from dbsp_pipeline.storage.trace import Trace
+
+VALUES = [-math.inf, -3.5, 0.0, 1.0, 2.5, 7.0, 100.0, math.inf, math.nan]
+
+
+def _extremes(sql: LocalSQL, rows: pa.Table, keys: pa.Table, key: list[str],
+              largest: bool) -> list[tuple]:
+    """The oracle's rule: per key of ``keys``, the max (min) of the values whose weights sum
+    above zero in ``rows``, as DuckDB ranks them (NaN above every number)."""
+    best = "max" if largest else "min"
+    on = " AND ".join(f'r."{k}" IS NOT DISTINCT FROM k."{k}"' for k in key)
+    cols = ", ".join(f'"{k}"' for k in key)
+    found = sql.query(
+        f"WITH live AS (SELECT {cols}, _v FROM r GROUP BY {cols}, _v HAVING sum(_weight) > 0)"
+        f" SELECT {cols}, {best}(_v) AS e FROM (SELECT r.* FROM live r SEMI JOIN k ON {on})"
+        f" GROUP BY {cols}", r=rows, k=keys)
+    return sorted(repr(r) for r in found.to_pylist())
+
+
+def _batch(rng: np.random.Generator, n: int, groups: int, live: dict) -> pa.Table:
+    """``n`` changes: inserts of random values, and deletes of the live largest and smallest
+    values of random groups (the extremes a re-read must look past)."""
+    g, v, w = [], [], []
+    for _ in range(n):
+        group = None if rng.random() < 0.05 else int(rng.integers(0, groups))
+        present = [x for x, c in live.get(group, {}).items() if c > 0]
+        if present and rng.random() < 0.4:
+            value = max(present, key=lambda x: (math.isnan(x), x)) if rng.random() < 0.7 \
+                else min(present, key=lambda x: (math.isnan(x), x))
+            g.append(group), v.append(value), w.append(-1)
+            live[group][value] -= 1
+        else:
+            value = VALUES[int(rng.integers(0, len(VALUES)))] if rng.random() < 0.3 \
+                else float(rng.integers(-50, 50))
+            g.append(group), v.append(value), w.append(1)
+            live.setdefault(group, {}).setdefault(value, 0)
+            live[group][value] += 1
+    return pa.table({"g": pa.array(g, pa.int64()), "_v": pa.array(v, pa.float64()),
+                     "_weight": pa.array(w, pa.int64())})
+
+
+@pytest.mark.parametrize("collide", [False, True], ids=["hashes", "colliding-hashes"])
+@pytest.mark.parametrize("largest", [True, False], ids=["max", "min"])
+def test_extreme_rows_decide_every_keys_live_extreme(spark, tmp_path, monkeypatch, largest,
+                                                      collide):
+    if collide:  # keep the shard bits only: many groups share a hash, as in a collision
+        mask = np.uint64(0xFFC0000000000000)
+        monkeypatch.setattr(Trace, "_key_hashes", lambda self, rows: hashing.xxhash64_arrow(
+            rows, self.key).astype(np.uint64) & mask)
+    monkeypatch.setattr(keyed_runs, "MIN_ROWS", 300)  # most appends get a run
+    monkeypatch.setattr(trace_module, "EXTREME_ROWS", 2)
+    db = StateDatabase(spark, str(tmp_path), "fp")
+    db.open()
+    sql, rng, live = LocalSQL(), np.random.default_rng(11 + collide + 2 * largest), {}
+    schema = StructType([StructField("g", LongType()), StructField("_v", DoubleType())])
+    trace = Trace(db, "values", schema, ["g"], order_by="_v")
+    read_all = 0
+    for step in range(8):
+        n = 3_000 if step == 0 else int(rng.choice([100, 600]))
+        if step == 5:
+            with keyed_runs.held_writes():  # a file whose run is not written yet
+                trace.append_arrow(sql, _batch(rng, n, 60, live))
+                keys = pa.table({"g": pa.array([None, *range(-1, 60)], pa.int64())})
+                got = trace.lookup_extreme_rows(sql, keys, largest)
+                assert _extremes(sql, got, keys, ["g"], largest) == _extremes(
+                    sql, trace.read_arrow(), keys, ["g"], largest)
+        else:
+            trace.append_arrow(sql, _batch(rng, n, 60, live))
+        keyed_runs.wait_for_writes()
+        for _ in range(3):
+            picked = rng.choice(np.arange(-1, 60), int(rng.integers(1, 20)), replace=False)
+            keys = pa.table({"g": pa.array([*picked.tolist(), None][:len(picked)], pa.int64())})
+            trace.reset_rows_read()
+            got = trace.lookup_extreme_rows(sql, keys, largest)
+            read_extremes = trace.rows_read
+            assert _extremes(sql, got, keys, ["g"], largest) == _extremes(
+                sql, trace.read_arrow(), keys, ["g"], largest)
+            if not collide:
+                read_all += 1 if read_extremes < trace.rows_read - read_extremes else 0
+    if not collide:
+        assert read_all > 0  # the re-reads read less than the whole trace
+
+
+def test_extreme_rows_of_string_values_and_two_key_columns(spark, tmp_path, monkeypatch):
+    monkeypatch.setattr(keyed_runs, "MIN_ROWS", 100)
+    monkeypatch.setattr(trace_module, "EXTREME_ROWS", 1)
+    db = StateDatabase(spark, str(tmp_path), "fp")
+    db.open()
+    sql, rng = LocalSQL(), np.random.default_rng(3)
+    schema = StructType([StructField("a", LongType()), StructField("b", StringType()),
+                         StructField("_v", StringType())])
+    trace = Trace(db, "values", schema, ["a", "b"], order_by="_v")
+    words = ["", "a", "ab", "b", "ä", "z", "Z", "é"]
+    for step in range(5):
+        n = 800 if step == 0 else 150
+        rows = {"a": pa.array(rng.integers(0, 5, n), pa.int64()),
+                "b": pa.array(np.array(["x", "y", None], dtype=object)[rng.integers(0, 3, n)],
+                              pa.string()),
+                "_v": pa.array(np.array(words, dtype=object)[rng.integers(0, len(words), n)],
+                               pa.string()),
+                "_weight": pa.array(np.where(rng.random(n) < 0.3 * (step > 0), -1, 1),
+                                    pa.int64())}
+        trace.append_arrow(sql, pa.table(rows))
+        keyed_runs.wait_for_writes()
+    keys = pa.table({"a": pa.array([0, 1, 2, 3, 4, 9, 0], pa.int64()),
+                     "b": pa.array(["x", "y", None, "x", "y", "x", None], pa.string())})
+    for largest in (True, False):
+        got = trace.lookup_extreme_rows(sql, keys, largest)
+        assert _extremes(sql, got, keys, ["a", "b"], largest) == _extremes(
+            sql, trace.read_arrow(), keys, ["a", "b"], largest)
+
+
+def test_a_trace_without_an_order_has_no_extreme_lookup(spark, tmp_path):
+    db = StateDatabase(spark, str(tmp_path), "fp")
+    db.open()
+    trace = Trace(db, "t", StructType([StructField("g", LongType())]), ["g"])
+    with pytest.raises(ValueError, match="not ordered"):
+        trace.lookup_extreme_rows(LocalSQL(), pa.table({"g": [1]}), True)
