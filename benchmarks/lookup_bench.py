@@ -19,9 +19,12 @@ state (``StepResult.state_rows_read``), the same view recomputed from scratch by
 memory, over Arrow tables of the same integrated data) and by Spark (over Parquet copies, as a
 batch job reads them; one shared session), their ratios, and
 whether the view equals the recomputation (counts and maxima exactly, float sums within 1e-9
-relative). In the same run (each can be skipped): steps of ``--spark-change`` changed orders
-forced onto Spark (``driver_step_rows=0``, pattern (b); at ``--spark-workers`` W, default 2, after
-a rescale) against Spark's recompute, and 100-row steps with a commit each (steps/s). The shop
+relative). In the same run (each can be skipped): each pattern again with big steps forced
+onto Spark (``driver_step_rows=0``, at ``--spark-workers`` W, default 2, after a rescale) against
+Spark's recompute: (a) moves of as many customers as have ``--spark-change`` (1M) orders between
+them, (b) ``--spark-change`` order changes, (c) deletes of the maximum order of every customer
+(100k: the most (c) can change at once), (d) ``--spark-change`` line changes; and 100-row steps
+with a commit each (steps/s). The shop
 workload at 1M orders with 10k changes per step is pattern (b) at 1M. Prints one JSON line per
 figure, a table at the end, and writes a plot (``--plot``, default ``docs/bench/lookup.png``).
 
@@ -209,6 +212,16 @@ def load(p: Pipeline, tables: dict[str, pa.Table], emit: Emit, record: dict[str,
           "value": round(time.perf_counter() - loaded, 3)})
 
 
+def onto_spark(p: Pipeline, args: argparse.Namespace, record: dict[str, Any], emit: Emit) -> None:
+    """Rescale ``p`` to ``--spark-workers`` (reporting the seconds) and force its steps onto
+    Spark (``driver_step_rows=0``)."""
+    if args.spark_workers != p.layout.workers:
+        t = time.perf_counter()
+        p.rescale(args.spark_workers)
+        emit({**record, "figure": "rescale_seconds", "value": round(time.perf_counter() - t, 3)})
+    p.driver_step_rows = 0
+
+
 def summarize(record: dict[str, Any], medians: dict[str, float], duck: tuple[float, list],
               spark: tuple[float, list], view: list[tuple], float_columns: set[int],
               emit: Emit) -> dict[str, Any]:
@@ -249,6 +262,14 @@ def run_shop(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
             live["first"] += n_del
         return push
 
+    def mover(n: int) -> Callable[[], None]:
+        def push() -> None:  # n customers, each to the next region
+            chosen = rng.choice(np.arange(1, CUSTOMERS + 1), n, replace=False)
+            before = customers_of(shift, chosen)
+            shift[chosen] += 1
+            push_changes(p, "customers", customers_of(shift, chosen), before)
+        return push
+
     def check(record: dict[str, Any], medians: dict[str, float], duckdb_too: bool = True
               ) -> dict[str, Any]:
         tables = {"orders": orders_now(), "customers": customers_of(shift)}
@@ -263,14 +284,10 @@ def run_shop(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
             load(p, {"customers": customers_of(shift), "orders": orders_now()}, emit,
                  {"pattern": "shop", "size": size})
             if "moves" in args.patterns:
-                def move() -> None:
-                    chosen = rng.choice(np.arange(1, CUSTOMERS + 1), args.moved, replace=False)
-                    before = customers_of(shift, chosen)
-                    shift[chosen] += 1
-                    push_changes(p, "customers", customers_of(shift, chosen), before)
                 record = {"pattern": "moves", "size": size, "change": args.moved}
                 print(f"# (a) moves at {size:,} orders", flush=True)
-                out.append(check(record, timed_steps(p, args.steps, move, emit, record)))
+                out.append(check(record, timed_steps(p, args.steps, mover(args.moved), emit,
+                                                     record)))
             if "orders" in args.patterns:
                 record = {"pattern": "orders", "size": size, "change": args.change}
                 print(f"# (b) order changes at {size:,} orders", flush=True)
@@ -291,19 +308,26 @@ def run_shop(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
                       "value": round(args.small_steps / seconds, 2)})
                 out.append({"pattern": "small_steps", "size": size,
                             "steps_per_second": round(args.small_steps / seconds, 2)})
-            if args.spark_steps:
+            if args.spark_steps and "orders" in args.patterns:
                 record = {"pattern": "orders_on_spark", "size": size, "change": args.spark_change,
                           "workers": args.spark_workers}
                 print(f"# (b) {args.spark_change:,} order changes forced onto Spark at "
                       f"{size:,} orders, W={args.spark_workers}", flush=True)
-                if args.spark_workers != p.layout.workers:
-                    t = time.perf_counter()
-                    p.rescale(args.spark_workers)
-                    emit({**record, "figure": "rescale_seconds",
-                          "value": round(time.perf_counter() - t, 3)})
-                p.driver_step_rows = 0
+                onto_spark(p, args, record, emit)
                 medians = timed_steps(p, args.spark_steps, order_changes(args.spark_change),
                                       emit, record)
+                out.append(check(record, medians, duckdb_too=False))
+            if args.spark_steps and "moves" in args.patterns:
+                # as many customers as have --spark-change orders between them
+                moved = min(CUSTOMERS, -(-args.spark_change * CUSTOMERS // size))
+                record = {"pattern": "moves_on_spark", "size": size,
+                          "change": moved * size // CUSTOMERS, "customers_moved": moved,
+                          "workers": args.spark_workers}
+                print(f"# (a) moves of {moved:,} customers ({moved * size // CUSTOMERS:,} "
+                      f"orders) forced onto Spark at {size:,} orders, W={args.spark_workers}",
+                      flush=True)
+                onto_spark(p, args, record, emit)
+                medians = timed_steps(p, args.spark_steps, mover(moved), emit, record)
                 out.append(check(record, medians, duckdb_too=False))
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -311,8 +335,10 @@ def run_shop(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
 
 
 def run_max(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
-            emit: Emit) -> dict[str, Any]:
-    """Pattern (c): each step deletes the current maximum order of ``--max-customers``."""
+            emit: Emit) -> list[dict[str, Any]]:
+    """Pattern (c): each step deletes the current maximum order of ``--max-customers``; then
+    (with ``--spark-steps``) steps forced onto Spark that delete the maximum order of every
+    customer (100k deletes, each group's maximum re-read: the most (c) can change at once)."""
     root = tempfile.mkdtemp(prefix=f"dbsp-lookup-max-{size}-")
     rng = np.random.default_rng(size + 1)
     orders = orders_of(np.arange(size))
@@ -326,31 +352,48 @@ def run_max(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
         with Pipeline(max_circuit(), root=root, spark=spark, driver_step_rows=10**9) as p:
             load(p, {"orders": orders}, emit, record)
 
-            def delete_maxima() -> None:
-                gone = []
-                for c in rng.choice(np.arange(1, CUSTOMERS + 1), args.max_customers,
-                                    replace=False):
-                    ids = by_customer[starts[c - 1]:starts[c]]
-                    ids = ids[alive[ids]]
-                    if len(ids):
-                        gone.append(ids[np.argmax(amount[ids])])
-                alive[gone] = False
-                p.push("orders", orders_of(np.array(gone)), weight=-1)
+            def delete_maxima(n: int) -> Callable[[], None]:
+                def push() -> None:
+                    gone = []
+                    for c in rng.choice(np.arange(1, CUSTOMERS + 1), n, replace=False):
+                        ids = by_customer[starts[c - 1]:starts[c]]
+                        ids = ids[alive[ids]]
+                        if len(ids):
+                            gone.append(ids[np.argmax(amount[ids])])
+                    alive[gone] = False
+                    p.push("orders", orders_of(np.array(gone)), weight=-1)
+                return push
+
+            def check(record: dict[str, Any], medians: dict[str, float],
+                      duckdb_too: bool = True) -> dict[str, Any]:
+                now = orders.filter(pa.array(alive))
+                view = view_rows(p, "view", ["customer_id", "top", "n"])
+                duck = rc.duckdb(MAX_QUERY, {"orders": now}) if duckdb_too else (float("nan"), [])
+                return summarize(record, medians, duck, rc.spark_sql(MAX_QUERY, {"orders": now}),
+                                 view, set(), emit)
 
             print(f"# (c) max deletes at {size:,} orders", flush=True)
-            medians = timed_steps(p, args.steps, delete_maxima, emit, record)
-            now = orders.filter(pa.array(alive))
-            view = view_rows(p, "view", ["customer_id", "top", "n"])
-            return summarize(record, medians, rc.duckdb(MAX_QUERY, {"orders": now}),
-                             rc.spark_sql(MAX_QUERY, {"orders": now}), view, set(), emit)
+            out = [check(record, timed_steps(p, args.steps, delete_maxima(args.max_customers),
+                                             emit, record))]
+            if args.spark_steps:
+                record = {"pattern": "max_on_spark", "size": size, "change": CUSTOMERS,
+                          "workers": args.spark_workers}
+                print(f"# (c) max deletes of all {CUSTOMERS:,} customers forced onto Spark at "
+                      f"{size:,} orders, W={args.spark_workers}", flush=True)
+                onto_spark(p, args, record, emit)
+                out.append(check(record, timed_steps(p, args.spark_steps,
+                                                     delete_maxima(CUSTOMERS), emit, record),
+                                 duckdb_too=False))
+            return out
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
 def run_lines(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
-              emit: Emit) -> dict[str, Any]:
+              emit: Emit) -> list[dict[str, Any]]:
     """Pattern (d): orders joined with 4 lines per order; each step changes ``--change`` lines
-    (10% deletes of the first lines loaded, the rest new lines of random orders)."""
+    (10% deletes of the first lines loaded, the rest new lines of random orders); then (with
+    ``--spark-steps``) steps of ``--spark-change`` line changes forced onto Spark."""
     root = tempfile.mkdtemp(prefix=f"dbsp-lookup-lines-{size}-")
     orders = orders_of(np.arange(size))
     first = lines_of(np.repeat(np.arange(size), LINES_PER_ORDER),
@@ -366,21 +409,37 @@ def run_lines(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
         with Pipeline(lines_circuit(), root=root, spark=spark, driver_step_rows=10**9) as p:
             load(p, {"orders": orders, "lines": first}, emit, record)
 
-            def change() -> None:
-                n_del = args.change // 10
-                d, a = state["deleted"], state["added"]
-                push_changes(p, "lines", added(a, a + args.change - n_del),
-                             first.slice(d, n_del))
-                state["deleted"] += n_del
-                state["added"] += args.change - n_del
+            def change(n: int) -> Callable[[], None]:
+                def push() -> None:
+                    n_del = n // 10
+                    d, a = state["deleted"], state["added"]
+                    push_changes(p, "lines", added(a, a + n - n_del), first.slice(d, n_del))
+                    state["deleted"] += n_del
+                    state["added"] += n - n_del
+                return push
+
+            def check(record: dict[str, Any], medians: dict[str, float],
+                      duckdb_too: bool = True) -> dict[str, Any]:
+                lines = pa.concat_tables([first.slice(state["deleted"]),
+                                          added(0, state["added"])])
+                tables = {"orders": orders, "lines": lines}
+                view = view_rows(p, "view", ["customer_id", "qty", "n"])
+                duck = rc.duckdb(LINES_QUERY, tables) if duckdb_too else (float("nan"), [])
+                return summarize(record, medians, duck, rc.spark_sql(LINES_QUERY, tables), view,
+                                 set(), emit)
 
             print(f"# (d) line changes at {size:,} orders", flush=True)
-            medians = timed_steps(p, args.steps, change, emit, record)
-            lines = pa.concat_tables([first.slice(state["deleted"]), added(0, state["added"])])
-            tables = {"orders": orders, "lines": lines}
-            view = view_rows(p, "view", ["customer_id", "qty", "n"])
-            return summarize(record, medians, rc.duckdb(LINES_QUERY, tables),
-                             rc.spark_sql(LINES_QUERY, tables), view, set(), emit)
+            out = [check(record, timed_steps(p, args.steps, change(args.change), emit, record))]
+            if args.spark_steps:
+                record = {"pattern": "lines_on_spark", "size": size, "change": args.spark_change,
+                          "workers": args.spark_workers}
+                print(f"# (d) {args.spark_change:,} line changes forced onto Spark at "
+                      f"{size:,} orders, W={args.spark_workers}", flush=True)
+                onto_spark(p, args, record, emit)
+                out.append(check(record, timed_steps(p, args.spark_steps,
+                                                     change(args.spark_change), emit, record),
+                                 duckdb_too=False))
+            return out
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -427,11 +486,15 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
     import matplotlib.pyplot as plt
     from matplotlib import ticker
 
-    patterns = [p for p in ("moves", "orders", "max", "lines", "orders_on_spark")
+    patterns = [p for p in ("moves", "orders", "max", "lines", "moves_on_spark",
+                            "orders_on_spark", "max_on_spark", "lines_on_spark")
                 if any(r["pattern"] == p for r in rows)]
     titles = {"moves": "(a) move {:,} customers", "orders": "(b) {:,} order changes",
               "max": "(c) delete the max of {:,} customers", "lines": "(d) {:,} line changes",
-              "orders_on_spark": "(b) on Spark: {:,} order changes"}
+              "moves_on_spark": "(a) on Spark: moves changing {:,} orders",
+              "orders_on_spark": "(b) on Spark: {:,} order changes",
+              "max_on_spark": "(c) on Spark: delete the max of {:,} customers",
+              "lines_on_spark": "(d) on Spark: {:,} line changes"}
     columns = min(3, len(patterns))
     grid = (len(patterns) + columns - 1) // columns
     fig, axes = plt.subplots(grid, columns, figsize=(4.4 * columns, 3.6 * grid), squeeze=False)
@@ -449,6 +512,7 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
                         label=label)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
         ax.yaxis.set_minor_formatter(ticker.NullFormatter())
         ax.set_title(titles[pattern].format(mine[0]["change"]), fontsize=9)
@@ -523,12 +587,12 @@ def main() -> None:
 
     rows: list[dict[str, Any]] = []
     for size in args.sizes:
-        if {"moves", "orders"} & set(args.patterns) or args.spark_steps:
+        if {"moves", "orders"} & set(args.patterns):
             rows += run_shop(spark, size, args, rc, emit)
         if "max" in args.patterns:
-            rows.append(run_max(spark, size, args, rc, emit))
+            rows += run_max(spark, size, args, rc, emit)
         if "lines" in args.patterns:
-            rows.append(run_lines(spark, size, args, rc, emit))
+            rows += run_lines(spark, size, args, rc, emit)
         print(f"# {size:,} orders done, {time.perf_counter() - started:.0f} s so far", flush=True)
     table(rows)
     if args.plot:
