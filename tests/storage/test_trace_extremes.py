@@ -60,8 +60,10 @@ def _batch(rng: np.random.Generator, n: int, groups: int, live: dict) -> pa.Tabl
 
 @pytest.mark.parametrize("collide", [False, True], ids=["hashes", "colliding-hashes"])
 @pytest.mark.parametrize("largest", [True, False], ids=["max", "min"])
+@pytest.mark.parametrize("batch_rows", [keyed_runs.BATCH_ROWS, 7], ids=["batch", "7-row-batches"])
 def test_extreme_rows_decide_every_keys_live_extreme(spark, tmp_path, monkeypatch, largest,
-                                                      collide):
+                                                      collide, batch_rows):
+    monkeypatch.setattr(keyed_runs, "BATCH_ROWS", batch_rows)  # a key's rows straddle batches
     if collide:  # keep the shard bits only: many groups share a hash, as in a collision
         mask = np.uint64(0xFFC0000000000000)
         monkeypatch.setattr(Trace, "_key_hashes", lambda self, rows: hashing.xxhash64_arrow(
