@@ -308,6 +308,19 @@ def run_shop(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
                       "value": round(args.small_steps / seconds, 2)})
                 out.append({"pattern": "small_steps", "size": size,
                             "steps_per_second": round(args.small_steps / seconds, 2)})
+            if args.spark_steps and "moves" in args.patterns:
+                # (before (b)'s big steps, which add 0.8M orders each): as many customers as
+                # have --spark-change orders between them
+                orders_now_n = live["next"] - live["first"]
+                moved = min(CUSTOMERS, -(-args.spark_change * CUSTOMERS // orders_now_n))
+                changed = moved * orders_now_n // CUSTOMERS
+                record = {"pattern": "moves_on_spark", "size": size, "change": changed,
+                          "customers_moved": moved, "workers": args.spark_workers}
+                print(f"# (a) moves of {moved:,} customers ({changed:,} orders) forced onto "
+                      f"Spark at {size:,} orders, W={args.spark_workers}", flush=True)
+                onto_spark(p, args, record, emit)
+                medians = timed_steps(p, args.spark_steps, mover(moved), emit, record)
+                out.append(check(record, medians, duckdb_too=False))
             if args.spark_steps and "orders" in args.patterns:
                 record = {"pattern": "orders_on_spark", "size": size, "change": args.spark_change,
                           "workers": args.spark_workers}
@@ -316,18 +329,6 @@ def run_shop(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
                 onto_spark(p, args, record, emit)
                 medians = timed_steps(p, args.spark_steps, order_changes(args.spark_change),
                                       emit, record)
-                out.append(check(record, medians, duckdb_too=False))
-            if args.spark_steps and "moves" in args.patterns:
-                # as many customers as have --spark-change orders between them
-                moved = min(CUSTOMERS, -(-args.spark_change * CUSTOMERS // size))
-                record = {"pattern": "moves_on_spark", "size": size,
-                          "change": moved * size // CUSTOMERS, "customers_moved": moved,
-                          "workers": args.spark_workers}
-                print(f"# (a) moves of {moved:,} customers ({moved * size // CUSTOMERS:,} "
-                      f"orders) forced onto Spark at {size:,} orders, W={args.spark_workers}",
-                      flush=True)
-                onto_spark(p, args, record, emit)
-                medians = timed_steps(p, args.spark_steps, mover(moved), emit, record)
                 out.append(check(record, medians, duckdb_too=False))
     finally:
         shutil.rmtree(root, ignore_errors=True)
