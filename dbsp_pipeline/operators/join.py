@@ -36,6 +36,25 @@ from dbsp_pipeline.storage.trace import Trace
 from dbsp_pipeline.zset import WEIGHT, quote
 
 _LW, _RW = "_wl", "_wr"
+#: the looked-up rows are consolidated before the join when at least this share of them are
+#: retractions (``_settled``)
+SETTLE_SHARE = 0.25
+
+
+def _settled(ctx: StepContext, trace: Trace, rows: pa.Table) -> pa.Table:
+    """``rows`` looked up in ``trace``, consolidated first when ``SETTLE_SHARE`` or more of them
+    are retractions: the history of rows that changed (a dimension whose rows move, not yet
+    folded away by a merge), each retraction cancelling an earlier row. Joined as they are, every
+    version of a key's rows would be joined with the change and cancel only afterwards: after six
+    steps that each moved 94k of 100k customers, 1M new orders met 12 customer rows each (a 3 s
+    Spark step where 0.7 s did with the customers merged). Mostly inserts (an order trace with a
+    few deletes) are joined as they are: consolidating 160k rows costs 9 ms."""
+    if rows.num_rows < 2:
+        return rows
+    retractions = pc.sum(pc.less(rows.column(WEIGHT), 0)).as_py() or 0
+    if retractions < SETTLE_SHARE * rows.num_rows:
+        return rows
+    return ctx.local.consolidate(rows, trace.payload)
 
 
 class Join(Operator):
@@ -91,11 +110,11 @@ class Join(Operator):
         terms = []
         if new_left is not None:
             # dA ⋈ (B + dB): the right trace now includes dB.
-            right = self.right.lookup_arrow(ctx.local, new_left)
+            right = _settled(ctx, self.right, self.right.lookup_arrow(ctx.local, new_left))
             terms.append(self._join_local(ctx, new_left, right))
         if new_right is not None and old_left:
             # A ⋈ dB, with A as before the step.
-            left = self.left.lookup_arrow(ctx.local, new_right, old_left)
+            left = _settled(ctx, self.left, self.left.lookup_arrow(ctx.local, new_right, old_left))
             terms.append(self._join_local(ctx, left, new_right))
         terms = [t for t in terms if t.num_rows]
         return pa.concat_tables(terms) if terms else None
