@@ -21,8 +21,9 @@ batch job reads them; one shared session), their ratios, and
 whether the view equals the recomputation (counts and maxima exactly, float sums within 1e-9
 relative). In the same run (each can be skipped): each pattern again with big steps forced
 onto Spark (``driver_step_rows=0``, at ``--spark-workers`` W, default 2, after a rescale) against
-Spark's recompute: (a) moves of as many customers as have ``--spark-change`` (1M) orders between
-them, (b) ``--spark-change`` order changes, (c) deletes of the maximum order of every customer
+Spark's recompute: (a) moves of as many customers as have ``--spark-change`` (1M) of the live
+orders between them (run before (b)'s, which add 0.8M orders a step), (b) ``--spark-change``
+order changes, (c) deletes of the maximum order of every customer
 (100k: the most (c) can change at once), (d) ``--spark-change`` line changes; and 100-row steps
 with a commit each (steps/s). The shop
 workload at 1M orders with 10k changes per step is pattern (b) at 1M. Prints one JSON line per
