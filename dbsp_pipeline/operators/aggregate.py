@@ -97,7 +97,7 @@ class Aggregate(Operator):
         self.state_schema = StructType(state_fields)
         exact = any(a.get("exact") for a in self.aggs)  # state format 3 (runtime/upgrade.py)
         self.groups = Trace(db, f"{name}_groups" + ("_exact" if exact else ""),
-                            self.state_schema, self.keys)
+                            self.state_schema, self.keys, updated_in_place=True)
         self.exact = [FoldSpec(old=f"{_O}_s{a['i']}", pairs=f"_ds{a['i']}", count=f"_c{a['i']}",
                                state=f"_s{a['i']}", result=f"_fv{a['i']}", mean=a["fn"] == "avg")
                       for a in self.aggs if a.get("exact")]

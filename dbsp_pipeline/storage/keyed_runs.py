@@ -304,22 +304,24 @@ class KeyedRuns:
         rows = np.repeat(lo - (np.cumsum(count) - count), count) + np.arange(total)
         return reader.take(rows).drop_columns([HASH])
 
-    def lookup_ends(self, data_file: DataFile, hashes: np.ndarray, count: int, largest: bool,
-                    read_file: Callable[[DataFile], pa.Table]) -> pa.Table | None:
+    def lookup_ends(self, data_file: DataFile, hashes: np.ndarray, count: int | np.ndarray,
+                    largest: bool, read_file: Callable[[DataFile], pa.Table]
+                    ) -> pa.Table | None:
         """For a run ordered by ``order_by``: per hash of ``hashes`` (sorted, unique
-        ``uint64``), the ``count`` rows of ``data_file`` of that hash with the largest
-        (``largest``) or smallest ``order_by`` values, with their ``_hash`` and ``_cut``: True
-        on the least extreme row taken of a hash that has more than ``count`` rows (so every row
-        of that hash whose value is strictly beyond the cut row's was taken; ties with it may
-        not all be). None as for ``lookup``."""
-        if self.order_by is None or count < 1:
+        ``uint64``), the ``count`` rows (one count for all, or one per hash) of ``data_file``
+        of that hash with the largest (``largest``) or smallest ``order_by`` values, with their
+        ``_hash`` and ``_cut``: True on the least extreme row taken of a hash that has more
+        rows than its count (so every row of that hash whose value is strictly beyond the cut
+        row's was taken; ties with it may not all be). None as for ``lookup``."""
+        if self.order_by is None or np.min(count) < 1:
             raise ValueError("lookup_ends needs a run ordered by a column and a count")
         reader = self._usable(data_file, read_file)
         if reader is None:
             return None
-        _, lo, hi = reader.ranges(hashes)
-        first = np.maximum(lo, hi - count) if largest else lo
-        last = hi if largest else np.minimum(hi, lo + count)
+        hit, lo, hi = reader.ranges(hashes)
+        wanted = count[hit] if isinstance(count, np.ndarray) else count
+        first = np.maximum(lo, hi - wanted) if largest else lo
+        last = hi if largest else np.minimum(hi, lo + wanted)
         taken = last - first
         total = int(taken.sum())
         cut_schema = self.run_schema.append(pa.field(CUT, pa.bool_(), False))
@@ -327,7 +329,7 @@ class KeyedRuns:
             return cut_schema.empty_table()
         rows = np.repeat(first - (np.cumsum(taken) - taken), taken) + np.arange(total)
         cut = np.zeros(total, dtype=bool)
-        more = np.flatnonzero(hi - lo > count)  # the least extreme row taken of each
+        more = np.flatnonzero(hi - lo > wanted)  # the least extreme row taken of each
         ends = np.cumsum(taken)
         cut[(ends - taken)[more] if largest else ends[more] - 1] = True
         return reader.take(rows).append_column(cut_schema.field(CUT), pa.array(cut))

@@ -142,14 +142,26 @@ def _null_safe_semi_join(rows: pa.Table, keys: pa.Table, key: Sequence[str],
 #: the file is part of the trace (a lookup only reads the trace's current files).
 RECENT_FILE_ROWS = 65_536
 
-#: rows a min/max re-read takes per group from each big file at first
-#: (``Trace.lookup_extreme_rows``); a group whose rows taken hold no live value is read again
-#: with ``EXTREME_GROWTH`` times as many
-EXTREME_ROWS = 8
+#: rows a min/max re-read takes per group from each big file at first, besides one per
+#: retraction of the group found in the files read before it (``Trace.lookup_extreme_rows``);
+#: a group whose rows taken hold no live value is read again with ``EXTREME_GROWTH`` times as
+#: many. Two rows beyond the deleted ones resolve a group: its live extreme, and a cut below it
+EXTREME_ROWS = 3
 EXTREME_GROWTH = 8
 
 #: Compact a trace once it has more sorted runs than this (size-tiered merge of the smallest).
 COMPACT_FILE_THRESHOLD = 16
+#: A trace updated in place is merged whole once the runs beside its largest hold this many
+#: times the largest's rows (a bound on size amplification, as RocksDB's universal compaction
+#: bounds it against its oldest run). Each step adds a retraction and an insertion per changed
+#: key, and until a merge cancels them a lookup of those keys reads every version: an
+#: aggregate's 100k groups all changed a step read 1.9M rows a step before. A step's run can be
+#: bigger than the merged base (two rows per changed key), so the bound is against the largest
+#: run. Only for such traces: a trace appended to by big steps would be merged whole every step
+#: or two (1M-row steps on Spark onto 1M orders: 0.75 s a step became 0.93 s)...
+MAX_SIZE_AMPLIFICATION = 1.0
+#: ...once those runs hold at least this many rows: fewer cost less to read than to merge.
+AMPLIFIED_MIN_ROWS = 131_072
 #: A merge on the driver writes at most about this many files (besides one per owner): a
 #: merge's files cut into ``SPLIT_FILE_ROWS`` pieces made a merge of 6.6M rows 36 files, more
 #: than ``COMPACT_FILE_THRESHOLD``, so the trace was due for a merge of all of it again at once.
@@ -162,11 +174,17 @@ DRIVER_MERGE_ROWS = 2_000_000
 class Trace:
     """The trace ``name`` of one operator: payload ``schema`` keyed (sharded) by ``key``; with
     ``order_by`` (a payload column), its keyed runs are sorted by that column within a key, for
-    ``lookup_extreme_rows`` (a min/max aggregate's values)."""
+    ``lookup_extreme_rows`` (a min/max aggregate's values). ``updated_in_place``: its keys'
+    rows are replaced, a retraction and an insertion per changed key a step (an aggregate's
+    groups), so its compaction also bounds size amplification (``MAX_SIZE_AMPLIFICATION``)."""
+
+    updated_in_place = False
 
     def __init__(self, db: StateDatabase, name: str, schema: StructType,
-                 key: Sequence[str], order_by: str | None = None) -> None:
+                 key: Sequence[str], order_by: str | None = None,
+                 updated_in_place: bool = False) -> None:
         self.name = name
+        self.updated_in_place = updated_in_place
         self.key = list(key)
         self.payload = [f.name for f in schema.fields]
         full = StructType([*schema.fields, StructField(WEIGHT, LongType(), False),
@@ -333,9 +351,12 @@ class Trace:
         the extreme value whose weights sum above zero over these rows is the one over all the
         key's rows, and a key with no live value at all gets none.
 
-        Reads about ``EXTREME_ROWS`` rows per key from each big file (``KeyedRuns.lookup_ends``)
-        and small files whole, as ``lookup_arrow`` does; a key whose rows taken hold no live
-        value (its extremes deleted by later files, not yet merged away) is read again with
+        Reads small files whole, as ``lookup_arrow`` does, then the big files smallest first
+        (``KeyedRuns.lookup_ends``), about ``EXTREME_ROWS`` rows per key from each plus one per
+        retraction of the key found in the files read before it: the values those deleted may
+        be a bigger file's most extreme, the base run's under a steady stream of deletes of
+        the current maximum. A key whose rows taken hold no live value (its extremes deleted
+        by files read after, or more of them than counted) is read again with
         ``EXTREME_GROWTH`` times as many, until a live value or all its rows are in hand. So a
         min/max re-read costs about the rows deleted beyond the new extreme, not the group's
         size. The rows read count in ``rows_read``."""
@@ -370,20 +391,32 @@ class Trace:
         if not candidates:
             return self.table.arrow_schema.empty_table(), np.zeros(0, dtype=np.uint64)
         hashes = np.unique(self._key_hashes(wanted_keys))
-        parts, unread = [], [f for f in candidates if not self.runs.covers(f)]
-        for f in candidates:
-            if self.runs.covers(f):
-                found = self.runs.lookup_ends(f, hashes, count, largest,
-                                              self._read_to_build_run)
-                if found is None:  # no usable run: read the file as a small one
-                    unread.append(f)
-                else:
-                    parts.append(found)
-        for rows in self._read_shards(unread, shards):  # every row of these: none cut
-            parts.append(rows.append_column(self.runs.run_schema.field(HASH),
-                                            pa.array(self._key_hashes(rows), pa.uint64()))
-                         .append_column(pa.field(CUT, pa.bool_(), False),
-                                        pa.array(np.zeros(rows.num_rows, dtype=bool))))
+        # per wanted hash, the retractions found so far: a bigger file may hold their values
+        # among its most extreme, so it is read that much deeper
+        retracted = np.zeros(len(hashes), dtype=np.int64)
+        parts: list[pa.Table] = []
+
+        def read_whole(files: list[DataFile]) -> None:  # every row of these: none cut
+            for rows in self._read_shards(files, shards):
+                h = self._key_hashes(rows)
+                negative = h[rows.column(WEIGHT).to_numpy() < 0]
+                at = np.minimum(np.searchsorted(hashes, negative), len(hashes) - 1)
+                np.add.at(retracted, at[hashes[at] == negative], 1)
+                parts.append(rows.append_column(self.runs.run_schema.field(HASH),
+                                                pa.array(h, pa.uint64()))
+                             .append_column(pa.field(CUT, pa.bool_(), False),
+                                            pa.array(np.zeros(rows.num_rows, dtype=bool))))
+
+        read_whole([f for f in candidates if not self.runs.covers(f)])
+        for f in sorted((f for f in candidates if self.runs.covers(f)), key=lambda f: f.rows):
+            found = self.runs.lookup_ends(f, hashes, count + retracted, largest,
+                                          self._read_to_build_run)
+            if found is None:  # no usable run: read the file as a small one
+                read_whole([f])
+                continue
+            parts.append(found)
+            negative = found.filter(pc.less(found.column(WEIGHT), 0)).column(HASH).to_numpy()
+            np.add.at(retracted, np.searchsorted(hashes, negative), 1)
         rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
         self.rows_read += rows.num_rows
         if rows.num_rows == 0:
@@ -504,7 +537,9 @@ class Trace:
         the smallest runs, taken in order of size while the next one is no bigger than all
         taken together (so a row is rewritten about log(n) times, and a big base run is not
         rewritten for a few small ones) or while more than half of ``threshold`` runs would
-        remain, at least two; all their files. Empty when no compaction is due.
+        remain, at least two; all their files. A trace ``updated_in_place`` is merged whole,
+        whatever its run count, once the runs beside its largest hold ``MAX_SIZE_AMPLIFICATION``
+        times its rows and at least ``AMPLIFIED_MIN_ROWS``. Empty when no compaction is due.
 
         Counting files instead, a merge cut into more pieces than ``threshold`` (one or more
         per owner: with 16 workers or more) left the trace due again at once, and it was merged
@@ -516,6 +551,11 @@ class Trace:
         for f in self.files():
             by_run.setdefault(sorted_run_of(f.path), []).append(f)
         runs = sorted(by_run.values(), key=lambda fs: sum(f.rows for f in fs))
+        if self.updated_in_place and len(runs) > 1:
+            largest = sum(f.rows for f in runs[-1])
+            beside = sum(f.rows for run in runs[:-1] for f in run)
+            if beside >= max(MAX_SIZE_AMPLIFICATION * largest, AMPLIFIED_MIN_ROWS):
+                return [f for run in runs for f in run]
         if len(runs) <= max(threshold, 1):
             return []
         chosen = [*runs[0], *runs[1]]

@@ -1,4 +1,5 @@
-"""Size-tiered compaction candidates of a trace."""
+"""Size-tiered compaction candidates of a trace, and the size-amplification bound of a trace
+updated in place."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ class FileList(Trace):
     """A trace reduced to its file list (the candidate choice reads nothing else); ``runs``
     makes files pieces of one sorted run: ``runs[i]`` names file i's run."""
 
-    def __init__(self, rows: list[int], runs: list[str] | None = None) -> None:
+    def __init__(self, rows: list[int], runs: list[str] | None = None,
+                 updated_in_place: bool = False) -> None:
+        self.updated_in_place = updated_in_place
         self._list = [DataFile(f"/t/data/{run}-{i:032x}.parquet" if run else f"/t/data/f{i}",
                                n)
                       for i, (n, run) in enumerate(zip(rows, runs or [""] * len(rows)))]
@@ -69,6 +72,74 @@ def test_a_due_merge_leaves_half_the_threshold():
     chosen = FileList([*sizes, 100]).compaction_candidates(16)
     assert 17 - len(chosen) + 1 <= 8
     assert rows_of(chosen) == sorted([100, *sizes])[:len(chosen)]  # the smallest
+
+
+def test_a_trace_updated_in_place_merges_whole_once_amplified():
+    """A trace whose keys are updated in place (an aggregate's groups: a retraction and an
+    insertion per changed group a step) merges whole, however few runs it has, once the runs
+    beside its largest hold ``MAX_SIZE_AMPLIFICATION`` times the largest's rows: until then a
+    lookup of those keys reads every version of them. A trace appended to does not."""
+    from dbsp_pipeline.storage.trace import AMPLIFIED_MIN_ROWS, MAX_SIZE_AMPLIFICATION
+
+    def due(rows: list[int], runs: list[str] | None = None) -> list[int]:
+        return rows_of(FileList(rows, runs, updated_in_place=True).compaction_candidates(16))
+
+    assert MAX_SIZE_AMPLIFICATION == 1.0 and AMPLIFIED_MIN_ROWS == 131_072
+    # a base of 100k groups, then steps that change every group (200k rows each)
+    assert due([100_000, 200_000]) == []
+    assert due([100_000, 200_000, 200_000]) == [100_000, 200_000, 200_000]
+    assert FileList([100_000, 200_000, 200_000]).compaction_candidates(16) == []  # appended
+    assert due([150_000, 150_000]) == [150_000, 150_000]
+    # a small trace is not merged for it: reading a few extra rows costs less than a merge
+    assert due([1_000, 5_000, 5_000]) == []
+    assert due([60_000] * 2) == []
+    assert due([70_000] * 3) == [70_000] * 3  # 140k beside 70k
+    # the largest is a run, not a file: its pieces count together
+    a = "a" * 32
+    pieces, runs = [50_000] * 4 + [60_000] * 3, [a] * 4 + [""] * 3
+    assert due(pieces, runs) == []  # 180k beside 200k
+    assert len(due([*pieces, 30_000], [*runs, ""])) == 8
+
+
+def test_an_aggregate_like_trace_stays_within_the_bound(tmp_path):
+    """Steps that each retract and insert every key of a real trace updated in place: merged as
+    the rule says, the trace never holds more than the bound allows, and its rows after the
+    merges are the live ones."""
+    import pyarrow as pa
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from dbsp_pipeline.driver.sql import LocalSQL
+    from dbsp_pipeline.spark_session import LazySession
+    from dbsp_pipeline.storage import trace as trace_module
+    from dbsp_pipeline.storage.state_db import StateDatabase
+
+    db = StateDatabase(LazySession(), str(tmp_path), "amplified")  # never starts Spark
+    db.open()
+    trace = Trace(db, "t", StructType([StructField("k", LongType()), StructField("v", LongType())]),
+                  ["k"], updated_in_place=True)
+    sql = LocalSQL()
+    groups = 50_000
+    keys = pa.array(range(groups), pa.int64())
+    trace.append_arrow(sql, pa.table({"k": keys, "v": pa.array([0] * groups, pa.int64()),
+                                      "_weight": [1] * groups}))
+    merges = 0
+    for step in range(1, 8):
+        old = pa.table({"k": keys, "v": pa.array([step - 1] * groups, pa.int64()),
+                        "_weight": [-1] * groups})
+        new = pa.table({"k": keys, "v": pa.array([step] * groups, pa.int64()),
+                        "_weight": [1] * groups})
+        trace.append_arrow(sql, pa.concat_tables([old, new]))
+        # before this step's run: under the bound against a step's run (2 rows a group)
+        held = sum(f.rows for f in trace.files())
+        assert held < (2 + trace_module.MAX_SIZE_AMPLIFICATION) * 2 * groups
+        if files := trace.compaction_candidates():
+            assert len(files) == len(trace.files())  # the whole trace
+            assert trace.apply_merge(files, trace.merge(files, sql))
+            merges += 1
+    assert merges >= 2
+    live = sql.consolidate(trace.read_arrow(), trace.payload).to_pylist()
+    assert sorted((r["k"], r["v"], r["_weight"]) for r in live) == [
+        (k, 7, 1) for k in range(groups)]
 
 
 def test_split_parts_are_cut_at_shard_block_boundaries(monkeypatch):

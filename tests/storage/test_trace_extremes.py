@@ -137,3 +137,43 @@ def test_a_trace_without_an_order_has_no_extreme_lookup(spark, tmp_path):
     trace = Trace(db, "t", StructType([StructField("g", LongType())]), ["g"])
     with pytest.raises(ValueError, match="not ordered"):
         trace.lookup_extreme_rows(LocalSQL(), pa.table({"g": [1]}), True)
+
+
+@pytest.mark.parametrize("largest", [True, False], ids=["max", "min"])
+def test_a_re_read_goes_as_deep_as_the_retractions_found_before(spark, tmp_path, monkeypatch,
+                                                                 largest):
+    """Under a steady stream of deletes of every group's current extreme, the base run's most
+    extreme values are dead, as many per group as the files of deletes after it. Reading the
+    files smallest first, a group is read that much deeper in the base: one round, and about
+    ``EXTREME_ROWS`` + deletes rows a group, not a deeper round of ``EXTREME_GROWTH`` times as
+    many (nor, with a fixed depth, nearly the whole group once the deletes outnumber it)."""
+    monkeypatch.setattr(keyed_runs, "MIN_ROWS", 500)
+    db = StateDatabase(spark, str(tmp_path), "fp")
+    db.open()
+    sql, groups, per_group = LocalSQL(), 600, 50
+    schema = StructType([StructField("g", LongType()), StructField("_v", DoubleType())])
+    trace = Trace(db, "values", schema, ["g"], order_by="_v")
+    g = np.repeat(np.arange(groups), per_group)
+    v = np.tile(np.arange(per_group, dtype=np.float64), groups)
+    trace.append_arrow(sql, pa.table({"g": g, "_v": v, "_weight": np.ones(len(g), np.int64)}))
+    deletes = 2 * trace_module.EXTREME_ROWS + 1  # more than a fixed first depth would see
+    for d in range(deletes):  # one file a delete of every group's current extreme: big ones
+        value = float(per_group - 1 - d if largest else d)
+        trace.append_arrow(sql, pa.table({"g": np.arange(groups), "_v": np.full(groups, value),
+                                          "_weight": np.full(groups, -1, np.int64)}))
+        keyed_runs.wait_for_writes()  # (runs beyond PENDING_WRITES are built at a lookup)
+    assert all(trace.runs.covers(f) for f in trace.files())
+    rounds = []
+    beyond = Trace._beyond_cuts
+    monkeypatch.setattr(Trace, "_beyond_cuts", lambda self, *a: rounds.append(a[2]) or beyond(
+        self, *a))
+    keys = pa.table({"g": pa.array(range(groups), pa.int64())})
+    trace.reset_rows_read()
+    got = trace.lookup_extreme_rows(sql, keys, largest)
+    read = trace.rows_read
+    assert _extremes(sql, got, keys, ["g"], largest) == _extremes(
+        sql, trace.read_arrow(), keys, ["g"], largest)
+    assert rounds == [trace_module.EXTREME_ROWS]  # one round
+    # the deletes, and past them EXTREME_ROWS of the base a group
+    assert read == groups * (deletes + deletes + trace_module.EXTREME_ROWS), [
+        (f.rows, trace.runs.covers(f)) for f in trace.files()]
