@@ -24,6 +24,15 @@ RUNTIME_CONF = {
 }
 
 
+#: The JVM talks to its Python workers, and the driver's Python to the JVM for a job's results,
+#: over Unix domain sockets instead of TCP on loopback (SPARK-51688, Spark 4.1+; a
+#: launch-time setting, so it takes only in a session created here): an empty job of two
+#: Python tasks took 0.086-0.099 s over TCP and 0.050-0.054 s this way, measured here (the
+#: difference is about a 40 ms delayed-ACK stall per job), and a step forced onto Spark runs
+#: two such jobs or more.
+PYTHON_UNIX_SOCKETS = "spark.python.unix.domain.socket.enabled"
+
+
 def local_session(app_name: str = "dbsp-pipeline", cores: int | str = "*",
                   shuffle_partitions: int = 4, ui: bool = False) -> SparkSession:
     """The process's local-mode session, created with the engine's defaults if none is active."""
@@ -45,6 +54,7 @@ def local_session(app_name: str = "dbsp-pipeline", cores: int | str = "*",
         .config("spark.hadoop.fs.file.impl", "org.apache.hadoop.fs.RawLocalFileSystem")
         .config("spark.hadoop.fs.file.impl.disable.cache", "true")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config(PYTHON_UNIX_SOCKETS, "true")
     )
     for k, v in RUNTIME_CONF.items():
         builder = builder.config(k, v)
@@ -74,6 +84,7 @@ def cluster_session(master: str, app_name: str = "dbsp-pipeline",
         .config("spark.hadoop.fs.file.impl", "org.apache.hadoop.fs.RawLocalFileSystem")
         .config("spark.hadoop.fs.file.impl.disable.cache", "true")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config(PYTHON_UNIX_SOCKETS, "true")
     )
     for k, v in RUNTIME_CONF.items():
         builder = builder.config(k, v)
