@@ -67,7 +67,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -95,6 +95,21 @@ TMP_GRACE_SECONDS = 3600.0
 PENDING_WRITES = 4
 #: runs the background writer is to build from their data files (holding no rows), per process
 PENDING_BUILDS = 256
+#: A batch searched for at least ``FENCE_MIN_HASHES`` hashes at once, and at most one per
+#: ``FENCE_ROWS_PER_HASH`` of its rows, is searched through a *fence*: every
+#: ``FENCE_STRIDE``-th hash of it, built at the first such search and kept while the run is
+#: open. A hash's block of ``FENCE_STRIDE`` rows is found in the fence (small, in cache) and
+#: only that block (2 KB) is searched, where a binary search over a whole batch of 1M hashes
+#: (8 MB) misses the cache at nearly every step when the hashes wanted are far apart. A lookup
+#: of 9k keys in a run of 16M rows (16 batches): 5.1 ms plain, 3.4 ms fenced; in a run of 1M
+#: rows (one batch, 116 rows a hash) a plain search is faster: 1.1 ms, fenced 1.6 ms.
+FENCE_STRIDE = 256
+FENCE_MIN_HASHES = 64
+FENCE_ROWS_PER_HASH = 1024
+#: a hash's last row is found by stepping past its rows from the first, for up to this many
+#: rows (a key has one row, or a few, in most traces), then by a binary search
+END_STEPS = 4
+
 #: the top bits of a key hash that are its ``_shard`` (``zset.SHARD_BITS``)
 _SHARD_SHIFT = np.uint64(64 - 10)
 
@@ -103,26 +118,31 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class _OpenRun:
-    """A run opened by this process: its memory-mapped ``file``, and the first and last hash
-    of each of its non-empty record batches (``first``, ``last``; ``batches``: their indexes
-    in the file), so a lookup visits only the batches that may hold a hash."""
+    """A run opened by this process: its memory-mapped ``file``, its non-empty record
+    ``batches`` (zero-copy views of the mapping, got once: getting a batch from the file costs
+    about 0.1 ms, a lookup in a run of 16 batches got each twice) with their hashes
+    (``hashes``, numpy views) and the first and last hash of each (``first``, ``last``), so a
+    lookup visits only the batches that may hold a hash."""
 
     file: pa.ipc.RecordBatchFileReader
-    batches: np.ndarray
+    batches: list[pa.RecordBatch]
+    hashes: list[np.ndarray]
     first: np.ndarray
     last: np.ndarray
     #: the row of the run (counted over these batches) each batch starts at
     offsets: np.ndarray
+    #: the fences of the batches searched for many hashes (``FENCE_STRIDE``), by batch
+    fences: dict[int, np.ndarray] = field(default_factory=dict)
 
     @classmethod
     def of(cls, file: pa.ipc.RecordBatchFileReader) -> _OpenRun:
-        ends = [(b, column[0], column[-1], len(column)) for b, column in (
-            (b, file.get_batch(b).column(HASH).to_numpy())
-            for b in range(file.num_record_batches)) if len(column)]
-        lengths = np.array([e[3] for e in ends], dtype=np.int64)
-        return cls(file, np.array([e[0] for e in ends], dtype=np.int64),
-                   np.array([e[1] for e in ends], dtype=np.uint64),
-                   np.array([e[2] for e in ends], dtype=np.uint64),
+        batches = [batch for batch in (file.get_batch(b) for b in range(file.num_record_batches))
+                   if batch.num_rows]
+        hashes = [batch.column(HASH).to_numpy() for batch in batches]
+        lengths = np.array([len(h) for h in hashes], dtype=np.int64)
+        return cls(file, batches, hashes,
+                   np.array([h[0] for h in hashes], dtype=np.uint64),
+                   np.array([h[-1] for h in hashes], dtype=np.uint64),
                    np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64))
 
     def ranges(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -148,10 +168,11 @@ class _OpenRun:
         los, his = np.empty(total, dtype=np.int64), np.empty(total, dtype=np.int64)
         for part, b in zip(np.split(np.arange(total), cuts),
                            batch_of[np.concatenate(([0], cuts))]):
-            column = self.file.get_batch(int(self.batches[b])).column(HASH).to_numpy()
+            column = self.hashes[b]
             wanted = hashes[which[part]]
-            los[part] = np.searchsorted(column, wanted, "left") + self.offsets[b]
-            his[part] = np.searchsorted(column, wanted, "right") + self.offsets[b]
+            first = self._first_at_or_after(int(b), column, wanted)
+            los[part] = first + self.offsets[b]
+            his[part] = _past_equal(column, wanted, first) + self.offsets[b]
         found = his > los
         which, los, his = which[found], los[found], his[found]
         # a hash's pieces in consecutive batches are one range of run rows
@@ -162,13 +183,53 @@ class _OpenRun:
         hit = np.flatnonzero(hi > 0)
         return hit, lo[hit], hi[hit]
 
+    def _first_at_or_after(self, b: int, column: np.ndarray, wanted: np.ndarray
+                           ) -> np.ndarray:
+        """``np.searchsorted(column, wanted, "left")`` for batch ``b``'s hashes ``column``,
+        through the batch's fence when ``wanted`` are enough and far enough apart."""
+        if len(wanted) < FENCE_MIN_HASHES or len(wanted) * FENCE_ROWS_PER_HASH > len(column):
+            return np.searchsorted(column, wanted, "left")
+        fence = self.fences.get(b)
+        if fence is None:
+            fence = self.fences[b] = column[::FENCE_STRIDE].copy()
+        # the first fence entry at or above a hash ends the block holding its first row at or
+        # after it: rows (block - 1) * STRIDE + 1 .. block * STRIDE (the fence's own row)
+        block = np.searchsorted(fence, wanted, "left")
+        lo = np.maximum(block - 1, 0) * FENCE_STRIDE
+        hi = np.minimum(block * FENCE_STRIDE, len(column))
+        while True:  # each block searched, all at once: column[lo - 1] < h <= column[hi]
+            active = lo < hi
+            if not active.any():
+                return lo
+            mid = (lo + hi) >> 1
+            below = column[np.minimum(mid, len(column) - 1)] < wanted
+            lo = np.where(active & below, mid + 1, lo)
+            hi = np.where(active & ~below, mid, hi)
+
     def take(self, rows: np.ndarray) -> pa.Table:
         """The run's rows at ``rows`` (ascending run rows), with ``_hash``."""
         batch = np.searchsorted(self.offsets, rows, "right") - 1
         cuts = np.flatnonzero(np.diff(batch)) + 1
-        parts = [self.file.get_batch(int(self.batches[b])).take(pa.array(part - self.offsets[b]))
+        parts = [self.batches[b].take(pa.array(part - self.offsets[b]))
                  for part, b in zip(np.split(rows, cuts), batch[np.concatenate(([0], cuts))])]
         return pa.Table.from_batches(parts, parts[0].schema)
+
+
+def _past_equal(column: np.ndarray, wanted: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """``np.searchsorted(column, wanted, "right")``, given ``first`` (the "left" positions):
+    steps past up to ``END_STEPS`` rows equal to each hash (cache-hot, beside its first row),
+    then searches for the hashes that have more."""
+    end = first.copy()
+    going = np.arange(len(wanted))
+    for _ in range(END_STEPS):
+        at = end[going]
+        going = going[(at < len(column)) & (column[np.minimum(at, len(column) - 1)]
+                                            == wanted[going])]
+        if len(going) == 0:
+            return end
+        end[going] += 1
+    end[going] = np.searchsorted(column, wanted[going], "right")
+    return end
 
 
 class KeyedRuns:

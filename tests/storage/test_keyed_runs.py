@@ -77,12 +77,18 @@ def test_lookups_through_runs_equal_a_scan(big_trace):
     assert trace.runs.built == 0  # the writer's run served every lookup
 
 
+@pytest.mark.parametrize("fence", [False, True], ids=["searched", "fenced"])
 @pytest.mark.parametrize("batch_rows", [7, 997])
-def test_lookups_in_runs_of_many_batches_equal_a_scan(spark, tmp_path, monkeypatch, batch_rows):
+def test_lookups_in_runs_of_many_batches_equal_a_scan(spark, tmp_path, monkeypatch, batch_rows,
+                                                      fence):
     """A run of many record batches: a lookup visits only the batches whose hash range holds a
     wanted hash, and a key whose rows straddle batches (7-row batches, about 7 rows a key) is
-    found whole."""
+    found whole; also when every batch is searched through a fence (of every 4th hash)."""
     monkeypatch.setattr(keyed_runs, "BATCH_ROWS", batch_rows)
+    if fence:
+        monkeypatch.setattr(keyed_runs, "FENCE_STRIDE", 4)
+        monkeypatch.setattr(keyed_runs, "FENCE_MIN_HASHES", 1)
+        monkeypatch.setattr(keyed_runs, "FENCE_ROWS_PER_HASH", 0)
     db = StateDatabase(spark, str(tmp_path), "fp")
     db.open()
     sql = LocalSQL()
@@ -99,6 +105,36 @@ def test_lookups_in_runs_of_many_batches_equal_a_scan(spark, tmp_path, monkeypat
         assert got == _scan(trace, keys) and got
     assert trace.runs.built == 0
     sql.close()
+
+
+@pytest.mark.parametrize("stride", [1, 3, 256])
+def test_a_fenced_search_finds_what_a_binary_search_finds(tmp_path, monkeypatch, stride):
+    """``_OpenRun.ranges`` through fences (every ``stride``-th hash) and with the steps past a
+    hash's rows gives numpy's searchsorted "left" and "right", over hashes with one row, a few,
+    and more than ``END_STEPS``, for wanted hashes below, between, on and above them."""
+    monkeypatch.setattr(keyed_runs, "FENCE_STRIDE", stride)
+    monkeypatch.setattr(keyed_runs, "FENCE_MIN_HASHES", 1)
+    monkeypatch.setattr(keyed_runs, "FENCE_ROWS_PER_HASH", 0)
+    rng = np.random.default_rng(stride)
+    distinct = np.unique(rng.integers(10, 2**62, 3_000, dtype=np.int64)).astype(np.uint64)
+    repeats = rng.choice([1, 1, 1, 2, 3, keyed_runs.END_STEPS + 3], len(distinct))
+    column = np.repeat(distinct, repeats)
+    path = str(tmp_path / "run.arrow")
+    schema = pa.schema([(keyed_runs.HASH, pa.uint64())])
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+        for lo in range(0, len(column), 1_000):  # three batches and a bit
+            writer.write_table(pa.table({keyed_runs.HASH: column[lo:lo + 1_000]}))
+    run = keyed_runs._OpenRun.of(pa.ipc.open_file(pa.memory_map(path)))
+    wanted = np.unique(np.concatenate([
+        rng.choice(distinct, 700), rng.integers(0, 2**62, 300, dtype=np.int64).astype(np.uint64),
+        np.array([0, distinct[0], distinct[-1], 2**63], dtype=np.uint64)]))
+    for _ in range(2):  # the second time through the fences kept
+        hit, lo, hi = run.ranges(wanted)
+        left = np.searchsorted(column, wanted, "left")
+        right = np.searchsorted(column, wanted, "right")
+        assert (hit == np.flatnonzero(right > left)).all()
+        assert (lo == left[hit]).all() and (hi == right[hit]).all()
+    assert run.fences
 
 
 def test_a_missing_run_is_rebuilt_from_the_data_file(big_trace, spark):
