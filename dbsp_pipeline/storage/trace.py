@@ -148,6 +148,10 @@ RECENT_FILE_ROWS = 65_536
 #: many. Two rows beyond the deleted ones resolve a group: its live extreme, and a cut below it
 EXTREME_ROWS = 3
 EXTREME_GROWTH = 8
+#: at most this many of a group's retractions deepen a file's read: retractions of values far
+#: from the extreme do not (the shop query's max per region under moves of 1M orders a step
+#: retracted 100k values a region, and each region was read 100k rows deep)
+EXTREME_RETRACTED_ROWS = EXTREME_ROWS * EXTREME_GROWTH
 
 #: Compact a trace once it has more sorted runs than this (size-tiered merge of the smallest).
 COMPACT_FILE_THRESHOLD = 16
@@ -353,7 +357,8 @@ class Trace:
 
         Reads small files whole, as ``lookup_arrow`` does, then the big files smallest first
         (``KeyedRuns.lookup_ends``), about ``EXTREME_ROWS`` rows per key from each plus one per
-        retraction of the key found in the files read before it: the values those deleted may
+        retraction of the key found in the files read before it (up to
+        ``EXTREME_RETRACTED_ROWS``): the values those deleted may
         be a bigger file's most extreme, the base run's under a steady stream of deletes of
         the current maximum. A key whose rows taken hold no live value (its extremes deleted
         by files read after, or more of them than counted) is read again with
@@ -409,7 +414,8 @@ class Trace:
 
         read_whole([f for f in candidates if not self.runs.covers(f)])
         for f in sorted((f for f in candidates if self.runs.covers(f)), key=lambda f: f.rows):
-            found = self.runs.lookup_ends(f, hashes, count + retracted, largest,
+            deeper = np.minimum(retracted, EXTREME_RETRACTED_ROWS)
+            found = self.runs.lookup_ends(f, hashes, count + deeper, largest,
                                           self._read_to_build_run)
             if found is None:  # no usable run: read the file as a small one
                 read_whole([f])

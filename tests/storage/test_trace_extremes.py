@@ -177,3 +177,35 @@ def test_a_re_read_goes_as_deep_as_the_retractions_found_before(spark, tmp_path,
     # the deletes, and past them EXTREME_ROWS of the base a group
     assert read == groups * (deletes + deletes + trace_module.EXTREME_ROWS), [
         (f.rows, trace.runs.covers(f)) for f in trace.files()]
+
+
+def test_retractions_far_from_the_extreme_deepen_a_read_only_so_far(spark, tmp_path,
+                                                                    monkeypatch):
+    """Retractions of values far from the extreme (a max per region while moves retract many
+    of its orders) deepen the read of a bigger file by at most ``EXTREME_RETRACTED_ROWS``, not
+    by as many rows as they are."""
+    monkeypatch.setattr(keyed_runs, "MIN_ROWS", 500)
+    db = StateDatabase(spark, str(tmp_path), "fp")
+    db.open()
+    sql, groups, per_group, retracted = LocalSQL(), 20, 2_000, 1_500
+    schema = StructType([StructField("g", LongType()), StructField("_v", DoubleType())])
+    trace = Trace(db, "values", schema, ["g"], order_by="_v")
+    g = np.repeat(np.arange(groups), per_group)
+    v = np.tile(np.arange(per_group, dtype=np.float64), groups)
+    trace.append_arrow(sql, pa.table({"g": g, "_v": v, "_weight": np.ones(len(g), np.int64)}))
+    keyed_runs.wait_for_writes()
+    low = np.tile(np.arange(retracted, dtype=np.float64), groups)  # the smallest values
+    keys = pa.table({"g": pa.array(range(groups), pa.int64())})
+    with keyed_runs.held_writes():  # its run not written yet: the file is read whole
+        trace.append_arrow(sql, pa.table({"g": np.repeat(np.arange(groups), retracted),
+                                          "_v": low, "_weight": np.full(len(low), -1, np.int64)}))
+        trace.reset_rows_read()
+        got = trace.lookup_extreme_rows(sql, keys, largest=True)
+        read = trace.rows_read
+    assert _extremes(sql, got, keys, ["g"], True) == [repr({"g": k, "e": float(per_group - 1)})
+                                                      for k in sorted(range(groups), key=repr)]
+    # the retractions' file whole, then the base at most the cap deeper than EXTREME_ROWS (a
+    # few rows, not the 1,500 retractions)
+    assert trace_module.EXTREME_RETRACTED_ROWS <= 32
+    assert read <= groups * (retracted + trace_module.EXTREME_ROWS
+                             + trace_module.EXTREME_RETRACTED_ROWS)
