@@ -158,11 +158,11 @@ COMPACT_FILE_THRESHOLD = 16
 #: A trace updated in place is merged whole once the runs beside its largest hold this many
 #: times the largest's rows (a bound on size amplification, as RocksDB's universal compaction
 #: bounds it against its oldest run). Each step adds a retraction and an insertion per changed
-#: key, and until a merge cancels them a lookup of those keys reads every version: an
-#: aggregate's 100k groups all changed a step read 1.9M rows a step before. A step's run can be
-#: bigger than the merged base (two rows per changed key), so the bound is against the largest
-#: run. Only for such traces: a trace appended to by big steps would be merged whole every step
-#: or two (1M-row steps on Spark onto 1M orders: 0.75 s a step became 0.93 s)...
+#: key, and until a merge cancels them a lookup of those keys reads every version ((c) on
+#: Spark, all 100k groups changed a step: 1.6M rows read a step before, 1.3M after). A step's
+#: run can be bigger than the merged base (two rows per changed key), so the bound is against
+#: the largest run. Only for such traces: a trace appended to by big steps would be merged
+#: whole every step or two (1M-row steps on Spark onto 1M orders: 0.75 s a step, 0.93 s so)...
 MAX_SIZE_AMPLIFICATION = 1.0
 #: ...once those runs hold at least this many rows: fewer cost less to read than to merge.
 AMPLIFIED_MIN_ROWS = 131_072
@@ -358,13 +358,12 @@ class Trace:
         Reads small files whole, as ``lookup_arrow`` does, then the big files smallest first
         (``KeyedRuns.lookup_ends``), about ``EXTREME_ROWS`` rows per key from each plus one per
         retraction of the key found in the files read before it (up to
-        ``EXTREME_RETRACTED_ROWS``): the values those deleted may
-        be a bigger file's most extreme, the base run's under a steady stream of deletes of
-        the current maximum. A key whose rows taken hold no live value (its extremes deleted
-        by files read after, or more of them than counted) is read again with
-        ``EXTREME_GROWTH`` times as many, until a live value or all its rows are in hand. So a
-        min/max re-read costs about the rows deleted beyond the new extreme, not the group's
-        size. The rows read count in ``rows_read``."""
+        ``EXTREME_RETRACTED_ROWS``): the values those deleted may be a bigger file's most
+        extreme, the base run's under a steady stream of deletes of the current maximum. A key
+        whose rows taken hold no live value (its extremes deleted by files read after, or more
+        of them than counted) is read again with ``EXTREME_GROWTH`` times as many, until a live
+        value or all its rows are in hand. So a min/max re-read costs about the rows deleted
+        beyond the new extreme, not the group's size. The rows read count in ``rows_read``."""
         if self.runs.order_by is None:
             raise ValueError(f"trace {self.name} is not ordered by a value")
         empty = self.table.arrow_schema.empty_table()
