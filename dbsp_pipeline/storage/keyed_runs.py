@@ -160,8 +160,7 @@ class _OpenRun:
         if total == 0:
             return none, none, none
         which = np.repeat(np.arange(len(hashes)), spans)
-        batch_of = np.repeat(lo_batch, spans) + (
-            np.arange(total) - np.repeat(np.cumsum(spans) - spans, spans))
+        batch_of = _concat_ranges(lo_batch, spans)
         order = np.argsort(batch_of, kind="stable")  # by batch; hashes stay ascending
         batch_of, which = batch_of[order], which[order]
         cuts = np.flatnonzero(np.diff(batch_of)) + 1
@@ -213,6 +212,13 @@ class _OpenRun:
         parts = [self.batches[b].take(pa.array(part - self.offsets[b]))
                  for part, b in zip(np.split(rows, cuts), batch[np.concatenate(([0], cuts))])]
         return pa.Table.from_batches(parts, parts[0].schema)
+
+
+def _concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The integers ``starts[i] .. starts[i] + lengths[i] - 1`` for each i, one after another."""
+    ranges: np.ndarray = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+    ranges += np.arange(len(ranges))
+    return ranges
 
 
 def _past_equal(column: np.ndarray, wanted: np.ndarray, first: np.ndarray) -> np.ndarray:
@@ -362,8 +368,7 @@ class KeyedRuns:
         total = int(count.sum())
         if total == 0:
             return self.schema.empty_table()
-        rows = np.repeat(lo - (np.cumsum(count) - count), count) + np.arange(total)
-        return reader.take(rows).drop_columns([HASH])
+        return reader.take(_concat_ranges(lo, count)).drop_columns([HASH])
 
     def lookup_ends(self, data_file: DataFile, hashes: np.ndarray, count: int | np.ndarray,
                     largest: bool, read_file: Callable[[DataFile], pa.Table]
@@ -388,7 +393,7 @@ class KeyedRuns:
         cut_schema = self.run_schema.append(pa.field(CUT, pa.bool_(), False))
         if total == 0:
             return cut_schema.empty_table()
-        rows = np.repeat(first - (np.cumsum(taken) - taken), taken) + np.arange(total)
+        rows = _concat_ranges(first, taken)
         cut = np.zeros(total, dtype=bool)
         more = np.flatnonzero(hi - lo > wanted)  # the least extreme row taken of each
         ends = np.cumsum(taken)
