@@ -13,8 +13,9 @@ access patterns, each a circuit built with the public ``Circuit`` API:
     each step pushes 10k line changes (10% deletes).
 
 For each pattern and size: the median push+step seconds (``--steps`` steps after a warm-up
-step; the change's tables are built before the clock starts, as a user has them in hand when
-they push: the workload's own work (finding each customer's maximum) is not the engine's;
+step, each a ``Pipeline.step(changes)`` that carries its change: the push is committed while the
+step computes; the change's tables are built before the clock starts, as a user has them in
+hand when they push: the workload's own work (finding each customer's maximum) is not the engine's;
 the timed steps start once the keyed runs of the loaded files are written, as in a running
 pipeline, and the seconds that took after the load are reported), the rows the step read from
 state (``StepResult.state_rows_read``), the same view recomputed from scratch by DuckDB (in
@@ -64,9 +65,9 @@ CUSTOMERS = 100_000
 REGIONS = 10
 LINES_PER_ORDER = 4
 Emit = Callable[[dict[str, Any]], None]
-#: a step's change: called before the clock starts, it builds the change's tables and returns
-#: the push, which is timed with the step
-Change = Callable[[], Callable[[], None]]
+#: a step's change: called before the clock starts, it builds the change's Z-sets, per input,
+#: which the timed step carries (``Pipeline.step(changes)``: push and step in one call)
+Change = Callable[[], dict[str, pa.Table]]
 
 SHOP_QUERY = """SELECT region, sum(amount) AS total, count(*) AS n, max(amount) AS top
   FROM orders JOIN customers USING (customer_id) WHERE amount > 10 GROUP BY region"""
@@ -100,14 +101,12 @@ def lines_of(order_id: np.ndarray, line_no: np.ndarray) -> pa.Table:
 
 
 # -- circuits -----------------------------------------------------------------------------------
-def zset_push(p: Pipeline, name: str, inserts: pa.Table, deletes: pa.Table
-              ) -> Callable[[], None]:
-    """The push of a step's inserts and deletes to input ``name``, as a user with a mixed
-    change pushes it: one Z-set (``_weight`` +1 and -1), so one durable commit, not two."""
+def zset(inserts: pa.Table, deletes: pa.Table) -> pa.Table:
+    """A step's inserts and deletes as a user with a mixed change pushes them: one Z-set
+    (``_weight`` +1 and -1), so one durable commit, not two."""
     weights = pa.array([1] * inserts.num_rows + [-1] * deletes.num_rows, pa.int64())
-    zset = (pa.concat_tables([inserts, deletes.select(inserts.column_names)])
+    return (pa.concat_tables([inserts, deletes.select(inserts.column_names)])
             .append_column("_weight", weights))
-    return lambda: p.push_zset(name, zset)
 
 
 def max_circuit() -> Circuit:
@@ -188,14 +187,13 @@ def view_rows(p: Pipeline, name: str, columns: list[str]) -> list[tuple]:
 # -- running steps ------------------------------------------------------------------------------
 def timed_steps(p: Pipeline, steps: int, change: Change, emit: Emit,
                 record: dict[str, Any]) -> dict[str, float]:
-    """A warm-up step then ``steps`` steps, each ``push()`` + ``p.step()`` timed (the change
-    built before); the medians."""
+    """A warm-up step then ``steps`` steps, each ``p.step(changes)`` timed (the change built
+    before; the step pushes it and executes, one call); the medians."""
     seconds, rows_read = [], []
     for i in range(steps + 1):
-        push = change()
+        changes = change()
         t = time.perf_counter()
-        push()
-        r = p.step()
+        r = p.step(changes)
         s = time.perf_counter() - t
         emit({**record, "figure": "step_seconds", "step": r.step, "warm_up": i == 0,
               "value": round(s, 4), "on_driver": r.on_driver,
@@ -263,22 +261,21 @@ def run_shop(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
         return orders_of(np.arange(live["first"], live["next"]))
 
     def order_changes(n: int) -> Change:
-        def change() -> Callable[[], None]:
+        def change() -> dict[str, pa.Table]:
             n_del = n // 10
-            push = zset_push(p, "orders",
-                             orders_of(np.arange(live["next"], live["next"] + n - n_del)),
-                             orders_of(np.arange(live["first"], live["first"] + n_del)))
+            orders = zset(orders_of(np.arange(live["next"], live["next"] + n - n_del)),
+                          orders_of(np.arange(live["first"], live["first"] + n_del)))
             live["next"] += n - n_del
             live["first"] += n_del
-            return push
+            return {"orders": orders}
         return change
 
     def mover(n: int) -> Change:
-        def change() -> Callable[[], None]:  # n customers, each to the next region
+        def change() -> dict[str, pa.Table]:  # n customers, each to the next region
             chosen = rng.choice(np.arange(1, CUSTOMERS + 1), n, replace=False)
             before = customers_of(shift, chosen)
             shift[chosen] += 1
-            return zset_push(p, "customers", customers_of(shift, chosen), before)
+            return {"customers": zset(customers_of(shift, chosen), before)}
         return change
 
     def check(record: dict[str, Any], medians: dict[str, float], duckdb_too: bool = True
@@ -310,8 +307,7 @@ def run_shop(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
                 t = time.perf_counter()
                 change = order_changes(100)
                 for _ in range(args.small_steps):
-                    change()()
-                    r = p.step()
+                    r = p.step(change())
                     assert r.committed_version is not None
                 seconds = time.perf_counter() - t
                 emit({"pattern": "small_steps", "size": size, "figure": "steps_per_second",
@@ -365,7 +361,7 @@ def run_max(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
             load(p, {"orders": orders}, emit, record)
 
             def delete_maxima(n: int) -> Change:
-                def change() -> Callable[[], None]:
+                def change() -> dict[str, pa.Table]:
                     gone = []
                     for c in rng.choice(np.arange(1, CUSTOMERS + 1), n, replace=False):
                         ids = by_customer[starts[c - 1]:starts[c]]
@@ -374,7 +370,7 @@ def run_max(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
                             gone.append(ids[np.argmax(amount[ids])])
                     alive[gone] = False
                     deletes = orders_of(np.array(gone))
-                    return lambda: p.push("orders", deletes, weight=-1)
+                    return {"orders": zset(deletes.schema.empty_table(), deletes)}
                 return change
 
             def check(record: dict[str, Any], medians: dict[str, float],
@@ -423,13 +419,13 @@ def run_lines(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
             load(p, {"orders": orders, "lines": first}, emit, record)
 
             def change(n: int) -> Change:
-                def prepare() -> Callable[[], None]:
+                def prepare() -> dict[str, pa.Table]:
                     n_del = n // 10
                     d, a = state["deleted"], state["added"]
-                    push = zset_push(p, "lines", added(a, a + n - n_del), first.slice(d, n_del))
+                    lines = zset(added(a, a + n - n_del), first.slice(d, n_del))
                     state["deleted"] += n_del
                     state["added"] += n - n_del
-                    return push
+                    return {"lines": lines}
                 return prepare
 
             def check(record: dict[str, Any], medians: dict[str, float],

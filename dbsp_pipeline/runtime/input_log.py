@@ -53,6 +53,9 @@ PUSHED_ROWS_KEPT = 65_536
 #: the thread that consolidates consumed input in the background, for every log of the process
 _CONSOLIDATOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dbsp-input-consolidate")
 _SQL: LocalSQL | None = None
+#: the thread that commits the pushes a step carries while it computes (``land_in_background``):
+#: one, so a step's pushes land one after another in the order given
+_LANDER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dbsp-input-land")
 
 
 def _background_sql() -> LocalSQL:
@@ -61,6 +64,37 @@ def _background_sql() -> LocalSQL:
     if _SQL is None:
         _SQL = LocalSQL(threads=1)
     return _SQL
+
+
+@dataclass(frozen=True)
+class WrittenPush:
+    """A push whose data file is written and not committed (``InputLog.write_push``): its add
+    actions (none for no rows), its rows (the file holds them cast to the log's schema), and
+    what its commit records."""
+
+    adds: list[AddAction]
+    rows: pa.Table
+    producer: str | None
+    seq: int | None
+    rejected: int
+
+
+@dataclass(frozen=True)
+class LandingPush:
+    """A push being committed in the background at exactly log version ``version``
+    (``InputLog.land_in_background``); ``files`` are the files it adds."""
+
+    input: str
+    push: WrittenPush
+    version: int
+    files: list[DataFile]
+    future: Future[int]
+
+    def wait(self) -> None:
+        """Return once the push is committed at ``version``; else raise what its commit raised:
+        ``ConcurrentWriterError`` when another push took that version first (nothing of this
+        one is committed), ``StorageError`` or anything else as a push's commit would."""
+        self.future.result()
 
 
 @dataclass
@@ -99,17 +133,46 @@ class InputLog:
         at the same time (``_commit``). ``rejected`` counts records of the batch that were not
         valid (sent to the errors sink); the commit records it for the step's result.
         """
+        return self.append_written(self.write_push(table, producer, seq, rejected))
+
+    def write_push(self, table: pa.Table, producer: str | None = None, seq: int | None = None,
+                   rejected: int = 0) -> WrittenPush:
+        """The first half of ``append_arrow``: the push's data file written, nothing committed
+        (a file no commit names is garbage for ``storage/garbage.py``)."""
         rows = positive_zeros_arrow(table)
-        adds = self.table.write_arrow(rows)
-        if adds or producer is not None:
-            metadata = {REJECTED_KEY: rejected} if rejected else None
-            if not self._commit(adds, producer, seq, metadata):
+        return WrittenPush(self.table.write_arrow(rows), rows, producer, seq, rejected)
+
+    def append_written(self, push: WrittenPush) -> int:
+        """The second half of ``append_arrow``: commit ``push`` at the log's next version
+        (a producer's at the first version its number is not recorded at); returns how many
+        rows were appended (0: the producer's batch was recorded already)."""
+        if push.adds or push.producer is not None:
+            metadata = {REJECTED_KEY: push.rejected} if push.rejected else None
+            if not self._commit(push.adds, push.producer, push.seq, metadata):
                 return 0
-        for add in adds:  # (one file: the whole push, kept as the file reads)
-            if rows.num_rows <= PUSHED_ROWS_KEPT:
+        self._keep(push)
+        return int(push.rows.num_rows)
+
+    def land_in_background(self, push: WrittenPush, version: int) -> LandingPush:
+        """Commit ``push`` at exactly log version ``version`` (compare-and-append), in the
+        background: the step that carries the push computes meanwhile, and waits for it before
+        its record names ``version`` (``step_protocol.execute_step``). Until it is waited for,
+        nothing else may use this log's table. Its rows are kept at once (the step reads them;
+        rows of a file no commit names are never read by anyone else)."""
+        self._keep(push)
+        metadata = {REJECTED_KEY: push.rejected} if push.rejected else None
+        app_id = None if push.producer is None else PRODUCER_APP_PREFIX + push.producer
+        future = _LANDER.submit(self.table.commit, push.adds, app_id=app_id,
+                                app_version=push.seq, metadata=metadata,
+                                expected_version=version)
+        return LandingPush(self.name, push, version,
+                           [self.table.data_file(a) for a in push.adds], future)
+
+    def _keep(self, push: WrittenPush) -> None:
+        for add in push.adds:  # (one file: the whole push, kept as the file reads)
+            if push.rows.num_rows <= PUSHED_ROWS_KEPT:
                 self._pushed.keep(self.table.data_file(add).path,
-                                  rows.cast(self.table.arrow_schema), PUSHED_ROWS_KEPT)
-        return int(table.num_rows)
+                                  push.rows.cast(self.table.arrow_schema), PUSHED_ROWS_KEPT)
 
     def append_spark(self, df: DataFrame, producer: str | None = None,
                      seq: int | None = None) -> int:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
 import pyarrow as pa
@@ -450,9 +450,20 @@ class Pipeline:
         return self._engine.input(name).pushed(producer)
 
     # -- steps -----------------------------------------------------------------------------
-    def step(self) -> StepResult:
+    def step(self, changes: Mapping[str, pa.Table] | None = None, *,
+             producer: str | None = None, seq: int | None = None) -> StepResult:
         """Execute one step over the input pushed since the previous one
-        (``step_protocol.py``).
+        (``step_protocol.py``), and over ``changes`` if given.
+
+        ``changes``: per input, a Z-set (an Arrow table of its columns plus ``_weight``, as
+        ``push_zset`` takes) that the step carries: ``step(changes)`` is ``push_zset`` of each,
+        then ``step()``, with the pushes committed while the step computes rather than before
+        it (one durable commit's wait less). Bad input raises ``InputError`` before anything is
+        written. When the step returns, its pushes are durable with it; when it raises, each
+        push is durable or not, as a ``push`` that raised (``producer``/``seq``, recorded with
+        each input's push, make a repeat of the call exactly-once). A step that was divided
+        before (a failed step, retried) executes as it was, and its carried pushes belong to
+        the next step.
 
         Raises ``PipelineFencedError`` (and closes this object) when another process running the
         same root recorded the step's division first, or wrote the state since this one opened.
@@ -461,7 +472,13 @@ class Pipeline:
         again; ``quarantine_step`` executes it without its input instead.
         """
         with self._exclusive():
-            return step_protocol.execute_step(self._engine)
+            engine = self._engine
+            carried = {}
+            for name, table in (changes or {}).items():
+                push = inputs.write_zset(engine.input(name), table, producer, seq)
+                if push is not None:
+                    carried[name] = push
+            return step_protocol.execute_step(engine, carried)
 
     def quarantine_step(self, step: int) -> QuarantineResult:
         """Quarantine the input of ``step``, the next step, whose execution failed

@@ -16,6 +16,9 @@ A step (``execute_step``), top to bottom:
 2. Divide: the division of input for step ``s``: the newest version of every input log. If
    ``s`` was divided before (a crash after its record, before the checkpoint that follows it;
    or it failed), the recorded division is re-used.
+   A step may carry its own pushes (``Pipeline.step(changes)``: their files written, not
+   committed): each is committed in the background at the version after its log's newest,
+   and the division takes that version in, so the step computes while they land (2b).
 3. Read each input's change: the log files appended in versions ``(lower, upper]``.
 4. Evaluate every operator once; stateful operators stage their trace changes
    (``storage/staged_table.py``). A step whose estimated work fits the driver's memory runs
@@ -23,6 +26,9 @@ A step (``execute_step``), top to bottom:
    same change and read and write the same traces.
 5. Write every output's change as data files (``OutputLog.prepare``), under the output write
    rules: a step already written is verified and discarded, so a replay duplicates nothing.
+5b. Every carried push has landed at its version (the record names it). One that lost its
+   version to another writer's push undoes the step (back to the newest checkpoint); it is
+   pushed as a plain push, and the step executes again over the logs as they are.
 6. Record: the step's ONE durable commit, its *record*: its division together with every
    view's change (files, rows, digest). A step that ends a checkpoint (every
    ``checkpoint_every`` steps) stages its record and commits the state database: the manifest
@@ -38,7 +44,8 @@ durable, in one commit (a consumer reading through ``Pipeline`` sees the step; a
 an output's Delta table sees it once folded); its state is durable with the checkpoint
 (``StepResult.committed_version``). A crash before the record's commit loses the whole step
 (its files are garbage, and the next step divides the input again); after it, replay rebuilds
-whatever state was not checkpointed.
+whatever state was not checkpointed. A carried push is a push: durable once it landed, with or
+without the step (a crash after it leaves it to the next step, as a push before a crashed step).
 
 Replay at open (``recover``): reopening a root after a crash opens the newest committed state
 version and at once executes again the steps recorded after it, from their recorded divisions
@@ -61,7 +68,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from concurrent import futures
 from typing import Any
 
 import pyarrow as pa
@@ -78,6 +86,7 @@ from dbsp_pipeline.operators.base import StepContext
 from dbsp_pipeline.runtime import upkeep
 from dbsp_pipeline.runtime.division_log import CARRIED_RECORDS_KEY
 from dbsp_pipeline.runtime.engine_state import EngineState
+from dbsp_pipeline.runtime.input_log import LandingPush, WrittenPush
 from dbsp_pipeline.runtime.output_log import PreparedWrite
 from dbsp_pipeline.runtime.results import FailedStep, QuarantineResult, StepInfo, StepResult
 from dbsp_pipeline.storage.delta_table import DataFile
@@ -89,10 +98,18 @@ log = logging.getLogger(__name__)
 
 
 # -- one step ------------------------------------------------------------------------------
-def execute_step(state: EngineState) -> StepResult:
+def execute_step(state: EngineState, carried: Mapping[str, WrittenPush] | None = None
+                 ) -> StepResult:
     """Execute the next step (1-6 of the module docstring). Raises ``StepFailedError`` when the
     computation failed (nothing of it is committed; it stays the next step, ``failed_step``),
-    ``ConcurrentWriterError`` when another process wrote this root's tables first."""
+    ``ConcurrentWriterError`` when another process wrote this root's tables first.
+
+    ``carried``: pushes whose files are written and not committed, one per input (the step's
+    own input, ``Pipeline.step(changes)``): each is committed in the background at the log
+    version after the newest, which the division names, while the step computes; the record
+    waits for them (2b, 5b). A step divided before (a replay, a failed step) leaves them to
+    the next step, pushed first as they are; a push that loses its version to another writer
+    undoes the step, which then executes again over the pushes as they landed."""
     started = time.monotonic()
     state.compactor.apply_finished()
     s = state.db.get_step()
@@ -101,6 +118,10 @@ def execute_step(state: EngineState) -> StepResult:
     # 1-2. Divide: the division of input for step s (recorded with its output, in step 6).
     uppers = state.divisions.get(s)
     divided = uppers is not None
+    if divided and carried:  # the recorded division is the step's: the pushes are the next's
+        for name, push in carried.items():
+            state.inputs[name].append_written(push)
+        carried = None
     if uppers is None:
         offsets = {n: {producer: state.inputs[n].pushed(producer) for producer in sorted(ps)}
                    for n, ps in state.tracked.items()}
@@ -116,19 +137,36 @@ def execute_step(state: EngineState) -> StepResult:
 
     if result.quarantined is not None:
         complete_quarantine(state, s, result.quarantined)
+    files = {n: [] if result.quarantined is not None else
+             state.inputs[n].files_between(lowers[n], uppers.get(n, 0)) for n in names}
+
+    # 2b. The carried pushes start landing, each at the version after the newest: the division
+    # takes them in. Nothing else reads or writes their logs until they have landed (5b).
+    landing = []
+    for name, push in (carried or {}).items():
+        landing.append(state.inputs[name].land_in_background(push, uppers[name] + 1))
+        uppers[name] += 1
+        files[name] = files[name] + landing[-1].files
+        if name in result.rejected:
+            result.rejected[name] += push.rejected
+        if push.producer is not None and push.producer in offsets.get(name, {}):
+            offsets[name][push.producer] = push.seq
 
     # 3-5. Evaluate and write the files of every view's change. Nothing of a step that fails
     # here stays but its division: the state goes back to the newest checkpoint; a failure of
     # the computation is StepFailedError.
     computed = False
     try:
-        prepared = _compute(state, s, lowers, uppers, result)
+        prepared = _compute(state, s, files, result)
         computed = True
     except ConcurrentWriterError:
+        _settle(landing)
         raise  # fenced: the pipeline closes
     except Exception as e:  # noqa: BLE001 (any failure of the step)
         if state.rolling_back:
             raise
+        if landing and not _landed(state, landing):  # 5b (below)
+            return _again_as_pushed(state, s, landing)
         if not divided:  # the step stays the next one, with the same input
             try:
                 state.divisions.record(s, uppers, offsets)
@@ -142,8 +180,13 @@ def execute_step(state: EngineState) -> StepResult:
         state.failed_step = FailedStep(s, error)
         raise StepFailedError(state.circuit.name, s, error) from e
     except BaseException:
+        _settle(landing)
         state.abandon()  # interrupted half-way: reopen the root
         raise
+    # 5b. The record names the carried pushes' versions: every one has landed there, or the
+    # step is undone and executes again over the pushes as they landed.
+    if landing and not _landed(state, landing):
+        return _again_as_pushed(state, s, landing)
     state.failed_step = None
     result.state_rows_read = sum(t.rows_read for t in state.plan.state_traces())
 
@@ -191,15 +234,54 @@ def execute_step(state: EngineState) -> StepResult:
     return result
 
 
-def _compute(state: EngineState, s: int, lowers: dict[str, int], uppers: dict[str, int],
+def _landed(state: EngineState, landing: list[LandingPush]) -> bool:
+    """Wait for every carried push of ``landing``; whether all landed at their versions. False
+    when one lost its version to another writer, or its commit definitely failed (nothing of
+    it is committed). A commit of unknown outcome, or a crash in one, abandons the state."""
+    landed = True
+    failure: BaseException | None = None
+    for push in landing:
+        try:
+            push.wait()
+        except ConcurrentWriterError:
+            landed = False
+        except StorageError as e:
+            if not e.definitely_failed:
+                failure = failure or e
+            landed = False
+        except BaseException as e:  # noqa: BLE001 (a crash in the lander: raised below)
+            failure = failure or e
+    if failure is not None:
+        state.abandon()  # a push may or may not be committed: reopen the root
+        raise failure
+    return landed
+
+
+def _settle(landing: list[LandingPush]) -> None:
+    """Wait for every carried push of ``landing`` to land or fail (a step interrupted or fenced:
+    what they did is left as it is, for whoever reopens the root)."""
+    futures.wait([push.future for push in landing])
+
+
+def _again_as_pushed(state: EngineState, s: int, landing: list[LandingPush]) -> StepResult:
+    """A carried push of step ``s`` did not land at its version: undo the step (back to the
+    newest checkpoint), push those that did not land as plain pushes (a producer's batch
+    recorded meanwhile is not pushed twice), and execute the step again over the logs."""
+    _roll_back(state, until=s)
+    for push in landing:
+        if push.future.exception() is not None:
+            state.inputs[push.input].append_written(push.push)
+    return execute_step(state)
+
+
+def _compute(state: EngineState, s: int, files: dict[str, list[DataFile]],
              result: StepResult) -> dict[str, PreparedWrite | None]:
-    """Steps 3-5 of step ``s`` up to the record: each input's change (none if the step is
-    quarantined; a small change is read on the driver), the circuit's evaluation (stateful
-    operators stage their trace changes), and every view's change written as data files (or,
-    for a step written before, verified against its record: None)."""
+    """Steps 3-5 of step ``s`` up to the record: each input's change (``files``: its
+    division's pushes; none if the step is quarantined; a small change is read on the driver),
+    the circuit's evaluation (stateful operators stage their trace changes), and every view's
+    change written as data files (or, for a step written before, verified against its record:
+    None)."""
     names = list(state.inputs)
-    files = {n: [] if result.quarantined is not None else
-             state.inputs[n].files_between(lowers[n], uppers.get(n, 0)) for n in names}
     result.inputs = {n: sum(f.rows for f in fs) for n, fs in files.items()}
     result.on_driver, result.path_reason, per_owner = state.choose_path(files)
     sql = state.sql if result.on_driver else None

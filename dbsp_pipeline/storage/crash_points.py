@@ -23,6 +23,7 @@ enumerates the crash points a workload goes through. Unarmed, a pass costs a dic
 from __future__ import annotations
 
 import os
+import threading
 from collections import Counter
 
 CRASH_EXIT_CODE = 77
@@ -35,6 +36,8 @@ class InjectedCrash(BaseException):
 
 _armed: dict[str, int] = {}
 _passes: Counter[str] = Counter()
+#: pushes a step carries pass their points in a background thread (``input_log.py``)
+_lock = threading.Lock()
 
 
 def arm(name: str, at_pass: int = 1) -> None:
@@ -55,12 +58,16 @@ def passes() -> Counter[str]:
 
 def hit(name: str) -> None:
     """Pass the point ``name``: crash here if a test armed it for this pass."""
-    _passes[name] += 1
-    if _armed.get(name) == _passes[name]:
-        del _armed[name]
+    with _lock:
+        _passes[name] += 1
+        count = _passes[name]
+        crash = _armed.get(name) == count
+        if crash:
+            del _armed[name]
+    if crash:
         raise InjectedCrash(name)
     spec = os.environ.get(_ENV)
     if spec:
         point, _, n = spec.rpartition(":")
-        if point == name and int(n) == _passes[name]:
+        if point == name and int(n) == count:
             os._exit(CRASH_EXIT_CODE)

@@ -21,7 +21,14 @@ from dbsp_pipeline import Circuit, NonDeterminismError, Pipeline
 from dbsp_pipeline.storage import crash_points, delta_store, state_db
 from dbsp_pipeline.storage.crash_points import InjectedCrash
 from dbsp_pipeline.storage.verify import verify_root
-from tests.runtime.workload import circuit, consumer_view, open_pipeline, play_round, rounds
+from tests.runtime.workload import (
+    circuit,
+    consumer_view,
+    open_pipeline,
+    play_round,
+    play_round_carried,
+    rounds,
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -37,13 +44,14 @@ def run_workload(spark, root: str, crash: tuple[str, int] | None = None,
                  then: tuple[tuple[str, int], ...] = (), *, collect_garbage: bool = False,
                  also: tuple[tuple[str, int], ...] = (),
                  after_crash: Callable[[], None] | None = None,
-                 opener: Callable[[str, object], Pipeline] = open_pipeline) -> int:
+                 opener: Callable[[str, object], Pipeline] = open_pipeline,
+                 play: Callable[..., object] = play_round) -> int:
     """Run the rounds, crashing at ``crash`` and, after each crash, at the next point of
     ``then`` (so a crash can hit the recovery itself); returns how many crashes happened.
     ``also``: more points armed from the start, each counting its passes from there.
     ``collect_garbage``: garbage is collected after every round (division compaction and Delta
     log cleanup included). ``after_crash`` looks at the root as each crash left it. ``opener``
-    opens the root (at first and after each crash)."""
+    opens the root (at first and after each crash); ``play`` plays a round."""
     crash_points.reset()
     pending = ([crash] if crash is not None else []) + list(then)
     if pending:
@@ -58,7 +66,7 @@ def run_workload(spark, root: str, crash: tuple[str, int] | None = None,
         try:
             if p is None:
                 p = opener(root, spark)
-            play_round(p, r, work[r])
+            play(p, r, work[r])
             if collect_garbage:
                 p.collect_garbage()
             r += 1
@@ -112,6 +120,27 @@ def test_every_crash_point_recovers_to_the_no_crash_output_and_state(spark, tmp_
             failures.append((point, k))
     assert not failures, f"recovery differs from the no-crash run after crashes at {failures}"
     assert len(cases) >= 25
+
+
+def test_every_crash_point_of_steps_carrying_their_pushes_recovers(spark, tmp_path, reference):
+    """Rounds played as steps that carry their pushes (committed in a background thread while
+    the step computes): a crash at every durable action they pass, at its first and its middle
+    pass, recovers to exactly the output and state of the no-crash run of push-then-step
+    rounds (the producer's numbers make the repeated round push nothing twice)."""
+    expected, _ = reference
+    assert not run_workload(spark, str(tmp_path / "no-crash"), play=play_round_carried)
+    passes = crash_points.passes()
+    assert consumer_view(spark, str(tmp_path / "no-crash")) == expected
+    assert {"input.commit.before", "input.commit.after", "manifest.commit.after"} <= set(passes)
+    cases = [(point, k) for point in sorted(passes)
+             for k in sorted({1, (passes[point] + 1) // 2})]
+    failures = []
+    for i, (point, k) in enumerate(cases):
+        root = str(tmp_path / f"case{i}")
+        assert run_workload(spark, root, (point, k), play=play_round_carried), (point, k)
+        if consumer_view(spark, root) != expected:
+            failures.append((point, k))
+    assert not failures, f"recovery differs from the no-crash run after crashes at {failures}"
 
 
 def open_on_spark(root: str, spark) -> Pipeline:

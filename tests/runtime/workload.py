@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pyarrow as pa
+
 from dbsp_pipeline import Circuit, Pipeline, StepResult
 from dbsp_pipeline.runtime.recompute import check_views
 
@@ -53,6 +55,21 @@ def play_round(p: Pipeline, r: int, pushes: list[tuple]) -> StepResult | None:
     for i, (name, rows, weight) in enumerate(pushes):
         p.push(name, rows, weight=weight, producer="loader", seq=r * 10 + i)
     return p.step()
+
+
+def play_round_carried(p: Pipeline, r: int, pushes: list[tuple]) -> StepResult | None:
+    """Round ``r`` as one step that carries its pushes (``Pipeline.step(changes)``): per
+    input, the round's pushes as one Z-set, recorded with the producer's number ``r`` (so a
+    repeat after a crash pushes none twice); nothing if the step already ran."""
+    if p.next_step != r:
+        return None
+    rows: dict[str, list[dict]] = {}
+    for name, batch, weight in pushes:
+        columns = p.input_arrow_schema(name).names
+        rows.setdefault(name, []).extend(dict(zip(columns, (*row, weight))) for row in batch)
+    changes = {name: pa.Table.from_pylist(batch, schema=p.input_arrow_schema(name))
+               for name, batch in rows.items()}
+    return p.step(changes, producer="loader", seq=r)
 
 
 def consumer_view(spark, root: str) -> dict:
