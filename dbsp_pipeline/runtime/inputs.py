@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame
 
 from dbsp_pipeline.errors import UsageError
 from dbsp_pipeline.runtime import records
-from dbsp_pipeline.runtime.input_log import InputLog, WrittenPush
+from dbsp_pipeline.runtime.input_log import InputLog
 
 
 def push_rows(log: InputLog, rows: Any, weight: int, producer: str | None,
@@ -49,17 +49,15 @@ def push_zset(log: InputLog, table: pa.Table, producer: str | None, seq: int | N
     return 0
 
 
-def write_zset(log: InputLog, table: pa.Table, producer: str | None,
-               seq: int | None) -> WrittenPush | None:
-    """The first half of ``push_zset`` for a push a step carries (``Pipeline.step(changes)``):
-    the Z-set checked and its file written, nothing committed; None when there is nothing to
-    commit (the producer's batch was recorded already, or no rows and no producer)."""
+def carried_zset(log: InputLog, table: pa.Table, producer: str | None,
+                 seq: int | None) -> pa.Table | None:
+    """The checks of ``push_zset`` for a push a step carries (``Pipeline.step(changes)``): the
+    Z-set to write, or None when there is nothing to commit (the producer's batch was recorded
+    already, or no rows and no producer)."""
     if already_pushed(log, producer, seq):
         return None
     zset = records.zset_to_arrow(log.name, table, log.schema, log.arrow_schema)
-    if zset.num_rows == 0 and producer is None:
-        return None
-    return log.write_push(zset, producer, seq)
+    return None if zset.num_rows == 0 and producer is None else zset
 
 
 def already_pushed(log: InputLog, producer: str | None, seq: int | None) -> bool:

@@ -473,11 +473,10 @@ class Pipeline:
         """
         with self._exclusive():
             engine = self._engine
-            carried = {}
-            for name, table in (changes or {}).items():
-                push = inputs.write_zset(engine.input(name), table, producer, seq)
-                if push is not None:
-                    carried[name] = push
+            checked = {name: inputs.carried_zset(engine.input(name), table, producer, seq)
+                       for name, table in (changes or {}).items()}  # all, before any write
+            carried = {name: engine.input(name).write_push(zset, producer, seq)
+                       for name, zset in checked.items() if zset is not None}
             return step_protocol.execute_step(engine, carried)
 
     def quarantine_step(self, step: int) -> QuarantineResult:

@@ -12,6 +12,7 @@ carried pushes to the next one. Crashes at every durable action of carried steps
 
 from __future__ import annotations
 
+import glob
 import random
 
 import pyarrow as pa
@@ -113,12 +114,15 @@ def test_bad_input_in_a_carried_push_is_refused_before_anything_is_written(spark
     with Pipeline(circuit(), str(tmp_path), spark) as p:
         p.step(random_steps(seed=3, steps=0)[0])
         before = (p.engine.input("orders").version(), p.engine.input("customers").version())
+        files = sorted(glob.glob(f"{tmp_path}/inputs/**/*.parquet", recursive=True))
+        assert files
         bad = pa.table({"order_id": [1, 2], "customer_id": [1, 1], "amount": [1.0, 2.0],
                         "_weight": pa.array([1, 0], pa.int64())})
         with pytest.raises(InputError, match=r"input 'orders', record 1 .*'_weight'"):
             p.step({"customers": zset(CUSTOMERS, [(9, "x", 1)]), "orders": bad})
         assert (p.engine.input("orders").version(),
                 p.engine.input("customers").version()) == before
+        assert sorted(glob.glob(f"{tmp_path}/inputs/**/*.parquet", recursive=True)) == files
         assert p.next_step == 1 and p.failed_step is None
         good = zset(ORDERS, [(1, 1, 1.0, 1)])
         assert p.step({"orders": good}).inputs == {"orders": 1, "customers": 0}
