@@ -36,11 +36,16 @@ come from the view's durable output log (never recomputed), which a lease (``Pip
 keeps from being compacted before they are out. A consumer with ``isolation.level=
 read_committed`` sees every step exactly once.
 
-``KafkaRunner`` ties both to a pipeline: poll, step while input is pending, emit.
+``KafkaRunner`` ties both to a pipeline: poll, step while input is pending, emit. Its step
+carries the batches it polled (``Pipeline.step_carrying``): each partition batch's file is
+written at the poll and its commit (records and offset together, as above) lands while the step
+computes, at the log version the step's division names; a step that raises leaves each batch
+recorded or not, and the sources read again from the recorded offsets.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections import defaultdict
@@ -65,6 +70,7 @@ from dbsp_pipeline.spark_session import as_session
 from dbsp_pipeline.storage import crash_points
 
 if TYPE_CHECKING:
+    from dbsp_pipeline.runtime.input_log import WrittenPush
     from dbsp_pipeline.runtime.pipeline import Pipeline
     from dbsp_pipeline.runtime.results import StepResult
 
@@ -144,11 +150,15 @@ class KafkaSource:
 
     # -- reading ---------------------------------------------------------------------------
     def poll(self, max_records: int = 50_000, timeout: float = 0.5, *,
-             follow_layout: bool = True) -> PollResult:
+             follow_layout: bool = True,
+             carry: list[tuple[str, WrittenPush]] | None = None) -> PollResult:
         """Read what the topics have (up to ``max_records``, waiting up to ``timeout`` for the
         first) and push it, one push per partition batch; returns the counts. First takes and
         gives up partitions as the layout says (``follow_layout``), unless told not to (the
-        runner does that for all its sources before any reads)."""
+        runner does that for all its sources before any reads). With ``carry``, each batch is
+        written, not committed, and appended there as ``(input, push)`` for the next step to
+        carry (``Pipeline.step_carrying``); if that step raises, ``rewind`` before reading
+        on."""
         if follow_layout:
             self.follow_layout()
         result = PollResult()
@@ -168,7 +178,7 @@ class KafkaSource:
                 result.oldest = stamp / 1000
         try:
             for (topic, partition), batch in by_partition.items():
-                pushed, rejected = self._push(topic, partition, batch)
+                pushed, rejected = self._push(topic, partition, batch, carry)
                 name = self.bindings[topic].input
                 result.pushed[name] = result.pushed.get(name, 0) + pushed
                 result.rejected[name] = result.rejected.get(name, 0) + rejected
@@ -177,11 +187,12 @@ class KafkaSource:
                 f"the Kafka input of pipeline '{self.pipeline.circuit.name}' is being read by "
                 f"another process ({e}): this one is fenced") from e
         except BaseException:
-            self._rewind()  # positions moved past records not recorded: read them again
+            self.rewind()  # positions moved past records not recorded: read them again
             raise
         return result
 
-    def _push(self, topic: str, partition: int, messages: list[Message]) -> tuple[int, int]:
+    def _push(self, topic: str, partition: int, messages: list[Message],
+              carry: list[tuple[str, WrittenPush]] | None = None) -> tuple[int, int]:
         binding = self.bindings[topic]
         log_schema = self.pipeline.input_schema(binding.input)
         batch = Batch(binding.input, log_schema.fieldNames(), binding.format)
@@ -200,8 +211,14 @@ class KafkaSource:
                  "offset": offset, "reason": reason,
                  "record": _text(raw[offset])}
                 for offset, reason in sorted(batch.bad)])
-        self.pipeline.push_zset(binding.input, zset, producer=producer, seq=upto,
-                                rejected=len(batch.bad))
+        if carry is None:
+            self.pipeline.push_zset(binding.input, zset, producer=producer, seq=upto,
+                                    rejected=len(batch.bad))
+        else:
+            push = self.pipeline.write_push(binding.input, zset, producer=producer, seq=upto,
+                                            rejected=len(batch.bad))
+            if push is not None:
+                carry.append((binding.input, push))
         return zset.num_rows, len(batch.bad)
 
     def close(self) -> None:
@@ -248,7 +265,9 @@ class KafkaSource:
                 [TopicPartition(t, p, self._next_offset(t, p)) for t, p in fresh])
             self._assigned |= set(fresh)
 
-    def _rewind(self) -> None:
+    def rewind(self) -> None:
+        """Read again from the newest recorded offset of each assigned partition (after pushes
+        that may not be recorded)."""
         for topic, partition in self._assigned:
             self._consumer.seek(TopicPartition(topic, partition,
                                                self._next_offset(topic, partition)))
@@ -510,14 +529,22 @@ class KafkaRunner:
                 break
             if max_seconds is not None and now - started >= max_seconds:
                 break
-            polled = self.poll(poll_records)
+            carried: list[tuple[str, WrittenPush]] = []
+            polled = self.poll(poll_records, carry=carried)
             if polled.records:
                 idle_since = now
                 if polled.oldest is not None:
                     self.oldest_arrival = min(self.oldest_arrival or polled.oldest,
                                               polled.oldest)
-            if self.pipeline.input_pending():
-                results.append(self.pipeline.step())
+            if carried or self.pipeline.input_pending():
+                try:  # the polled batches land while the step computes
+                    results.append(self.pipeline.step_carrying(carried))
+                except BaseException:
+                    # a batch may not be recorded: read again (not on a closed pipeline)
+                    with contextlib.suppress(Exception):
+                        for source in self.sources:
+                            source.rewind()
+                    raise
                 if self.sink is not None:
                     self.sink.emit()
             elif now - idle_since >= idle_seconds:
@@ -526,26 +553,34 @@ class KafkaRunner:
             self.pipeline.commit()
         return results
 
-    def poll(self, max_records: int = 50_000, timeout: float = 0.5) -> PollResult:
+    def poll(self, max_records: int = 50_000, timeout: float = 0.5, *,
+             carry: list[tuple[str, WrittenPush]] | None = None) -> PollResult:
         """Poll every worker's source (in parallel when there are several; each reads up to
-        ``max_records``) and add up what they pushed and rejected."""
+        ``max_records``) and add up what they pushed and rejected (with ``carry``: wrote, for
+        the next step to carry, ``KafkaSource.poll``)."""
         self._one_source_per_worker()
         if not self.sources:
             return PollResult()
         for source in self.sources:  # all give up moved partitions before any reads
             source.follow_layout()
         if len(self.sources) == 1:
-            return self.sources[0].poll(max_records, timeout, follow_layout=False)
+            return self.sources[0].poll(max_records, timeout, follow_layout=False,
+                                        carry=carry)
         assert self._pool is not None
         out = PollResult()
-        for r in self._pool.map(lambda s: s.poll(max_records, timeout, follow_layout=False),
-                                self.sources):
+        parts: list[list[tuple[str, WrittenPush]]] = [[] for _ in self.sources]
+        for r in self._pool.map(
+                lambda i: self.sources[i].poll(max_records, timeout, follow_layout=False,
+                                               carry=None if carry is None else parts[i]),
+                range(len(self.sources))):
             for name, n in r.pushed.items():
                 out.pushed[name] = out.pushed.get(name, 0) + n
             for name, n in r.rejected.items():
                 out.rejected[name] = out.rejected.get(name, 0) + n
             if r.oldest is not None and (out.oldest is None or r.oldest < out.oldest):
                 out.oldest = r.oldest
+        if carry is not None:  # in the sources' order: a step's pushes land in a fixed order
+            carry.extend(push for part in parts for push in part)
         return out
 
     def _one_source_per_worker(self) -> None:

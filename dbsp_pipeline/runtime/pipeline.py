@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import pyarrow as pa
@@ -50,7 +50,7 @@ from dbsp_pipeline.runtime import upgrade as engine_upgrade
 from dbsp_pipeline.runtime.compactor import BackgroundCompactor
 from dbsp_pipeline.runtime.division_log import CARRIED_RECORDS_KEY, DivisionLog
 from dbsp_pipeline.runtime.engine_state import EngineState, compile_plan, read_layout
-from dbsp_pipeline.runtime.input_log import InputLog
+from dbsp_pipeline.runtime.input_log import InputLog, WrittenPush
 from dbsp_pipeline.runtime.layout import Layout
 from dbsp_pipeline.runtime.output_log import OutputLog
 from dbsp_pipeline.runtime.readers import (
@@ -475,9 +475,32 @@ class Pipeline:
             engine = self._engine
             checked = {name: inputs.carried_zset(engine.input(name), table, producer, seq)
                        for name, table in (changes or {}).items()}  # all, before any write
-            carried = {name: engine.input(name).write_push(zset, producer, seq)
+            carried = {name: [engine.input(name).write_push(zset, producer, seq)]
                        for name, zset in checked.items() if zset is not None}
             return step_protocol.execute_step(engine, carried)
+
+    def write_push(self, name: str, table: pa.Table, *, producer: str | None = None,
+                   seq: int | None = None, rejected: int = 0) -> WrittenPush | None:
+        """``push_zset`` up to its commit: the Z-set checked (``InputError``) and its file
+        written, for a step to carry (``step_carrying``); None when there is nothing to commit
+        (the producer's batch was recorded already, or no rows and no producer). Nothing is
+        durable until the step that carries it lands it; a push never carried is garbage."""
+        self._require_open()
+        with self._lock:
+            log_ = self._engine.input(name)
+            zset = inputs.carried_zset(log_, table, producer, seq)
+            return None if zset is None else log_.write_push(zset, producer, seq, rejected)
+
+    def step_carrying(self, pushes: Sequence[tuple[str, WrittenPush]]) -> StepResult:
+        """``step`` carrying written pushes (``write_push``), ``(input, push)`` in the order
+        they land (a producer's in its order): each is committed while the step computes, at
+        the next version of its log. Same contract as ``step(changes)``; a runner reading
+        several Kafka partitions carries one push per partition batch."""
+        carried: dict[str, list[WrittenPush]] = {}
+        for name, push in pushes:
+            carried.setdefault(name, []).append(push)
+        with self._exclusive():
+            return step_protocol.execute_step(self._engine, carried)
 
     def quarantine_step(self, step: int) -> QuarantineResult:
         """Quarantine the input of ``step``, the next step, whose execution failed

@@ -68,7 +68,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent import futures
 from typing import Any
 
@@ -98,16 +98,16 @@ log = logging.getLogger(__name__)
 
 
 # -- one step ------------------------------------------------------------------------------
-def execute_step(state: EngineState, carried: Mapping[str, WrittenPush] | None = None
-                 ) -> StepResult:
+def execute_step(state: EngineState,
+                 carried: Mapping[str, Sequence[WrittenPush]] | None = None) -> StepResult:
     """Execute the next step (1-6 of the module docstring). Raises ``StepFailedError`` when the
     computation failed (nothing of it is committed; it stays the next step, ``failed_step``),
     ``ConcurrentWriterError`` when another process wrote this root's tables first.
 
-    ``carried``: pushes whose files are written and not committed, one per input (the step's
-    own input, ``Pipeline.step(changes)``): each is committed in the background at the log
-    version after the newest, which the division names, while the step computes; the record
-    waits for them (2b, 5b). A step divided before (a replay, a failed step) leaves them to
+    ``carried``: pushes whose files are written and not committed, per input in order (the
+    step's own input, ``Pipeline.step_carrying``): each is committed in the background at the
+    next log version, which the division takes in, while the step computes; the record waits
+    for them (2b, 5b). A step divided before (a replay, a failed step) leaves them to
     the next step, pushed first as they are; a push that loses its version to another writer
     undoes the step, which then executes again over the pushes as they landed."""
     started = time.monotonic()
@@ -119,8 +119,9 @@ def execute_step(state: EngineState, carried: Mapping[str, WrittenPush] | None =
     uppers = state.divisions.get(s)
     divided = uppers is not None
     if divided and carried:  # the recorded division is the step's: the pushes are the next's
-        for name, push in carried.items():
-            state.inputs[name].append_written(push)
+        for name, pushes in carried.items():
+            for push in pushes:
+                state.inputs[name].append_written(push)
         carried = None
     if uppers is None:
         offsets = {n: {producer: state.inputs[n].pushed(producer) for producer in sorted(ps)}
@@ -140,17 +141,18 @@ def execute_step(state: EngineState, carried: Mapping[str, WrittenPush] | None =
     files = {n: [] if result.quarantined is not None else
              state.inputs[n].files_between(lowers[n], uppers.get(n, 0)) for n in names}
 
-    # 2b. The carried pushes start landing, each at the version after the newest: the division
+    # 2b. The carried pushes start landing, each at the next version of its log: the division
     # takes them in. Nothing else reads or writes their logs until they have landed (5b).
     landing = []
-    for name, push in (carried or {}).items():
-        landing.append(state.inputs[name].land_in_background(push, uppers[name] + 1))
-        uppers[name] += 1
-        files[name] = files[name] + landing[-1].files
-        if name in result.rejected:
-            result.rejected[name] += push.rejected
-        if push.producer is not None and push.producer in offsets.get(name, {}):
-            offsets[name][push.producer] = push.seq
+    for name, pushes in (carried or {}).items():
+        for push in pushes:
+            landing.append(state.inputs[name].land_in_background(push, uppers[name] + 1))
+            uppers[name] += 1
+            files[name] = files[name] + landing[-1].files
+            if name in result.rejected:
+                result.rejected[name] += push.rejected
+            if push.producer is not None and push.producer in offsets.get(name, {}):
+                offsets[name][push.producer] = push.seq
 
     # 3-5. Evaluate and write the files of every view's change. Nothing of a step that fails
     # here stays but its division: the state goes back to the newest checkpoint; a failure of

@@ -248,11 +248,16 @@ def test_poison_weights_go_to_the_errors_sink_and_restarts_go_on(spark, tmp_path
 
 
 def test_each_worker_reads_its_partitions_and_a_rescale_moves_them_exactly_once(
-        spark, tmp_path, broker):
+        spark, tmp_path, broker, monkeypatch):
     """At W=2 the runner has a source per worker, worker w reading the partitions p with
     p mod 2 == w with its own consumer; after a rescale to 3 each partition is read by its new
     owner from its recorded offset, and after a scale-in to 1 by the one worker left: every
-    record enters exactly once, and each step's offsets per partition follow on."""
+    record enters exactly once, and each step's offsets per partition follow on. Each step
+    carries the partition batches it polled (no plain push: they land while it computes)."""
+    def no_plain_push(*args, **kwargs):
+        raise AssertionError("the runner pushed a batch instead of carrying it")
+
+    monkeypatch.setattr(Pipeline, "push_zset", no_plain_push)
     topic = new_topic(broker, partitions=4, prefix="workers")
     c = Circuit("kworkers")
     orders = c.input("orders", "order_id BIGINT, customer_id BIGINT, amount DOUBLE")

@@ -185,3 +185,22 @@ def test_a_step_divided_before_leaves_its_carried_pushes_to_the_next_step(spark,
         assert p.step().inputs == {"a": 1, "b": 0, "d": 0}
         assert p.view_arrow("n").to_pylist() == [{"k": 5, "n": 1, "_weight": 1}]
         assert_oracle(p)
+
+
+def test_a_step_carries_several_pushes_to_one_input_in_order(spark, tmp_path):
+    """Two producers' written pushes to one input (a runner's two partition batches) land at
+    the next two versions, in the order given, each with its producer's number; a step
+    carrying a push whose number is recorded already carries nothing of it."""
+    with Pipeline(circuit(), str(tmp_path), spark) as p:
+        p.step(random_steps(seed=3, steps=0)[0])
+        lower = p.step_info(0).inputs["orders"][1]
+        pushes = [("orders", p.write_push("orders", zset(ORDERS, [(i, i % 6, i / 2, 1)]),
+                                          producer=f"part-{i}", seq=10 + i))
+                  for i in range(2)]
+        result = p.step_carrying(pushes)
+        assert result.inputs["orders"] == 2
+        assert p.step_info(1).inputs["orders"] == (lower, lower + 2)
+        assert [p.pushed("orders", f"part-{i}") for i in range(2)] == [10, 11]
+        assert p.write_push("orders", zset(ORDERS, [(9, 1, 1.0, 1)]),
+                            producer="part-0", seq=10) is None
+        assert_oracle(p)
