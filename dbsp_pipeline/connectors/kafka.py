@@ -569,10 +569,18 @@ class KafkaRunner:
         assert self._pool is not None
         out = PollResult()
         parts: list[list[tuple[str, WrittenPush]]] = [[] for _ in self.sources]
-        for r in self._pool.map(
+        try:
+            polled = list(self._pool.map(
                 lambda i: self.sources[i].poll(max_records, timeout, follow_layout=False,
                                                carry=None if carry is None else parts[i]),
-                range(len(self.sources))):
+                range(len(self.sources))))
+        except BaseException:
+            if carry is not None:  # the batches the others wrote will not land: read again
+                with contextlib.suppress(Exception):
+                    for source in self.sources:
+                        source.rewind()
+            raise
+        for r in polled:
             for name, n in r.pushed.items():
                 out.pushed[name] = out.pushed.get(name, 0) + n
             for name, n in r.rejected.items():

@@ -303,6 +303,48 @@ def test_each_worker_reads_its_partitions_and_a_rescale_moves_them_exactly_once(
         assert reached == {f"kafka/{topic}/{q}": 89 // 4 - (q > 89 % 4) for q in range(4)}
 
 
+def test_a_failed_poll_of_one_worker_loses_no_batch_another_wrote(spark, tmp_path, broker):
+    """At W=2, worker 0's source writes its batches for the next step to carry, and worker 1's
+    poll fails: no step carries what worker 0 wrote, so its source reads it again (from the
+    recorded offsets), and the next run takes every record exactly once."""
+    topic = new_topic(broker, partitions=4, prefix="pollfail")
+    c = Circuit("kpollfail")
+    orders = c.input("orders", "order_id BIGINT, customer_id BIGINT, amount DOUBLE")
+    c.output("orders_copy", orders.select("order_id", "customer_id", "amount"))
+    sent = [{"order_id": i, "customer_id": i % 5, "amount": i / 4} for i in range(40)]
+    produce(broker, topic, sent, partition_of=lambda i, v: v["order_id"] % 4)
+    with Pipeline(c, str(tmp_path), spark) as p:
+        p.rescale(2)
+        runner = KafkaRunner(p, broker, [KafkaInput("orders", topic)])
+        try:
+            first, second = runner.sources  # one per worker, made with the runner
+            real = first.poll
+            wrote: list[int] = []
+
+            def poll_first(max_records, timeout, **kwargs):
+                result = real(max_records, 10, **kwargs)  # (waits for its records)
+                wrote.append(result.records)
+                return result
+
+            def poll_second(*args, **kwargs):
+                time.sleep(1)
+                raise RuntimeError("worker 1 cannot read")
+
+            first.poll, second.poll = poll_first, poll_second
+            carried: list = []
+            with pytest.raises(RuntimeError, match="worker 1 cannot read"):
+                runner.poll(carry=carried)
+            assert wrote and wrote[0] > 0 and carried == []
+            del first.poll, second.poll
+            runner.run(idle_seconds=1.5)
+        finally:
+            runner.close()
+        got = Counter(tuple(r[k] for k in ("order_id", "customer_id", "amount"))
+                      for r in p.view_arrow("orders_copy").to_pylist()
+                      for _ in range(r["_weight"]))
+        assert got == Counter((o["order_id"], o["customer_id"], o["amount"]) for o in sent)
+
+
 def test_a_topic_feeds_one_input(spark, tmp_path, broker):
     with Pipeline(shop(), str(tmp_path), spark) as p:
         with pytest.raises(UsageError, match="one input only"):
