@@ -247,6 +247,12 @@ def test_poison_weights_go_to_the_errors_sink_and_restarts_go_on(spark, tmp_path
             source.close()
 
 
+def copied_orders(p: Pipeline) -> Counter:
+    """The ``orders_copy`` view's rows, each as many times as its weight."""
+    return Counter(tuple(r[k] for k in ("order_id", "customer_id", "amount"))
+                   for r in p.view_arrow("orders_copy").to_pylist() for _ in range(r["_weight"]))
+
+
 def test_each_worker_reads_its_partitions_and_a_rescale_moves_them_exactly_once(
         spark, tmp_path, broker, monkeypatch):
     """At W=2 the runner has a source per worker, worker w reading the partitions p with
@@ -291,10 +297,8 @@ def test_each_worker_reads_its_partitions_and_a_rescale_moves_them_exactly_once(
             assert assigned(runner) == [[0, 1, 2, 3]]
         finally:
             runner.close()
-        got = Counter(tuple(r[k] for k in ("order_id", "customer_id", "amount"))
-                      for r in p.view_arrow("orders_copy").to_pylist()
-                      for _ in range(r["_weight"]))
-        assert got == Counter((o["order_id"], o["customer_id"], o["amount"]) for o in sent)
+        assert copied_orders(p) == Counter(
+            (o["order_id"], o["customer_id"], o["amount"]) for o in sent)
         reached = {}
         for r in steps:
             for producer, (after, upto) in p.step_info(r.step).offsets["orders"].items():
@@ -339,10 +343,8 @@ def test_a_failed_poll_of_one_worker_loses_no_batch_another_wrote(spark, tmp_pat
             runner.run(idle_seconds=1.5)
         finally:
             runner.close()
-        got = Counter(tuple(r[k] for k in ("order_id", "customer_id", "amount"))
-                      for r in p.view_arrow("orders_copy").to_pylist()
-                      for _ in range(r["_weight"]))
-        assert got == Counter((o["order_id"], o["customer_id"], o["amount"]) for o in sent)
+        assert copied_orders(p) == Counter(
+            (o["order_id"], o["customer_id"], o["amount"]) for o in sent)
 
 
 def test_a_topic_feeds_one_input(spark, tmp_path, broker):
