@@ -26,10 +26,21 @@ def render(url: str, out: str) -> str:
     """The DOM Chromium renders for ``url``, after a screenshot of it to ``out``."""
     base = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
             "--hide-scrollbars", "--virtual-time-budget=20000", "--window-size=1600,1000"]
-    subprocess.run([*base, f"--screenshot={out}", url], capture_output=True, timeout=120)
+    chromium([*base, f"--screenshot={out}", url])
     assert os.path.getsize(out) > 10_000
-    return subprocess.run([*base, "--dump-dom", url], capture_output=True, text=True,
-                          timeout=120).stdout
+    return chromium([*base, "--dump-dom", url])
+
+
+def chromium(command: list[str], attempts: int = 2) -> str:
+    """Run headless Chromium; its stdout. A run that never returns is killed after 120 s and
+    run again (headless Chromium with a virtual time budget hung once in a CI run, with the
+    console serving: the browser's hang, not the page's)."""
+    for _ in range(attempts - 1):
+        try:
+            return subprocess.run(command, capture_output=True, text=True, timeout=120).stdout
+        except subprocess.TimeoutExpired:
+            pass
+    return subprocess.run(command, capture_output=True, text=True, timeout=120).stdout
 
 
 #: tries each token (one a line on stdin, "" for none) as a Connect client; prints one line each
