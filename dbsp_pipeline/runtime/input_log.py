@@ -81,17 +81,16 @@ class WrittenPush:
 
 @dataclass(frozen=True)
 class LandingPush:
-    """A push being committed in the background at exactly log version ``version``
+    """A push being committed in the background at exactly the log version it was given
     (``InputLog.land_in_background``); ``files`` are the files it adds."""
 
     input: str
     push: WrittenPush
-    version: int
     files: list[DataFile]
     future: Future[int]
 
     def wait(self) -> None:
-        """Return once the push is committed at ``version``; else raise what its commit raised:
+        """Return once the push is committed at its version; else raise what its commit raised:
         ``ConcurrentWriterError`` when another push took that version first (nothing of this
         one is committed), ``StorageError`` or anything else as a push's commit would."""
         self.future.result()
@@ -165,8 +164,8 @@ class InputLog:
         future = _LANDER.submit(self.table.commit, push.adds, app_id=app_id,
                                 app_version=push.seq, metadata=metadata,
                                 expected_version=version)
-        return LandingPush(self.name, push, version,
-                           [self.table.data_file(a) for a in push.adds], future)
+        return LandingPush(self.name, push, [self.table.data_file(a) for a in push.adds],
+                           future)
 
     def _keep(self, push: WrittenPush) -> None:
         for add in push.adds:  # (one file: the whole push, kept as the file reads)

@@ -41,19 +41,15 @@ def push_zset(log: InputLog, table: pa.Table, producer: str | None, seq: int | N
     """Append a Z-set (the input's columns plus a nonzero integer ``_weight``) to ``log``,
     recording ``rejected`` (invalid records of the source batch left out) with the push;
     returns how many rows were appended (0: already recorded)."""
-    if already_pushed(log, producer, seq):
-        return 0
-    zset = records.zset_to_arrow(log.name, table, log.schema, log.arrow_schema)
-    if zset.num_rows or producer is not None:
-        return log.append_arrow(zset, producer, seq, rejected)
-    return 0
+    zset = checked_zset(log, table, producer, seq)
+    return 0 if zset is None else log.append_arrow(zset, producer, seq, rejected)
 
 
-def carried_zset(log: InputLog, table: pa.Table, producer: str | None,
+def checked_zset(log: InputLog, table: pa.Table, producer: str | None,
                  seq: int | None) -> pa.Table | None:
-    """The checks of ``push_zset`` for a push a step carries (``Pipeline.step(changes)``): the
-    Z-set to write, or None when there is nothing to commit (the producer's batch was recorded
-    already, or no rows and no producer)."""
+    """The checks of ``push_zset``, also of a push a step carries (``Pipeline.step(changes)``,
+    ``Pipeline.write_push``): the Z-set to write, or None when there is nothing to commit (the
+    producer's batch was recorded already, or no rows and no producer)."""
     if already_pushed(log, producer, seq):
         return None
     zset = records.zset_to_arrow(log.name, table, log.schema, log.arrow_schema)

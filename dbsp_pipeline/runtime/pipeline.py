@@ -473,7 +473,7 @@ class Pipeline:
         """
         with self._exclusive():
             engine = self._engine
-            checked = {name: inputs.carried_zset(engine.input(name), table, producer, seq)
+            checked = {name: inputs.checked_zset(engine.input(name), table, producer, seq)
                        for name, table in (changes or {}).items()}  # all, before any write
             carried = {name: [engine.input(name).write_push(zset, producer, seq)]
                        for name, zset in checked.items() if zset is not None}
@@ -488,7 +488,7 @@ class Pipeline:
         self._require_open()
         with self._lock:
             log_ = self._engine.input(name)
-            zset = inputs.carried_zset(log_, table, producer, seq)
+            zset = inputs.checked_zset(log_, table, producer, seq)
             return None if zset is None else log_.write_push(zset, producer, seq, rejected)
 
     def step_carrying(self, pushes: Sequence[tuple[str, WrittenPush]]) -> StepResult:
