@@ -5,8 +5,10 @@
 count column of its own (dropped); ``conform`` reshapes a collection to another's columns (missing
 ones become typed NULLs), used by the composite joins.
 
-On the driver, ``select`` and ``filter`` run the user's Spark SQL in DuckDB when
-``driver.expressions`` can translate it exactly; otherwise (or when DuckDB raises where Spark
+On the driver, ``select`` and ``filter`` run the user's Spark SQL in pyarrow when
+``driver.arrow_expressions`` can evaluate it exactly (a plain projection, a simple predicate:
+no DuckDB query's fixed cost), else in DuckDB when ``driver.expressions`` can translate it
+exactly; otherwise (or when DuckDB raises where Spark
 might not, e.g. an overflow in a branch Spark short-circuits) that one operator runs its Spark
 expression over the (small) change as a Spark job, so the result is always Spark's.
 """
@@ -22,6 +24,11 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from dbsp_pipeline.driver.arrow_expressions import (
+    ArrowPredicate,
+    arrow_predicate,
+    arrow_projection,
+)
 from dbsp_pipeline.driver.expressions import translate_predicate, translate_projection
 from dbsp_pipeline.driver.sql import conform, ident, negate, zset_arrow_schema
 from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContext
@@ -31,7 +38,8 @@ from dbsp_pipeline.zset import WEIGHT, positive_zeros, positive_zeros_arrow, quo
 class _UserSQL(Operator):
     """An operator that applies the user's Spark SQL to the change's rows (the weight rides
     along): subclasses set ``local_sql``, the same as one DuckDB query over the change ``d``
-    (None when only Spark evaluates it exactly), and implement ``_spark``."""
+    (None when only Spark evaluates it exactly), may override ``_arrow`` (the same in pyarrow,
+    or None), and implement ``_spark``."""
 
     input_schema: StructType
     local_sql: str | None
@@ -44,6 +52,9 @@ class _UserSQL(Operator):
         (d,) = changes
         if d is None:
             return None
+        arrow = self._arrow(d)
+        if arrow is not None:
+            return positive_zeros_arrow(conform(arrow, self.schema))
         if self.local_sql is not None:
             try:
                 return positive_zeros_arrow(conform(ctx.local.query(self.local_sql, d=d),
@@ -53,6 +64,9 @@ class _UserSQL(Operator):
         # One Spark job over the small change.
         frame = ctx.session.createDataFrame(d.cast(zset_arrow_schema(self.input_schema)))
         return conform(self._spark(frame).toArrow(), self.schema)
+
+    def _arrow(self, d: pa.Table) -> pa.Table | None:
+        return None
 
     def _spark(self, d: DataFrame) -> DataFrame:
         raise NotImplementedError
@@ -66,6 +80,14 @@ class Select(_UserSQL):
         projection = translate_projection(self.exprs, input_schema, schema.fieldNames())
         self.local_sql = (None if projection is None
                           else f"SELECT {projection}, {ident(WEIGHT)} FROM d")
+        #: the input column of each output column, when every expression is a bare column
+        self.picked = arrow_projection(self.exprs, input_schema, schema.fieldNames())
+
+    def _arrow(self, d: pa.Table) -> pa.Table | None:
+        if self.picked is None:
+            return None
+        return pa.Table.from_arrays([*(d.column(c) for c in self.picked), d.column(WEIGHT)],
+                                    names=[*self.schema.fieldNames(), WEIGHT])
 
     def _spark(self, d: DataFrame) -> DataFrame:
         return positive_zeros(d.select(*[F.expr(e) for e in self.exprs], F.col(WEIGHT)))
@@ -78,6 +100,11 @@ class Filter(_UserSQL):
         condition = translate_predicate(predicate, schema)
         self.local_sql = (None if condition is None
                           else f"SELECT * FROM d WHERE coalesce(({condition}), FALSE)")
+        self.arrow_condition: ArrowPredicate | None = arrow_predicate(predicate, schema)
+
+    def _arrow(self, d: pa.Table) -> pa.Table | None:
+        # a NULL condition drops the row, as WHERE does
+        return None if self.arrow_condition is None else d.filter(self.arrow_condition(d))
 
     def _spark(self, d: DataFrame) -> DataFrame:
         # NULL is not true: coalesce so a NULL predicate drops the row, as SQL WHERE does.

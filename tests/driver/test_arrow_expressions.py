@@ -1,0 +1,115 @@
+"""``driver.arrow_expressions``: a predicate pyarrow evaluates keeps exactly Spark's rows, and a
+plain projection picks Spark's columns; anything else is refused (None).
+
+Checked on the edge rows of ``test_expressions`` (NULL, NaN, ±inf, -0.0, integers near the
+limits, doubles past 2**53, non-ASCII strings), against Spark itself (one job for all
+predicates) and against the DuckDB translation the driver used before.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import functions as F
+from pyspark.sql.types import DoubleType, IntegerType, StringType, StructField, StructType
+
+from dbsp_pipeline.driver.arrow_expressions import arrow_predicate, arrow_projection
+from dbsp_pipeline.driver.expressions import translate_predicate
+from dbsp_pipeline.operators.base import StepContext
+from dbsp_pipeline.operators.linear import Filter, Select
+from dbsp_pipeline.zset import WEIGHT
+from tests.driver.test_expressions import PREDICATES, REFUSED, ROWS, SCHEMA, _arrow, _query
+
+#: predicates pyarrow takes, beyond those of ``test_expressions.PREDICATES`` it takes: doubles
+#: against integers and decimals, NaN and infinities against each other and literals, literals
+#: on the left, BETWEEN of doubles, NOT of comparisons, IS [NOT] NULL of each column type
+ARROW_PREDICATES = [
+    "d > 1.0", "d >= 1.0", "d < 1.0", "d <= 1.0", "d = 1.0", "d <> 1.0", "d != -1.5",
+    "1.0 < d", "1.0 >= d", "-1.5 = d", "100 <= d", "d > i", "d < l", "l >= d", "i = d",
+    "d = e", "d <> e", "d < e", "d <= e", "d > e", "d >= e", "e > 1e300", "-1e300 > e",
+    "d BETWEEN -1 AND 1", "d NOT BETWEEN e AND 100.0", "i BETWEEN -7 AND 7",
+    "NOT (d > 0)", "NOT d <= 0", "d > 0 OR e > 0", "d > 0 AND NOT b", "d IS NULL",
+    "d IS NOT NULL", "s IS NULL", "b IS NOT NULL", "l IS NULL", "i > 3000000000",
+    "l < -9223372036854775807", "l = 9007199254740993", "l > 9007199254740992.5e0",
+    "s = ''", "s <> 'ß'", "'a' < s", "s2 <= s", "b = false", "b <> true", "i = 7 AND s = 'abc '",
+]
+
+
+def _spark_kept(df, predicates: list[str]) -> list[list[int]]:
+    """Per predicate, the ``rid`` of the rows Spark's ``WHERE`` keeps (one job)."""
+    rows = df.select("rid", *[F.coalesce(F.expr(p), F.lit(False)).alias(f"p{k}")
+                              for k, p in enumerate(predicates)]).collect()
+    return [sorted(r["rid"] for r in rows if r[f"p{k}"]) for k in range(len(predicates))]
+
+
+@pytest.fixture(scope="module")
+def frames(spark):
+    return spark.createDataFrame(ROWS, SCHEMA), _arrow(ROWS, SCHEMA)
+
+
+def test_arrow_predicates_keep_spark_rows(frames):
+    df, table = frames
+    candidates = ARROW_PREDICATES + PREDICATES
+    taken = [(p, f) for p in candidates if (f := arrow_predicate(p, SCHEMA)) is not None]
+    assert [p for p in ARROW_PREDICATES if arrow_predicate(p, SCHEMA) is None] == []
+    assert len(taken) > len(ARROW_PREDICATES) + 20  # many of the shared ones too
+    want = _spark_kept(df, [p for p, _ in taken])
+    for (p, f), spark_rows in zip(taken, want):
+        got = sorted(table.filter(f(table)).column("rid").to_pylist())
+        assert got == spark_rows, f"{p!r}: Spark keeps {spark_rows}, pyarrow {got}"
+        sql = translate_predicate(p, SCHEMA)
+        duck = [r[0] for r in _query(
+            f'SELECT "rid" FROM t WHERE coalesce(({sql}), FALSE) ORDER BY "rid"', table)]
+        assert got == duck, p
+
+
+@pytest.mark.parametrize("pred", [
+    # what pyarrow would compute otherwise than Spark, or not at all: integers against decimals
+    # (Spark compares exactly), arithmetic (overflow), IN, LIKE, CASE, COALESCE, functions,
+    # NULL-safe equality, dates, timestamps, pass-through types, a predicate of no column
+    "i = 7.0", "i <= 2.5", "l > 9007199254740992.5", "i + 1 > 5", "-i > 5", "i / 7 > 0.5",
+    "i in (0, 7, -7)", "s LIKE 'a%'", "CASE WHEN i > 0 THEN b ELSE NOT b END",
+    "coalesce(b, i > 0)", "length(s) > 2", "d <=> e", "s2 IS DISTINCT FROM s",
+    "dt < DATE '2000-01-01'", "ts < ts2", "f is not null", "dec is null", "i = NULL",
+    "NULL AND b", "NOT NULL", "1 = 1", "true", "i",
+])
+def test_refused_predicates(pred):
+    assert arrow_predicate(pred, SCHEMA) is None
+
+
+@pytest.mark.parametrize("expr", REFUSED)
+def test_what_expressions_refuses_arrow_refuses(expr):
+    assert arrow_predicate(expr, SCHEMA) is None
+    assert arrow_projection([expr], SCHEMA, ["o"]) is None
+
+
+def test_projection_of_bare_columns():
+    assert arrow_projection(["i", "`S`", "d AS x", "(l) y", "dec", "f"], SCHEMA,
+                            ["i", "S", "x", "y", "dec", "f"]) == ["i", "s", "d", "l", "dec", "f"]
+    assert arrow_projection(["i", "i + 1"], SCHEMA, ["i", "o"]) is None
+    assert arrow_projection(["1"], SCHEMA, ["o"]) is None
+    assert arrow_projection(["i"], SCHEMA, ["i", "j"]) is None
+
+
+class _NoQueries:
+    """A driver SQL engine that fails any query: the operator must not need one."""
+
+    def query(self, *args, **kwargs):
+        raise AssertionError("a DuckDB query ran")
+
+
+def test_filter_and_select_run_without_a_query():
+    schema = StructType([StructField("k", IntegerType()), StructField("amount", DoubleType()),
+                         StructField("name", StringType())])
+    d = pa.table({"k": pa.array([1, 2, 3, None], pa.int32()),
+                  "amount": [5.0, float("nan"), -0.0, 20.0], "name": ["a", "b", None, "d"],
+                  WEIGHT: pa.array([1, -1, 2, 1], pa.int64())})
+    ctx = StepContext(None, 0, sql=_NoQueries())
+    kept = Filter("amount > 10 OR k = 1", schema).step_local(ctx, [d])
+    assert kept.column("k").to_pylist() == [1, 2, None]  # NaN is above 10, as in Spark
+    assert kept.column(WEIGHT).to_pylist() == [1, -1, 1]
+    out_schema = StructType([StructField("n", StringType()), StructField("v", DoubleType())])
+    picked = Select(["name AS n", "amount v"], schema, out_schema).step_local(ctx, [d])
+    assert picked.column_names == ["n", "v", WEIGHT]
+    assert picked.column("v").to_pylist()[2] == 0.0  # -0.0 made 0.0, as on every path
+    assert str(picked.column("v").to_pylist()[2]) == "0.0"
