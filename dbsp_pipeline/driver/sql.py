@@ -190,6 +190,16 @@ class LocalSQL:
         self._consolidated[id(out)] = (weakref.ref(out, self._forget), key)
         return out
 
+    def consolidated_subset(self, subset: pa.Table, table: pa.Table) -> None:
+        """Take ``subset`` (rows of ``table``, in its columns: a filter's output) as consolidated
+        wherever ``table`` is (``consolidate`` returned it): distinct rows stay distinct, and
+        none has a zero weight. So ``consolidate`` returns ``subset`` as it is too."""
+        if subset.column_names != table.column_names:
+            return
+        seen = self._consolidated.get(id(table))
+        if seen is not None and seen[0]() is table:
+            self._consolidated[id(subset)] = (weakref.ref(subset, self._forget), seen[1])
+
     def _forget(self, ref: weakref.ref[pa.Table]) -> None:
         """A table ``consolidate`` returned is gone: forget its entry (unless its id is
         another's already)."""

@@ -43,6 +43,8 @@ class _UserSQL(Operator):
 
     input_schema: StructType
     local_sql: str | None
+    #: whether the output rows are some of the input rows as they are (a filter)
+    keeps_rows = False
 
     def step(self, ctx: StepContext, changes: Sequence[Delta]) -> Delta:
         (d,) = changes
@@ -54,7 +56,12 @@ class _UserSQL(Operator):
             return None
         arrow = self._arrow(d)
         if arrow is not None:
-            return positive_zeros_arrow(conform(arrow, self.schema))
+            out = positive_zeros_arrow(conform(arrow, self.schema))
+            if self.keeps_rows and ctx.sql is not None:
+                # a subset of a consolidated change is consolidated (+0.0 for -0.0 merges no
+                # two rows: consolidation took them as equal); the next trace append need not
+                ctx.sql.consolidated_subset(out, d)
+            return out
         if self.local_sql is not None:
             try:
                 return positive_zeros_arrow(conform(ctx.local.query(self.local_sql, d=d),
@@ -94,6 +101,8 @@ class Select(_UserSQL):
 
 
 class Filter(_UserSQL):
+    keeps_rows = True
+
     def __init__(self, predicate: str, schema: StructType) -> None:
         self.predicate = predicate
         self.input_schema = self.schema = schema

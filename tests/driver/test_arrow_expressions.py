@@ -15,6 +15,7 @@ from pyspark.sql.types import DoubleType, IntegerType, StringType, StructField, 
 
 from dbsp_pipeline.driver.arrow_expressions import arrow_predicate, arrow_projection
 from dbsp_pipeline.driver.expressions import translate_predicate
+from dbsp_pipeline.driver.sql import LocalSQL
 from dbsp_pipeline.operators.base import StepContext
 from dbsp_pipeline.operators.linear import Filter, Select
 from dbsp_pipeline.zset import WEIGHT
@@ -97,6 +98,9 @@ class _NoQueries:
     def query(self, *args, **kwargs):
         raise AssertionError("a DuckDB query ran")
 
+    def consolidated_subset(self, subset, table):
+        pass
+
 
 def test_filter_and_select_run_without_a_query():
     schema = StructType([StructField("k", IntegerType()), StructField("amount", DoubleType()),
@@ -113,3 +117,16 @@ def test_filter_and_select_run_without_a_query():
     assert picked.column_names == ["n", "v", WEIGHT]
     assert picked.column("v").to_pylist()[2] == 0.0  # -0.0 made 0.0, as on every path
     assert str(picked.column("v").to_pylist()[2]) == "0.0"
+
+
+def test_a_filter_of_a_consolidated_change_is_not_consolidated_again():
+    schema = StructType([StructField("k", IntegerType()), StructField("amount", DoubleType())])
+    sql = LocalSQL(1)
+    d = sql.consolidate(pa.table({"k": pa.array([1, 2, 2, 3], pa.int32()),
+                                  "amount": [5.0, 20.0, 20.0, 30.0],
+                                  WEIGHT: pa.array([1, 1, 1, -1], pa.int64())}), ["k", "amount"])
+    kept = Filter("amount > 10", schema).step_local(StepContext(None, 0, sql=sql), [d])
+    assert sorted(kept.to_pylist(), key=lambda r: r["k"]) == [
+        {"k": 2, "amount": 20.0, WEIGHT: 2}, {"k": 3, "amount": 30.0, WEIGHT: -1}]
+    assert sql.consolidate(kept, ["k", "amount"]) is kept
+    sql.close()

@@ -112,3 +112,18 @@ def test_a_table_consolidate_returned_is_not_consolidated_again(monkeypatch, fas
     del once  # a table that is gone is forgotten (the memo holds no memory)
     assert len(sql._consolidated) == remembered - 1
     sql.close()
+
+
+def test_rows_of_a_consolidated_table_are_taken_as_consolidated():
+    sql = LocalSQL(1)
+    table = pa.table({"k": [1, 1, 2, 3], "_weight": pa.array([1, 1, 1, -1], pa.int64())})
+    once = sql.consolidate(table, ["k"])
+    some = once.filter(pa.array([True, False, True]))
+    sql.consolidated_subset(some, once)
+    assert sql.consolidate(some, ["k"]) is some
+    assert sql.consolidate(some, []) is not some  # over other columns it is not
+    # rows of a table consolidate did not return are consolidated when asked
+    other = table.filter(pa.array([True, True, False, False]))
+    sql.consolidated_subset(other, table)
+    assert sql.consolidate(other, ["k"]).to_pylist() == [{"k": 1, "_weight": 2}]
+    sql.close()
