@@ -15,13 +15,16 @@ Contract:
   ``expressions.translate_predicate`` accepts (so it is on that module's whitelist, checked
   against Spark), that references a column, and built only from:
 
-  - columns of type int, bigint, double, string (UTF8_BINARY), boolean;
-  - literals: integers, ``TRUE``/``FALSE``, strings, doubles (``1e3``), and decimal literals of
-    at most 15 digits compared with a double (Spark compares those as doubles);
+  - columns of type int, bigint, double, string (UTF8_BINARY), boolean, date;
+  - literals: integers, ``TRUE``/``FALSE``, strings, doubles (``1e3``), decimal literals of at
+    most 15 digits compared with a double (Spark compares those as doubles), and the constants
+    ``expressions`` folds as Spark does (a date literal plus or minus whole days, months or
+    years; decimal literals added, subtracted, multiplied);
   - ``= == <> != < <= > >=`` between integers, between a double and a number (an integer
-    becomes a double, as Spark casts it), between strings (bytewise in both), between booleans;
-    ``BETWEEN`` (``x >= lo AND x <= hi``, as Spark defines it); ``AND OR NOT`` (three-valued:
-    pyarrow's Kleene kernels); ``IS [NOT] NULL`` of any of these.
+    becomes a double, as Spark casts it), between strings (bytewise in both), between booleans,
+    between dates; ``BETWEEN`` (``x >= lo AND x <= hi``, as Spark defines it); ``x [NOT] IN``
+    a list of at most ``IN_ITEMS`` literals, none NULL (``x = a OR x = b ...``); ``AND OR NOT``
+    (three-valued: pyarrow's Kleene kernels); ``IS [NOT] NULL`` of any of these.
 
   Spark orders NaN above every other double and equal to itself, where an IEEE comparison (as
   pyarrow's) is false whenever NaN is an operand. So a comparison of doubles is built from IEEE
@@ -51,13 +54,18 @@ from sqlglot import exp
 from dbsp_pipeline.driver.expressions import (
     BIGINT,
     BOOLEAN,
+    DATE,
     DECIMAL_LIT,
     DOUBLE,
     INT,
     STRING,
     Columns,
     _columns,
+    _folded_constant,
+    _folded_date,
+    _folded_decimal,
     _int_literal,
+    _is_literal,
     _is_number,
     _literal,
     _only,
@@ -74,7 +82,12 @@ __all__ = ["ArrowPredicate", "arrow_predicate", "arrow_projection"]
 ArrowPredicate = Callable[[pa.Table], Any]
 
 _INTEGERS = {INT, BIGINT}
-_COLUMN_TYPES = {INT, BIGINT, DOUBLE, STRING, BOOLEAN}
+_COLUMN_TYPES = {INT, BIGINT, DOUBLE, STRING, BOOLEAN, DATE}
+#: the most items of an ``IN`` list taken (evaluated as ``x = a OR x = b ...``): Spark's
+#: optimizer turns a longer list into an ``InSet`` (``spark.sql.optimizer.
+#: inSetConversionThreshold``, 10), a hash set of the values, whose equality is not ``=``'s for
+#: every type (Java's ``Double.equals`` tells -0.0 from 0.0)
+IN_ITEMS = 10
 _EQ, _NE, _LT, _LE, _GT, _GE = "=", "<>", "<", "<=", ">", ">="
 _KINDS: dict[type[exp.Expression], str] = {exp.EQ: _EQ, exp.NEQ: _NE, exp.LT: _LT,
                                            exp.LTE: _LE, exp.GT: _GT, exp.GTE: _GE}
@@ -145,6 +158,17 @@ def _walk(node: exp.Expression, columns: Columns) -> _Operand:
         return _Operand(lambda table: table.column(name), typ, False)
     if t in (exp.Literal, exp.Boolean) or (t is exp.Neg and _is_number(node.this)):
         return _literal_operand(node)
+    if _folded_constant(node) is not None:  # a date, a date +/- an interval, a decimal sum
+        return _constant_operand(node)
+    if t is exp.In:
+        _only(node, "this", "expressions")
+        items = node.expressions
+        if not items or len(items) > IN_ITEMS or not all(_is_literal(i) for i in items):
+            raise _Refuse("IN list")
+        x = _walk(node.this, columns)
+        equal = [_compare(_EQ, x, _walk(item, columns)) for item in items]
+        return _Operand(lambda table: _any(e.value(table) for e in equal), BOOLEAN,
+                        all(e.literal for e in equal))
     if t in _KINDS:
         _only(node, "this", "expression")
         return _compare(_KINDS[t], _walk(node.this, columns), _walk(node.expression, columns))
@@ -216,11 +240,37 @@ def _literal_operand(node: exp.Expression) -> _Operand:
     return _Operand(lambda table: scalar, typ, True)
 
 
+def _constant_operand(node: exp.Expression) -> _Operand:
+    """A constant Spark folds: a date literal (plus or minus whole days, months, years), or
+    decimal literals added, subtracted or multiplied (exactly, then as the double Spark
+    compares with a double)."""
+    _, typ = _folded_constant(node) or ("", "")
+    if typ == DATE:
+        day = _folded_date(node)
+        scalar = pa.scalar(day, pa.date32())
+    elif typ == DECIMAL_LIT:
+        value = _folded_decimal(node)
+        if value is None:
+            raise _Refuse("folded decimal")
+        scalar = pa.scalar(float(value), pa.float64())
+    else:
+        raise _Refuse(f"constant of type {typ}")
+    return _Operand(lambda table: scalar, typ, True)
+
+
+def _any(values: Any) -> Any:
+    """The three-valued OR of ``values`` (at least one)."""
+    out = None
+    for value in values:
+        out = value if out is None else pc.or_kleene(out, value)
+    return out
+
+
 def _compare(kind: str, a: _Operand, b: _Operand) -> _Operand:
     """``a <kind> b`` with Spark's semantics, for the operand types of the module docstring."""
     kinds = {a.typ, b.typ}
     literal = a.literal and b.literal
-    if kinds <= _INTEGERS or (a.typ == b.typ and a.typ in (STRING, BOOLEAN)):
+    if kinds <= _INTEGERS or (a.typ == b.typ and a.typ in (STRING, BOOLEAN, DATE)):
         ieee = _IEEE[kind]
         return _Operand(lambda table: ieee(a.value(table), b.value(table)), BOOLEAN, literal)
     if DOUBLE in kinds and kinds <= {INT, BIGINT, DOUBLE, DECIMAL_LIT}:

@@ -33,6 +33,10 @@ ARROW_PREDICATES = [
     "d IS NOT NULL", "s IS NULL", "b IS NOT NULL", "l IS NULL", "i > 3000000000",
     "l < -9223372036854775807", "l = 9007199254740993", "l > 9007199254740992.5e0",
     "s = ''", "s <> 'ß'", "'a' < s", "s2 <= s", "b = false", "b <> true", "i = 7 AND s = 'abc '",
+    "dt = DATE '2024-02-29'", "dt <> CAST('1999-12-31' AS DATE)", "DATE '2000-01-01' <= dt",
+    "dt > DATE '2024-01-31' - INTERVAL '1' MONTH", "dt IN (DATE '2000-01-01', DATE '1970-01-01')",
+    "dt NOT IN (DATE '2000-01-01')", "s NOT IN ('a', 'ß')", "d IN (0.0, 1e308, -1.5)",
+    "d NOT IN (100, 5)", "i NOT IN (7, 3)", "l IN (5, -1)", "d > 0.06 - 0.01", "b IN (true)",
 ]
 
 
@@ -53,7 +57,7 @@ def test_arrow_predicates_keep_spark_rows(frames):
     candidates = ARROW_PREDICATES + PREDICATES
     taken = [(p, f) for p in candidates if (f := arrow_predicate(p, SCHEMA)) is not None]
     assert [p for p in ARROW_PREDICATES if arrow_predicate(p, SCHEMA) is None] == []
-    assert len(taken) > len(ARROW_PREDICATES) + 20  # many of the shared ones too
+    assert len(taken) > len(ARROW_PREDICATES) + 30  # most of the shared ones too
     want = _spark_kept(df, [p for p, _ in taken])
     for (p, f), spark_rows in zip(taken, want):
         got = sorted(table.filter(f(table)).column("rid").to_pylist())
@@ -66,13 +70,16 @@ def test_arrow_predicates_keep_spark_rows(frames):
 
 @pytest.mark.parametrize("pred", [
     # what pyarrow would compute otherwise than Spark, or not at all: integers against decimals
-    # (Spark compares exactly), arithmetic (overflow), IN, LIKE, CASE, COALESCE, functions,
-    # NULL-safe equality, dates, timestamps, pass-through types, a predicate of no column
+    # (Spark compares exactly), arithmetic (overflow), IN with a NULL or a non-literal item or
+    # too many items, LIKE, CASE, COALESCE, functions, NULL-safe equality, timestamps,
+    # pass-through types, a predicate of no column
     "i = 7.0", "i <= 2.5", "l > 9007199254740992.5", "i + 1 > 5", "-i > 5", "i / 7 > 0.5",
-    "i in (0, 7, -7)", "s LIKE 'a%'", "CASE WHEN i > 0 THEN b ELSE NOT b END",
-    "coalesce(b, i > 0)", "length(s) > 2", "d <=> e", "s2 IS DISTINCT FROM s",
-    "dt < DATE '2000-01-01'", "ts < ts2", "f is not null", "dec is null", "i = NULL",
-    "NULL AND b", "NOT NULL", "1 = 1", "true", "i",
+    "i not in (1, NULL)", "l in (9007199254740992.0, 5)", "i IN (j, 1)",
+    f"i IN ({', '.join(map(str, range(11)))})", "s LIKE 'a%'",
+    "CASE WHEN i > 0 THEN b ELSE NOT b END", "coalesce(b, i > 0)", "length(s) > 2", "d <=> e",
+    "s2 IS DISTINCT FROM s", "ts < ts2", "f is not null", "dec is null", "i = NULL",
+    "NULL AND b", "NOT NULL", "1 = 1", "1 IN (1, 2)", "DATE '2000-01-01' < DATE '2001-01-01'",
+    "true", "i", "dt",
 ])
 def test_refused_predicates(pred):
     assert arrow_predicate(pred, SCHEMA) is None
