@@ -36,6 +36,8 @@ ARROW_PREDICATES = [
     "dt = DATE '2024-02-29'", "dt <> CAST('1999-12-31' AS DATE)", "DATE '2000-01-01' <= dt",
     "dt > DATE '2024-01-31' - INTERVAL '1' MONTH", "dt IN (DATE '2000-01-01', DATE '1970-01-01')",
     "dt NOT IN (DATE '2000-01-01')", "s NOT IN ('a', 'ß')", "d IN (0.0, 1e308, -1.5)",
+    f"d IN ({', '.join(f'{k}.0' for k in range(-5, 27))})",
+    f"i NOT IN ({', '.join(map(str, range(32)))})",
     "d NOT IN (100, 5)", "i NOT IN (7, 3)", "l IN (5, -1)", "d > 0.06 - 0.01", "b IN (true)",
 ]
 
@@ -75,7 +77,7 @@ def test_arrow_predicates_keep_spark_rows(frames):
     # pass-through types, a predicate of no column
     "i = 7.0", "i <= 2.5", "l > 9007199254740992.5", "i + 1 > 5", "-i > 5", "i / 7 > 0.5",
     "i not in (1, NULL)", "l in (9007199254740992.0, 5)", "i IN (j, 1)",
-    f"i IN ({', '.join(map(str, range(11)))})", "s LIKE 'a%'",
+    f"i IN ({', '.join(map(str, range(33)))})", "s LIKE 'a%'",
     "CASE WHEN i > 0 THEN b ELSE NOT b END", "coalesce(b, i > 0)", "length(s) > 2", "d <=> e",
     "s2 IS DISTINCT FROM s", "ts < ts2", "f is not null", "dec is null", "i = NULL",
     "NULL AND b", "NOT NULL", "1 = 1", "1 IN (1, 2)", "DATE '2000-01-01' < DATE '2001-01-01'",
