@@ -54,7 +54,10 @@ class _UserSQL(Operator):
         (d,) = changes
         if d is None:
             return None
-        arrow = self._arrow(d)
+        try:
+            arrow = self._arrow(d)
+        except pa.ArrowException:  # unforeseen (the evaluation never raises where Spark would
+            arrow = None           # not): the DuckDB query, or Spark, decides
         if arrow is not None:
             out = positive_zeros_arrow(conform(arrow, self.schema))
             if self.keeps_rows and ctx.sql is not None:
