@@ -60,6 +60,7 @@ from dbsp_pipeline.driver.expressions import (
     INT,
     STRING,
     Columns,
+    _column_name,
     _columns,
     _folded_constant,
     _folded_date,
@@ -137,7 +138,7 @@ def arrow_projection(exprs: Sequence[str], schema: StructType,
             node = _unparen(node)
             if type(node) is not exp.Column:
                 return None
-            picked.append(_column(node, columns)[0])
+            picked.append(_column_name(node, columns)[0])
     except Exception:  # noqa: BLE001 (as above: not a plain projection)
         return None
     return picked
@@ -150,7 +151,7 @@ def _walk(node: exp.Expression, columns: Columns) -> _Operand:
     if t is exp.Paren:
         return _walk(_unparen(node), columns)
     if t is exp.Column:
-        name, typ = _column(cast(exp.Column, node), columns)
+        name, typ = _column_name(cast(exp.Column, node), columns)
         if typ not in _COLUMN_TYPES:
             raise _Refuse(f"column type {typ}")
         return _Operand(lambda table: table.column(name), typ, False)
@@ -194,19 +195,6 @@ def _walk(node: exp.Expression, columns: Columns) -> _Operand:
         return _Operand(lambda table: pc.and_kleene(low.value(table), high.value(table)),
                         BOOLEAN, low.literal and high.literal)
     raise _Refuse(f"node {t.__name__}")
-
-
-def _column(node: exp.Column, columns: Columns) -> tuple[str, str]:
-    """The exact name and type tag of a column reference (case-insensitive, as Spark's)."""
-    _only(node, "this")
-    name = node.this
-    if type(name) is not exp.Identifier:
-        raise _Refuse("column form")
-    _only(name, "this", "quoted")
-    hit = columns.get(name.name.lower())
-    if hit is None or hit[1] is None:
-        raise _Refuse(f"unknown or unsupported column {name.name!r}")
-    return hit[0], hit[1]
 
 
 def _boolean(node: exp.Expression, columns: Columns) -> _Operand:

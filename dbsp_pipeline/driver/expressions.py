@@ -345,6 +345,12 @@ def _bare_column(node: exp.Expression, columns: Columns) -> tuple[str, str] | No
 
 
 def _column(node: exp.Column, columns: Columns) -> tuple[str, str]:
+    name, typ = _column_name(node, columns)
+    return ident(name), typ
+
+
+def _column_name(node: exp.Column, columns: Columns) -> tuple[str, str]:
+    """The exact name and type tag of a column reference (case-insensitive, as Spark's)."""
     _only(node, "this")
     name = node.this
     if type(name) is not exp.Identifier:
@@ -353,7 +359,7 @@ def _column(node: exp.Column, columns: Columns) -> tuple[str, str]:
     hit = columns.get(name.name.lower())
     if hit is None or hit[1] is None:
         raise _Refuse(f"unknown or unsupported column {name.name!r}")
-    return ident(hit[0]), hit[1]
+    return hit[0], hit[1]
 
 
 def _translate(node: exp.Expression, columns: Columns) -> tuple[str, str]:
