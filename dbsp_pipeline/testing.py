@@ -139,8 +139,9 @@ class FaultInjectingTableStore:
     def path(self, relative: str) -> str:
         return self.inner.path(relative)
 
-    def write_arrow(self, table: pa.Table, run: str | None = None) -> list[AddAction]:
-        return self.inner.write_arrow(table, run)
+    def write_arrow(self, table: pa.Table, run: str | None = None, *,
+                    relative: str | None = None) -> list[AddAction]:
+        return self.inner.write_arrow(table, run, relative=relative)
 
     def describe_folder(self, relative: str) -> list[AddAction]:
         return self.inner.describe_folder(relative)

@@ -26,6 +26,8 @@ A step (``execute_step``), top to bottom:
    same change and read and write the same traces.
 5. Write every output's change as data files (``OutputLog.prepare``), under the output write
    rules: a step already written is verified and discarded, so a replay duplicates nothing.
+   Then every trace file written behind the computation has been written
+   (``storage/write_behind.py``): a failed write fails the step here.
 5b. Every carried push has landed at its version (the record names it). One that lost its
    version to another writer's push undoes the step (back to the newest checkpoint); it is
    pushed as a plain push, and the step executes again over the logs as they are.
@@ -305,11 +307,15 @@ def _compute(state: EngineState, s: int, files: dict[str, list[DataFile]],
     try:
         node_changes = state.plan.evaluate(ctx, changes)
         # (a Spark step's view change the owner stage collected is written on the driver)
-        return {name: state.outputs[name].prepare(
-                    s, node_changes[node_id],
-                    state.sql if isinstance(node_changes[node_id], pa.Table) else sql,
-                    recorded.get(name))
-                for name, node_id in state.circuit.outputs.items()}
+        prepared = {name: state.outputs[name].prepare(
+                        s, node_changes[node_id],
+                        state.sql if isinstance(node_changes[node_id], pa.Table) else sql,
+                        recorded.get(name))
+                    for name, node_id in state.circuit.outputs.items()}
+        # the trace files written behind the computation are all written before anything of
+        # the step is recorded; a failed one fails the step (``storage/write_behind.py``)
+        state.db.wait_for_writes()
+        return prepared
     finally:
         ctx.release()
 

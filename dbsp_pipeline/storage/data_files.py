@@ -91,16 +91,17 @@ class DataFiles:
             os.makedirs(fs_path, exist_ok=True)
 
     # -- files -------------------------------------------------------------------------------
-    def write_arrow(self, table: pa.Table, run: str | None = None) -> list[AddAction]:
+    def write_arrow(self, table: pa.Table, run: str | None = None, *,
+                    relative: str | None = None) -> list[AddAction]:
         """Write ``table`` (cast to the schema) as one new file ``data/<uuid4>.parquet``, or
         ``data/<run>-<uuid4>.parquet`` as a piece of the sorted run ``run`` (``new_sorted_run``;
-        a fresh name either way, so a retried writer never overwrites a file); its add action
-        (none for no rows). Nothing is committed. A ``StorageError`` (definitely failed) naming
-        the file when the write fails."""
+        a fresh name either way, so a retried writer never overwrites a file), or at
+        ``relative`` (a fresh name ``new_file_path`` chose before); its add action (none for no
+        rows). Nothing is committed. A ``StorageError`` (definitely failed) naming the file when
+        the write fails."""
         if table.num_rows == 0:
             return []
-        name = uuid.uuid4().hex if run is None else f"{run}-{uuid.uuid4().hex}"
-        relative = f"{DATA_DIR}/{name}.parquet"
+        relative = relative or new_file_path(run)
         target = self.fs_path(self.path(relative))
         footer: list[pq.FileMetaData] = []
         try:
@@ -148,6 +149,13 @@ class DataFiles:
         dataset = ds.dataset([self.fs_path(p) for p in paths], schema=self.schema,
                              format="parquet", filesystem=self.filesystem)
         return dataset.to_table(filter=where, columns=list(columns) if columns else None)
+
+
+def new_file_path(run: str | None = None) -> str:
+    """A fresh data file path inside a table: ``data/<uuid4>.parquet``, or
+    ``data/<run>-<uuid4>.parquet`` for a piece of the sorted run ``run``."""
+    name = uuid.uuid4().hex if run is None else f"{run}-{uuid.uuid4().hex}"
+    return f"{DATA_DIR}/{name}.parquet"
 
 
 def new_sorted_run() -> str:

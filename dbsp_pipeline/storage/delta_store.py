@@ -203,8 +203,9 @@ class DeltaTableStore:
     def path(self, relative: str) -> str:
         return self.data.path(relative)
 
-    def write_arrow(self, table: pa.Table, run: str | None = None) -> list[AddAction]:
-        return self.data.write_arrow(table, run)
+    def write_arrow(self, table: pa.Table, run: str | None = None, *,
+                    relative: str | None = None) -> list[AddAction]:
+        return self.data.write_arrow(table, run, relative=relative)
 
     def describe_folder(self, relative: str) -> list[AddAction]:
         return self.data.describe_folder(relative)

@@ -22,6 +22,11 @@ Durability, by cases:
   and stages the recorded actions again, which is the same state;
 * files a retained entry stages are referenced: garbage collection keeps them
   (``referenced_paths``), as it keeps the files of retained Delta versions.
+
+A table of the state database writes its appended files behind the step's computation
+(``stage_new_file``, ``storage/write_behind.py``): such a file is staged while it is still being
+written, and the table waits for it before anything reads, records, folds, unstages or rolls it
+back.
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from dbsp_pipeline.errors import StorageError
-from dbsp_pipeline.storage import garbage
+from dbsp_pipeline.storage import garbage, write_behind
+from dbsp_pipeline.storage.data_files import new_file_path
 from dbsp_pipeline.storage.delta_table import DataFile, SparkDeltaTable
 from dbsp_pipeline.storage.table_store import TableStore
 
@@ -49,9 +55,13 @@ class StagedTable:
     """The state table ``table`` (its Delta handle) with its staged actions. See the module
     docstring for the contract."""
 
-    def __init__(self, table: SparkDeltaTable) -> None:
+    def __init__(self, table: SparkDeltaTable, *, writes_behind: bool = False) -> None:
         self.delta = table
-        self._adds: dict[str, AddAction] = {}  # staged adds by absolute path, in order
+        #: whether ``stage_new_file`` writes in the background (``storage/write_behind.py``)
+        self.writes_behind = writes_behind
+        #: staged adds by absolute path, in order; a file written behind is pending until
+        #: ``wait_for_writes``
+        self._adds: dict[str, AddAction | write_behind.PendingFile] = {}
         self._removes: dict[str, None] = {}  # staged removes of committed files, in order
         #: checkpoints that recorded staged actions of this table since it was last folded
         self.checkpoints_since_fold = 0
@@ -87,18 +97,69 @@ class StagedTable:
         return self.delta.write_arrow(table, run)
 
     def read(self, files: Sequence[DataFile] | Sequence[str]) -> DataFrame:
+        self._wait_for_files(files)
         return self.delta.read(files)
 
     def read_arrow(self, files: Sequence[DataFile] | Sequence[str],
                    where: pc.Expression | None = None,
                    columns: Sequence[str] | None = None) -> pa.Table:
+        self._wait_for_files(files)
         return self.delta.read_arrow(files, where, columns)
 
     def files(self) -> list[DataFile]:
         """The table's files now: those of its Delta version (as this handle last loaded or
-        committed it), less the staged removes, plus the staged adds."""
+        committed it), less the staged removes, plus the staged adds (written or pending)."""
         committed = [f for f in self.delta.files() if f.path not in self._removes]
-        return committed + [self.delta.data_file(a) for a in self._adds.values()]
+        return committed + [a.data_file if isinstance(a, write_behind.PendingFile)
+                            else self.delta.data_file(a) for a in self._adds.values()]
+
+    # -- files written behind the step (``storage/write_behind.py``) -------------------------
+    def stage_new_file(self, rows: pa.Table) -> list[DataFile]:
+        """Write ``rows`` (in table schema) as one new file and stage its add; returns its
+        ``DataFile`` (none for no rows). A table that ``writes_behind`` returns at once and
+        writes in the background: the file is pending until ``wait_for_writes``, and a failed
+        write raises from there."""
+        if rows.num_rows == 0:
+            return []
+        if not self.writes_behind:
+            adds = self.delta.write_arrow(rows)
+            self.stage(adds)
+            return [self.delta.data_file(a) for a in adds]
+        relative = new_file_path()
+        data_file = DataFile.from_rows(self.delta.store.path(relative), rows)
+        delta = self.delta
+        pending = write_behind.submit(
+            data_file, lambda: delta.write_arrow(rows, relative=relative))
+        self._adds[data_file.path] = pending
+        return [data_file]
+
+    def wait_for_writes(self) -> None:
+        """Wait for every file this table writes behind, each then staged as written; raises
+        the first failed write's ``StorageError`` (after waiting for them all)."""
+        failure: BaseException | None = None
+        for path, add in list(self._adds.items()):
+            if isinstance(add, write_behind.PendingFile):
+                try:
+                    self._adds[path] = add.add_action()
+                except BaseException as e:  # noqa: BLE001 (raised below, once all ended)
+                    failure = failure or e
+        if failure is not None:
+            raise failure
+
+    def _wait_for_files(self, files: Sequence[DataFile] | Sequence[str]) -> None:
+        """Wait for the files of ``files`` still being written (no staging changes: a reader
+        may be another thread, a keyed run built in the background)."""
+        for f in files:
+            add = self._adds.get(f.path if isinstance(f, DataFile) else f)
+            if isinstance(add, write_behind.PendingFile):
+                add.add_action()
+
+    def _discard_pending(self) -> None:
+        """Wait for the files written behind to end, and forget them (a rollback: their files,
+        if written, are orphans for garbage collection)."""
+        for add in self._adds.values():
+            if isinstance(add, write_behind.PendingFile):
+                add.wait()
 
     # -- staging ---------------------------------------------------------------------------
     def stage(self, adds: Sequence[AddAction] = (), removes: Sequence[str] = ()) -> None:
@@ -107,6 +168,8 @@ class StagedTable:
         committed, it is garbage once no retained checkpoint stages it: garbage collection is
         told, ``garbage.note_never_committed``). Nothing is durable until a checkpoint records
         the staged actions."""
+        if removes:
+            self.wait_for_writes()
         for path in removes:
             if path in self._adds:
                 del self._adds[path]
@@ -127,15 +190,18 @@ class StagedTable:
 
     def record(self) -> dict[str, Any]:
         """The staged actions as a manifest entry records them (paths relative to the table);
-        empty when nothing is staged."""
+        empty when nothing is staged. Waits for the files written behind."""
         if not self._adds and not self._removes:
             return {}
-        return {"adds": [add_record(a) for a in self._adds.values()],
+        self.wait_for_writes()
+        return {"adds": [add_record(a) for a in self._adds.values()
+                         if isinstance(a, AddAction)],
                 "removes": [self._relative(p) for p in self._removes]}
 
     def load(self, record: Mapping[str, Any] | None) -> None:
         """Stage exactly the actions ``record`` (from a manifest entry) holds, after the Delta
         table was rolled back to the version that entry records."""
+        self._discard_pending()
         self._adds, self._removes = {}, {}
         if not record:
             return
@@ -152,8 +218,10 @@ class StagedTable:
         """Commit the staged actions to the Delta table in one commit (durable when this
         returns) and stage nothing; returns the table's version. Not a checkpoint: the next
         manifest entry records the new version (until then a crash rolls the fold back)."""
+        self.wait_for_writes()
         if self._adds or self._removes:
-            self.delta.commit(list(self._adds.values()), list(self._removes))
+            self.delta.commit([a for a in self._adds.values() if isinstance(a, AddAction)],
+                              list(self._removes))
             self._adds, self._removes = {}, {}
         self.checkpoints_since_fold = 0
         return self.delta.loaded_version()

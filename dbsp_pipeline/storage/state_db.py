@@ -305,11 +305,24 @@ class StateDatabase:
         if name not in self._tables:
             table = StagedTable(SparkDeltaTable(
                 self.spark, root_layout.state_table(self.root, name), schema, role="trace",
-                single_writer=True))
+                single_writer=True), writes_behind=True)
             self._tables[name] = table
             if self._base is not None:
                 self._roll_back(table)
         return self._tables[name]
+
+    def wait_for_writes(self) -> None:
+        """Wait for every data file the tables write behind the step's computation
+        (``storage/write_behind.py``); raises the first failed write's ``StorageError`` once
+        all ended. The step protocol calls it before it records anything of a step."""
+        failure: BaseException | None = None
+        for table in self._tables.values():
+            try:
+                table.wait_for_writes()
+            except BaseException as e:  # noqa: BLE001 (raised below, once all ended)
+                failure = failure or e
+        if failure is not None:
+            raise failure
 
     @property
     def version(self) -> int:

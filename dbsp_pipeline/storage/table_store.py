@@ -63,6 +63,20 @@ class DataFile:
         return cls(path, int(s.get("numRecords", 0)), lo.get("_shard"), hi.get("_shard"),
                    lo.get("_step"), hi.get("_step"))
 
+    @classmethod
+    def from_rows(cls, path: str, rows: pa.Table) -> DataFile:
+        """The ``DataFile`` of a file at ``path`` holding exactly ``rows``: what ``from_stats``
+        gives for it once written (for a file written in the background,
+        ``storage/write_behind.py``)."""
+        ranges: dict[str, tuple[int | None, int | None]] = {}
+        for column in ("_shard", "_step"):
+            if column in rows.column_names and rows.num_rows:
+                bounds = pc.min_max(rows.column(column))
+                ranges[column] = (bounds["min"].as_py(), bounds["max"].as_py())
+            else:
+                ranges[column] = (None, None)
+        return cls(path, rows.num_rows, *ranges["_shard"], *ranges["_step"])
+
 
 @dataclass(frozen=True)
 class StoredFile:
@@ -134,9 +148,11 @@ class TableStore(Protocol):
         """The absolute path (or object URI) of ``relative`` inside the table."""
         ...
 
-    def write_arrow(self, table: pa.Table, run: str | None = None) -> list[AddAction]:
+    def write_arrow(self, table: pa.Table, run: str | None = None, *,
+                    relative: str | None = None) -> list[AddAction]:
         """Write ``table`` (in table schema) as one new, uncommitted data file, a piece of
-        ``run`` if given (``data_files.sorted_run_of``); returns its add action (none for an empty
+        ``run`` if given (``data_files.sorted_run_of``), at ``relative`` if given (a fresh path
+        from ``data_files.new_file_path``); returns its add action (none for an empty
         table)."""
         ...
 

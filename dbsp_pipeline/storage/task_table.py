@@ -111,6 +111,13 @@ class TaskTable:
     def write_arrow(self, table: pa.Table, run: str | None = None) -> list[AddAction]:
         return self.data.write_arrow(table, run or self.spec.sorted_run)
 
+    def stage_new_file(self, rows: pa.Table) -> list[DataFile]:
+        """Write ``rows`` as one new file of the task's sorted run and stage its add
+        (``StagedTable.stage_new_file``; a task writes at once)."""
+        adds = self.write_arrow(rows)
+        self.stage(adds)
+        return [self.data_file(a) for a in adds]
+
     def read_arrow(self, files: Sequence[DataFile] | Sequence[str],
                    where: pc.Expression | None = None,
                    columns: Sequence[str] | None = None) -> pa.Table:

@@ -277,7 +277,8 @@ class Trace:
 
     # -- driver-side (Arrow) access, for small steps ----------------------------------------
     def append_arrow(self, sql: LocalSQL, delta: pa.Table) -> pa.Table | None:
-        """``append`` on the driver: consolidate, shard, sort, write one file and stage it.
+        """``append`` on the driver: consolidate, shard, sort, write one file and stage it (a
+        state table writes it behind the step's computation, ``storage/write_behind.py``).
 
         Returns the appended rows (payload, ``_weight``, ``_shard``), or None when the change
         consolidates to nothing.
@@ -287,9 +288,7 @@ class Trace:
             return None
         change = _by_shard(self._with_shard(change))
         before = self.files()
-        adds = self.table.write_arrow(change)
-        self.table.stage(adds)
-        new = [self.table.data_file(a) for a in adds]
+        new = self.table.stage_new_file(change)  # (a state table writes it in the background)
         self._files = before + new
         for f in new:  # one file: the whole change
             self.runs.add(f, change)
