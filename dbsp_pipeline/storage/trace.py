@@ -115,6 +115,18 @@ def _by_shard(rows: pa.Table) -> pa.Table:
     return rows.take(pc.sort_indices(rows.column(SHARD)))
 
 
+def _distinct_hashes(hashes: np.ndarray) -> np.ndarray:
+    """The distinct values of ``hashes`` (64-bit key hashes), ascending: ``np.unique`` by
+    sorting. numpy 2.3's ``np.unique`` collects the values in a hash set first, which for
+    random 64-bit values costs 0.47 ms for 10k of them against 0.03 ms sorted, and 286 ms for
+    1M against 5 ms."""
+    ordered = np.sort(hashes)
+    if len(ordered) < 2:
+        return ordered
+    distinct: np.ndarray = ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
+    return distinct
+
+
 def _small_keyed(table: pa.Table, key: Sequence[str]) -> bool:
     """Whether pyarrow may match ``table``'s rows on ``key`` in place of a DuckDB query (the
     driver's fast path, ``driver/sql.py``)."""
@@ -333,7 +345,7 @@ class Trace:
             return self.table.arrow_schema.empty_table()
         parts, unread = [], [f for f in candidates if not self.runs.covers(f)]
         if len(unread) < len(candidates):
-            hashes = np.unique(self._key_hashes(wanted_keys))
+            hashes = _distinct_hashes(self._key_hashes(wanted_keys))
             for f in candidates:
                 if self.runs.covers(f):
                     found = self.runs.lookup(f, hashes, self._read_to_build_run)
@@ -393,7 +405,7 @@ class Trace:
         shards, candidates = self._candidates(wanted_keys, None)
         if not candidates:
             return self.table.arrow_schema.empty_table(), np.zeros(0, dtype=np.uint64)
-        hashes = np.unique(self._key_hashes(wanted_keys))
+        hashes = _distinct_hashes(self._key_hashes(wanted_keys))
         # per wanted hash, the retractions found so far: a bigger file may hold their values
         # among its most extreme, so it is read that much deeper
         retracted = np.zeros(len(hashes), dtype=np.int64)
@@ -444,7 +456,7 @@ class Trace:
             bound = np.full(group[-1] + 1, rows.num_rows)
             np.minimum.at(bound, group[is_cut], position[is_cut])
             keep = position < bound[group]
-        cut = np.unique(h[is_cut])
+        cut = _distinct_hashes(h[is_cut])
         rows = rows.filter(pa.array(keep)).drop_columns([HASH, CUT])
         return self._matching(sql, rows, wanted_keys), cut
 

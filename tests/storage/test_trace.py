@@ -3,8 +3,10 @@ updated in place."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from dbsp_pipeline.storage.delta_table import DataFile
-from dbsp_pipeline.storage.trace import Trace
+from dbsp_pipeline.storage.trace import Trace, _distinct_hashes
 
 
 class FileList(Trace):
@@ -273,3 +275,13 @@ def test_lookups_after_a_driver_merge_read_its_rows_from_memory(tmp_path, monkey
     trace.swap_files(files, [])
     assert not trace.apply_merge(files, stale)
     assert trace._merged == {} and trace.files() == []
+
+
+def test_distinct_hashes_are_numpy_unique():
+    rng = np.random.default_rng(3)
+    drawn = rng.integers(0, 2**63, 5000, dtype=np.int64).astype(np.uint64) * np.uint64(2)
+    for hashes in (drawn, np.concatenate([drawn, drawn[:700], drawn[::-3]]),
+                   np.array([2**64 - 1, 0, 2**64 - 1], dtype=np.uint64),
+                   drawn[:1], drawn[:0]):
+        got = _distinct_hashes(hashes)
+        assert got.dtype == np.uint64 and np.array_equal(got, np.unique(hashes))
