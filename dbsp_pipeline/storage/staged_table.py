@@ -146,6 +146,15 @@ class StagedTable:
         if failure is not None:
             raise failure
 
+    def _written_adds(self) -> list[AddAction]:
+        """The staged adds, in order, once every file written behind is written (raises the
+        first failed write's error)."""
+        self.wait_for_writes()
+        written = [a for a in self._adds.values() if isinstance(a, AddAction)]
+        if len(written) != len(self._adds):
+            raise AssertionError(f"{self.uri}: a file written behind is still pending")
+        return written
+
     def _wait_for_files(self, files: Sequence[DataFile] | Sequence[str]) -> None:
         """Wait for the files of ``files`` still being written (no staging changes: a reader
         may be another thread, a keyed run built in the background)."""
@@ -193,9 +202,7 @@ class StagedTable:
         empty when nothing is staged. Waits for the files written behind."""
         if not self._adds and not self._removes:
             return {}
-        self.wait_for_writes()
-        return {"adds": [add_record(a) for a in self._adds.values()
-                         if isinstance(a, AddAction)],
+        return {"adds": [add_record(a) for a in self._written_adds()],
                 "removes": [self._relative(p) for p in self._removes]}
 
     def load(self, record: Mapping[str, Any] | None) -> None:
@@ -218,10 +225,9 @@ class StagedTable:
         """Commit the staged actions to the Delta table in one commit (durable when this
         returns) and stage nothing; returns the table's version. Not a checkpoint: the next
         manifest entry records the new version (until then a crash rolls the fold back)."""
-        self.wait_for_writes()
-        if self._adds or self._removes:
-            self.delta.commit([a for a in self._adds.values() if isinstance(a, AddAction)],
-                              list(self._removes))
+        adds = self._written_adds()
+        if adds or self._removes:
+            self.delta.commit(adds, list(self._removes))
             self._adds, self._removes = {}, {}
         self.checkpoints_since_fold = 0
         return self.delta.loaded_version()
