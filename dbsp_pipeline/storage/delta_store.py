@@ -13,6 +13,14 @@ object store), so of two writers racing for one version exactly one wins; with
 ``expected_version`` the loser gets ``ConcurrentWriterError`` and nothing of its commit is
 visible. Data files written but not committed are invisible to every Delta reader and are removed
 by garbage collection (``storage/garbage.py``).
+
+After a commit bound to a version (``expected_version``, every commit of the engine's own
+tables), the handle reloads the version it committed in the background thread of
+``storage/write_behind.py`` (delta-rs's handle does not keep the snapshot its commit built, and
+replaying the commit again costs about a millisecond): the committing step goes on, and whatever
+uses the handle next waits for the reload (``_table``). The commit is durable before the reload
+starts; a reload that fails is run again by the next user of the handle, whose call raises its
+``StorageError`` if it fails again.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import posixpath
 import re
 import time
 from collections.abc import Mapping, Sequence, Set
+from concurrent.futures import Future
 from typing import Any
 
 import pyarrow as pa
@@ -34,6 +43,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction
 
 from dbsp_pipeline.errors import ConcurrentWriterError, StorageError
+from dbsp_pipeline.storage import write_behind
 from dbsp_pipeline.storage.data_files import DataFiles, millis
 from dbsp_pipeline.storage.set_aside import LAST_CHECKPOINT, checkpoint_hint_version
 from dbsp_pipeline.storage.table_store import (
@@ -105,7 +115,21 @@ class DeltaTableStore:
         self._options: dict[str, str] | None = dict(storage_options) if storage_options else None
         #: the table's data files (written and read without the log)
         self.data = DataFiles(uri, schema, filesystem)
-        self._table = self._open_or_create(configuration)
+        #: the delta-rs handle; read it through ``_table``, which waits for a reload behind
+        self._loaded = self._open_or_create(configuration)
+        #: the reload running behind the last commit (``_refresh_behind``)
+        self._loading: Future[None] | None = None
+
+    @property
+    def _table(self) -> DeltaTable:
+        """The delta-rs handle, once the reload running behind a commit (if any) has ended."""
+        loading = self._loading
+        if loading is not None:
+            failed = loading.exception() is not None  # (waits)
+            self._loading = None
+            if failed:
+                self._update()  # once more, here: raises StorageError if it fails again
+        return self._loaded
 
     # -- what a backend says -----------------------------------------------------------------
     def fs_path(self, path: str) -> str:
@@ -285,8 +309,10 @@ class DeltaTableStore:
             raise StorageError(f"commit to {self.uri} failed: {e}", definitely_failed=True) from e
         except (DeltaError, OSError) as e:
             raise StorageError(f"commit to {self.uri} failed: {e}", definitely_failed=False) from e
+        if expected_version is not None:  # landed at that version (no retries), or raised
+            self._refresh_behind()
+            return expected_version
         self._refresh()
-        self._require_landed_at(expected_version)
         return self._table.version()
 
     def restore(self, version: int, *, expected_version: int | None = None) -> None:
@@ -394,13 +420,22 @@ class DeltaTableStore:
 
     def _refresh(self) -> None:
         """Load the newest version, if there is one newer than the loaded version."""
-        if not self._newer_version_may_exist():
-            return
+        if self._newer_version_may_exist():
+            self._update()
+
+    def _update(self) -> None:
+        """Load the newest version."""
         try:
             self._table.update_incremental()
         except (DeltaError, OSError) as e:
             raise StorageError(f"reading the log of {self.uri} failed: {e}",
                                definitely_failed=True) from e
+
+    def _refresh_behind(self) -> None:
+        """Load the newest version (the one just committed) in the background thread; the next
+        use of the handle waits for it (``_table``)."""
+        handle = self._table
+        self._loading = write_behind.run_behind(handle.update_incremental)
 
     def _newer_version_may_exist(self) -> bool:
         """Whether a version newer than the loaded one may exist: the next version's commit

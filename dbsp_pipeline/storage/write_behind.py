@@ -1,4 +1,4 @@
-"""Data files written behind a driver step's computation.
+"""Data files written, and Delta tables refreshed, behind a driver step's computation.
 
 A driver step appends to several traces (a join's two sides, an aggregate's state and values),
 and each append writes one small Parquet file: about a millisecond each, mostly the file's
@@ -20,6 +20,10 @@ Contract (what makes a pending file safe):
   ``runtime/step_protocol.py``): outside a step's computation no file is pending, so the
   compactor, garbage collection, a Spark step and a reader of the root see only written files.
 
+The same thread runs other work a step need not wait for (``run_behind``): a Delta table's
+reload of the version it has just committed (``storage/delta_store.py``'s ``_refresh_behind``),
+which whoever uses the table next waits for.
+
 Durability: none of its own. A pending file is an uncommitted data file like any other: until a
 checkpoint records it, a crash leaves it an orphan (or leaves it unwritten), and garbage
 collection deletes orphans (``storage/garbage.py``). A write that fails raises its
@@ -34,10 +38,13 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from deltalake.transaction import AddAction
 
 from dbsp_pipeline.storage.table_store import DataFile
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -67,12 +74,18 @@ _executor: ThreadPoolExecutor | None = None
 
 def submit(data_file: DataFile, write: Callable[[], list[AddAction]]) -> PendingFile:
     """Run ``write`` (which writes the file ``data_file`` describes and returns its add action)
-    in the background writer, after the writes submitted before it."""
+    in the background writer, after the work submitted before it."""
+    return PendingFile(data_file, run_behind(write))
+
+
+def run_behind(work: Callable[[], T]) -> Future[T]:
+    """Run ``work`` in the background thread, after the work submitted before it. ``work``
+    must not wait for other work of this thread (it would wait for ever)."""
     global _executor
     with _lock:
         if _executor is None:
             _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dbsp-write-behind")
-        return PendingFile(data_file, _executor.submit(write))
+        return _executor.submit(work)
 
 
 def _forget_after_fork() -> None:
