@@ -119,6 +119,35 @@ def null_safe_ids(left: pa.Table, right: pa.Table,
     return left_ids, right_ids
 
 
+def match_distinct(left: pa.Table, right: pa.Table, columns: Sequence[str]) -> pa.Array | None:
+    """For each row of ``left``, the index of the row of ``right`` whose ``columns`` are
+    NULL-safe equal to its own (NULL where none), as a left outer join on ``columns`` would pair
+    them when no two rows of ``right`` are equal on them; None when two are (or the key is too
+    wide to number), so the caller joins. ``right``'s columns are cast to ``left``'s types; the
+    caller checked ``arrow_groups_like_duckdb`` on both. One hash lookup per row, where a join
+    of row numbers costs a plan, a join and a sort."""
+    if not columns:
+        return None
+    if len(columns) == 1:
+        name = columns[0]
+        lkey = left.column(name)
+        rkey = right.column(name).cast(lkey.type)
+    else:  # number each row's key: the column ids in mixed radix
+        left_ids, right_ids = null_safe_ids(left, right, columns)
+        radix = left.num_rows + right.num_rows + 1
+        if radix ** len(columns) >= _INT64_LIMIT:
+            return None
+        lnum = np.zeros(left.num_rows, dtype=np.int64)
+        rnum = np.zeros(right.num_rows, dtype=np.int64)
+        for lid, rid in zip(left_ids, right_ids):
+            lnum = lnum * radix + lid.to_numpy(zero_copy_only=False)
+            rnum = rnum * radix + rid.to_numpy(zero_copy_only=False)
+        lkey, rkey = pa.array(lnum), pa.array(rnum)
+    if pc.count_distinct(rkey, mode="all").as_py() != len(rkey):
+        return None
+    return pc.index_in(lkey, value_set=rkey, skip_nulls=False)
+
+
 def ident(name: str) -> str:
     """``name`` as a DuckDB identifier: in double quotes, a double quote inside doubled. Every
     column name the driver path writes into DuckDB SQL goes through here (the Spark counterpart
@@ -199,6 +228,15 @@ class LocalSQL:
         seen = self._consolidated.get(id(table))
         if seen is not None and seen[0]() is table:
             self._consolidated[id(subset)] = (weakref.ref(subset, self._forget), seen[1])
+
+    def conform(self, table: pa.Table, schema: StructType) -> pa.Table:
+        """``conform(table, schema)``, which stays consolidated (for ``consolidate``) where
+        ``table`` is and no column changes type (the same rows in a new schema)."""
+        out = conform(table, schema)
+        if table.column_names == out.column_names and all(
+                a.type == b.type for a, b in zip(table.schema, out.schema)):
+            self.consolidated_subset(out, table)
+        return out
 
     def _forget(self, ref: weakref.ref[pa.Table]) -> None:
         """A table ``consolidate`` returned is gone: forget its entry (unless its id is

@@ -58,6 +58,7 @@ from dbsp_pipeline.driver.sql import (
     consolidate_arrow,
     ident,
     idents,
+    match_distinct,
     null_safe_ids,
     null_safe_on,
     weights_fit,
@@ -291,7 +292,7 @@ class Aggregate(Operator):
         self.groups.append_arrow(sql, state_change)
         visible = self.schema.fieldNames()
         out = sql.consolidate(state_change.filter(pc.greater(state_change.column(_N), 0)), visible)
-        return conform(out, self.schema) if out.num_rows else None
+        return sql.conform(out, self.schema) if out.num_rows else None
 
     # -- the phases of ``step_local``: pyarrow (small steps) and DuckDB ---------------------
     def _partials_sql(self, sql: LocalSQL, d: pa.Table) -> pa.Table:
@@ -461,23 +462,15 @@ class Aggregate(Operator):
             if e is not None:
                 sides.append((f"_e{i}_", e))
         joined = g
-        ids = [f"_id{j}" for j in range(len(self.keys))]
         for prefix, side in sides:
             side_keys = [prefix + k for k in self.keys] if prefix == _O else self.keys
-            g_ids, side_ids = null_safe_ids(
+            g_rows, side_rows = _left_join_rows(
                 joined.select(self.keys), side.select(side_keys).rename_columns(self.keys),
                 self.keys)
-            # Join row numbers on the key ids (pyarrow joins no list columns), then take rows.
-            left = pa.table({**dict(zip(ids, g_ids)),
-                             "_gi": np.arange(joined.num_rows, dtype=np.int64)})
-            right = pa.table({**dict(zip(ids, side_ids)),
-                              "_si": np.arange(side.num_rows, dtype=np.int64)})
-            pairs = left.join(right, keys=ids, join_type="left outer", use_threads=False)
-            pairs = pairs.sort_by("_gi")
             # the old state keeps its (prefixed) key columns, as the query's ``o.*`` does
-            taken = (side if prefix == _O else side.drop_columns(self.keys)).take(
-                pairs.column("_si"))
-            joined = joined.take(pairs.column("_gi"))
+            taken = (side if prefix == _O else side.drop_columns(self.keys)).take(side_rows)
+            if g_rows is not None:
+                joined = joined.take(g_rows)
             for name in taken.column_names:
                 joined = joined.append_column(name, taken.column(name))
         try:
@@ -553,33 +546,36 @@ class Aggregate(Operator):
             return g
         trace = self.values[i]
         best = "min" if a["fn"] == "min" else "max"
+        # an ordered trace gives live rows (consolidated, positive weights) whose extreme per
+        # group is the group's; an unordered one every row of the groups, consolidated here
+        ordered = trace.runs.order_by is not None
         values = (trace.lookup_extreme_rows(ctx.local, redo, largest=best == "max")
-                  if trace.runs.order_by else trace.lookup_arrow(ctx.local, redo))
+                  if ordered else trace.lookup_arrow(ctx.local, redo))
         limit = local_sql.FAST_PATH_ROWS
         if (values.num_rows <= limit and g.num_rows <= limit and self.keys
                 and arrow_groups_like_duckdb(values, [*self.keys, "_v"])
-                and arrow_groups_like_duckdb(g, self.keys) and weights_fit(values[WEIGHT])):
-            live = consolidate_arrow(values, [*self.keys, "_v"])
-            live = live.filter(pc.greater(live.column(WEIGHT), 0))
+                and arrow_groups_like_duckdb(g, self.keys)
+                and (ordered or weights_fit(values[WEIGHT]))):
+            live = values
+            if not ordered:
+                live = consolidate_arrow(values, [*self.keys, "_v"])
+                live = live.filter(pc.greater(live.column(WEIGHT), 0))
             rec = live.group_by(self.keys, use_threads=False).aggregate([("_v", best)])
-            g_ids, rec_ids = null_safe_ids(g, rec, self.keys)
-            ids = [f"_id{j}" for j in range(len(self.keys))]
-            pairs = pa.table({**dict(zip(ids, g_ids)),
-                              "_gi": np.arange(g.num_rows, dtype=np.int64)}).join(
-                pa.table({**dict(zip(ids, rec_ids)),
-                          "_ri": np.arange(rec.num_rows, dtype=np.int64)}),
-                keys=ids, join_type="left outer", use_threads=False).sort_by("_gi")
-            g = g.take(pairs.column("_gi"))
-            recomputed = rec.column(f"_v_{best}").take(pairs.column("_ri"))
+            g_rows, rec_rows = _left_join_rows(g, rec, self.keys)
+            if g_rows is not None:
+                g = g.take(g_rows)
+            recomputed = rec.column(f"_v_{best}").take(rec_rows)
             mm = g.column(f"_mm{i}")
             if recomputed.type != mm.type:
                 recomputed = recomputed.cast(mm.type)
             return g.set_column(g.schema.get_field_index(f"_mm{i}"), f"_mm{i}",
                                 pc.if_else(g.column(f"_redo{i}"), recomputed, mm))
         keys = idents(self.keys)
+        live_sql = ("SELECT * FROM v" if ordered else
+                    f"SELECT {keys}, _v FROM v GROUP BY {keys}, _v "
+                    f"HAVING sum({ident(WEIGHT)}) > 0")
         return ctx.local.query(
-            f"WITH live AS (SELECT {keys}, _v FROM v GROUP BY {keys}, _v "
-            f"HAVING sum({ident(WEIGHT)}) > 0), "
+            f"WITH live AS ({live_sql}), "
             f"rec AS (SELECT {keys}, {best}(_v) AS _rec FROM live GROUP BY {keys}) "
             f"SELECT g.* REPLACE (CASE WHEN g._redo{i} THEN rec._rec ELSE g._mm{i} END AS _mm{i}) "
             f"FROM g LEFT JOIN rec ON {null_safe_on('g', 'rec', self.keys)}", g=g, v=values)
@@ -619,6 +615,25 @@ class Aggregate(Operator):
 
     def traces(self) -> list[Trace]:
         return [self.groups, *self.values.values()]
+
+
+def _left_join_rows(left: pa.Table, right: pa.Table, keys: Sequence[str]
+                    ) -> tuple[pa.Array | None, pa.Array]:
+    """The row pairs of ``left LEFT JOIN right`` on ``keys`` (NULL-safe), in ``left``'s order:
+    the rows of ``left`` to take (None: each once, in order) and the matching rows of
+    ``right`` (NULL where none). The caller checked ``arrow_groups_like_duckdb`` on both."""
+    matched = match_distinct(left, right, keys)
+    if matched is not None:  # (each key once in ``right``: the common case, without a join)
+        return None, matched
+    # Join row numbers on the key ids (pyarrow joins no list columns), then order as ``left``.
+    left_ids, right_ids = null_safe_ids(left, right, keys)
+    ids = [f"_id{j}" for j in range(len(keys))]
+    pairs = pa.table({**dict(zip(ids, left_ids)),
+                      "_li": np.arange(left.num_rows, dtype=np.int64)}).join(
+        pa.table({**dict(zip(ids, right_ids)),
+                  "_ri": np.arange(right.num_rows, dtype=np.int64)}),
+        keys=ids, join_type="left outer", use_threads=False).sort_by("_li")
+    return pairs.column("_li"), pairs.column("_ri")
 
 
 def _ordered_like_duckdb(value_type: DataType) -> bool:

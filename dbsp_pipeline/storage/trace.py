@@ -360,11 +360,11 @@ class Trace:
 
     def lookup_extreme_rows(self, sql: LocalSQL, keys: pa.Table, largest: bool) -> pa.Table:
         """For a trace ordered by a value (``order_by``: a min/max aggregate's (group, value)
-        multiset): rows of the keys in ``keys`` from which each key's live largest
-        (``largest``) or smallest value follows. For each key, every row of it (from every
-        file) whose value is strictly beyond some cut, and among them the key's live extreme:
-        the extreme value whose weights sum above zero over these rows is the one over all the
-        key's rows, and a key with no live value at all gets none.
+        multiset): live rows of the keys in ``keys`` (consolidated, every weight above zero)
+        whose most extreme value per key, largest (``largest``) or smallest, is the key's live
+        extreme. For each key, the rows (from every file) whose value is strictly beyond some
+        cut, consolidated: the extreme value whose weights sum above zero over these rows is the
+        one over all the key's rows, and a key with no live value at all gets none.
 
         Reads small files whole, as ``lookup_arrow`` does, then the big files smallest first
         (``KeyedRuns.lookup_ends``), about ``EXTREME_ROWS`` rows per key from each plus one per
@@ -377,23 +377,23 @@ class Trace:
         beyond the new extreme, not the group's size. The rows read count in ``rows_read``."""
         if self.runs.order_by is None:
             raise ValueError(f"trace {self.name} is not ordered by a value")
-        empty = self.table.arrow_schema.empty_table()
+        empty = self.table.arrow_schema.empty_table().select([*self.payload, WEIGHT])
         if keys.num_rows == 0:
             return empty
         wanted = self._wanted(sql, keys)
         count, found = EXTREME_ROWS, []
         while wanted.num_rows:
             rows, cut = self._beyond_cuts(sql, wanted, count, largest)
-            if cut.size == 0:
-                found.append(rows)
-                break
-            # keys with a cut whose rows taken hold no live value: read again, deeper
             live = sql.consolidate(rows, self.payload)
             live = live.filter(pc.greater(live.column(WEIGHT), 0))
+            if cut.size == 0:
+                found.append(live)
+                break
+            # keys with a cut whose rows taken hold no live value: read again, deeper
             again = self._matching(sql, wanted, live.select(self.key), negate=True)
             again = again.filter(pa.array(np.isin(self._key_hashes(again), cut)))
-            found.append(self._matching(sql, rows, again, negate=True) if again.num_rows
-                         else rows)
+            # (the keys read again have no live row here: the live rows are all of keys done)
+            found.append(live)
             wanted, count = again, count * EXTREME_GROWTH
         found = [t for t in found if t.num_rows]
         return pa.concat_tables(found) if len(found) > 1 else (found[0] if found else empty)

@@ -127,3 +127,32 @@ def test_rows_of_a_consolidated_table_are_taken_as_consolidated():
     sql.consolidated_subset(other, table)
     assert sql.consolidate(other, ["k"]).to_pylist() == [{"k": 1, "_weight": 2}]
     sql.close()
+
+
+@pytest.mark.parametrize("columns", [["s"], ["i"], ["s", "i", "d"], COLUMNS[:4]])
+def test_match_distinct_pairs_rows_as_a_null_safe_left_join(columns):
+    """For random tables (NULL keys, repeated keys on the left), the index ``match_distinct``
+    gives each left row is the right row DuckDB's ``LEFT JOIN ... IS NOT DISTINCT FROM`` pairs
+    it with; with a right key repeated it declines."""
+    rng = random.Random(7)
+    sql = LocalSQL()
+    declined = 0
+    for _ in range(60):
+        left = random_zset(rng, rng.randint(0, 30)).select(columns)
+        right = random_zset(rng, rng.randint(0, 12)).select(columns)
+        right = right.append_column("_r", pa.array(range(right.num_rows), pa.int64()))
+        left = left.append_column("_l", pa.array(range(left.num_rows), pa.int64()))
+        on = " AND ".join(f'l."{c}" IS NOT DISTINCT FROM r."{c}"' for c in columns)
+        pairs = sql.query(f"SELECT l._l, r._r FROM l LEFT JOIN r ON {on} ORDER BY l._l, r._r",
+                          l=left, r=right)
+        distinct = sql.query(f"SELECT count(*) AS n FROM (SELECT DISTINCT {', '.join(columns)} "
+                             "FROM r)", r=right).column("n")[0].as_py()
+        matched = local_sql.match_distinct(left, right, columns)
+        if distinct < right.num_rows:
+            assert matched is None
+            declined += 1
+            continue
+        assert matched is not None and len(matched) == left.num_rows
+        assert pa.chunked_array([matched]).combine_chunks().cast(pa.int64()).to_pylist() \
+            == pairs.column("_r").to_pylist()
+    assert 0 < declined < 50

@@ -1,7 +1,7 @@
 """``Trace.lookup_extreme_rows``: a min/max re-read takes a few rows a file through ordered
-keyed runs, and the live extreme of every key over them is its live extreme over all its rows,
-whatever the files (runs, small files, runs not written yet), the deletes of top values by
-later files, NULL keys and NaN values, and hash collisions."""
+keyed runs, gives them consolidated and live, and the extreme of every key over them is its live
+extreme over all its rows, whatever the files (runs, small files, runs not written yet), the
+deletes of top values by later files, NULL keys and NaN values, and hash collisions."""
 
 from __future__ import annotations
 
@@ -34,6 +34,15 @@ def _extremes(sql: LocalSQL, rows: pa.Table, keys: pa.Table, key: list[str],
         f" SELECT {cols}, {best}(_v) AS e FROM (SELECT r.* FROM live r SEMI JOIN k ON {on})"
         f" GROUP BY {cols}", r=rows, k=keys)
     return sorted(repr(r) for r in found.to_pylist())
+
+
+def _assert_live(sql: LocalSQL, got: pa.Table, key: list[str]) -> None:
+    """The rows a lookup gives are live and consolidated: each (key, value) once (NaN equal to
+    NaN, NULL to NULL, as DuckDB groups), every weight above zero."""
+    cols = ", ".join(f'"{k}"' for k in [*key, "_v"])
+    distinct = sql.query(f"SELECT count(*) AS n FROM (SELECT DISTINCT {cols} FROM g)", g=got)
+    assert distinct.column("n")[0].as_py() == got.num_rows
+    assert all(w > 0 for w in got.column("_weight").to_pylist())
 
 
 def _batch(rng: np.random.Generator, n: int, groups: int, live: dict) -> pa.Table:
@@ -83,6 +92,7 @@ def test_extreme_rows_decide_every_keys_live_extreme(spark, tmp_path, monkeypatc
                 trace.append_arrow(sql, _batch(rng, n, 60, live))
                 keys = pa.table({"g": pa.array([None, *range(-1, 60)], pa.int64())})
                 got = trace.lookup_extreme_rows(sql, keys, largest)
+                _assert_live(sql, got, ["g"])
                 assert _extremes(sql, got, keys, ["g"], largest) == _extremes(
                     sql, trace.read_arrow(), keys, ["g"], largest)
         else:
@@ -94,6 +104,7 @@ def test_extreme_rows_decide_every_keys_live_extreme(spark, tmp_path, monkeypatc
             trace.reset_rows_read()
             got = trace.lookup_extreme_rows(sql, keys, largest)
             read_extremes = trace.rows_read
+            _assert_live(sql, got, ["g"])
             assert _extremes(sql, got, keys, ["g"], largest) == _extremes(
                 sql, trace.read_arrow(), keys, ["g"], largest)
             if not collide:
@@ -127,6 +138,7 @@ def test_extreme_rows_of_string_values_and_two_key_columns(spark, tmp_path, monk
                      "b": pa.array(["x", "y", None, "x", "y", "x", None], pa.string())})
     for largest in (True, False):
         got = trace.lookup_extreme_rows(sql, keys, largest)
+        _assert_live(sql, got, ["a", "b"])
         assert _extremes(sql, got, keys, ["a", "b"], largest) == _extremes(
             sql, trace.read_arrow(), keys, ["a", "b"], largest)
 
