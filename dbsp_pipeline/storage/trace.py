@@ -51,7 +51,7 @@ from dbsp_pipeline.storage.delta_table import DataFile
 from dbsp_pipeline.storage.kept_rows import KeptRows
 from dbsp_pipeline.storage.keyed_runs import CUT, HASH, KeyedRuns
 from dbsp_pipeline.storage.state_db import StateDatabase
-from dbsp_pipeline.zset import SHARD, WEIGHT, consolidate, shard_of
+from dbsp_pipeline.zset import SHARD, SHARD_BITS, WEIGHT, consolidate, shard_of
 
 
 class OwnerLayout(Protocol):
@@ -340,12 +340,11 @@ class Trace:
         if keys.num_rows == 0:
             return self.table.arrow_schema.empty_table()
         wanted_keys = self._wanted(sql, keys)
-        shards, candidates = self._candidates(wanted_keys, files)
+        hashes, shards, candidates = self._candidates(wanted_keys, files)
         if not candidates:
             return self.table.arrow_schema.empty_table()
         parts, unread = [], [f for f in candidates if not self.runs.covers(f)]
         if len(unread) < len(candidates):
-            hashes = _distinct_hashes(self._key_hashes(wanted_keys))
             for f in candidates:
                 if self.runs.covers(f):
                     found = self.runs.lookup(f, hashes, self._read_to_build_run)
@@ -402,10 +401,9 @@ class Trace:
                      largest: bool) -> tuple[pa.Table, np.ndarray]:
         """One round of ``lookup_extreme_rows``: the rows of ``wanted_keys`` (distinct, in the
         key types) strictly beyond every cut of their hash, and the hashes cut (uint64)."""
-        shards, candidates = self._candidates(wanted_keys, None)
+        hashes, shards, candidates = self._candidates(wanted_keys, None)
         if not candidates:
             return self.table.arrow_schema.empty_table(), np.zeros(0, dtype=np.uint64)
-        hashes = _distinct_hashes(self._key_hashes(wanted_keys))
         # per wanted hash, the retractions found so far: a bigger file may hold their values
         # among its most extreme, so it is read that much deeper
         retracted = np.zeros(len(hashes), dtype=np.int64)
@@ -475,13 +473,16 @@ class Trace:
         return self._cast(wanted_keys, self.key)
 
     def _candidates(self, wanted_keys: pa.Table, files: Sequence[DataFile] | None
-                    ) -> tuple[list[int], list[DataFile]]:
-        """The shards of ``wanted_keys`` and the files of ``files`` (default: all) whose
-        ``_shard`` range holds one."""
-        shards = pc.unique(hashing.shard_arrow(wanted_keys, self.key)).to_pylist()
+                    ) -> tuple[np.ndarray, list[int], list[DataFile]]:
+        """The distinct hashes of ``wanted_keys`` (sorted, uint64), their shards (the hashes'
+        top bits, as ``hashing.shard_arrow``; 0 for a trace without key) and the files of
+        ``files`` (default: all) whose ``_shard`` range holds one."""
+        hashes = _distinct_hashes(self._key_hashes(wanted_keys))
+        top = np.right_shift(hashes, np.uint64(64 - SHARD_BITS))
+        shards = _distinct_hashes(top).astype(np.int64).tolist() if self.key else [0]
         candidates = self.files() if files is None else list(files)
         hit = set(self.files_for_shards(shards))
-        return shards, [f for f in candidates if f in hit]
+        return hashes, shards, [f for f in candidates if f in hit]
 
     def _read_shards(self, files: Sequence[DataFile], shards: list[int]) -> list[pa.Table]:
         """The rows of ``files`` in ``shards``: from the rows kept of a file this process
