@@ -310,8 +310,10 @@ class Trace:
     def _remember(self, f: DataFile, rows: pa.Table) -> None:
         """Keep ``rows`` (the whole content of the new file ``f``) for lookups."""
         if rows.num_rows <= RECENT_FILE_ROWS:
-            self._recent.keep(f.path, rows.select(self.table.arrow_schema.names).cast(
-                self.table.arrow_schema), RECENT_FILE_ROWS)
+            schema = self.table.arrow_schema
+            if not rows.schema.equals(schema):  # (an append's rows are in it already)
+                rows = rows.select(schema.names).cast(schema)
+            self._recent.keep(f.path, rows, RECENT_FILE_ROWS)
 
     def replace_arrow(self, delta: pa.Table | None) -> None:
         """``replace`` on the driver (``delta`` is already consolidated)."""
