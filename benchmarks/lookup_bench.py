@@ -31,8 +31,10 @@ order changes, (c) deletes of the maximum order of every customer
 with a commit each (steps/s). The shop
 workload at 1M orders with 10k changes per step is pattern (b) at 1M. Prints one JSON line per
 figure, a table at the end, and writes a plot (``--plot``, default ``docs/bench/lookup.png``).
+Creating an empty file is timed at the start and the end (``file_creation_ms``): a driver step
+creates about seven files, and on a machine where that cost drifts, so do the step seconds.
 
-    python benchmarks/lookup_bench.py [--sizes 1000000 4000000 16000000] [--steps 5]
+    python benchmarks/lookup_bench.py [--sizes 1000000 4000000 16000000] [--steps 15]
         [--patterns moves orders max lines] [--spark-change 1000000] [--spark-steps 5]
         [--spark-workers 2] [--no-spark-steps] [--no-small-steps] [--no-spark-recompute]
         [--plot PATH]
@@ -98,6 +100,24 @@ def customers_of(shift: np.ndarray, ids: np.ndarray | None = None) -> pa.Table:
 def lines_of(order_id: np.ndarray, line_no: np.ndarray) -> pa.Table:
     return pa.table({"order_id": order_id.astype(np.int64), "line_no": line_no.astype(np.int64),
                      "qty": (order_id * 31 + line_no * 7) % 50 + 1})
+
+
+def file_creation_ms(files: int = 200) -> float:
+    """The median milliseconds to create an empty file in a fresh folder where the pipelines'
+    roots are (the temporary folder): a cost a driver step pays about seven times (its trace,
+    view, push and manifest files and its commit files), which on some machines varies tenfold
+    from minute to minute, so a run's step seconds are read beside it."""
+    folder = tempfile.mkdtemp(prefix="dbsp-bench-files-")
+    try:
+        seconds = []
+        for i in range(files):
+            t = time.perf_counter()
+            with open(os.path.join(folder, f"f{i}"), "wb"):
+                pass
+            seconds.append(time.perf_counter() - t)
+        return round(1000 * statistics.median(seconds), 3)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 # -- circuits -----------------------------------------------------------------------------------
@@ -557,7 +577,8 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000, 16_000_000])
     ap.add_argument("--patterns", nargs="+", default=["moves", "orders", "max", "lines"],
                     choices=["moves", "orders", "max", "lines"])
-    ap.add_argument("--steps", type=int, default=5, help="timed steps after a warm-up step")
+    ap.add_argument("--steps", type=int, default=15,
+                    help="timed driver steps after a warm-up step")
     ap.add_argument("--moved", type=int, default=1_000, help="(a): customers moved per step")
     ap.add_argument("--change", type=int, default=10_000, help="(b), (d): rows per step")
     ap.add_argument("--max-customers", type=int, default=100,
@@ -595,6 +616,8 @@ def main() -> None:
     def emit(record: dict[str, Any]) -> None:
         print(json.dumps(record), flush=True)
 
+    creation = {"start": file_creation_ms()}
+    emit({"figure": "file_creation_ms", "when": "start", "value": creation["start"]})
     rows: list[dict[str, Any]] = []
     for size in args.sizes:
         if {"moves", "orders"} & set(args.patterns):
@@ -604,7 +627,11 @@ def main() -> None:
         if "lines" in args.patterns:
             rows += run_lines(spark, size, args, rc, emit)
         print(f"# {size:,} orders done, {time.perf_counter() - started:.0f} s so far", flush=True)
+    creation["end"] = file_creation_ms()
+    emit({"figure": "file_creation_ms", "when": "end", "value": creation["end"]})
     table(rows)
+    print(f"\ncreating an empty file here took {creation['start']:.3f} ms at the start and "
+          f"{creation['end']:.3f} ms at the end (a driver step creates about seven files)")
     if args.plot:
         plot(rows, args.plot)
 
