@@ -12,9 +12,12 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any, cast
 
 from pyspark.sql import SparkSession
+
+from dbsp_pipeline.worker_memory import keep_freed_memory
 
 #: Settings every session used by the engine must have (safe to set on a running session).
 RUNTIME_CONF = {
@@ -168,9 +171,11 @@ def run_tasks(spark: SparkSession, count: int, task: Callable[[int], str]) -> li
     cost of a DataFrame ``mapInArrow`` job over ``range`` (no query planning, no Arrow batches),
     for the engine's stages whose tasks find their input themselves (owner and scatter
     stages); through Spark Connect, which has no RDDs, that ``mapInArrow`` job. A task that
-    fails fails the job (Spark retries it as it retries any task)."""
+    fails fails the job (Spark retries it as it retries any task). Each task first has its
+    Python worker keep the memory it frees (``worker_memory.keep_freed_memory``)."""
     if count == 0:
         return []
+    task = partial(_in_worker, task)
     if not type(spark).__module__.startswith("pyspark.sql.connect"):
         results: list[str] = spark.sparkContext.parallelize(range(count), count).map(
             task).collect()
@@ -189,6 +194,12 @@ def run_tasks(spark: SparkSession, count: int, task: Callable[[int], str]) -> li
     rows = spark.range(0, count, 1, count).mapInArrow(run, StructType(
         [StructField("index", LongType()), StructField("result", StringType())])).collect()
     return [str(r["result"]) for r in sorted(rows, key=lambda r: int(r["index"]))]
+
+
+def _in_worker(task: Callable[[int], str], index: int) -> str:
+    """``task(index)`` in a Python worker whose allocator keeps freed memory for reuse."""
+    keep_freed_memory()
+    return task(index)
 
 
 class LazySession:

@@ -25,3 +25,14 @@ def test_python_workers_talk_over_unix_domain_sockets(spark) -> None:
     assert spark.sparkContext.getConf().get(PYTHON_UNIX_SOCKETS) == "true"
     flags = run_tasks(spark, 2, lambda i: os.environ.get("PYTHON_UNIX_DOMAIN_ENABLED", ""))
     assert [f.lower() for f in flags] == ["true", "true"]
+
+
+def test_each_task_runs_in_a_worker_that_keeps_freed_memory(spark) -> None:
+    """``run_tasks`` has each task's Python worker keep the memory it frees
+    (``worker_memory.keep_freed_memory``) before the task runs."""
+    def tuned(i: int) -> str:
+        from dbsp_pipeline import worker_memory
+
+        return str(worker_memory._tuned_pid == os.getpid())
+
+    assert run_tasks(spark, 2, tuned) == ["True", "True"]

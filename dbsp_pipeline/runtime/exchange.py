@@ -47,7 +47,7 @@ from dbsp_pipeline.errors import StorageError
 from dbsp_pipeline.storage.data_files import DataFiles
 from dbsp_pipeline.storage.small_files import remove_folder
 from dbsp_pipeline.storage.trace import OwnerLayout
-from dbsp_pipeline.zset import WEIGHT
+from dbsp_pipeline.zset import SHARD_BITS, WEIGHT
 
 
 class NeedsSpark(Exception):
@@ -84,9 +84,9 @@ def owners_of(layout: OwnerLayout, table: pa.Table, keys: Sequence[str]) -> np.n
     """The worker owning each row of ``table`` by its columns ``keys`` under ``layout``: the
     owner ``Layout.owner_column(keys)`` computes in Spark (shard, or full hash under
     ``modulo`` sharding)."""
-    shard = hashing.shard_arrow(table, keys).to_numpy(zero_copy_only=False)
-    hashes = hashing.xxhash64_arrow(table, keys).astype(np.uint64) if layout.keyed else None
-    owners: np.ndarray = layout.owners(shard, hashes)
+    hashes = hashing.xxhash64_arrow(table, keys).view(np.uint64)  # hashed once: the shard
+    shard = (hashes >> np.uint64(64 - SHARD_BITS)).astype(np.int32)  # is its top bits
+    owners: np.ndarray = layout.owners(shard, hashes if layout.keyed else None)
     return owners
 
 
