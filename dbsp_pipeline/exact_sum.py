@@ -234,55 +234,69 @@ def _pair_parts(pairs: pa.Array) -> tuple[list[int], list[int], list[int], list[
 
     Exact by construction: each finite double is split from its IEEE bits into an integer
     mantissa ``m`` (< 2**53) and a scale ``s`` with ``value * 2**1074 == m * 2**s``; ``m * w``
-    is added into 32-bit limbs of the row's sum at bit ``s`` with int64 arithmetic that cannot
-    overflow (a row whose weights' magnitudes sum to ``_WEIGHT_BOUND`` or more, or with a NULL
-    weight, is summed by :func:`of_pairs` instead); the limbs are then carried and read back as
-    one Python integer. NaN and infinities are weighted counts, NULL values are skipped, zeros
-    add nothing, as in :func:`of_pairs`."""
+    is summed per row in pieces small enough that no partial sum can be rounded or overflow
+    (:func:`_finite_sums`; a row whose weights' magnitudes sum to ``_WEIGHT_BOUND`` or more, or
+    with a NULL weight, is summed by :func:`of_pairs` instead), then read back as one Python
+    integer. NaN and infinities are weighted counts, NULL values are skipped, zeros add
+    nothing, as in :func:`of_pairs`. The common case (no NULLs, no NaN or infinity, small
+    weights) takes no masks or copies of the pairs."""
     rows = len(pairs)
-    offsets = pairs.offsets.to_numpy().astype(np.int64)
     if rows == 0:
         return [], [], [], []
+    offsets = pairs.offsets.to_numpy().astype(np.int64)
     lo, hi = int(offsets[0]), int(offsets[-1])
     offsets = offsets - lo
     counts = np.diff(offsets)
     pair_row = np.repeat(np.arange(rows, dtype=np.int64), counts)
     v_arr = pairs.values.field("_v").slice(lo, hi - lo)
     w_arr = pairs.values.field("_w").slice(lo, hi - lo)
-    present = pairs.is_valid().to_numpy(zero_copy_only=False)
-    active = present[pair_row] & v_arr.is_valid().to_numpy(zero_copy_only=False)
-    bits = v_arr.fill_null(0.0).to_numpy(zero_copy_only=False).astype(np.float64).view(np.uint64)
-    w = w_arr.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    w_null = ~w_arr.is_valid().to_numpy(zero_copy_only=False)
+    # None: every pair counts (no NULL list and no NULL value)
+    active: np.ndarray | None = None
+    if pairs.null_count or v_arr.null_count:
+        present = pairs.is_valid().to_numpy(zero_copy_only=False)
+        active = present[pair_row] & v_arr.is_valid().to_numpy(zero_copy_only=False)
+        v_arr = v_arr.fill_null(0.0)
+    bits = np.asarray(v_arr.to_numpy(zero_copy_only=False), dtype=np.float64).view(np.uint64)
+    w = np.asarray(w_arr.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
 
     # Rows the limbs cannot take: a NULL weight (of_pairs fails on it as before) or big weights.
-    small = (w > -_WEIGHT_BOUND) & (w < _WEIGHT_BOUND)
     fallback = np.zeros(rows, dtype=bool)
-    np.logical_or.at(fallback, pair_row[active & (w_null | ~small)], True)
-    magnitude = np.where(active & small, np.abs(w), 0)
-    row_magnitude = np.zeros(rows, dtype=np.int64)
-    np.add.at(row_magnitude, pair_row, magnitude)
-    fallback |= row_magnitude >= _WEIGHT_BOUND
-    active &= ~fallback[pair_row]
+    longest = int(counts.max())
+    biggest = max(int(w.max()), -int(w.min())) if len(w) else 0
+    if w_arr.null_count or biggest >= _WEIGHT_BOUND or biggest * longest >= _WEIGHT_BOUND:
+        live = np.ones(len(w), dtype=bool) if active is None else active
+        w_null = ~w_arr.is_valid().to_numpy(zero_copy_only=False)
+        small = (w > -_WEIGHT_BOUND) & (w < _WEIGHT_BOUND)
+        np.logical_or.at(fallback, pair_row[live & (w_null | ~small)], True)
+        magnitude = np.where(live & small, np.abs(w), 0)
+        row_magnitude = np.zeros(rows, dtype=np.int64)
+        np.add.at(row_magnitude, pair_row, magnitude)
+        fallback |= row_magnitude >= _WEIGHT_BOUND
+        active = live & ~fallback[pair_row]
 
-    negative = (bits >> np.uint64(63)).astype(bool)
     exponent = ((bits >> np.uint64(52)) & np.uint64(0x7FF)).astype(np.int64)
     fraction = bits & np.uint64((1 << 52) - 1)
     special = exponent == 0x7FF
-    is_nan = active & special & (fraction != 0)
-    is_inf = active & special & (fraction == 0)
-    finite = active & ~special & ((exponent != 0) | (fraction != 0))
+    nan = pos_inf = neg_inf = np.zeros(rows, dtype=np.int64)
+    signed = np.where(bits >> np.uint64(63) != 0, -w, w)
+    if special.any() or active is not None:
+        live = np.ones(len(w), dtype=bool) if active is None else active
+        negative = bits >> np.uint64(63) != 0
+        is_nan = live & special & (fraction != 0)
+        is_inf = live & special & (fraction == 0)
 
-    def weighted_count(mask: np.ndarray) -> np.ndarray:
-        out = np.zeros(rows, dtype=np.int64)
-        np.add.at(out, pair_row[mask], w[mask])
-        return out
+        def weighted_count(mask: np.ndarray) -> np.ndarray:
+            out = np.zeros(rows, dtype=np.int64)
+            np.add.at(out, pair_row[mask], w[mask])
+            return out
 
-    nan = weighted_count(is_nan)
-    pos_inf = weighted_count(is_inf & ~negative)
-    neg_inf = weighted_count(is_inf & negative)
-    finite_sums = _finite_sums(rows, pair_row[finite], exponent[finite], fraction[finite],
-                               np.where(negative[finite], -w[finite], w[finite]))
+        nan = weighted_count(is_nan)
+        pos_inf = weighted_count(is_inf & ~negative)
+        neg_inf = weighted_count(is_inf & negative)
+        finite = live & ~special
+        pair_row, exponent, fraction, signed = (
+            pair_row[finite], exponent[finite], fraction[finite], signed[finite])
+    finite_sums = _finite_sums(rows, pair_row, exponent, fraction, signed)
 
     parts = (finite_sums, nan.tolist(), pos_inf.tolist(), neg_inf.tolist())
     if fallback.any():
@@ -297,11 +311,60 @@ def _pair_parts(pairs: pa.Array) -> tuple[list[int], list[int], list[int], list[
     return parts
 
 
+#: :func:`_finite_sums` sums per (row, exponent) cell when there are at most this many cells
+#: and the pairs outnumber them several times over (a few groups of many values)
+_DENSE_CELLS = 1 << 12
+#: bits per piece of a mantissa in the per-cell sums: a piece times a weight summed over a row
+#: stays below 2**(18 + 29) (the row's weights sum below ``_WEIGHT_BOUND``), exact in a double
+_PIECE = 18
+
+
 def _finite_sums(rows: int, pair_row: np.ndarray, exponent: np.ndarray, fraction: np.ndarray,
                  weight: np.ndarray) -> list[int]:
     """The exact integer sum per row of ``mantissa * weight * 2**scale`` over the given finite
-    non-zero doubles (their IEEE exponent and fraction fields, and signed weights), in units of
-    ``2**-SCALE_BITS``; ``pair_row`` is sorted."""
+    doubles (their IEEE exponent and fraction fields, and signed weights whose magnitudes sum
+    below ``_WEIGHT_BOUND`` per row), in units of ``2**-SCALE_BITS``; ``pair_row`` is sorted.
+    Zeros (an exponent and a fraction of 0) add nothing and widen no range. A few rows of many
+    values, over a narrow range of exponents, are summed per cell (:func:`_cell_sums`), the
+    others in limbs (:func:`_limb_sums`): the same integers."""
+    zero = (exponent == 0) & (fraction == 0)
+    if zero.all():  # (also no pairs)
+        return [0] * rows
+    if zero.any():  # a zero adds nothing: given the exponent of another value and no weight,
+        exponent = np.where(zero, exponent[~zero][0], exponent)  # it widens no range
+        weight = np.where(zero, 0, weight)
+    low, high = int(exponent.min()), int(exponent.max())
+    cells = rows * (high - low + 1)
+    if cells <= _DENSE_CELLS and 3 * cells * 8 <= len(pair_row):
+        return _cell_sums(rows, pair_row, exponent, fraction, weight, low, high - low + 1)
+    return _limb_sums(rows, pair_row, exponent, fraction, weight)
+
+
+def _cell_sums(rows: int, pair_row: np.ndarray, exponent: np.ndarray, fraction: np.ndarray,
+               weight: np.ndarray, low: int, span: int) -> list[int]:
+    """:func:`_finite_sums` per (row, exponent) cell: each mantissa is cut into three pieces
+    of ``_PIECE`` bits, and each piece times its weight is summed per cell with
+    ``np.bincount`` in doubles, exactly (every partial sum is an integer below 2**47); then
+    each row adds its cells' sums, shifted to their scales, as Python integers."""
+    mantissa = np.where(exponent == 0, fraction, fraction | np.uint64(1 << 52))
+    cell = pair_row * span + (exponent - low)
+    signed = weight.astype(np.float64)
+    mask = np.uint64((1 << _PIECE) - 1)
+    pieces = [np.bincount(cell, weights=((mantissa >> np.uint64(_PIECE * j)) & mask).astype(
+        np.float64) * signed, minlength=rows * span).reshape(rows, span) for j in range(3)]
+    sums = [0] * rows
+    for j, piece in enumerate(pieces):
+        for row, k in zip(*np.nonzero(piece)):
+            e = low + int(k)
+            sums[int(row)] += int(piece[row, k]) << (max(e - 1, 0) + _PIECE * j)
+    return sums
+
+
+def _limb_sums(rows: int, pair_row: np.ndarray, exponent: np.ndarray, fraction: np.ndarray,
+               weight: np.ndarray) -> list[int]:
+    """:func:`_finite_sums` in 32-bit limbs: ``m * w`` is added into the limbs of the row's
+    sum at bit ``s`` with int64 arithmetic that cannot overflow, and the limbs are then
+    carried and read back as one Python integer."""
     sums = [0] * rows
     if len(pair_row) == 0:
         return sums

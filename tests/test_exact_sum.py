@@ -168,3 +168,73 @@ def test_the_vectorized_fold_sums_wide_groups_exactly():
         batch, spec).column("s").to_pylist()
     assert got.column("r").to_pylist() == [math.fsum(wide), 0.1, math.fsum(money * 3),
                                            of_pairs([ones], [((1 << 28) - 1) * 64]).value()]
+
+
+def _few_rows_of_many_pairs(rnd: random.Random) -> pa.Array:
+    """A pairs column of 1-5 rows of 100-3,000 pairs each over a narrow range of exponents
+    (the shape ``_finite_sums`` sums per cell): somewhere in the double range, at its bottom
+    (subnormals, whose exponent field 0 and 1 share a scale) or top; with zeros, -0.0,
+    money-like values that cancel, and now and then NaN, infinities, NULL values, a NULL list
+    and weights up to the bound of the vectorized sums."""
+    base = rnd.choice([0, 1, rnd.randint(2, 2040), 2040])
+    rows = []
+    for _ in range(rnd.randint(1, 5)):
+        if rnd.random() < 0.1:
+            rows.append(None)
+            continue
+        n = rnd.randint(100, 3_000)
+        bound = (1 << 29) // n - 1
+        pairs = []
+        for _ in range(n):
+            kind = rnd.random()
+            if kind < 0.05:
+                v = rnd.choice([0.0, -0.0])
+            elif kind < 0.06 and base % 3 == 0:
+                v = rnd.choice([math.nan, math.inf, -math.inf, None])
+            else:
+                e = min(2046, base + rnd.randint(0, 4))
+                bits = (rnd.getrandbits(1) << 63) | (e << 52) | rnd.getrandbits(52)
+                v = struct.unpack("<d", struct.pack("<Q", bits))[0]
+            w = rnd.choice([1, -1, 2]) if rnd.random() < 0.9 else rnd.randint(-bound, bound)
+            pairs.append({"_v": v, "_w": w})
+        rows.append(pairs)
+    return pa.array(rows, pa.list_(_PAIR))
+
+
+def test_few_rows_of_many_pairs_sum_exactly_per_cell():
+    """The per-cell sums (``_cell_sums``, chosen for a few rows of many pairs) give the integers
+    of ``of_pairs``, as the limb sums do, on seeded random columns of that shape (sliced too)."""
+    rnd = random.Random(20261127)
+    for round_ in range(40):
+        pairs = _few_rows_of_many_pairs(rnd)
+        if round_ % 4 == 0 and len(pairs) > 2:
+            pairs = pairs.slice(1, len(pairs) - 1)
+        want = [of_pairs([p["_v"] for p in row], [p["_w"] for p in row]) if row else ExactSum()
+                for row in pairs.to_pylist()]
+        assert exact_sum.pair_sums(pairs) == want, round_
+
+
+def test_the_cell_sums_equal_the_limb_sums():
+    """Both ways of ``_finite_sums`` give the same integers, at the largest pieces and weights
+    they take (every mantissa bit set, a row's weights summing to just below the bound)."""
+    import numpy as np
+
+    rnd = random.Random(11)
+    for _ in range(30):
+        rows = rnd.randint(1, 4)
+        n = rnd.randint(1, 4_000)
+        pair_row = np.sort(np.array([rnd.randrange(rows) for _ in range(n)], dtype=np.int64))
+        low = rnd.choice([0, 1, rnd.randint(2, 2040)])
+        span = rnd.randint(1, 6)
+        exponent = np.array([min(2046, low + rnd.randrange(span)) for _ in range(n)],
+                            dtype=np.int64)
+        full = rnd.random() < 0.3
+        fraction = np.array([(1 << 52) - 1 if full else rnd.getrandbits(52) for _ in range(n)],
+                            dtype=np.uint64)
+        bound = (1 << 29) // n - 1
+        weight = np.array([rnd.choice([bound, -bound, 1, -1]) for _ in range(n)],
+                          dtype=np.int64)
+        span = int(exponent.max()) - int(exponent.min()) + 1
+        cells = exact_sum._cell_sums(rows, pair_row, exponent, fraction, weight,
+                                     int(exponent.min()), span)
+        assert cells == exact_sum._limb_sums(rows, pair_row, exponent, fraction, weight)
