@@ -66,6 +66,11 @@ def _value(finite: int, nan: int, pos_inf: int, neg_inf: int) -> float:
         return math.inf
     if neg_inf > 0:
         return -math.inf
+    return _rounded(finite)
+
+
+def _rounded(finite: int) -> float:
+    """The finite part of a sum rounded once to the nearest double (±inf beyond the range)."""
     try:
         return finite / _ONE  # int / int rounds correctly
     except OverflowError:
@@ -98,14 +103,18 @@ def encode(s: ExactSum) -> str:
 
 def _encode(finite: int, nan: int, pos_inf: int, neg_inf: int) -> str:
     """:func:`encode` of the four parts of a sum."""
-    if finite == 0:
-        text = "0"
-    else:
-        shift = (finite & -finite).bit_length() - 1  # trailing zero bits
-        text = f"{finite >> shift:x}p{shift - SCALE_BITS}"
+    text = _finite_text(finite)
     if nan or pos_inf or neg_inf:
         text += f";{nan};{pos_inf};{neg_inf}"
     return text
+
+
+def _finite_text(finite: int) -> str:
+    """The text of the finite part of a sum: ``<hex odd mantissa>p<exponent>``, ``0`` for 0."""
+    if finite == 0:
+        return "0"
+    shift = (finite & -finite).bit_length() - 1  # trailing zero bits
+    return f"{finite >> shift:x}p{shift - SCALE_BITS}"
 
 
 def decode(text: str | None) -> ExactSum:
@@ -116,14 +125,19 @@ def decode(text: str | None) -> ExactSum:
 def _decode(text: str) -> tuple[int, int, int, int]:
     """:func:`decode` of a non-empty text, as the four parts of the sum."""
     finite_text, *counts = text.split(";")
-    finite = 0
-    if finite_text != "0":
-        mantissa, exponent = finite_text.split("p")
-        finite = int(mantissa, 16) << (int(exponent) + SCALE_BITS)
+    finite = _finite_of(finite_text)
     if not counts:
         return finite, 0, 0, 0
     nan, pos_inf, neg_inf = (int(c) for c in counts)
     return finite, nan, pos_inf, neg_inf
+
+
+def _finite_of(text: str) -> int:
+    """The inverse of :func:`_finite_text`."""
+    if text == "0":
+        return 0
+    mantissa, exponent = text.split("p")
+    return int(mantissa, 16) << (int(exponent) + SCALE_BITS)
 
 
 @dataclass(frozen=True)
@@ -150,8 +164,9 @@ def fold_arrow(batch: pa.RecordBatch, specs: Sequence[FoldSpec]) -> pa.RecordBat
 
     The pairs are summed vectorized (:func:`pair_sums`: exact integer arithmetic, so the same
     integers as :func:`of_pairs`); decoding the old state, adding, encoding and rounding stay
-    per row (for a state without NaN or infinities, written out in the loop: 26 ms for 10k
-    groups against 31 through the functions). Bit for bit the same as
+    per row (a state without NaN or infinities through its finite part alone,
+    ``_finite_of``/``_finite_text``/``_rounded``: 27.6 ms for 10k groups against 31 through
+    the four-part functions). Bit for bit the same as
     :func:`fold_arrow_reference` (``tests/test_exact_sum.py`` compares them)."""
     columns, names = list(batch.columns), list(batch.schema.names)
     for spec in specs:
@@ -161,26 +176,17 @@ def fold_arrow(batch: pa.RecordBatch, specs: Sequence[FoldSpec]) -> pa.RecordBat
         states: list[str] = []
         results: list[float | None] = []
         for old, count, f, n, p, m in zip(olds, counts, finites, nans, pos_infs, neg_infs):
-            if old and ";" not in old:  # the common state, decoded here (as ``_decode``)
-                if old != "0":
-                    mantissa, _, exponent = old.partition("p")
-                    f += int(mantissa, 16) << (int(exponent) + SCALE_BITS)
+            if old and ";" not in old:  # a state without NaN or infinities: its finite part
+                f += _finite_of(old)
             elif old:
                 of, on, op, om = _decode(old)
                 f, n, p, m = f + of, n + on, p + op, m + om
             if n or p or m:
                 states.append(_encode(f, n, p, m))
                 value = _value(f, n, p, m)
-            elif f:  # a finite sum, encoded and rounded here (as ``_encode``, ``_value``)
-                shift = (f & -f).bit_length() - 1
-                states.append(f"{f >> shift:x}p{shift - SCALE_BITS}")
-                try:
-                    value = f / _ONE
-                except OverflowError:
-                    value = math.inf if f > 0 else -math.inf
-            else:
-                states.append("0")
-                value = 0.0
+            else:  # the finite part alone
+                states.append(_finite_text(f))
+                value = _rounded(f)
             if not count or count <= 0:
                 results.append(None)
             else:
@@ -294,10 +300,10 @@ def _pair_parts(pairs: pa.Array) -> tuple[list[int], list[int], list[int], list[
     fraction = bits & np.uint64((1 << 52) - 1)
     special = exponent == 0x7FF
     nan = pos_inf = neg_inf = np.zeros(rows, dtype=np.int64)
-    signed = np.where(bits >> np.uint64(63) != 0, -w, w)
+    negative = bits >> np.uint64(63) != 0
+    signed = np.where(negative, -w, w)
     if special.any() or active is not None:
         live = np.ones(len(w), dtype=bool) if active is None else active
-        negative = bits >> np.uint64(63) != 0
         is_nan = live & special & (fraction != 0)
         is_inf = live & special & (fraction == 0)
 
