@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 #: every finite double is an integer multiple of 2**-SCALE_BITS
 SCALE_BITS = 1074
@@ -162,38 +163,240 @@ def fold_arrow(batch: pa.RecordBatch, specs: Sequence[FoldSpec]) -> pa.RecordBat
     """Add each spec's ``state`` and ``result`` columns to ``batch`` (per row: old state plus
     the step's pairs). A pure function of each row, so the same on any engine path or batching.
 
-    The pairs are summed vectorized (:func:`pair_sums`: exact integer arithmetic, so the same
-    integers as :func:`of_pairs`); decoding the old state, adding, encoding and rounding stay
-    per row (a state without NaN or infinities through its finite part alone,
-    ``_finite_of``/``_finite_text``/``_rounded``: 27.6 ms for 10k groups against 31 through
-    the four-part functions). Bit for bit the same as
-    :func:`fold_arrow_reference` (``tests/test_exact_sum.py`` compares them)."""
+    From ``_VECTOR_ROWS`` rows on, whole columns at a time (:func:`_fold_column`: the old
+    states parsed, added to the pairs, encoded and rounded with numpy and pyarrow); a few rows,
+    and the rows with NaN or infinities or beyond the vectorized ranges, one at a time
+    (:func:`_fold_rows`). Bit for bit the same as :func:`fold_arrow_reference`
+    (``tests/test_exact_sum.py`` compares them)."""
     columns, names = list(batch.columns), list(batch.schema.names)
     for spec in specs:
-        olds = batch.column(spec.old).to_pylist()
-        counts = batch.column(spec.count).to_pylist()
-        finites, nans, pos_infs, neg_infs = _pair_parts(batch.column(spec.pairs))
-        states: list[str] = []
-        results: list[float | None] = []
-        for old, count, f, n, p, m in zip(olds, counts, finites, nans, pos_infs, neg_infs):
-            if old and ";" not in old:  # a state without NaN or infinities: its finite part
-                f += _finite_of(old)
-            elif old:
-                of, on, op, om = _decode(old)
-                f, n, p, m = f + of, n + on, p + op, m + om
-            if n or p or m:
-                states.append(_encode(f, n, p, m))
-                value = _value(f, n, p, m)
-            else:  # the finite part alone
-                states.append(_finite_text(f))
-                value = _rounded(f)
-            if not count or count <= 0:
-                results.append(None)
-            else:
-                results.append(value / count if spec.mean else value)
-        columns += [pa.array(states, _string_type(batch, spec)), pa.array(results, pa.float64())]
+        olds, pairs = batch.column(spec.old), batch.column(spec.pairs)
+        if batch.num_rows >= _VECTOR_ROWS:
+            states, values = _fold_column(olds, pairs)
+        else:
+            texts, floats = _fold_rows(olds.to_pylist(), _pair_parts(pairs))
+            states, values = pa.array(texts, pa.string()), np.array(floats, dtype=np.float64)
+        counts = batch.column(spec.count).fill_null(0).to_numpy(zero_copy_only=False)
+        counted = counts > 0
+        with np.errstate(divide="ignore", invalid="ignore"):  # (no result where not counted)
+            results = values / counts.astype(np.float64) if spec.mean else values
+        columns += [states.cast(_string_type(batch, spec)),
+                    pa.array(results, pa.float64(), mask=~counted)]
         names += [spec.state, spec.result]
     return pa.RecordBatch.from_arrays(columns, names=names)
+
+
+def _fold_rows(olds: list[str | None], parts: tuple[list[int], list[int], list[int], list[int]]
+               ) -> tuple[list[str], list[float]]:
+    """Per row, the new state's text and the rounded sum of an old state (its text, or None)
+    plus the exact sum of the step's pairs (the parts of :func:`_pair_parts`), in Python
+    integers. A state without NaN or infinities goes through its finite part alone
+    (``_finite_of``/``_finite_text``/``_rounded``)."""
+    states: list[str] = []
+    values: list[float] = []
+    for old, f, n, p, m in zip(olds, *parts):
+        if old and ";" not in old:  # a state without NaN or infinities: its finite part
+            f += _finite_of(old)
+        elif old:
+            of, on, op, om = _decode(old)
+            f, n, p, m = f + of, n + on, p + op, m + om
+        if n or p or m:
+            states.append(_encode(f, n, p, m))
+            values.append(_value(f, n, p, m))
+        else:  # the finite part alone
+            states.append(_finite_text(f))
+            values.append(_rounded(f))
+    return states, values
+
+
+#: :func:`fold_arrow` folds whole columns from this many rows on
+_VECTOR_ROWS = 400
+#: an old state's mantissa is split into doubles of this many hex digits (52 bits)
+_CHUNK_DIGITS = 13
+#: old states with longer mantissas (in hex digits), and new states with more significant bits,
+#: are folded or written one row at a time: rare (a sum spanning ~400 binary orders of magnitude)
+_LONG_DIGITS = 8 * _CHUNK_DIGITS
+_LONG_BITS = 4 * _LONG_DIGITS
+#: a finite state's text: an optional sign, the odd mantissa in hex, ``p``, the exponent
+_FINITE_TEXT = r"^(?P<sign>-?)(?P<mantissa>[0-9a-f]+)p(?P<exponent>-?[0-9]+)$"
+_HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+_HEX_VALUE = np.zeros(256, dtype=np.uint8)
+_HEX_VALUE[_HEX_DIGITS] = np.arange(16, dtype=np.uint8)
+#: each byte's two hex digits, as the bytes of one uint16
+_HEX_PAIRS = np.stack([_HEX_DIGITS[np.arange(256) >> 4], _HEX_DIGITS[np.arange(256) & 15]],
+                      axis=1).copy().view(np.uint16)[:, 0]
+
+
+def _fold_column(olds: pa.Array, pairs: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """:func:`_fold_rows` of whole columns (old states, a pairs column), vectorized.
+
+    Exact by the same integers: each old state's finite mantissa is cut into 52-bit pieces,
+    each an exact double (a piece times a power of two at least ``2**-1074`` and below
+    ``2**1024``), which join the step's finite pairs as pairs of weight ±1; the limbs of their
+    exact sum per row (:func:`_limb_blocks`) are encoded and rounded by :func:`_encode_limbs`.
+    The rows this cannot take go through :func:`_fold_rows`: an old state with NaN or
+    infinities or a mantissa beyond ``_LONG_DIGITS`` hex digits (or near the top of the
+    double range), pairs with NaN, infinities or :func:`_pair_arrays`' fallback."""
+    rows = len(olds)
+    a = _pair_arrays(pairs)
+    slow = a.fallback | (a.nan != 0) | (a.pos_inf != 0) | (a.neg_inf != 0)
+    parsed = pc.extract_regex(olds, _FINITE_TEXT)  # NULL where the text is not a finite one
+    is_finite = parsed.is_valid()
+    matched = is_finite.to_numpy(zero_copy_only=False)
+    digits = parsed.field("mantissa")  # (the fields are "" under a NULL)
+    lengths = pc.binary_length(digits).to_numpy(zero_copy_only=False)
+    old_exponent = pc.cast(pc.if_else(is_finite, parsed.field("exponent"), "0"),
+                           pa.int64()).to_numpy(zero_copy_only=False)
+    present = pc.and_(pc.is_valid(olds), pc.not_equal(olds, "0")).fill_null(False).to_numpy(
+        zero_copy_only=False)
+    slow |= present & ~matched
+    slow |= matched & ((lengths > _LONG_DIGITS) | (old_exponent + 4 * lengths > 1024))
+
+    # the old states' mantissas as pairs: pieces of 13 hex digits, from the least significant
+    fast_old = np.flatnonzero(matched & ~slow)
+    pieces_row, pieces_bits, pieces_sign = _old_pieces(
+        fast_old, digits.take(pa.array(fast_old)), old_exponent[fast_old],
+        pc.equal(parsed.field("sign"), "-").take(pa.array(fast_old)).to_numpy(
+            zero_copy_only=False))
+    keep = ~slow[a.pair_row] & ((a.exponent != 0) | (a.fraction != 0))  # zeros add nothing
+    pair_row = np.concatenate([a.pair_row[keep], pieces_row])
+    order = np.argsort(pair_row, kind="stable")
+    exponent = np.concatenate([
+        a.exponent[keep], ((pieces_bits >> np.uint64(52)) & np.uint64(0x7FF)).astype(np.int64)])
+    fraction = np.concatenate([a.fraction[keep], pieces_bits & np.uint64((1 << 52) - 1)])
+    weight = np.concatenate([a.weight[keep], np.where(pieces_sign, -1, 1)])
+
+    states: list[pa.Array] = []
+    values = np.zeros(rows, dtype=np.float64)
+    for row0, acc, first in _limb_blocks(rows, pair_row[order], exponent[order],
+                                         fraction[order], weight[order]):
+        block_states, values[row0:row0 + len(acc)] = _encode_limbs(acc, first)
+        states.append(block_states)
+    if not states:  # no pairs and no old state: every sum is zero
+        states.append(pa.array(["0"] * rows, pa.string()))
+    state = pa.concat_arrays(states) if len(states) > 1 else states[0]
+
+    slow_rows = np.flatnonzero(slow)
+    if len(slow_rows):
+        taken = pa.array(slow_rows)
+        texts, floats = _fold_rows(olds.take(taken).to_pylist(), _pair_parts(pairs.take(taken)))
+        values[slow_rows] = floats
+        index = np.arange(rows)
+        index[slow_rows] = rows + np.arange(len(slow_rows))
+        state = pa.concat_arrays([state, pa.array(texts, pa.string())]).take(pa.array(index))
+    return state, values
+
+
+def _old_pieces(rows: np.ndarray, digits: pa.Array, exponent: np.ndarray, negative: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The finite old states of ``rows`` (their hex mantissa digits, exponents and signs) as
+    exact doubles, each at most 52 bits of a mantissa: ``(row, IEEE bits of the piece's
+    magnitude, negative)`` per non-zero piece."""
+    if len(rows) == 0:
+        return (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint64),
+                np.zeros(0, dtype=bool))
+    longest = int(pc.max(pc.binary_length(digits)).as_py())
+    pieces = -(-longest // _CHUNK_DIGITS)
+    width = pieces * _CHUNK_DIGITS
+    padded = pc.utf8_lpad(digits, width, "0")
+    _, offset_buffer, data_buffer = padded.buffers()
+    start = int(np.frombuffer(offset_buffer, dtype=np.int32)[padded.offset])
+    data = np.frombuffer(data_buffer, dtype=np.uint8)[start:start + len(rows) * width]
+    nibbles = _HEX_VALUE[data].reshape(len(rows), pieces, _CHUNK_DIGITS)
+    whole = np.zeros((len(rows), pieces), dtype=np.uint64)
+    for j in range(_CHUNK_DIGITS):
+        whole = (whole << np.uint64(4)) | nibbles[:, :, j].astype(np.uint64)
+    piece = whole.astype(np.float64)  # exact: below 2**52
+    scale = exponent[:, None] + 4 * _CHUNK_DIGITS * np.arange(pieces - 1, -1, -1)
+    doubles = np.ldexp(piece, scale)  # exact: see _fold_column
+    nonzero = piece != 0
+    row = np.broadcast_to(rows[:, None], piece.shape)[nonzero]
+    sign = np.broadcast_to(negative[:, None], piece.shape)[nonzero]
+    return row, doubles[nonzero].view(np.uint64), sign
+
+
+def _encode_limbs(acc: np.ndarray, first: int) -> tuple[pa.Array, np.ndarray]:
+    """The state texts (:func:`_finite_text`) and rounded values (:func:`_rounded`) of the
+    sums in the limbs of :func:`_limb_blocks` (row ``i``: ``sum(acc[i, k] << 32 * (first +
+    k))`` in units of ``2**-1074``).
+
+    Each sum's magnitude gets its lowest and highest set bit; its odd mantissa is written in
+    hex from the nibbles above the lowest; its top 64 bits are rounded to 53, to nearest with
+    ties to even (the bits below them are non-zero exactly when the mantissa is longer than
+    64 bits, for it is odd), and scaled with ``ldexp``, exact for a normal result (a subnormal
+    one has at most 52 bits and is not rounded; beyond the range it is ±inf, as ``int / int``
+    raising ``OverflowError`` gives in :func:`_rounded`). Sums of more than ``_LONG_BITS``
+    significant bits are written through Python integers."""
+    rows, width = acc.shape
+    negative = acc[:, -1] < 0
+    magnitude = np.where(negative[:, None], -acc, acc)
+    _carry(magnitude)
+    nonzero = magnitude != 0
+    zero = ~nonzero.any(axis=1)
+    low_limb = np.argmax(nonzero, axis=1)
+    high_limb = width - 1 - np.argmax(nonzero[:, ::-1], axis=1)
+    every = np.arange(rows)
+    lowest = magnitude[every, low_limb]
+    low_bit = 32 * low_limb + np.frexp((lowest & -lowest).astype(np.float64))[1] - 1
+    high_bit = 32 * high_limb + np.frexp(magnitude[every, high_limb].astype(np.float64))[1] - 1
+    bits = np.where(zero, 0, high_bit - low_bit + 1)
+    long = bits > _LONG_BITS
+    bits[long] = 0
+
+    # the odd mantissa's limbs (the magnitude shifted down by its lowest set bit), in hex,
+    # most significant digit first, after an optional '-'
+    limbs = max(-(-int(bits.max()) // _LIMB), 1)
+    padded = np.zeros((rows, 2 + width + limbs + 1), dtype=np.uint64)  # 2 zero limbs below
+    padded[:, 2:2 + width] = magnitude
+    taken = padded[every[:, None], 2 + (low_bit >> 5)[:, None] + np.arange(limbs + 1)]
+    shift = (low_bit & 31).astype(np.uint64)[:, None]
+    odd = ((taken[:, :-1] >> shift) | (taken[:, 1:] << (np.uint64(_LIMB) - shift))) & _LIMB_MASK
+    big_endian = np.ascontiguousarray(odd[:, ::-1]).astype(">u4").view(np.uint8)
+    chars = np.concatenate([np.full((rows, 1), ord("-"), dtype=np.uint8),
+                            _HEX_PAIRS[big_endian].view(np.uint8).reshape(rows, 8 * limbs)],
+                           axis=1)
+    digits = (bits + 3) // 4
+    shown = np.arange(8 * limbs + 1)[None, :] > (8 * limbs - digits)[:, None]
+    shown[:, 0] = negative & (digits > 0)
+    lengths = shown.sum(axis=1)
+    offsets = np.zeros(rows + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    mantissa = pa.StringArray.from_buffers(rows, pa.py_buffer(offsets),
+                                           pa.py_buffer(chars[shown].tobytes()))
+    exponent = pa.array(low_bit + _LIMB * first - SCALE_BITS, pa.int64()).cast(pa.string())
+    text = pc.binary_join_element_wise(mantissa, exponent, "p")
+    text = pc.if_else(pa.array(zero | long), pa.scalar("0"), text)
+
+    # the top 64 bits (s .. s + 63, s = high_bit - 63; two zero limbs below the lowest)
+    start = high_bit + 1  # = (high_bit - 63) + 64
+    limb = start >> 5
+    shift = (start & 31).astype(np.uint64)
+    pair = padded[every, limb] | (padded[every, limb + 1] << np.uint64(32))
+    third = padded[every, limb + 2]
+    top = (pair >> shift) | np.where(shift > 0, third << ((np.uint64(64) - shift)
+                                                          & np.uint64(63)), np.uint64(0))
+    kept = top >> np.uint64(11)
+    rest = top & np.uint64(0x7FF)
+    half = np.uint64(0x400)
+    up = (rest > half) | ((rest == half) & ((bits > 64) | ((kept & np.uint64(1)) == 1)))
+    kept = kept + up.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        values = np.ldexp(kept.astype(np.float64), high_bit - 52 + _LIMB * first - SCALE_BITS)
+    values = np.where(negative, -values, values)
+    values[zero] = 0.0
+
+    if long.any():  # written through Python integers
+        texts = text.to_pylist()
+        low_bytes = magnitude.astype("<u4").tobytes()
+        stride = 4 * width
+        for i in np.flatnonzero(long).tolist():
+            finite = int.from_bytes(low_bytes[i * stride:(i + 1) * stride], "little") << (
+                _LIMB * first)
+            finite = -finite if negative[i] else finite
+            texts[i] = _finite_text(finite)
+            values[i] = _rounded(finite)
+        text = pa.array(texts, pa.string())
+    return text, values
 
 
 def fold_arrow_reference(batch: pa.RecordBatch, specs: Sequence[FoldSpec]) -> pa.RecordBatch:
@@ -249,22 +452,39 @@ def pair_sums(pairs: pa.Array) -> list[ExactSum]:
     return [ExactSum(*parts) for parts in zip(*_pair_parts(pairs))]
 
 
-def _pair_parts(pairs: pa.Array) -> tuple[list[int], list[int], list[int], list[int]]:
-    """Per row of ``pairs`` (a ``list<struct<_v double, _w int64>>`` column, NULL for none), the
-    parts (finite, nan, pos_inf, neg_inf) of the exact sum :func:`of_pairs` of its pairs,
-    computed with numpy.
+@dataclass(frozen=True)
+class _PairArrays:
+    """A pairs column taken apart by :func:`_pair_arrays`, as numpy arrays.
 
-    Exact by construction: each finite double is split from its IEEE bits into an integer
-    mantissa ``m`` (< 2**53) and a scale ``s`` with ``value * 2**1074 == m * 2**s``; ``m * w``
-    is summed per row in pieces small enough that no partial sum can be rounded or overflow
-    (:func:`_finite_sums`; a row whose weights' magnitudes sum to ``_WEIGHT_BOUND`` or more, or
-    with a NULL weight, is summed by :func:`of_pairs` instead), then read back as one Python
-    integer. NaN and infinities are weighted counts, NULL values are skipped, zeros add
-    nothing, as in :func:`of_pairs`. The common case (no NULLs, no NaN or infinity, small
-    weights) takes no masks or copies of the pairs."""
+    ``pair_row``, ``exponent``, ``fraction`` and ``weight`` describe the finite pairs to sum
+    with :func:`_finite_sums` (the row of each, sorted; its IEEE exponent and fraction fields;
+    its weight with the value's sign); ``nan``, ``pos_inf`` and ``neg_inf`` are each row's
+    weighted counts of those values; ``fallback`` marks the rows whose pairs must be summed by
+    :func:`of_pairs` instead (a NULL weight, or weights too big for the limbs): none of their
+    pairs is among the finite ones. ``offsets`` are the column's list offsets from ``lo``."""
+
+    rows: int
+    lo: int
+    offsets: np.ndarray
+    pair_row: np.ndarray
+    exponent: np.ndarray
+    fraction: np.ndarray
+    weight: np.ndarray
+    nan: np.ndarray
+    pos_inf: np.ndarray
+    neg_inf: np.ndarray
+    fallback: np.ndarray
+
+
+def _pair_arrays(pairs: pa.Array) -> _PairArrays:
+    """Take a ``list<struct<_v double, _w int64>>`` column (NULL for none) apart for the
+    vectorized sums. Each finite double is split from its IEEE bits into its exponent and
+    fraction fields (:func:`_finite_sums` turns them into an integer mantissa ``m`` < 2**53 and
+    a scale ``s`` with ``value * 2**1074 == m * 2**s``). NaN and infinities become weighted
+    counts, NULL values are skipped, as in :func:`of_pairs`; a row with a NULL weight, or
+    whose weights' magnitudes sum to ``_WEIGHT_BOUND`` or more, is marked ``fallback``. The
+    common case (no NULLs, no NaN or infinity, small weights) takes no masks or copies."""
     rows = len(pairs)
-    if rows == 0:
-        return [], [], [], []
     offsets = pairs.offsets.to_numpy().astype(np.int64)
     lo, hi = int(offsets[0]), int(offsets[-1])
     offsets = offsets - lo
@@ -283,7 +503,7 @@ def _pair_parts(pairs: pa.Array) -> tuple[list[int], list[int], list[int], list[
 
     # Rows the limbs cannot take: a NULL weight (of_pairs fails on it as before) or big weights.
     fallback = np.zeros(rows, dtype=bool)
-    longest = int(counts.max())
+    longest = int(counts.max()) if rows else 0
     biggest = max(int(w.max()), -int(w.min())) if len(w) else 0
     if w_arr.null_count or biggest >= _WEIGHT_BOUND or biggest * longest >= _WEIGHT_BOUND:
         live = np.ones(len(w), dtype=bool) if active is None else active
@@ -318,15 +538,29 @@ def _pair_parts(pairs: pa.Array) -> tuple[list[int], list[int], list[int], list[
         finite = live & ~special
         pair_row, exponent, fraction, signed = (
             pair_row[finite], exponent[finite], fraction[finite], signed[finite])
-    finite_sums = _finite_sums(rows, pair_row, exponent, fraction, signed)
+    return _PairArrays(rows, lo, offsets, pair_row, exponent, fraction, signed, nan, pos_inf,
+                       neg_inf, fallback)
 
-    parts = (finite_sums, nan.tolist(), pos_inf.tolist(), neg_inf.tolist())
-    if fallback.any():
+
+def _pair_parts(pairs: pa.Array) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Per row of ``pairs`` (a ``list<struct<_v double, _w int64>>`` column, NULL for none), the
+    parts (finite, nan, pos_inf, neg_inf) of the exact sum :func:`of_pairs` of its pairs,
+    computed with numpy (:func:`_pair_arrays`, :func:`_finite_sums`).
+
+    Exact by construction: ``m * w`` is summed per row in pieces small enough that no partial
+    sum can be rounded or overflow, then read back as one Python integer; the ``fallback``
+    rows are summed by :func:`of_pairs`."""
+    if len(pairs) == 0:
+        return [], [], [], []
+    a = _pair_arrays(pairs)
+    finite_sums = _finite_sums(a.rows, a.pair_row, a.exponent, a.fraction, a.weight)
+    parts = (finite_sums, a.nan.tolist(), a.pos_inf.tolist(), a.neg_inf.tolist())
+    if a.fallback.any():
         values = pairs.values.field("_v").to_pylist()
         weights = pairs.values.field("_w").to_pylist()
-        for row in np.flatnonzero(fallback).tolist():
-            a, b = lo + int(offsets[row]), lo + int(offsets[row + 1])
-            exact = of_pairs(values[a:b], weights[a:b])
+        for row in np.flatnonzero(a.fallback).tolist():
+            lo, hi = a.lo + int(a.offsets[row]), a.lo + int(a.offsets[row + 1])
+            exact = of_pairs(values[lo:hi], weights[lo:hi])
             for column, part in zip(parts, (exact.finite, exact.nan, exact.pos_inf,
                                             exact.neg_inf)):
                 column[row] = part
@@ -384,12 +618,36 @@ def _cell_sums(rows: int, pair_row: np.ndarray, exponent: np.ndarray, fraction: 
 
 def _limb_sums(rows: int, pair_row: np.ndarray, exponent: np.ndarray, fraction: np.ndarray,
                weight: np.ndarray) -> list[int]:
-    """:func:`_finite_sums` in 32-bit limbs: ``m * w`` is added into the limbs of the row's
-    sum at bit ``s`` with int64 arithmetic that cannot overflow, and the limbs are then
-    carried and read back as one Python integer."""
+    """:func:`_finite_sums` in 32-bit limbs (:func:`_limb_blocks`), each row's limbs read back
+    as one Python integer."""
     sums = [0] * rows
+    for row0, acc, first in _limb_blocks(rows, pair_row, exponent, fraction, weight):
+        width = acc.shape[1]
+        low_bytes = acc[:, :-1].astype("<u4").tobytes()
+        stride = 4 * (width - 1)
+        top = acc[:, -1].tolist()
+        base = _LIMB * first
+        top_shift = _LIMB * (width - 1)
+        for i in np.flatnonzero(acc.any(axis=1)).tolist():
+            value = int.from_bytes(low_bytes[i * stride:(i + 1) * stride], "little")
+            sums[row0 + i] = (value + (top[i] << top_shift)) << base
+    return sums
+
+
+def _limb_blocks(rows: int, pair_row: np.ndarray, exponent: np.ndarray, fraction: np.ndarray,
+                 weight: np.ndarray) -> Iterator[tuple[int, np.ndarray, int]]:
+    """:func:`_finite_sums` in 32-bit limbs, by blocks of consecutive rows: ``m * w`` is added
+    into the limbs of the row's sum at bit ``s`` with int64 arithmetic that cannot overflow,
+    and the limbs are then carried.
+
+    Yields nothing without pairs, else ``(row0, acc, first)`` for blocks of all rows in order
+    (at most ``_CHUNK_CELLS`` limbs a block; rows without pairs are zeros): row ``row0 + i``'s
+    sum is ``sum(acc[i, k] << 32 * (first + k))``, every limb but the top one is in
+    ``[0, 2**32)`` and the top one is 0 or -1, the sign. (A row's sum is below ``2**(53 + 30)``
+    times ``2**s`` of its largest term, which the limbs up to three above that term's hold;
+    weights summing below ``2**30`` keep every int64 sum of terms below ``2**63``.)"""
     if len(pair_row) == 0:
-        return sums
+        return
     mantissa = np.where(exponent == 0, fraction, fraction | np.uint64(1 << 52))
     scale = np.maximum(exponent - 1, 0)  # value * 2**1074 == mantissa * 2**scale
     limb = scale >> 5
@@ -400,32 +658,29 @@ def _limb_sums(rows: int, pair_row: np.ndarray, exponent: np.ndarray, fraction: 
              ((low >> np.uint64(_LIMB)) + (high & _LIMB_MASK)).astype(np.int64),
              (high >> np.uint64(_LIMB)).astype(np.int64)]  # each < 2**33
     first = int(limb.min())
-    width = int(limb.max()) - first + 3
+    width = int(limb.max()) - first + 5
     limb = limb - first
     chunk_rows = max(1, _CHUNK_CELLS // width)
     starts = np.searchsorted(pair_row, np.arange(0, rows + chunk_rows, chunk_rows))
     for c, row0 in enumerate(range(0, rows, chunk_rows)):
-        a, b = int(starts[c]), int(starts[c + 1])
-        if a == b:
-            continue
         n = min(chunk_rows, rows - row0)
         flat = np.zeros(n * width, dtype=np.int64)
-        cell = (pair_row[a:b] - row0) * width + limb[a:b]
-        for j, term in enumerate(terms):
-            np.add.at(flat, cell + j, term[a:b] * weight[a:b])
+        a, b = int(starts[c]), int(starts[c + 1])
+        if a < b:
+            cell = (pair_row[a:b] - row0) * width + limb[a:b]
+            for j, term in enumerate(terms):
+                np.add.at(flat, cell + j, term[a:b] * weight[a:b])
         acc = flat.reshape(n, width)
-        for k in range(width - 1):  # carry: every limb but the top one in [0, 2**32)
-            acc[:, k + 1] += acc[:, k] >> _LIMB
-            acc[:, k] &= (1 << _LIMB) - 1
-        low_bytes = acc[:, :-1].astype("<u4").tobytes()
-        stride = 4 * (width - 1)
-        top = acc[:, -1].tolist()
-        base = _LIMB * first
-        top_shift = _LIMB * (width - 1)
-        for i in np.flatnonzero(acc.any(axis=1)).tolist():
-            value = int.from_bytes(low_bytes[i * stride:(i + 1) * stride], "little")
-            sums[row0 + i] = (value + (top[i] << top_shift)) << base
-    return sums
+        _carry(acc)
+        yield row0, acc, first
+
+
+def _carry(acc: np.ndarray) -> None:
+    """Carry the limbs of each row of ``acc`` in place: every limb but the top one into
+    ``[0, 2**32)``, the same sum."""
+    for k in range(acc.shape[1] - 1):
+        acc[:, k + 1] += acc[:, k] >> _LIMB
+        acc[:, k] &= (1 << _LIMB) - 1
 
 
 def fold_table(table: pa.Table, specs: Sequence[FoldSpec]) -> pa.Table:

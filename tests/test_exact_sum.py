@@ -8,6 +8,7 @@ import random
 import struct
 
 import pyarrow as pa
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -130,10 +131,13 @@ def _bits(values: list[float | None]) -> list[bytes | None]:
     return [None if v is None else struct.pack("<d", v) for v in values]
 
 
-def test_the_vectorized_fold_equals_the_per_row_fold_bit_for_bit():
+@pytest.mark.parametrize("vector_rows", [1, exact_sum._VECTOR_ROWS])
+def test_the_vectorized_fold_equals_the_per_row_fold_bit_for_bit(monkeypatch, vector_rows):
     """The numpy fold (``fold_arrow``) against the definition (``fold_arrow_reference``) on seeded
     random batches: NaN (any payload), infinities, -0.0, subnormals, the largest doubles,
-    cancellation, zero/big/NULL-free weights, NULL values and lists, sliced batches."""
+    cancellation, zero/big/NULL-free weights, NULL values and lists, sliced batches; folded
+    whole columns at a time (``vector_rows`` 1) and as ``fold_arrow`` chooses."""
+    monkeypatch.setattr(exact_sum, "_VECTOR_ROWS", vector_rows)
     specs = [FoldSpec(old="old", pairs="pairs", count="count", state="s", result="r", mean=False),
              FoldSpec(old="old", pairs="pairs", count="count", state="s2", result="m", mean=True)]
     rnd = random.Random(20261123)
@@ -146,6 +150,95 @@ def test_the_vectorized_fold_equals_the_per_row_fold_bit_for_bit():
             assert got.column(name).to_pylist() == want.column(name).to_pylist(), round_
         for name in ("r", "m"):
             assert _bits(got.column(name).to_pylist()) == _bits(want.column(name).to_pylist())
+
+
+def _edge_value(rnd: random.Random) -> float:
+    """A double whose sums with others land on the column fold's edges: mantissas of 53 bits
+    that sum to 54, 64 or 65 bits (ties and the sticky bit), values at the top of the range
+    (sums that round to or beyond the largest double), subnormals, and money."""
+    kind = rnd.random()
+    if kind < 0.3:
+        return rnd.choice([1.0, 2.0 ** 53, 2.0 ** 53 + 2, 2.0 ** 64, 2.0 ** 11, 3 * 2.0 ** 10,
+                           2.0 ** -53, 2.0 ** 63 + 2.0 ** 11, 1.7976931348623157e308,
+                           2.0 ** 970, 2.0 ** 969, 5e-324, 2.2250738585072014e-308, 0.0])
+    if kind < 0.5:
+        return round(rnd.uniform(-1000, 1000), 2)
+    if kind < 0.7:  # a random mantissa at an exponent near 2**0 or 2**60 (sums of 54-70 bits)
+        return rnd.choice([-1, 1]) * (rnd.getrandbits(53) | 1) * 2.0 ** rnd.choice(
+            [-52, -40, -11, 0, 8, 11])
+    return rnd.uniform(-1, 1) * 2.0 ** rnd.randint(-1074, 1023)
+
+
+def test_the_column_fold_equals_the_per_row_fold_on_its_edges(monkeypatch):
+    """``_fold_column`` (whole columns; most rows taken by it, not by its per-row fallback)
+    against ``fold_arrow_reference``, bit for bit, on sums rounding to even at a tie, with the
+    sticky bit beyond 64 bits, at the top of the double range (rounding up to infinity), in
+    the subnormals, cancelling to zero or to a negative, longer than ``_LONG_BITS``, old
+    states longer than ``_LONG_DIGITS`` or with NaN, empty old texts; sliced, large_string,
+    in blocks of a few rows."""
+    monkeypatch.setattr(exact_sum, "_VECTOR_ROWS", 1)
+    rnd = random.Random(20261127)
+    spec = [FoldSpec(old="old", pairs="pairs", count="count", state="s", result="r", mean=False),
+            FoldSpec(old="old", pairs="pairs", count="count", state="s2", result="m", mean=True)]
+    long_old = encode(of_pairs([1e200, 1e-200, 3.0], [1, 1, 1]))
+    assert len(long_old.split("p")[0]) > exact_sum._LONG_DIGITS
+    for round_ in range(40):
+        olds, pairs = [], []
+        for _ in range(rnd.choice([3, 50, 500])):
+            kind = rnd.random()
+            if kind < 0.2:
+                olds.append(None)
+            elif kind < 0.23:
+                olds.append(rnd.choice(["", long_old, encode(of_pairs([math.nan, 1.5], [1, 1])),
+                                        encode(of_pairs([1.7976931348623157e308] * 2, [1, 1]))]))
+            else:
+                olds.append(encode(of_pairs([_edge_value(rnd) for _ in range(rnd.randint(1, 3))],
+                                            [rnd.choice([1, -1, 2]) for _ in range(3)])))
+            if rnd.random() < 0.05:
+                pairs.append(None)
+            else:
+                pairs.append([{"_v": _edge_value(rnd), "_w": rnd.choice([1, -1, 1, 2, -3])}
+                              for _ in range(rnd.choice([0, 1, 1, 2, 4]))])
+        string = pa.large_string() if round_ % 5 == 0 else pa.string()
+        batch = pa.RecordBatch.from_pydict({
+            "old": pa.array(olds, string), "pairs": pa.array(pairs, pa.list_(_PAIR)),
+            "count": pa.array([rnd.choice([1, 2, 3, 0]) for _ in olds], pa.int64())})
+        if round_ % 4 == 1:
+            batch = batch.slice(1, batch.num_rows - 1)
+        # blocks of a few rows each (``_limb_blocks``), or one
+        monkeypatch.setattr(exact_sum, "_CHUNK_CELLS", 200 if round_ % 2 else 1 << 21)
+        got = exact_sum.fold_arrow(batch, spec)
+        want = exact_sum.fold_arrow_reference(batch, spec)
+        assert got.schema == want.schema
+        for name in ("s", "s2"):
+            assert got.column(name).to_pylist() == want.column(name).to_pylist(), round_
+        for name in ("r", "m"):
+            assert _bits(got.column(name).to_pylist()) == _bits(want.column(name).to_pylist())
+
+
+def test_the_column_fold_rounds_ties_to_even_and_overflows_as_python_does(monkeypatch):
+    """Known roundings of the column fold: a 54-bit tie rounds to even (down, then up), a tie
+    in the top 64 bits of a longer sum rounds up (the bits below are not zero), the largest
+    double plus half its unit in the last place rounds to infinity, and cancelling leaves
+    ``0``."""
+    monkeypatch.setattr(exact_sum, "_VECTOR_ROWS", 1)
+    cases = [([2.0 ** 53, 1.0], 2.0 ** 53), ([2.0 ** 53 + 2, 1.0], 2.0 ** 53 + 4),
+             ([2.0 ** 63, 2.0 ** 10, 2.0 ** -60], 2.0 ** 63 + 2.0 ** 11),
+             ([1.7976931348623157e308, 2.0 ** 970], math.inf),
+             ([-1.7976931348623157e308, -(2.0 ** 970)], -math.inf),
+             ([1.7976931348623157e308, 2.0 ** 969], 1.7976931348623157e308),
+             ([0.1, -0.1], 0.0), ([5e-324, 5e-324], 1e-323), ([-3.5, 1.25], -2.25)]
+    batch = pa.RecordBatch.from_pydict({
+        "old": pa.array([None] * len(cases), pa.string()),
+        "pairs": pa.array([[{"_v": v, "_w": 1} for v in values] for values, _ in cases],
+                          pa.list_(_PAIR)),
+        "count": pa.array([1] * len(cases), pa.int64())})
+    spec = [FoldSpec(old="old", pairs="pairs", count="count", state="s", result="r", mean=False)]
+    got = exact_sum.fold_arrow(batch, spec)
+    assert got.column("r").to_pylist() == [want for _, want in cases]
+    assert got.column("s").to_pylist()[6] == "0"
+    assert got.column("s").to_pylist() == exact_sum.fold_arrow_reference(
+        batch, spec).column("s").to_pylist()
 
 
 def test_the_vectorized_fold_sums_wide_groups_exactly():
