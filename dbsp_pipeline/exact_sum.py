@@ -255,7 +255,7 @@ def _fold_column(olds: pa.Array, pairs: pa.Array) -> tuple[pa.Array, np.ndarray]
     # the old states' mantissas as pairs: pieces of 13 hex digits, from the least significant
     fast_old = np.flatnonzero(matched & ~slow)
     pieces_row, pieces_bits, pieces_sign = _old_pieces(
-        fast_old, digits.take(pa.array(fast_old)), old_exponent[fast_old],
+        fast_old, digits.take(pa.array(fast_old)).cast(pa.string()), old_exponent[fast_old],
         pc.equal(parsed.field("sign"), "-").take(pa.array(fast_old)).to_numpy(
             zero_copy_only=False))
     keep = ~slow[a.pair_row] & ((a.exponent != 0) | (a.fraction != 0))  # zeros add nothing
