@@ -263,7 +263,7 @@ class OutputLog:
         if isinstance(change, pa.Table):
             assert sql is not None, "a change computed on the driver is written on the driver"
             rows = sql.consolidate(change, cols)
-            rows = rows.append_column(STEP, pa.array([step] * rows.num_rows, pa.int64()))
+            rows = rows.append_column(STEP, pa.array(np.full(rows.num_rows, step, np.int64)))
             return rows.select(self.table.arrow_schema.names).cast(self.table.arrow_schema)
         if change is not None:
             return consolidate(change, cols).withColumn(STEP, F.lit(step).cast("long"))
@@ -314,7 +314,8 @@ class OutputLog:
         if len(files) <= 1 and all(f.step_min == through for f in files):
             return False
         merged = sql.consolidate(self.table.read_arrow(files), self.schema.fieldNames())
-        merged = merged.append_column(STEP, pa.array([through] * merged.num_rows, pa.int64()))
+        merged = merged.append_column(STEP, pa.array(np.full(merged.num_rows, through,
+                                                                   np.int64)))
         adds = self.table.write_arrow(merged.select(self.table.arrow_schema.names))
         self.table.commit(adds, [f.path for f in files], data_change=False)
         return True

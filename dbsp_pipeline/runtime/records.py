@@ -14,6 +14,7 @@ import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame as SparkDataFrame
@@ -48,7 +49,7 @@ def to_arrow(input_name: str, rows: Any, schema: StructType, arrow_schema: pa.Sc
     else:
         raise InputError(input_name, "rows must be a list of dicts or tuples, a pandas or Spark "
                          f"DataFrame, or a pyarrow Table; got {type(rows).__name__}")
-    weights = pa.array([weight] * table.num_rows, pa.int64())
+    weights = pa.array(np.full(table.num_rows, weight, np.int64))  # (a list: 26 ms a 1M rows)
     return table.append_column(pa.field(WEIGHT, pa.int64(), nullable=False), weights)
 
 
@@ -61,18 +62,30 @@ def zset_to_arrow(input_name: str, table: pa.Table, schema: StructType,
     if not pa.types.is_integer(weights.type):
         raise InputError(input_name, f"'{WEIGHT}' is {weights.type}, expected an integer type",
                          column=WEIGHT)
-    magnitude = pc.abs(weights.cast(pa.float64(), safe=False))  # exact up to 2**53: enough
-    invalid = pc.or_kleene(pc.equal(magnitude, 0),
-                           pc.greater(magnitude, MAX_WEIGHT)).fill_null(True)
-    bad = pc.index(invalid, True).as_py()
-    if bad >= 0:
+    if not _weights_valid(weights):
+        magnitude = pc.abs(weights.cast(pa.float64(), safe=False))  # exact up to 2**53: enough
+        invalid = pc.or_kleene(pc.equal(magnitude, 0),
+                               pc.greater(magnitude, MAX_WEIGHT)).fill_null(True)
+        bad = pc.index(invalid, True).as_py()
         raise InputError(input_name, f"weight must be {WEIGHT_RULE}, got "
                          f"{weights[bad].as_py()!r}", record_index=bad, column=WEIGHT,
                          record=table.slice(bad, 1).to_pylist()[0])
     weights = weights.cast(pa.int64())
-    payload = to_arrow(input_name, table.drop_columns([WEIGHT]), schema, arrow_schema, 1)
-    return payload.set_column(payload.schema.get_field_index(WEIGHT),
-                              arrow_schema.field(WEIGHT), weights)
+    payload = _from_arrow(input_name, table.drop_columns([WEIGHT]), pa.schema(
+        [arrow_schema.field(f.name) for f in schema.fields]))
+    return payload.append_column(arrow_schema.field(WEIGHT), weights)
+
+
+def _weights_valid(weights: pa.ChunkedArray) -> bool:
+    """Whether every weight is a non-zero integer of magnitude at most ``MAX_WEIGHT`` (the
+    common case, in two passes over the column and no copy)."""
+    if weights.null_count or len(weights) == 0:
+        return bool(weights.null_count == 0)
+    bounds = pc.min_max(weights)
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    if low < -MAX_WEIGHT or high > MAX_WEIGHT:
+        return False
+    return bool(low > 0 or high < 0 or not pc.any(pc.equal(weights, 0)).as_py())
 
 
 def check_spark(input_name: str, df: SparkDataFrame, schema: StructType,
