@@ -684,7 +684,10 @@ def _carry(acc: np.ndarray) -> None:
 
 
 def fold_table(table: pa.Table, specs: Sequence[FoldSpec]) -> pa.Table:
-    """:func:`fold_arrow` over a whole table (the driver path)."""
+    """:func:`fold_arrow` over a whole table (the driver path), in one batch when it is in
+    several (a table of many small chunks would be folded one row at a time)."""
+    if table.num_rows >= _VECTOR_ROWS and len(table.to_batches()) > 1:
+        table = table.combine_chunks()
     batches = [fold_arrow(b, specs) for b in table.to_batches()]
     if not batches:
         return pa.Table.from_batches([fold_arrow(

@@ -331,3 +331,21 @@ def test_the_cell_sums_equal_the_limb_sums():
         cells = exact_sum._cell_sums(rows, pair_row, exponent, fraction, weight,
                                      int(exponent.min()), span)
         assert cells == exact_sum._limb_sums(rows, pair_row, exponent, fraction, weight)
+
+
+def test_a_table_of_many_small_chunks_is_folded_as_one_batch(monkeypatch):
+    """``fold_table`` folds a table of many chunks whole (in ``_fold_column``), with the same
+    result as the definition on the same rows."""
+    calls = []
+    original = exact_sum._fold_column
+    monkeypatch.setattr(exact_sum, "_fold_column",
+                        lambda *a: calls.append(len(a[0])) or original(*a))
+    rnd = random.Random(5)
+    batch = _random_batch(rnd, 1000)
+    table = pa.Table.from_batches([batch.slice(i, 50) for i in range(0, 1000, 50)])
+    spec = [FoldSpec(old="old", pairs="pairs", count="count", state="s", result="r", mean=False)]
+    got = exact_sum.fold_table(table, spec)
+    want = exact_sum.fold_arrow_reference(batch, spec)
+    assert calls == [1000]
+    assert got.column("s").to_pylist() == want.column("s").to_pylist()
+    assert _bits(got.column("r").to_pylist()) == _bits(want.column("r").to_pylist())
