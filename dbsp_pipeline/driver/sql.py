@@ -219,6 +219,11 @@ class LocalSQL:
         self._consolidated[id(out)] = (weakref.ref(out, self._forget), key)
         return out
 
+    def assume_consolidated(self, table: pa.Table, columns: Sequence[str]) -> None:
+        """Take ``table`` as consolidated over ``columns`` (its caller knows it is: no two rows
+        equal on them, no zero weight), so ``consolidate`` returns it as it is."""
+        self._consolidated[id(table)] = (weakref.ref(table, self._forget), tuple(columns))
+
     def consolidated_subset(self, subset: pa.Table, table: pa.Table) -> None:
         """Take ``subset`` (rows of ``table``, in its columns: a filter's output) as consolidated
         wherever ``table`` is (``consolidate`` returned it): distinct rows stay distinct, and

@@ -75,6 +75,10 @@ _O = "_o_"  # prefix of the old state's columns
 
 
 class Aggregate(Operator):
+    #: a step's output is ``sql.consolidate``'s (over the output's columns, which hold the
+    #: group columns, the owner keys)
+    owner_outputs_consolidated = True
+
     def __init__(self, db: StateDatabase, name: str, keys: Sequence[str],
                  aggregates: Sequence[dict[str, Any]], input_schema: StructType,
                  schema: StructType) -> None:

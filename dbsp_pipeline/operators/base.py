@@ -60,6 +60,9 @@ class StepContext:
     per_owner: bool = False
     #: in a Spark task, the owner whose keys it runs (None on the driver)
     owner: int | None = None
+    #: the nodes whose change an owner stage read on the driver as an Arrow table that is
+    #: consolidated already (``Operator.owner_outputs_consolidated``)
+    consolidated_changes: set[int] = field(default_factory=set)
     _cached: list[DataFrame] = field(default_factory=list)
     _scratch: list[str] = field(default_factory=list)
 
@@ -113,6 +116,11 @@ class Operator:
 
     #: the output's payload schema (no reserved columns)
     schema: StructType
+    #: whether every ``step_local`` output is consolidated over the output's columns and
+    #: holds the ``owner_keys`` columns of the operator's input: then the outputs of an owner
+    #: stage's tasks (owners hold disjoint keys) are together consolidated too
+    #: (``runtime/owner_exec.py`` reads a view's change so without consolidating it again)
+    owner_outputs_consolidated: bool = False
 
     def step(self, ctx: StepContext, changes: Sequence[Delta]) -> Delta:
         raise NotImplementedError

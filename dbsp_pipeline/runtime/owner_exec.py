@@ -359,6 +359,8 @@ def owner_stage(ctx: StepContext, plan: Plan, node: Node,
         return change
     only_a_view = node.id in plan.circuit.outputs.values() and not plan.readers[node.id]
     if only_a_view and change.rows <= VIEW_ROWS_ON_DRIVER:
+        if op.owner_outputs_consolidated:  # each task's output is, and their keys differ
+            ctx.consolidated_changes.add(node.id)
         return change.read_all()  # written on the driver (no Spark write job)
     return change.to_frame(spark)
 

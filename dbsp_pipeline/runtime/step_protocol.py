@@ -306,7 +306,11 @@ def _compute(state: EngineState, s: int, files: dict[str, list[DataFile]],
     recorded = state.divisions.outputs(s) or {}
     try:
         node_changes = state.plan.evaluate(ctx, changes)
-        # (a Spark step's view change the owner stage collected is written on the driver)
+        # (a Spark step's view change the owner stage collected is written on the driver,
+        # not consolidated again when its tasks' outputs together are)
+        for node_id in ctx.consolidated_changes:
+            state.sql.assume_consolidated(node_changes[node_id],
+                                          state.plan.schemas[node_id].fieldNames())
         prepared = {name: state.outputs[name].prepare(
                         s, node_changes[node_id],
                         state.sql if isinstance(node_changes[node_id], pa.Table) else sql,

@@ -107,6 +107,12 @@ def test_owner_stages_equal_the_driver_path(spark, tmp_path: Path, layout: Layou
             assert isinstance(frame, pa.Table), name
             assert frame.column_names == [*plan.output_schema(name).fieldNames(), WEIGHT]
             assert counter(frame) == counter(expected[node_id]), name
+        # the aggregate's change is marked consolidated (its tasks' outputs are, and their
+        # group keys differ), and is: consolidating it again changes nothing
+        assert ctx.consolidated_changes == {c.outputs["totals"]}
+        totals = got[c.outputs["totals"]]
+        again = LocalSQL().consolidate(totals, plan.output_schema("totals").fieldNames())
+        assert again.num_rows == totals.num_rows > 0
     finally:
         ctx.release()
 
