@@ -28,8 +28,10 @@ the driver hashes its key types: ``Plan.owner_capable``) becomes one *owner stag
 3. the driver collects the records in one job (which runs every task), checks there is at most
    one per owner, all of this step and layout, and stages the actions on its
    ``StagedTable``s. The output change is the exchange files: handed to the next owner stage
-   as they are, read on the driver for a view's small change, or read by Spark
-   (``OwnedChange.to_frame``) for a Spark operator or a big view.
+   as they are, read on the driver for a view's small change (not consolidated again there
+   when the operator's tasks' outputs together are: ``Operator.owner_outputs_consolidated``,
+   ``StepContext.consolidated_changes``), or read by Spark (``OwnedChange.to_frame``) for a
+   Spark operator or a big view.
 
 Determinism: a task's output is a function of its owner's change rows and its owner's trace rows
 for those keys; each key's rows are in exactly one task; the code is the driver path's. So the
