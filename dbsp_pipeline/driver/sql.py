@@ -216,7 +216,7 @@ class LocalSQL:
             out = self.query(
                 f"SELECT {cols + ', ' if columns else ''}CAST(sum({ident(WEIGHT)}) AS BIGINT) "
                 f"AS {ident(WEIGHT)} FROM t {group} HAVING sum({ident(WEIGHT)}) <> 0", t=table)
-        self._consolidated[id(out)] = (weakref.ref(out, self._forget), key)
+        self.assume_consolidated(out, key)
         return out
 
     def assume_consolidated(self, table: pa.Table, columns: Sequence[str]) -> None:
@@ -232,7 +232,7 @@ class LocalSQL:
             return
         seen = self._consolidated.get(id(table))
         if seen is not None and seen[0]() is table:
-            self._consolidated[id(subset)] = (weakref.ref(subset, self._forget), seen[1])
+            self.assume_consolidated(subset, seen[1])
 
     def conform(self, table: pa.Table, schema: StructType) -> pa.Table:
         """``conform(table, schema)``, which stays consolidated (for ``consolidate``) where
