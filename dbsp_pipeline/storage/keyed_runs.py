@@ -171,7 +171,7 @@ class _OpenRun:
             wanted = hashes[which[part]]
             first = self._first_at_or_after(int(b), column, wanted)
             los[part] = first + self.offsets[b]
-            his[part] = _past_equal(column, wanted, first) + self.offsets[b]
+            his[part] = self._past_equal(int(b), column, wanted, first) + self.offsets[b]
         found = his > los
         which, los, his = which[found], los[found], his[found]
         # a hash's pieces in consecutive batches are one range of run rows
@@ -205,6 +205,28 @@ class _OpenRun:
             lo = np.where(active & below, mid + 1, lo)
             hi = np.where(active & ~below, mid, hi)
 
+    def _past_equal(self, b: int, column: np.ndarray, wanted: np.ndarray, first: np.ndarray
+                    ) -> np.ndarray:
+        """``np.searchsorted(column, wanted, "right")`` for batch ``b``, given ``first`` (the
+        "left" positions): steps past up to ``END_STEPS`` rows equal to each hash (cache-hot,
+        beside its first row), then finds the end of the hashes that have more as the first
+        row at or after the next hash, through the fence (a min/max trace holds a group's
+        values under its hash: many rows a hash)."""
+        end = first.copy()
+        going = np.arange(len(wanted))
+        for _ in range(END_STEPS):
+            at = end[going]
+            going = going[(at < len(column)) & (column[np.minimum(at, len(column) - 1)]
+                                                == wanted[going])]
+            if len(going) == 0:
+                return end
+            end[going] += 1
+        top = wanted[going] == np.iinfo(np.uint64).max  # no next hash: its rows end the batch
+        end[going[top]] = len(column)
+        going = going[~top]
+        end[going] = self._first_at_or_after(b, column, wanted[going] + np.uint64(1))
+        return end
+
     def take(self, rows: np.ndarray) -> pa.Table:
         """The run's rows at ``rows`` (ascending run rows), with ``_hash``."""
         batch = np.searchsorted(self.offsets, rows, "right") - 1
@@ -219,23 +241,6 @@ def _concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     ranges: np.ndarray = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
     ranges += np.arange(len(ranges))
     return ranges
-
-
-def _past_equal(column: np.ndarray, wanted: np.ndarray, first: np.ndarray) -> np.ndarray:
-    """``np.searchsorted(column, wanted, "right")``, given ``first`` (the "left" positions):
-    steps past up to ``END_STEPS`` rows equal to each hash (cache-hot, beside its first row),
-    then searches for the hashes that have more."""
-    end = first.copy()
-    going = np.arange(len(wanted))
-    for _ in range(END_STEPS):
-        at = end[going]
-        going = going[(at < len(column)) & (column[np.minimum(at, len(column) - 1)]
-                                            == wanted[going])]
-        if len(going) == 0:
-            return end
-        end[going] += 1
-    end[going] = np.searchsorted(column, wanted[going], "right")
-    return end
 
 
 class KeyedRuns:

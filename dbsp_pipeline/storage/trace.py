@@ -26,7 +26,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 import pyarrow as pa
@@ -114,6 +114,62 @@ def _by_shard(rows: pa.Table) -> pa.Table:
         return rows
     return rows.take(pc.sort_indices(rows.column(SHARD)))
 
+
+
+def _beyond_every_cut(hashes: np.ndarray, values: pa.ChunkedArray, is_cut: np.ndarray,
+                      cut_hashes: np.ndarray, largest: bool) -> np.ndarray | None:
+    """Per row (of key hash ``hashes``, value ``values``, ``is_cut`` on a file's cut row;
+    ``cut_hashes`` the distinct hashes of the cut rows, ascending): is
+    its value strictly beyond (above for ``largest``, else below) every cut value of its hash?
+    Numbers without NULL or NaN only (None for others): a hash's bound is its cuts' most
+    extreme value, by ``np.maximum.at``/``np.minimum.at``, with no sort of the rows."""
+    kind = values.type
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)) or values.null_count:
+        return None
+    v = values.to_numpy()
+    if v.dtype.kind == "f" and np.isnan(v).any():
+        return None  # NaN is above every number in the runs' (Arrow's) order
+    cuts = np.flatnonzero(is_cut)
+    if len(cuts) == 0:
+        return np.ones(len(hashes), dtype=bool)
+    at = np.minimum(np.searchsorted(cut_hashes, hashes), len(cut_hashes) - 1)
+    has_cut = cut_hashes[at] == hashes
+    bound = np.zeros(len(cut_hashes), dtype=v.dtype)
+    if largest:
+        bound[:] = v[cuts].min()
+        np.maximum.at(bound, at[cuts], v[cuts])
+        keep: np.ndarray = ~has_cut | (v > bound[at])
+        return keep
+    bound[:] = v[cuts].max()
+    np.minimum.at(bound, at[cuts], v[cuts])
+    keep = ~has_cut | (v < bound[at])
+    return keep
+
+
+def _beyond_every_cut_sorted(rows: pa.Table, order_by: str, largest: bool) -> np.ndarray:
+    """``_beyond_every_cut`` for any value type, in Arrow's order: with ``rows`` sorted by
+    (hash, value, cut), a cut row comes after the rows of its value (``largest``) or before
+    them (smallest), so the rows kept are those past the hash's last cut row (before its
+    first): their values are strictly beyond every cut of the hash. The mask is in
+    ``rows``' own order."""
+    order = pc.sort_indices(rows, sort_keys=[
+        (HASH, "ascending"), (order_by, "ascending"),
+        (CUT, "ascending" if largest else "descending")]).to_numpy()
+    h = rows.column(HASH).to_numpy()[order]
+    is_cut = rows.column(CUT).to_numpy(zero_copy_only=False)[order]
+    group = np.concatenate(([0], np.cumsum(h[1:] != h[:-1])))
+    position = np.arange(len(order))
+    if largest:
+        bound = np.full(group[-1] + 1, -1)
+        np.maximum.at(bound, group[is_cut], position[is_cut])
+        keep_sorted = position > bound[group]
+    else:
+        bound = np.full(group[-1] + 1, len(order))
+        np.minimum.at(bound, group[is_cut], position[is_cut])
+        keep_sorted = position < bound[group]
+    keep = np.empty(len(order), dtype=bool)
+    keep[order] = keep_sorted
+    return keep
 
 def _distinct_hashes(hashes: np.ndarray) -> np.ndarray:
     """The distinct values of ``hashes`` (64-bit key hashes), ascending: ``np.unique`` by
@@ -437,26 +493,13 @@ class Trace:
         self.rows_read += rows.num_rows
         if rows.num_rows == 0:
             return rows.drop_columns([HASH, CUT]), np.zeros(0, dtype=np.uint64)
-        # In Arrow's order of (hash, value), a cut row after the rows of its value (largest)
-        # or before them (smallest): the rows kept are those past the hash's last cut row
-        # (before its first), whose values are strictly beyond every cut of the hash.
-        order = pc.sort_indices(rows, sort_keys=[
-            (HASH, "ascending"), (self.runs.order_by, "ascending"),
-            (CUT, "ascending" if largest else "descending")]).to_numpy()
-        rows = rows.take(pa.array(order))
+        order_by = cast(str, self.runs.order_by)  # (checked by lookup_extreme_rows)
         h = rows.column(HASH).to_numpy()
         is_cut = rows.column(CUT).to_numpy(zero_copy_only=False)
-        group = np.concatenate(([0], np.cumsum(h[1:] != h[:-1])))
-        position = np.arange(rows.num_rows)
-        if largest:
-            bound = np.full(group[-1] + 1, -1)
-            np.maximum.at(bound, group[is_cut], position[is_cut])
-            keep = position > bound[group]
-        else:
-            bound = np.full(group[-1] + 1, rows.num_rows)
-            np.minimum.at(bound, group[is_cut], position[is_cut])
-            keep = position < bound[group]
         cut = _distinct_hashes(h[is_cut])
+        keep = _beyond_every_cut(h, rows.column(order_by), is_cut, cut, largest)
+        if keep is None:
+            keep = _beyond_every_cut_sorted(rows, order_by, largest)
         rows = rows.filter(pa.array(keep)).drop_columns([HASH, CUT])
         return self._matching(sql, rows, wanted_keys), cut
 

@@ -111,13 +111,17 @@ def test_lookups_in_runs_of_many_batches_equal_a_scan(spark, tmp_path, monkeypat
 def test_a_fenced_search_finds_what_a_binary_search_finds(tmp_path, monkeypatch, stride):
     """``_OpenRun.ranges`` through fences (every ``stride``-th hash) and with the steps past a
     hash's rows gives numpy's searchsorted "left" and "right", over hashes with one row, a few,
-    and more than ``END_STEPS``, for wanted hashes below, between, on and above them."""
+    and more than ``END_STEPS`` (their ends found as the next hash's start, through the fence),
+    for wanted hashes below, between, on and above them, and the largest hash there is."""
     monkeypatch.setattr(keyed_runs, "FENCE_STRIDE", stride)
     monkeypatch.setattr(keyed_runs, "FENCE_MIN_HASHES", 1)
     monkeypatch.setattr(keyed_runs, "FENCE_ROWS_PER_HASH", 0)
     rng = np.random.default_rng(stride)
-    distinct = np.unique(rng.integers(10, 2**62, 3_000, dtype=np.int64)).astype(np.uint64)
+    top = np.uint64(2**64 - 1)  # the last hash there can be: no next hash ends its rows
+    distinct = np.append(np.unique(rng.integers(10, 2**62, 3_000, dtype=np.int64)
+                                   ).astype(np.uint64), top)
     repeats = rng.choice([1, 1, 1, 2, 3, keyed_runs.END_STEPS + 3], len(distinct))
+    repeats[-1] = keyed_runs.END_STEPS + 3
     column = np.repeat(distinct, repeats)
     path = str(tmp_path / "run.arrow")
     schema = pa.schema([(keyed_runs.HASH, pa.uint64())])
@@ -127,7 +131,7 @@ def test_a_fenced_search_finds_what_a_binary_search_finds(tmp_path, monkeypatch,
     run = keyed_runs._OpenRun.of(pa.ipc.open_file(pa.memory_map(path)))
     wanted = np.unique(np.concatenate([
         rng.choice(distinct, 700), rng.integers(0, 2**62, 300, dtype=np.int64).astype(np.uint64),
-        np.array([0, distinct[0], distinct[-1], 2**63], dtype=np.uint64)]))
+        np.array([0, distinct[0], distinct[-2], 2**63, top], dtype=np.uint64)]))
     for _ in range(2):  # the second time through the fences kept
         hit, lo, hi = run.ranges(wanted)
         left = np.searchsorted(column, wanted, "left")

@@ -45,7 +45,8 @@ def _assert_live(sql: LocalSQL, got: pa.Table, key: list[str]) -> None:
     assert all(w > 0 for w in got.column("_weight").to_pylist())
 
 
-def _batch(rng: np.random.Generator, n: int, groups: int, live: dict) -> pa.Table:
+def _batch(rng: np.random.Generator, n: int, groups: int, live: dict,
+           values: list[float] = VALUES) -> pa.Table:
     """``n`` changes: inserts of random values, and deletes of the live largest and smallest
     values of random groups (the extremes a re-read must look past)."""
     g, v, w = [], [], []
@@ -58,7 +59,7 @@ def _batch(rng: np.random.Generator, n: int, groups: int, live: dict) -> pa.Tabl
             g.append(group), v.append(value), w.append(-1)
             live[group][value] -= 1
         else:
-            value = VALUES[int(rng.integers(0, len(VALUES)))] if rng.random() < 0.3 \
+            value = values[int(rng.integers(0, len(values)))] if rng.random() < 0.3 \
                 else float(rng.integers(-50, 50))
             g.append(group), v.append(value), w.append(1)
             live.setdefault(group, {}).setdefault(value, 0)
@@ -70,8 +71,11 @@ def _batch(rng: np.random.Generator, n: int, groups: int, live: dict) -> pa.Tabl
 @pytest.mark.parametrize("collide", [False, True], ids=["hashes", "colliding-hashes"])
 @pytest.mark.parametrize("largest", [True, False], ids=["max", "min"])
 @pytest.mark.parametrize("batch_rows", [keyed_runs.BATCH_ROWS, 7], ids=["batch", "7-row-batches"])
+@pytest.mark.parametrize("values", [VALUES, VALUES[:-1]], ids=["with-nan", "numbers"])
 def test_extreme_rows_decide_every_keys_live_extreme(spark, tmp_path, monkeypatch, largest,
-                                                      collide, batch_rows):
+                                                      collide, batch_rows, values):
+    """With NaN among the values the cuts are found in Arrow's order (a sort); with numbers
+    only, by each hash's most extreme cut value (``_beyond_every_cut``)."""
     monkeypatch.setattr(keyed_runs, "BATCH_ROWS", batch_rows)  # a key's rows straddle batches
     if collide:  # keep the shard bits only: many groups share a hash, as in a collision
         mask = np.uint64(0xFFC0000000000000)
@@ -89,14 +93,14 @@ def test_extreme_rows_decide_every_keys_live_extreme(spark, tmp_path, monkeypatc
         n = 3_000 if step == 0 else int(rng.choice([100, 600]))
         if step == 5:
             with keyed_runs.held_writes():  # a file whose run is not written yet
-                trace.append_arrow(sql, _batch(rng, n, 60, live))
+                trace.append_arrow(sql, _batch(rng, n, 60, live, values))
                 keys = pa.table({"g": pa.array([None, *range(-1, 60)], pa.int64())})
                 got = trace.lookup_extreme_rows(sql, keys, largest)
                 _assert_live(sql, got, ["g"])
                 assert _extremes(sql, got, keys, ["g"], largest) == _extremes(
                     sql, trace.read_arrow(), keys, ["g"], largest)
         else:
-            trace.append_arrow(sql, _batch(rng, n, 60, live))
+            trace.append_arrow(sql, _batch(rng, n, 60, live, values))
         keyed_runs.wait_for_writes()
         for _ in range(3):
             picked = rng.choice(np.arange(-1, 60), int(rng.integers(1, 20)), replace=False)
@@ -221,3 +225,37 @@ def test_retractions_far_from_the_extreme_deepen_a_read_only_so_far(spark, tmp_p
     assert trace_module.EXTREME_RETRACTED_ROWS <= 32
     assert read <= groups * (retracted + trace_module.EXTREME_ROWS
                              + trace_module.EXTREME_RETRACTED_ROWS)
+
+
+@pytest.mark.parametrize("largest", [True, False], ids=["max", "min"])
+@pytest.mark.parametrize("kind", [pa.int64(), pa.float64(), pa.int32(), pa.uint64()])
+def test_the_bound_of_every_cut_keeps_what_the_order_keeps(largest, kind):
+    """``_beyond_every_cut`` (each hash's most extreme cut value) keeps exactly the rows the
+    sorted rule keeps (past the hash's last cut row in (hash, value, cut) order), with ties
+    at the cut values, hashes without a cut, several cuts a hash and rows of other hashes."""
+    rng = np.random.default_rng(5 + largest)
+    for rows in (1, 2, 50, 3_000):
+        hashes = rng.integers(0, 40, rows).astype(np.uint64) * np.uint64(2**57)
+        values = rng.integers(0, 12, rows)
+        is_cut = rng.random(rows) < 0.2
+        table = pa.table({trace_module.HASH: pa.array(hashes, pa.uint64()),
+                          "_v": pa.array(values).cast(kind),
+                          trace_module.CUT: pa.array(is_cut)})
+        cut = trace_module._distinct_hashes(hashes[is_cut])
+        fast = trace_module._beyond_every_cut(hashes, table.column("_v"), is_cut, cut, largest)
+        slow = trace_module._beyond_every_cut_sorted(table, "_v", largest)
+        assert fast is not None and fast.tolist() == slow.tolist()
+        expected = [not is_cut[hashes == h].any()
+                    or (v > values[(hashes == h) & is_cut].max() if largest
+                        else v < values[(hashes == h) & is_cut].min())
+                    for h, v in zip(hashes, values)]
+        assert fast.tolist() == expected
+
+
+def test_the_bound_of_every_cut_leaves_nan_null_and_other_types_to_the_sort():
+    hashes = np.zeros(3, dtype=np.uint64)
+    is_cut = np.array([False, True, False])
+    cut = np.zeros(1, dtype=np.uint64)
+    for values in (pa.chunked_array([[1.0, math.nan, 2.0]]), pa.chunked_array([[1, None, 2]]),
+                   pa.chunked_array([["a", "b", "c"]])):
+        assert trace_module._beyond_every_cut(hashes, values, is_cut, cut, True) is None
