@@ -19,15 +19,17 @@ taken, so a group's live extreme is found from a few rows a file instead of all 
 (``Trace.lookup_extreme_rows``).
 
 Never a second source of truth. A run is a pure function of one immutable data file: it is named
-by the data file's path (a hash of it) and, every time it is opened, checked against what it
-must be: the trace's schema, the data file's row count and size, the key columns and the hash
-function it was sorted by (``RUN_FORMAT``, in the schema's metadata), and its first and last
-hash against the file's ``_shard`` range. A run that is missing, cut short, of another file or
-format, or otherwise unreadable is rebuilt from the data file, never trusted; deleting the whole
-folder loses nothing but the time to rebuild. Runs are written to a temporary file, flushed to
-disk (``fsync``) and renamed into place, so a crash or a power loss leaves the old state (no
-run) or a whole run. Which files a lookup reads is decided by the trace's Delta version, as
-before, so crash rollback, restore and time travel need nothing from here.
+by the data file's path (a hash of it) and, every time a process opens it, checked against
+what it must be: the trace's schema, the data file's row count and size, the key columns and
+the hash function it was sorted by (``RUN_FORMAT``, in the schema's metadata), and its first
+and last hash against the file's ``_shard`` range. (A process keeps the runs it checked open,
+and takes one again only while its file is the very file it checked: ``_CheckedRuns``.) A run
+that is missing, cut short, of another file or format, or otherwise unreadable is rebuilt from
+the data file, never trusted; deleting the whole folder loses nothing but the time to rebuild.
+Runs are written to a temporary file, flushed to disk (``fsync``) and renamed into place, so a
+crash or a power loss leaves the old state (no run) or a whole run. Which files a lookup reads
+is decided by the trace's Delta version, as before, so crash rollback, restore and time travel
+need nothing from here.
 
 Off the step path. The writer of a data file (``add``: a driver step's append, a driver merge)
 hands the rows to one background thread per process (``_RunWriter``), which sorts, writes and
@@ -89,6 +91,8 @@ RUN_FORMAT = "1:xxhash64-spark-seed42"
 CUT = "_cut"
 #: runs kept open (memory-mapped, one file descriptor each) per trace, least recently used out
 OPEN_RUNS = 32
+#: runs kept open and checked per process (``_CheckedRuns``), least recently used out
+PROCESS_OPEN_RUNS = 256
 #: temporary files younger than this are another writer's run in progress, not crash leftovers
 TMP_GRACE_SECONDS = 3600.0
 #: runs handed to the background writer with their rows and not yet written, per process
@@ -243,6 +247,66 @@ def _concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return ranges
 
 
+class _CheckedRuns:
+    """The runs this process opened and checked (``KeyedRuns._checked``), by run path, with the
+    run file's identity when checked (device, inode, size, modification time) and what it was
+    checked against, so another ``KeyedRuns`` of the same trace in this process (a Spark
+    task's: each task opens the traces anew) takes the open run instead of opening and checking
+    it again. A run file is replaced only by a rebuild (a new inode) and removed only by
+    ``retain``: a run whose file's identity is no longer the one checked, or that is gone, is
+    opened and checked again, never trusted. At most ``PROCESS_OPEN_RUNS``, the least recently
+    used out. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._runs: OrderedDict[str, tuple[str, tuple[int, int, int, int], _OpenRun]] = \
+            OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def identity(path: str) -> tuple[int, int, int, int] | None:
+        """The identity of the file at ``path`` now; None when there is none."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def get(self, path: str, owner: str) -> _OpenRun | None:
+        """The open run at ``path`` if it was checked against ``owner`` and its file is still
+        the one checked."""
+        with self._lock:
+            entry = self._runs.get(path)
+        if entry is None or entry[0] != owner:
+            return None
+        if self.identity(path) != entry[1]:
+            with self._lock:
+                if self._runs.get(path) is entry:
+                    del self._runs[path]
+            return None
+        with self._lock:
+            if path in self._runs:
+                self._runs.move_to_end(path)
+        return entry[2]
+
+    def put(self, path: str, owner: str, identity: tuple[int, int, int, int],
+            run: _OpenRun) -> None:
+        """Keep ``run``, opened from the file of ``identity`` at ``path`` (taken before it
+        was opened) and checked against ``owner``."""
+        with self._lock:
+            self._runs[path] = (owner, identity, run)
+            self._runs.move_to_end(path)
+            while len(self._runs) > PROCESS_OPEN_RUNS:
+                self._runs.popitem(last=False)
+
+    def discard(self, path: str) -> None:
+        """Forget the run at ``path`` (removed: its map closes once no batch uses it)."""
+        with self._lock:
+            self._runs.pop(path, None)
+
+
+_CHECKED = _CheckedRuns()
+
+
 class KeyedRuns:
     """The runs of one trace, in the local folder ``folder``, for rows of Arrow schema
     ``schema`` (the trace's table schema); ``hash_of`` computes the key hash of rows of that
@@ -269,6 +333,9 @@ class KeyedRuns:
         #: runs opened by this process, by data file path (memory maps; the files never
         #: change), the least recently used first
         self._open: OrderedDict[str, _OpenRun] = OrderedDict()
+        #: what a run checked by another ``KeyedRuns`` of this process must have been checked
+        #: against to serve this one (``_CheckedRuns``): the format and run schema
+        self._checked_as = f"{self._format}|{self.run_schema}"
         #: how many runs this process built from their data files (for tests and figures)
         self.built = 0
 
@@ -424,22 +491,35 @@ class KeyedRuns:
         if opened is not None:
             self._open.move_to_end(data_file.path)
             return opened
-        reader = self._checked(data_file)
-        if reader is None and not self.build_on_miss:
-            self.build_later(data_file)  # for the next lookups; this one reads the file
-            return None
-        if reader is None:
-            self._write(data_file, read_file(data_file))
-            self.built += 1
+        path, owner = self._path(data_file), self._owner_of(data_file)
+        opened = _CHECKED.get(path, owner)
+        if opened is None:
+            identity = _CHECKED.identity(path)
             reader = self._checked(data_file)
-            if reader is None:  # written just now: only a failing disk gets here
-                raise OSError(f"the keyed run {self._path(data_file)} of {data_file.path} "
-                              "cannot be read back")
-        opened = _OpenRun.of(reader)
+            if reader is None and not self.build_on_miss:
+                self.build_later(data_file)  # for the next lookups; this one reads the file
+                return None
+            if reader is None:
+                self._write(data_file, read_file(data_file))
+                self.built += 1
+                identity = _CHECKED.identity(path)
+                reader = self._checked(data_file)
+                if reader is None:  # written just now: only a failing disk gets here
+                    raise OSError(f"the keyed run {path} of {data_file.path} "
+                                  "cannot be read back")
+            opened = _OpenRun.of(reader)
+            if identity is not None:
+                _CHECKED.put(path, owner, identity, opened)
         self._open[data_file.path] = opened
         while len(self._open) > OPEN_RUNS:
             self._open.popitem(last=False)  # its memory map closes when no batch uses it
         return opened
+
+    def _owner_of(self, data_file: DataFile) -> str:
+        """What the run of ``data_file`` is checked against: this trace's run format and schema,
+        and the data file's path, rows and ``_shard`` range."""
+        return (f"{self._checked_as}|{data_file.path}|{data_file.rows}|"
+                f"{data_file.shard_min}|{data_file.shard_max}")
 
     def _checked(self, data_file: DataFile) -> pa.ipc.RecordBatchFileReader | None:
         """The run of ``data_file`` if it is there, whole and of this file and format (see the
@@ -485,6 +565,7 @@ class KeyedRuns:
                 gone += 1
             except FileNotFoundError:
                 pass  # renamed into place or removed meanwhile
+            _CHECKED.discard(path)  # its memory map holds the removed file's disk space
         return gone
 
     def _path(self, data_file: DataFile | str) -> str:

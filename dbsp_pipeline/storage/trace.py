@@ -405,7 +405,8 @@ class Trace:
         if len(unread) < len(candidates):
             for f in candidates:
                 if self.runs.covers(f):
-                    found = self.runs.lookup(f, hashes, self._read_to_build_run)
+                    found = self.runs.lookup(f, hashes[self._hashes_of(hashes, f)],
+                                             self._read_to_build_run)
                     if found is None:  # no usable run: read the file as a small one
                         unread.append(f)
                     else:
@@ -480,8 +481,9 @@ class Trace:
 
         read_whole([f for f in candidates if not self.runs.covers(f)])
         for f in sorted((f for f in candidates if self.runs.covers(f)), key=lambda f: f.rows):
-            deeper = np.minimum(retracted, EXTREME_RETRACTED_ROWS)
-            found = self.runs.lookup_ends(f, hashes, count + deeper, largest,
+            part = self._hashes_of(hashes, f)
+            deeper = np.minimum(retracted[part], EXTREME_RETRACTED_ROWS)
+            found = self.runs.lookup_ends(f, hashes[part], count + deeper, largest,
                                           self._read_to_build_run)
             if found is None:  # no usable run: read the file as a small one
                 read_whole([f])
@@ -528,6 +530,20 @@ class Trace:
         candidates = self.files() if files is None else list(files)
         hit = set(self.files_for_shards(shards))
         return hashes, shards, [f for f in candidates if f in hit]
+
+    def _hashes_of(self, hashes: np.ndarray, f: DataFile) -> slice:
+        """The part of ``hashes`` (sorted key hashes) that file ``f`` may hold: those whose shard
+        (the top bits) is within its ``_shard`` range; all of them for a file without the range
+        or a trace without key. A sorted run cut into many files (a big trace's base) is then
+        searched for each hash in one file, not for every hash in each."""
+        if not self.key or f.shard_min is None or f.shard_max is None:
+            return slice(0, len(hashes))
+        shift = np.uint64(64 - SHARD_BITS)
+        lo = np.searchsorted(hashes, np.uint64(f.shard_min) << shift, "left")
+        if f.shard_max >= (1 << SHARD_BITS) - 1:
+            return slice(int(lo), len(hashes))
+        hi = np.searchsorted(hashes, np.uint64(f.shard_max + 1) << shift, "left")
+        return slice(int(lo), int(hi))
 
     def _read_shards(self, files: Sequence[DataFile], shards: list[int]) -> list[pa.Table]:
         """The rows of ``files`` in ``shards``: from the rows kept of a file this process

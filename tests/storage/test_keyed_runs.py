@@ -151,6 +151,41 @@ def test_a_missing_run_is_rebuilt_from_the_data_file(big_trace, spark):
     assert again.runs.built == 1 and len(os.listdir(again.runs.folder)) == 1
 
 
+def test_a_run_checked_in_this_process_is_checked_again_only_when_its_file_changes(
+        big_trace, monkeypatch):
+    """A trace opened anew in the same process (a Spark task's, each task) takes the run another
+    opened and checked; a run file replaced since (a rebuild, or here garbage renamed into its
+    place) or removed is opened and checked again, never trusted; ``retain`` forgets the runs
+    it removes."""
+    trace, sql, rng, db = big_trace
+    keys = _keys(rng, 100)
+    expected = _scan(trace, keys)
+    trace.lookup_arrow(sql, keys)  # opened and checked here
+    checks: list[str] = []
+    checked = keyed_runs.KeyedRuns._checked
+    monkeypatch.setattr(keyed_runs.KeyedRuns, "_checked",
+                        lambda self, f: checks.append(f.path) or checked(self, f))
+    again = Trace(db, "t", SCHEMA, ["c", "tag"])
+    assert sorted(again.lookup_arrow(sql, keys).to_pylist(), key=repr) == expected
+    assert checks == [] and again.runs.built == 0
+    (name,) = os.listdir(trace.runs.folder)
+    path = os.path.join(trace.runs.folder, name)
+    size = os.path.getsize(path)
+    with open(path + ".garbage", "wb") as fh:
+        fh.write(b"ARROW1" + os.urandom(size - 6))
+    os.replace(path + ".garbage", path)  # same size, another file
+    third = Trace(db, "t", SCHEMA, ["c", "tag"])
+    assert sorted(third.lookup_arrow(sql, keys).to_pylist(), key=repr) == expected
+    assert len(checks) == 2 and third.runs.built == 1  # found damaged, rebuilt, checked
+    os.remove(path)
+    fourth = Trace(db, "t", SCHEMA, ["c", "tag"])
+    assert sorted(fourth.lookup_arrow(sql, keys).to_pylist(), key=repr) == expected
+    assert fourth.runs.built == 1
+    assert path in keyed_runs._CHECKED._runs
+    fourth.runs.retain([])  # a removed run is not kept open (its map holds the disk space)
+    assert path not in keyed_runs._CHECKED._runs
+
+
 @pytest.mark.parametrize("damage", ["cut", "empty", "other file", "other format", "garbage"])
 def test_a_damaged_run_is_never_trusted(big_trace, damage):
     trace, sql, rng, db = big_trace
@@ -325,14 +360,17 @@ def test_a_lookup_that_may_not_build_a_run_has_it_built_in_the_background(big_tr
     assert task.rows_read < from_file / 3  # through the run: the wanted keys' rows
 
 
-def test_the_files_a_layout_change_writes_get_runs(big_trace):
+@pytest.mark.parametrize("workers", [2, 4])
+def test_the_files_a_layout_change_writes_get_runs(big_trace, monkeypatch, workers):
     """``split_by_owner`` writes files it holds no rows of afterwards: their runs are built
-    from the files in the background, so the steps after a rescale look up through runs."""
+    from the files in the background, so the steps after a rescale look up through runs (each
+    file's run searched only for the wanted hashes in its shard range)."""
     from dbsp_pipeline.runtime.layout import Layout
 
     trace, sql, rng, db = big_trace
+    monkeypatch.setattr(keyed_runs, "MIN_ROWS", 1_000)  # every owner's piece gets a run
     files = trace.files()
-    adds = trace.split_by_owner(files, Layout.initial(2))
+    adds = trace.split_by_owner(files, Layout.initial(workers))
     trace.swap_files(files, adds)
     keyed_runs.wait_for_writes()
     big = [f for f in trace.files() if trace.runs.covers(f)]

@@ -259,3 +259,34 @@ def test_the_bound_of_every_cut_leaves_nan_null_and_other_types_to_the_sort():
     for values in (pa.chunked_array([[1.0, math.nan, 2.0]]), pa.chunked_array([[1, None, 2]]),
                    pa.chunked_array([["a", "b", "c"]])):
         assert trace_module._beyond_every_cut(hashes, values, is_cut, cut, True) is None
+
+
+@pytest.mark.parametrize("largest", [True, False], ids=["max", "min"])
+def test_extreme_rows_of_a_trace_split_by_owner(spark, tmp_path, monkeypatch, largest):
+    """After a layout change splits the files by owner (a sorted run cut by shard range, as a
+    big trace's base is), each file is searched for the wanted keys of its shard range only,
+    and every key still gets its live extreme."""
+    from dbsp_pipeline.runtime.layout import Layout
+
+    monkeypatch.setattr(keyed_runs, "MIN_ROWS", 80)
+    monkeypatch.setattr(trace_module, "EXTREME_ROWS", 2)
+    db = StateDatabase(spark, str(tmp_path), "fp")
+    db.open()
+    sql, rng, live = LocalSQL(), np.random.default_rng(23 + largest), {}
+    schema = StructType([StructField("g", LongType()), StructField("_v", DoubleType())])
+    trace = Trace(db, "values", schema, ["g"], order_by="_v")
+    for n in (4_000, 600, 600):
+        trace.append_arrow(sql, _batch(rng, n, 200, live, VALUES[:-1]))
+    files = trace.files()
+    trace.swap_files(files, trace.split_by_owner(files, Layout.initial(4)))
+    trace.append_arrow(sql, _batch(rng, 600, 200, live, VALUES[:-1]))
+    keyed_runs.wait_for_writes()
+    split = [f for f in trace.files() if trace.runs.covers(f) and f.shard_max - f.shard_min < 300]
+    assert len(split) >= 8
+    for _ in range(3):
+        picked = rng.choice(np.arange(-1, 200), 60, replace=False)
+        keys = pa.table({"g": pa.array(picked.tolist(), pa.int64())})
+        got = trace.lookup_extreme_rows(sql, keys, largest)
+        _assert_live(sql, got, ["g"])
+        assert _extremes(sql, got, keys, ["g"], largest) == _extremes(
+            sql, trace.read_arrow(), keys, ["g"], largest)
