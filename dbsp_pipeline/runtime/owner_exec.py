@@ -69,6 +69,7 @@ from dbsp_pipeline.runtime import exchange
 from dbsp_pipeline.runtime.exchange import NeedsSpark, OwnedChange, positional
 from dbsp_pipeline.runtime.layout import Layout
 from dbsp_pipeline.spark_session import conf_value, run_tasks, task_slots
+from dbsp_pipeline.storage import keyed_runs
 from dbsp_pipeline.storage.data_files import new_sorted_run
 from dbsp_pipeline.storage.staged_table import add_from_record
 from dbsp_pipeline.storage.task_table import TaskStateDb, TaskTableSpec, owner_files
@@ -171,12 +172,15 @@ def task_operator(node: Node, schemas: Mapping[int, StructType], db: TaskStateDb
                   state_name: str | None = None) -> Operator:
     """The operator of ``node`` (its tables named ``state_name``) over one owner's state ``db``;
     its traces read a data file whose keyed run is missing instead of building the run (a task
-    never builds one)."""
+    never builds one), and take the runs an earlier task of this worker opened and checked
+    (``keyed_runs._CheckedRuns``; those whose files changed since are forgotten first)."""
     from dbsp_pipeline.runtime.plan import make_operator
 
+    keyed_runs.forget_changed_runs()
     op = make_operator(node, schemas, db, state_name)
     for trace in op.state_traces():
         trace.runs.build_on_miss = False
+        trace.runs.share_checked = True
     return op
 
 

@@ -248,14 +248,16 @@ def _concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 
 class _CheckedRuns:
-    """The runs this process opened and checked (``KeyedRuns._checked``), by run path, with the
-    run file's identity when checked (device, inode, size, modification time) and what it was
-    checked against, so another ``KeyedRuns`` of the same trace in this process (a Spark
-    task's: each task opens the traces anew) takes the open run instead of opening and checking
-    it again. A run file is replaced only by a rebuild (a new inode) and removed only by
-    ``retain``: a run whose file's identity is no longer the one checked, or that is gone, is
-    opened and checked again, never trusted. At most ``PROCESS_OPEN_RUNS``, the least recently
-    used out. Thread-safe."""
+    """The runs this process opened and checked (``KeyedRuns._checked``) for ``KeyedRuns`` that
+    share them (``share_checked``), by run path, with the run file's identity when checked
+    (device, inode, size, modification time) and what it was checked against, so another
+    ``KeyedRuns`` of the same trace in this process (a Spark task's: each task opens the traces
+    anew) takes the open run instead of opening and checking it again. A run file is replaced
+    only by a rebuild (a new inode) and removed only by ``retain``: a run whose file's identity
+    is no longer the one checked, or that is gone, is opened and checked again, never trusted.
+    At most ``PROCESS_OPEN_RUNS``, the least recently used out; a task first forgets those
+    whose files changed (``forget_changed_runs``), so a worker does not hold removed runs'
+    disk space. Thread-safe."""
 
     def __init__(self) -> None:
         self._runs: OrderedDict[str, tuple[str, tuple[int, int, int, int], _OpenRun]] = \
@@ -303,8 +305,26 @@ class _CheckedRuns:
         with self._lock:
             self._runs.pop(path, None)
 
+    def forget_changed(self) -> int:
+        """Forget every run whose file is gone or is no longer the file checked (the driver's
+        garbage collection removed it, a rebuild replaced it): their maps would hold the
+        removed files' disk space. Returns how many went."""
+        with self._lock:
+            entries = list(self._runs.items())
+        gone = [path for path, (_, identity, _) in entries if self.identity(path) != identity]
+        with self._lock:
+            for path in gone:
+                self._runs.pop(path, None)
+        return len(gone)
+
 
 _CHECKED = _CheckedRuns()
+
+
+def forget_changed_runs() -> int:
+    """Have this process forget the checked runs whose files are gone or replaced
+    (``_CheckedRuns.forget_changed``); for a Spark task, before it opens its traces."""
+    return _CHECKED.forget_changed()
 
 
 class KeyedRuns:
@@ -333,8 +353,13 @@ class KeyedRuns:
         #: runs opened by this process, by data file path (memory maps; the files never
         #: change), the least recently used first
         self._open: OrderedDict[str, _OpenRun] = OrderedDict()
+        #: whether runs are taken from, and given to, the runs this process checked for other
+        #: ``KeyedRuns`` (``_CheckedRuns``): on in a Spark task (``runtime/owner_exec.py``),
+        #: which opens its traces anew each task; off on the driver, whose traces live as long
+        #: as the pipeline and keep their runs open themselves
+        self.share_checked = False
         #: what a run checked by another ``KeyedRuns`` of this process must have been checked
-        #: against to serve this one (``_CheckedRuns``): the format and run schema
+        #: against to serve this one: the format and run schema
         self._checked_as = f"{self._format}|{self.run_schema}"
         #: how many runs this process built from their data files (for tests and figures)
         self.built = 0
@@ -492,7 +517,7 @@ class KeyedRuns:
             self._open.move_to_end(data_file.path)
             return opened
         path, owner = self._path(data_file), self._owner_of(data_file)
-        opened = _CHECKED.get(path, owner)
+        opened = _CHECKED.get(path, owner) if self.share_checked else None
         if opened is None:
             identity = _CHECKED.identity(path)
             reader = self._checked(data_file)
@@ -508,7 +533,7 @@ class KeyedRuns:
                     raise OSError(f"the keyed run {path} of {data_file.path} "
                                   "cannot be read back")
             opened = _OpenRun.of(reader)
-            if identity is not None:
+            if identity is not None and self.share_checked:
                 _CHECKED.put(path, owner, identity, opened)
         self._open[data_file.path] = opened
         while len(self._open) > OPEN_RUNS:

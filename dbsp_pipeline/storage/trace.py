@@ -115,14 +115,14 @@ def _by_shard(rows: pa.Table) -> pa.Table:
     return rows.take(pc.sort_indices(rows.column(SHARD)))
 
 
-
 def _beyond_every_cut(hashes: np.ndarray, values: pa.ChunkedArray, is_cut: np.ndarray,
                       cut_hashes: np.ndarray, largest: bool) -> np.ndarray | None:
     """Per row (of key hash ``hashes``, value ``values``, ``is_cut`` on a file's cut row;
-    ``cut_hashes`` the distinct hashes of the cut rows, ascending): is
-    its value strictly beyond (above for ``largest``, else below) every cut value of its hash?
-    Numbers without NULL or NaN only (None for others): a hash's bound is its cuts' most
-    extreme value, by ``np.maximum.at``/``np.minimum.at``, with no sort of the rows."""
+    ``cut_hashes`` the distinct hashes of the cut rows, ascending): is its value strictly
+    beyond (above for ``largest``, else below) every cut value of its hash? The rows
+    ``_beyond_every_cut_sorted`` keeps, for numbers without NULL or NaN only (None for
+    others): a hash's bound is its cuts' most extreme value (``np.maximum.at`` or
+    ``np.minimum.at``), with no sort of the rows."""
     kind = values.type
     if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)) or values.null_count:
         return None
@@ -170,6 +170,7 @@ def _beyond_every_cut_sorted(rows: pa.Table, order_by: str, largest: bool) -> np
     keep = np.empty(len(order), dtype=bool)
     keep[order] = keep_sorted
     return keep
+
 
 def _distinct_hashes(hashes: np.ndarray) -> np.ndarray:
     """The distinct values of ``hashes`` (64-bit key hashes), ascending: ``np.unique`` by

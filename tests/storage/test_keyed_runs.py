@@ -153,32 +153,44 @@ def test_a_missing_run_is_rebuilt_from_the_data_file(big_trace, spark):
 
 def test_a_run_checked_in_this_process_is_checked_again_only_when_its_file_changes(
         big_trace, monkeypatch):
-    """A trace opened anew in the same process (a Spark task's, each task) takes the run another
-    opened and checked; a run file replaced since (a rebuild, or here garbage renamed into its
-    place) or removed is opened and checked again, never trusted; ``retain`` forgets the runs
-    it removes."""
+    """A trace opened anew in the same process that shares checked runs (a Spark task's, each
+    task) takes the run another opened and checked; a run file replaced since (a rebuild, or
+    here garbage renamed into its place) or removed is opened and checked again, never trusted;
+    ``retain`` and ``forget_changed_runs`` forget the runs whose files went. A driver's trace
+    (not sharing) checks what it opens."""
     trace, sql, rng, db = big_trace
+
+    def opened() -> Trace:
+        t = Trace(db, "t", SCHEMA, ["c", "tag"])
+        t.runs.share_checked = True
+        return t
+
     keys = _keys(rng, 100)
     expected = _scan(trace, keys)
-    trace.lookup_arrow(sql, keys)  # opened and checked here
+    opened().lookup_arrow(sql, keys)  # opened and checked here
     checks: list[str] = []
     checked = keyed_runs.KeyedRuns._checked
     monkeypatch.setattr(keyed_runs.KeyedRuns, "_checked",
                         lambda self, f: checks.append(f.path) or checked(self, f))
-    again = Trace(db, "t", SCHEMA, ["c", "tag"])
+    again = opened()
     assert sorted(again.lookup_arrow(sql, keys).to_pylist(), key=repr) == expected
     assert checks == [] and again.runs.built == 0
+    driver = Trace(db, "t", SCHEMA, ["c", "tag"])
+    assert sorted(driver.lookup_arrow(sql, keys).to_pylist(), key=repr) == expected
+    assert len(checks) == 1
     (name,) = os.listdir(trace.runs.folder)
     path = os.path.join(trace.runs.folder, name)
     size = os.path.getsize(path)
     with open(path + ".garbage", "wb") as fh:
         fh.write(b"ARROW1" + os.urandom(size - 6))
     os.replace(path + ".garbage", path)  # same size, another file
-    third = Trace(db, "t", SCHEMA, ["c", "tag"])
+    third = opened()
     assert sorted(third.lookup_arrow(sql, keys).to_pylist(), key=repr) == expected
-    assert len(checks) == 2 and third.runs.built == 1  # found damaged, rebuilt, checked
+    assert len(checks) == 3 and third.runs.built == 1  # found damaged, rebuilt, checked
     os.remove(path)
-    fourth = Trace(db, "t", SCHEMA, ["c", "tag"])
+    assert path in keyed_runs._CHECKED._runs
+    assert keyed_runs.forget_changed_runs() >= 1 and path not in keyed_runs._CHECKED._runs
+    fourth = opened()
     assert sorted(fourth.lookup_arrow(sql, keys).to_pylist(), key=repr) == expected
     assert fourth.runs.built == 1
     assert path in keyed_runs._CHECKED._runs
