@@ -22,10 +22,11 @@ Never a second source of truth. A run is a pure function of one immutable data f
 by the data file's path (a hash of it) and, every time a process opens it, checked against
 what it must be: the trace's schema, the data file's row count and size, the key columns and
 the hash function it was sorted by (``RUN_FORMAT``, in the schema's metadata), and its first
-and last hash against the file's ``_shard`` range. (A process keeps the runs it checked open,
-and takes one again only while its file is the very file it checked: ``_CheckedRuns``.) A run
-that is missing, cut short, of another file or format, or otherwise unreadable is rebuilt from
-the data file, never trusted; deleting the whole folder loses nothing but the time to rebuild.
+and last hash against the file's ``_shard`` range. (A Spark worker keeps the runs its tasks
+checked open, and takes one again only while its file is the very file checked:
+``_CheckedRuns``.) A run that is missing, cut short, of another file or format, or otherwise
+unreadable is rebuilt from the data file, never trusted; deleting the whole folder loses
+nothing but the time to rebuild.
 Runs are written to a temporary file, flushed to disk (``fsync``) and renamed into place, so a
 crash or a power loss leaves the old state (no run) or a whole run. Which files a lookup reads
 is decided by the trace's Delta version, as before, so crash rollback, restore and time travel
