@@ -10,7 +10,10 @@ access patterns, each a circuit built with the public ``Circuit`` API:
 (c) ``max``: max(amount) and count per customer; each step deletes the current maximum order of
     100 customers, so the aggregate must re-read those customers' orders;
 (d) ``lines``: orders joined with ``lines`` (4 rows per order), sum(qty) and count per customer;
-    each step pushes 10k line changes (10% deletes).
+    each step pushes 10k line changes (10% deletes);
+(a) and (b) again as ``moves_eager`` and ``orders_eager``: the shop circuit declared with
+    ``eager_aggregation=True`` (partial aggregates per customer, joined and merged per region:
+    ``dbsp_pipeline/eager_aggregation.py``), the plan a user picks when dimensions change.
 
 For each pattern and size: the median push+step seconds (``--steps`` steps after a warm-up
 step, each a ``Pipeline.step(changes)`` that carries its change: the push is committed while the
@@ -35,7 +38,8 @@ Creating an empty file is timed at the start and the end (``file_creation_ms``):
 creates about seven files, and on a machine where that cost drifts, so do the step seconds.
 
     python benchmarks/lookup_bench.py [--sizes 1000000 4000000 16000000] [--steps 15]
-        [--patterns moves orders max lines] [--spark-change 1000000] [--spark-steps 5]
+        [--patterns moves orders max lines moves_eager orders_eager]
+        [--spark-change 1000000] [--spark-steps 5]
         [--spark-workers 2] [--no-spark-steps] [--no-small-steps] [--no-spark-recompute]
         [--plot PATH]
     python benchmarks/lookup_bench.py --from-json docs/bench/lookup.jsonl   # table + plot again
@@ -267,9 +271,12 @@ def summarize(record: dict[str, Any], medians: dict[str, float], duck: tuple[flo
 
 
 def run_shop(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
-             emit: Emit) -> list[dict[str, Any]]:
+             emit: Emit, eager: bool = False) -> list[dict[str, Any]]:
     """Patterns (a) and (b) on one loaded shop pipeline, then (with ``--spark-steps``) steps of
-    ``--spark-change`` orders forced onto Spark, and (at the first size) 100-row steps."""
+    ``--spark-change`` orders forced onto Spark, and (at the first size, as declared) 100-row
+    steps. ``eager``: the circuit planned with eager aggregation (``Circuit(...,
+    eager_aggregation=True)``); its patterns are named ``moves_eager`` and ``orders_eager``."""
+    moves, orders = ("moves_eager", "orders_eager") if eager else ("moves", "orders")
     root = tempfile.mkdtemp(prefix=f"dbsp-lookup-shop-{size}-")
     rng = np.random.default_rng(size)
     shift = np.zeros(CUSTOMERS + 1, dtype=np.int64)
@@ -307,21 +314,23 @@ def run_shop(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
                          emit)
 
     try:
-        with Pipeline(shop_circuit(extra_views=False), root=root, spark=spark,
+        circuit = shop_circuit(extra_views=False)
+        circuit.eager_aggregation = eager
+        with Pipeline(circuit, root=root, spark=spark,
                       driver_step_rows=10**9) as p:
             load(p, {"customers": customers_of(shift), "orders": orders_now()}, emit,
                  {"pattern": "shop", "size": size})
-            if "moves" in args.patterns:
-                record = {"pattern": "moves", "size": size, "change": args.moved}
+            if moves in args.patterns:
+                record = {"pattern": moves, "size": size, "change": args.moved}
                 print(f"# (a) moves at {size:,} orders", flush=True)
                 out.append(check(record, timed_steps(p, args.steps, mover(args.moved), emit,
                                                      record)))
-            if "orders" in args.patterns:
-                record = {"pattern": "orders", "size": size, "change": args.change}
+            if orders in args.patterns:
+                record = {"pattern": orders, "size": size, "change": args.change}
                 print(f"# (b) order changes at {size:,} orders", flush=True)
                 out.append(check(record, timed_steps(p, args.steps, order_changes(args.change),
                                                      emit, record)))
-            if args.small_steps and size == args.sizes[0]:
+            if args.small_steps and size == args.sizes[0] and not eager:
                 print(f"# 100-row steps, a commit each, at {size:,} orders", flush=True)
                 p.checkpoint_every = 1
                 t = time.perf_counter()
@@ -335,22 +344,22 @@ def run_shop(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
                       "value": round(args.small_steps / seconds, 2)})
                 out.append({"pattern": "small_steps", "size": size,
                             "steps_per_second": round(args.small_steps / seconds, 2)})
-            if args.spark_steps and "moves" in args.patterns:
+            if args.spark_steps and moves in args.patterns:
                 # (before (b)'s big steps, which add 0.8M orders each): as many customers as
                 # have --spark-change orders between them
                 orders_now_n = live["next"] - live["first"]
                 moved = min(CUSTOMERS, -(-args.spark_change * CUSTOMERS // orders_now_n))
                 changed = moved * orders_now_n // CUSTOMERS
-                record = {"pattern": "moves_on_spark", "size": size, "change": changed,
+                record = {"pattern": f"{moves}_on_spark", "size": size, "change": changed,
                           "customers_moved": moved, "workers": args.spark_workers}
                 print(f"# (a) moves of {moved:,} customers ({changed:,} orders) forced onto "
                       f"Spark at {size:,} orders, W={args.spark_workers}", flush=True)
                 onto_spark(p, args, record, emit)
                 medians = timed_steps(p, args.spark_steps, mover(moved), emit, record)
                 out.append(check(record, medians, duckdb_too=False))
-            if args.spark_steps and "orders" in args.patterns:
-                record = {"pattern": "orders_on_spark", "size": size, "change": args.spark_change,
-                          "workers": args.spark_workers}
+            if args.spark_steps and orders in args.patterns:
+                record = {"pattern": f"{orders}_on_spark", "size": size,
+                          "change": args.spark_change, "workers": args.spark_workers}
                 print(f"# (b) {args.spark_change:,} order changes forced onto Spark at "
                       f"{size:,} orders, W={args.spark_workers}", flush=True)
                 onto_spark(p, args, record, emit)
@@ -477,16 +486,16 @@ def run_lines(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
 # -- report ---------------------------------------------------------------------------------------
 def table(rows: list[dict[str, Any]]) -> None:
     print()
-    print(f"{'pattern':>16} {'orders':>10} {'change':>8} {'step s':>8} {'rows read':>10} "
+    print(f"{'pattern':>21} {'orders':>10} {'change':>8} {'step s':>8} {'rows read':>10} "
           f"{'DuckDB s':>9} {'Spark s':>8} {'/DuckDB':>8} {'/Spark':>7} equal")
     for r in rows:
         if r["pattern"] == "small_steps":
-            print(f"{'small_steps':>16} {r['size']:>10} {100:>8} "
+            print(f"{'small_steps':>21} {r['size']:>10} {100:>8} "
                   f"{r['steps_per_second']:>8.2f} steps/s (100-row steps, a commit each)")
             continue
         equal = r["view_equals_spark"] if r["view_equals_duckdb"] is None else (
             r["view_equals_duckdb"] and r["view_equals_spark"] is not False)
-        print(f"{r['pattern']:>16} {r['size']:>10} {r['change']:>8} "
+        print(f"{r['pattern']:>21} {r['size']:>10} {r['change']:>8} "
               f"{r['step_median_seconds']:>8.3f} {r['state_rows_read_per_step']:>10} "
               f"{_ratio(r['duckdb_recompute_seconds']):>9} "
               f"{_ratio(r['spark_recompute_seconds']):>8} "
@@ -516,16 +525,21 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
     import matplotlib.pyplot as plt
     from matplotlib import ticker
 
-    patterns = [p for p in ("moves", "orders", "max", "lines", "moves_on_spark",
-                            "orders_on_spark", "max_on_spark", "lines_on_spark")
+    patterns = [p for p in ("moves", "moves_eager", "orders", "orders_eager", "max", "lines",
+                            "moves_on_spark", "moves_eager_on_spark", "orders_on_spark",
+                            "orders_eager_on_spark", "max_on_spark", "lines_on_spark")
                 if any(r["pattern"] == p for r in rows)]
     titles = {"moves": "(a) move {:,} customers", "orders": "(b) {:,} order changes",
               "max": "(c) delete the max of {:,} customers", "lines": "(d) {:,} line changes",
               "moves_on_spark": "(a) on Spark: moves changing {:,} orders",
               "orders_on_spark": "(b) on Spark: {:,} order changes",
               "max_on_spark": "(c) on Spark: delete the max of {:,} customers",
-              "lines_on_spark": "(d) on Spark: {:,} line changes"}
-    columns = min(3, len(patterns))
+              "lines_on_spark": "(d) on Spark: {:,} line changes",
+              "moves_eager": "(a) eager aggregation: move {:,} customers",
+              "orders_eager": "(b) eager aggregation: {:,} order changes",
+              "moves_eager_on_spark": "(a) eager, on Spark: moves changing {:,} orders",
+              "orders_eager_on_spark": "(b) eager, on Spark: {:,} order changes"}
+    columns = min(4, len(patterns))
     grid = (len(patterns) + columns - 1) // columns
     fig, axes = plt.subplots(grid, columns, figsize=(4.4 * columns, 3.6 * grid), squeeze=False)
     for ax in axes.flat[len(patterns):]:
@@ -575,8 +589,8 @@ def _summaries(path: str) -> list[dict[str, Any]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000, 16_000_000])
-    ap.add_argument("--patterns", nargs="+", default=["moves", "orders", "max", "lines"],
-                    choices=["moves", "orders", "max", "lines"])
+    every = ["moves", "orders", "max", "lines", "moves_eager", "orders_eager"]
+    ap.add_argument("--patterns", nargs="+", default=every, choices=every)
     ap.add_argument("--steps", type=int, default=15,
                     help="timed driver steps after a warm-up step")
     ap.add_argument("--moved", type=int, default=1_000, help="(a): customers moved per step")
@@ -622,6 +636,8 @@ def main() -> None:
     for size in args.sizes:
         if {"moves", "orders"} & set(args.patterns):
             rows += run_shop(spark, size, args, rc, emit)
+        if {"moves_eager", "orders_eager"} & set(args.patterns):
+            rows += run_shop(spark, size, args, rc, emit, eager=True)
         if "max" in args.patterns:
             rows += run_max(spark, size, args, rc, emit)
         if "lines" in args.patterns:

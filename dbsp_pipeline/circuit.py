@@ -77,9 +77,17 @@ class Aggregate:
 class Circuit:
     """A named DAG of inputs, operators and outputs. See the module docstring."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, eager_aggregation: bool = False) -> None:
+        """An empty circuit ``name``. ``eager_aggregation``: whether a new pipeline root plans
+        each grouped aggregate over a join as partial aggregates per join key, joined and
+        merged (``dbsp_pipeline/eager_aggregation.py``): a step that changes the side holding
+        the group columns (customers moving between regions) then costs what the change costs,
+        not what the other side holds for the changed keys, but a step that changes the
+        aggregated side (new orders) maintains one more aggregate (measured in README.md). A
+        root keeps the plan it was created with; an upgrade plans anew."""
         _check_name(name, "circuit")
         self.name = name
+        self.eager_aggregation = eager_aggregation
         self.nodes: list[Node] = []
         self.inputs: dict[str, int] = {}
         self.input_schemas: dict[str, str] = {}
@@ -90,26 +98,30 @@ class Circuit:
         self.sql_texts: dict[str, str] = {}
 
     @classmethod
-    def from_sql(cls, text: str, name: str = "sql") -> Circuit:
+    def from_sql(cls, text: str, name: str = "sql", eager_aggregation: bool = False
+                 ) -> Circuit:
         """A circuit declared by a SQL script (Spark SQL): ``CREATE TABLE t (columns)`` declares
         an input, ``CREATE [MATERIALIZED] VIEW v AS SELECT ...`` an output view, which may read
         the tables and views before it. See ``docs/sql.md`` for what compiles;
-        anything else is a ``SqlError`` naming the view, the line and column, and a hint."""
+        anything else is a ``SqlError`` naming the view, the line and column, and a hint.
+        ``eager_aggregation``: as ``Circuit``'s."""
         from dbsp_pipeline.sql.script import declare_script
 
-        circuit = cls(name)
+        circuit = cls(name, eager_aggregation)
         declare_script(circuit, text)
         return circuit
 
     @classmethod
-    def from_sql_file(cls, path: str, name: str | None = None) -> Circuit:
+    def from_sql_file(cls, path: str, name: str | None = None,
+                      eager_aggregation: bool = False) -> Circuit:
         """``from_sql`` of the script in file ``path`` (UTF-8); the circuit is named ``name``,
         by default the file's name without its extension (``shop.sql``: ``shop``)."""
         import os
 
         with open(path, encoding="utf-8") as f:
             text = f.read()
-        return cls.from_sql(text, name or os.path.splitext(os.path.basename(path))[0])
+        return cls.from_sql(text, name or os.path.splitext(os.path.basename(path))[0],
+                            eager_aggregation)
 
     @classmethod
     def from_description(cls, description: dict[str, Any]) -> Circuit:

@@ -149,6 +149,12 @@ class FoldSpec:
     ``list<struct<_v double, _w int64>>`` of the group's changed values, NULL for none) and
     ``count`` (the new non-NULL count); writes ``state`` (the new encoded sum) and ``result``
     (the SQL value: the sum or, with ``mean``, the average; NULL when the count is 0).
+
+    With ``merge``, ``pairs`` holds ``list<struct<_v string, _w int64>>``: encoded sums
+    (:func:`encode`, NULL for none) with weights, each standing for its sum times its weight
+    (an aggregate of partial sums, ``sum_of_states``): they are folded as the exact doubles
+    :func:`pieces_of_states` splits them into, so the result is the exact sum of the values the
+    partial sums summed.
     """
 
     old: str
@@ -157,6 +163,7 @@ class FoldSpec:
     state: str
     result: str
     mean: bool
+    merge: bool = False
 
 
 def fold_arrow(batch: pa.RecordBatch, specs: Sequence[FoldSpec]) -> pa.RecordBatch:
@@ -171,6 +178,8 @@ def fold_arrow(batch: pa.RecordBatch, specs: Sequence[FoldSpec]) -> pa.RecordBat
     columns, names = list(batch.columns), list(batch.schema.names)
     for spec in specs:
         olds, pairs = batch.column(spec.old), batch.column(spec.pairs)
+        if spec.merge:
+            pairs = pieces_of_states(pairs)
         if batch.num_rows >= _VECTOR_ROWS:
             states, values = _fold_column(olds, pairs)
         else:
@@ -418,7 +427,13 @@ def fold_arrow_reference(batch: pa.RecordBatch, specs: Sequence[FoldSpec]) -> pa
             total = decode(old)
             if present[row]:
                 lo, hi = offsets[row], offsets[row + 1]
-                total = total + of_pairs(values[lo:hi], weights[lo:hi])
+                if spec.merge:  # each state times its weight, in Python integers
+                    for text, w in zip(values[lo:hi], weights[lo:hi]):
+                        if text is not None:
+                            f, n, p, m = _decode(text) if text else (0, 0, 0, 0)
+                            total = total + ExactSum(f * w, n * w, p * w, m * w)
+                else:
+                    total = total + of_pairs(values[lo:hi], weights[lo:hi])
             states.append(encode(total))
             if not count or count <= 0:
                 results.append(None)
@@ -427,6 +442,97 @@ def fold_arrow_reference(batch: pa.RecordBatch, specs: Sequence[FoldSpec]) -> pa
         columns += [pa.array(states, _string_type(batch, spec)), pa.array(results, pa.float64())]
         names += [spec.state, spec.result]
     return pa.RecordBatch.from_arrays(columns, names=names)
+
+
+def pieces_of_states(pairs: pa.Array) -> pa.Array:
+    """A ``list<struct<_v string, _w int64>>`` column of encoded sums with weights (NULL for
+    none) as the ``list<struct<_v double, _w int64>>`` column of pairs whose exact sum is, per
+    row, the sum of its states times their weights: a state's finite part is cut into its
+    mantissa's 52-bit pieces, each an exact double (as :func:`_fold_column` cuts an old state),
+    signed by the state's sign through the weight; its NaN and infinity counts become a NaN,
+    +inf or -inf of weight count times weight. A NULL or zero state adds no pair.
+
+    Vectorized for the finite states :func:`_fold_column` takes whole (a mantissa of at most
+    ``_LONG_DIGITS`` hex digits, below the top of the double range); the others one at a time
+    (:func:`_python_pieces`)."""
+    if isinstance(pairs, pa.ChunkedArray):
+        pairs = pairs.combine_chunks()
+    rows = len(pairs)
+    offsets = pairs.offsets.to_numpy().astype(np.int64)
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    child = pairs.values.slice(lo, hi - lo)
+    states = child.field("_v")
+    if not (pa.types.is_string(states.type) or pa.types.is_large_string(states.type)):
+        states = states.cast(pa.string())
+    weights = child.field("_w").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    parent = np.repeat(np.arange(rows, dtype=np.int64), np.diff(offsets))
+
+    parsed = pc.extract_regex(states, _FINITE_TEXT)
+    matched = parsed.is_valid().to_numpy(zero_copy_only=False)
+    digits = parsed.field("mantissa")
+    lengths = pc.binary_length(digits).to_numpy(zero_copy_only=False)
+    exponent = pc.cast(pc.if_else(parsed.is_valid(), parsed.field("exponent"), "0"),
+                       pa.int64()).to_numpy(zero_copy_only=False)
+    fast = matched & (lengths <= _LONG_DIGITS) & (exponent + 4 * lengths <= 1024)
+    some = pc.and_(pc.is_valid(states), pc.not_equal(states, "0")).fill_null(False).to_numpy(
+        zero_copy_only=False)
+    fast_rows = np.flatnonzero(fast)
+    elem, bits, negative = _old_pieces(
+        fast_rows, digits.take(pa.array(fast_rows)).cast(pa.string()), exponent[fast_rows],
+        pc.equal(parsed.field("sign"), "-").take(pa.array(fast_rows)).to_numpy(
+            zero_copy_only=False))
+    values = [bits.view(np.float64)]
+    piece_weights = [np.where(negative, -weights[elem], weights[elem])]
+    elems = [elem]
+    slow = np.flatnonzero(some & ~fast)
+    if len(slow):
+        texts = states.take(pa.array(slow)).to_pylist()
+        slow_elem, slow_values, slow_weights = [], [], []
+        for e, text in zip(slow.tolist(), texts):
+            for value, weight in _python_pieces(text, int(weights[e])):
+                slow_elem.append(e)
+                slow_values.append(value)
+                slow_weights.append(weight)
+        elems.append(np.array(slow_elem, dtype=np.int64))
+        values.append(np.array(slow_values, dtype=np.float64))
+        piece_weights.append(np.array(slow_weights, dtype=np.int64))
+    elem = np.concatenate(elems)
+    order = np.argsort(elem, kind="stable")
+    row = parent[elem[order]]
+    new_offsets = np.zeros(rows + 1, dtype=np.int32)
+    np.cumsum(np.bincount(row, minlength=rows), out=new_offsets[1:])
+    flat = pa.StructArray.from_arrays(
+        [pa.array(np.concatenate(values)[order], pa.float64()),
+         pa.array(np.concatenate(piece_weights)[order], pa.int64())], names=["_v", "_w"])
+    listed = pa.ListArray.from_arrays(pa.array(new_offsets), flat)
+    if pairs.null_count:
+        listed = pc.if_else(pairs.is_valid(), listed, pa.nulls(rows, listed.type))
+    return listed
+
+
+def _python_pieces(text: str, weight: int) -> list[tuple[float, int]]:
+    """:func:`pieces_of_states` of one state (its text) of weight ``weight``, in Python
+    integers: a piece beyond the double range is scaled down by a power of two that its weight
+    takes up (exact; ``ArithmeticError`` if the weight would leave int64, for a sum beyond
+    ``2**1085``: more than ``2**60`` doubles at the top of the range)."""
+    finite, nan, pos_inf, neg_inf = _decode(text)
+    out = [(v, c * weight) for v, c in ((math.nan, nan), (math.inf, pos_inf),
+                                        (-math.inf, neg_inf)) if c]
+    sign = -1 if finite < 0 else 1
+    magnitude, shift = abs(finite), 0
+    while magnitude:
+        chunk = magnitude & ((1 << 52) - 1)
+        if chunk:
+            scale = shift - SCALE_BITS
+            extra = max(0, scale + chunk.bit_length() - 1024)  # 2**extra moves to the weight
+            piece_weight = sign * weight << extra
+            if not -(1 << 63) <= piece_weight < (1 << 63):
+                raise ArithmeticError(f"an exact partial sum ({text[:40]}...) is beyond the "
+                                      "range a merged sum can take")
+            out.append((math.ldexp(chunk, scale - extra), piece_weight))
+        magnitude >>= 52
+        shift += 52
+    return out
 
 
 def _string_type(batch: pa.RecordBatch, spec: FoldSpec) -> pa.DataType:

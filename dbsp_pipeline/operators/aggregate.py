@@ -18,6 +18,11 @@ group's multiset, bit for bit: the same on replay, after a restore or a rescale,
 path. Both paths fold the step's values into the state with the same Python function (on Spark
 inside ``mapInArrow``).
 
+Two aggregates exist for eager aggregation (``dbsp_pipeline/eager_aggregation.py``), not for
+users: ``sum_state(x)`` is ``sum(x)`` whose value is the group's exact sum as text (``_s<i>``,
+NULL while the group has no value), and ``sum_of_states(s)`` sums such texts exactly (each
+counts as the values it summed: ``exact_sum.pieces_of_states``) and rounds once, as ``sum``.
+
 A group exists while ``_n > 0``; the output change is ``-old row`` and ``+new row`` for every
 group whose row changed. Work per step is proportional to the number of groups the change touches
 (plus the multiset of a group whose extreme was deleted), never to the input's size.
@@ -91,9 +96,12 @@ class Aggregate(Operator):
         for i, a in enumerate(self.aggs):
             a["i"] = i
             a["type"] = out_types[a["name"]]
-            if a["fn"] in ("count", "sum", "avg", "min", "max") and a["arg"] is not None:
+            if a["arg"] is not None:
                 state_fields.append(StructField(f"_c{i}", LongType()))
-            if a["fn"] in ("sum", "avg"):
+            if a["fn"] in ("sum_state", "sum_of_states"):  # partial sums: exact by definition
+                a["sum_type"], a["exact"] = DoubleType(), True
+                state_fields.append(StructField(f"_s{i}", StringType()))
+            elif a["fn"] in ("sum", "avg"):
                 a["sum_type"] = _sum_type(input_schema[a["arg"]].dataType, a["type"])
                 a["exact"] = isinstance(a["sum_type"], DoubleType)
                 state_fields.append(StructField(f"_s{i}", StringType() if a["exact"]
@@ -104,7 +112,8 @@ class Aggregate(Operator):
         self.groups = Trace(db, f"{name}_groups" + ("_exact" if exact else ""),
                             self.state_schema, self.keys, updated_in_place=True)
         self.exact = [FoldSpec(old=f"{_O}_s{a['i']}", pairs=f"_ds{a['i']}", count=f"_c{a['i']}",
-                               state=f"_s{a['i']}", result=f"_fv{a['i']}", mean=a["fn"] == "avg")
+                               state=f"_s{a['i']}", result=f"_fv{a['i']}", mean=a["fn"] == "avg",
+                               merge=a["fn"] == "sum_of_states")
                       for a in self.aggs if a.get("exact")]
         self.values: dict[int, Trace] = {}
         for a in self.aggs:
@@ -135,7 +144,9 @@ class Aggregate(Operator):
             present = F.col(quote(arg)).isNotNull()
             partial_cols.append(F.sum(F.when(present, F.col(WEIGHT)).otherwise(0)).alias(f"_c{i}"))
             if a.get("exact"):  # the changed values themselves, summed exactly in phase 4
-                pair = F.struct(F.col(quote(arg)).cast("double").alias("_v"),
+                value = F.col(quote(arg))
+                pair = F.struct((value if a["fn"] == "sum_of_states" else value.cast("double"))
+                                .alias("_v"),
                                 F.col(WEIGHT).alias("_w"))
                 partial_cols.append(F.collect_list(F.when(present, pair)).alias(f"_ds{i}"))
             elif a["fn"] in ("sum", "avg"):
@@ -196,6 +207,8 @@ class Aggregate(Operator):
             i, fn, name = a["i"], a["fn"], a["name"]
             if fn == "count":
                 value = F.col(_N) if a["arg"] is None else F.col(f"_c{i}")
+            elif fn == "sum_state":
+                value = F.when(F.col(f"_c{i}") > 0, F.col(f"_s{i}"))
             elif a.get("exact"):
                 value = F.col(f"_fv{i}")
             elif fn == "sum":
@@ -315,7 +328,8 @@ class Aggregate(Operator):
             parts.append(f"CAST(sum(CASE WHEN {ident(arg)} IS NOT NULL THEN {w} ELSE 0 END) "
                          f"AS BIGINT) AS _dc{i}")
             if a.get("exact"):  # the changed values themselves, summed exactly in phase 4
-                parts.append(f"list({{'_v': CAST({ident(arg)} AS DOUBLE), '_w': {w}}}) FILTER "
+                v = ident(arg) if a["fn"] == "sum_of_states" else f"CAST({ident(arg)} AS DOUBLE)"
+                parts.append(f"list({{'_v': {v}, '_w': {w}}}) FILTER "
                              f"(WHERE {ident(arg)} IS NOT NULL) AS _ds{i}")
             elif a["fn"] in ("sum", "avg"):
                 t = "DOUBLE" if isinstance(a["sum_type"], DoubleType) else "BIGINT"
@@ -377,8 +391,11 @@ class Aggregate(Operator):
                 arg = dict(lists)[i]
                 rows = column.combine_chunks()
                 flat = rows.flatten()
+                taken = d.column(arg).take(flat)
+                if self.aggs[i]["fn"] != "sum_of_states":
+                    taken = taken.cast(pa.float64(), safe=False)
                 pairs = pa.StructArray.from_arrays(
-                    [d.column(arg).take(flat).cast(pa.float64(), safe=False).combine_chunks(),
+                    [taken.combine_chunks(),
                      w.take(flat).combine_chunks()], names=["_v", "_w"])
                 listed = pa.ListArray.from_arrays(rows.offsets, pairs)
                 has = grouped.column(f"_has{i}_any")
@@ -537,6 +554,10 @@ class Aggregate(Operator):
             i, fn, name = a["i"], a["fn"], a["name"]
             if fn == "count":
                 value = state.column(_N if a["arg"] is None else f"_c{i}")
+            elif fn == "sum_state":
+                value = state.column(f"_s{i}")
+                value = pc.if_else(pc.greater(state.column(f"_c{i}"), 0), value,
+                                   pa.nulls(len(value), value.type))
             elif a.get("exact"):
                 value = state.column(f"_fv{i}")
             elif fn in ("sum", "avg"):

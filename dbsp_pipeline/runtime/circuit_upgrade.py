@@ -69,6 +69,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from dbsp_pipeline import eager_aggregation
 from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.circuit import STATEFUL_OPS, STREAM_OPS, Circuit
 from dbsp_pipeline.driver.sql import LocalSQL, empty_zset, negate
@@ -136,6 +137,23 @@ def recorded_circuit(root: str, fingerprint: str) -> Circuit:
         raise CircuitChangedError(f"the circuit description {path} is damaged (it describes "
                                   f"the circuit {circuit.fingerprint()[:12]})")
     return circuit
+
+
+def planned_circuit(spark: SparkSession, root: str, circuit: Circuit,
+                    upgrade: bool = False) -> Circuit:
+    """The circuit a pipeline at ``root`` runs for ``circuit``: ``circuit`` as declared or as
+    planned with eager aggregation (``eager_aggregation.planned``). A root whose newest
+    checkpoint was recorded by one of the two keeps it (its state is that plan's); a new root,
+    an upgrade or a changed circuit takes the one ``circuit.eager_aggregation`` asks for."""
+    planned = eager_aggregation.planned(circuit)
+    if planned is circuit:
+        return circuit
+    wanted = planned if circuit.eager_aggregation else circuit
+    if upgrade:
+        return wanted
+    recorded = StateDatabase(spark, root, circuit.fingerprint()).newest_fingerprint()
+    return {circuit.fingerprint(): circuit, planned.fingerprint(): planned}.get(
+        recorded or "", wanted)
 
 
 # -- 1. settle the old circuit -----------------------------------------------------------------

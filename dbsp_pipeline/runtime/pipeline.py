@@ -230,7 +230,6 @@ class Pipeline:
                              "and the one before it)")
         _at_least(0)("driver_step_rows", driver_step_rows)
         _at_least(1)("driver_memory", driver_memory)
-        self.circuit = circuit
         self.root = root
         self.spark: SparkSession | LazySession = (
             spark if isinstance(spark, LazySession) else
@@ -240,6 +239,9 @@ class Pipeline:
                              "cannot be given together")
         sql = LocalSQL()
         session = as_session(self.spark)
+        #: the circuit as planned (``eager_aggregation``): what the root records and runs
+        self.circuit = circuit = circuit_upgrade.planned_circuit(session, root, circuit,
+                                                                 upgrade)
         if checkpoint is not None:  # opening it discards the newer entries, and what they carry
             with _fenced_at_open(circuit, root):
                 checkpoints.fold_carried_records(session, root)

@@ -31,6 +31,7 @@ from pyspark.sql.types import (
     LongType,
     NumericType,
     ShortType,
+    StringType,
     StructType,
 )
 
@@ -371,6 +372,18 @@ class Plan:
                 raise CircuitError(f"{what}: aggregate '{a['name']}' = {a['fn']}({a['arg']}) "
                                    f"needs a numeric column, '{a['arg']}' is "
                                    f"{dtype.simpleString()}")
+            if a["fn"] == "sum_state":  # eager aggregation's partial sums (``eager_aggregation``)
+                if not isinstance(dtype, NumericType) or isinstance(dtype, DecimalType):
+                    raise CircuitError(f"{what}: aggregate '{a['name']}' = sum_state("
+                                       f"{a['arg']}) needs a number that is not a decimal")
+                exprs.append(F.max(F.col(quote(a["arg"])).cast("string")).alias(a["name"]))
+                continue
+            if a["fn"] == "sum_of_states":
+                if not isinstance(dtype, StringType):
+                    raise CircuitError(f"{what}: aggregate '{a['name']}' = sum_of_states("
+                                       f"{a['arg']}) needs the text of partial sums")
+                exprs.append(F.sum(F.col(quote(a["arg"])).cast("double")).alias(a["name"]))
+                continue
             fn = {"count": F.count, "sum": F.sum, "avg": F.avg, "min": F.min, "max": F.max}
             exprs.append(fn[a["fn"]](F.col(quote(a["arg"]))).alias(a["name"]))
         return self._analyse(what, lambda: self._empty(src).groupBy(
