@@ -31,11 +31,12 @@ AGGS = dict(n="count(*)", na="count(amount)", s="sum(amount)", a="avg(amount)",
             lo="min(amount)", hi="max(amount)")
 
 
-def build_circuit(upgraded: bool = False) -> Circuit:
+def build_circuit(upgraded: bool = False, eager: bool = False) -> Circuit:
     """Every query shape; ``upgraded``: as a user changes it mid-run (``ORACLE_SQL_UPGRADED``):
     ``q_select`` removed, ``q_filter``'s filter, ``q_join2``'s join key and ``q_join_agg``'s
-    aggregate changed, ``q_added`` added."""
-    c = Circuit("oracle")
+    aggregate changed, ``q_added`` added. ``eager``: planned with eager aggregation
+    (``q_join_agg`` and ``q_agg_multi``: partial aggregates joined and merged)."""
+    c = Circuit("oracle", eager_aggregation=eager)
     o = c.input("orders", ORDERS)
     cu = c.input("customers", CUSTOMERS)
     r = c.input("returns", RETURNS)
@@ -401,6 +402,25 @@ def test_column_names_with_any_character(spark, tmp_path, driver_step_rows):
         }
         for view, rows in expected.items():
             assert view_counter(p.view(view)) == Counter(rows), view
+
+
+@pytest.mark.parametrize("workers", [0, 4], ids=["driver", "per-owner-W4"])
+def test_seeded_workload_planned_with_eager_aggregation(spark, tmp_path, workers):
+    """The circuit planned with eager aggregation: every view still equals the recomputation
+    after every step, on the driver and per owner at W=4 (W=2 and the other Spark path in
+    ``tests/test_eager_aggregation.py``)."""
+    w = Workload()
+    with Pipeline(build_circuit(eager=True), str(tmp_path), spark,
+                  driver_step_rows=0 if workers else 10**9) as p:
+        assert sum(bool(n.params.get("merges_partials")) for n in p.circuit.nodes) == 2
+        if workers:
+            p.rescale(workers)
+            p.spark_per_owner = True
+        for i, ops in enumerate(seeded_workload(seed=13, steps=2 if workers else 4,
+                                                ops_per_step=30)):  # (W=4: slow)
+            w.apply(p, ops)
+            assert p.step().on_driver == (not workers)
+            check_step(p, w, i)
 
 
 def test_seeded_workload_per_owner(spark, tmp_path):
