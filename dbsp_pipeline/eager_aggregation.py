@@ -47,6 +47,7 @@ import sqlglot
 from sqlglot import exp
 
 from dbsp_pipeline.circuit import Circuit, Node, fresh_name
+from dbsp_pipeline.runtime.circuit_diff import NODE_REFERENCES
 from dbsp_pipeline.sql.catalog import ddl_column_types
 from dbsp_pipeline.zset import quote
 
@@ -113,8 +114,8 @@ def _planned_once(circuit: Circuit) -> Circuit:
             new_id[node.id] = _plan(rewrites[node.id], new_id, add)
             continue
         params = dict(node.params)
-        if node.op == "conform":
-            params["like"] = new_id[params["like"]]
+        for reference in NODE_REFERENCES.get(node.op, ()):
+            params[reference] = new_id[params[reference]]
         new_id[node.id] = add(node.op, [new_id[i] for i in node.inputs], params)
     out.inputs = {name: new_id[i] for name, i in circuit.inputs.items()}
     out.input_schemas = dict(circuit.input_schemas)
@@ -208,12 +209,12 @@ def _rewrite_of(circuit: Circuit, node: Node, columns: dict[int, Columns | None]
 
 
 def _readers(circuit: Circuit) -> dict[int, list[int]]:
-    """Each node's readers: the nodes that take it as an input or a ``conform`` takes its
-    columns from, and -1 for a view."""
+    """Each node's readers: the nodes that take it as an input or name it in a parameter
+    (``circuit_diff.NODE_REFERENCES``: a ``conform`` takes its columns), and -1 for a view."""
     readers = circuit.consumers()
     for node in circuit.nodes:
-        if node.op == "conform":
-            readers[node.params["like"]].append(node.id)
+        for reference in NODE_REFERENCES.get(node.op, ()):
+            readers[node.params[reference]].append(node.id)
     for node_id in circuit.outputs.values():
         readers[node_id].append(-1)
     return readers

@@ -249,24 +249,11 @@ def _fold_column(olds: pa.Array, pairs: pa.Array) -> tuple[pa.Array, np.ndarray]
     rows = len(olds)
     a = _pair_arrays(pairs)
     slow = a.fallback | (a.nan != 0) | (a.pos_inf != 0) | (a.neg_inf != 0)
-    parsed = pc.extract_regex(olds, _FINITE_TEXT)  # NULL where the text is not a finite one
-    is_finite = parsed.is_valid()
-    matched = is_finite.to_numpy(zero_copy_only=False)
-    digits = parsed.field("mantissa")  # (the fields are "" under a NULL)
-    lengths = pc.binary_length(digits).to_numpy(zero_copy_only=False)
-    old_exponent = pc.cast(pc.if_else(is_finite, parsed.field("exponent"), "0"),
-                           pa.int64()).to_numpy(zero_copy_only=False)
-    present = pc.and_(pc.is_valid(olds), pc.not_equal(olds, "0")).fill_null(False).to_numpy(
-        zero_copy_only=False)
-    slow |= present & ~matched
-    slow |= matched & ((lengths > _LONG_DIGITS) | (old_exponent + 4 * lengths > 1024))
-
     # the old states' mantissas as pairs: pieces of 13 hex digits, from the least significant
-    fast_old = np.flatnonzero(matched & ~slow)
-    pieces_row, pieces_bits, pieces_sign = _old_pieces(
-        fast_old, digits.take(pa.array(fast_old)).cast(pa.string()), old_exponent[fast_old],
-        pc.equal(parsed.field("sign"), "-").take(pa.array(fast_old)).to_numpy(
-            zero_copy_only=False))
+    pieces_row, pieces_bits, pieces_sign, unfit = _state_pieces(olds)
+    slow |= unfit
+    kept = ~slow[pieces_row]
+    pieces_row, pieces_bits, pieces_sign = pieces_row[kept], pieces_bits[kept], pieces_sign[kept]
     keep = ~slow[a.pair_row] & ((a.exponent != 0) | (a.fraction != 0))  # zeros add nothing
     pair_row = np.concatenate([a.pair_row[keep], pieces_row])
     order = np.argsort(pair_row, kind="stable")
@@ -294,6 +281,30 @@ def _fold_column(olds: pa.Array, pairs: pa.Array) -> tuple[pa.Array, np.ndarray]
         index[slow_rows] = rows + np.arange(len(slow_rows))
         state = pa.concat_arrays([state, pa.array(texts, pa.string())]).take(pa.array(index))
     return state, values
+
+
+def _state_pieces(states: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The encoded sums ``states`` (NULL or ``0``: nothing) as exact doubles, vectorized: per
+    piece of a finite state's mantissa (:func:`_old_pieces`) its state's index, the IEEE bits of
+    its magnitude and its sign; and the mask of the states this cannot take (NaN or infinity
+    counts, a mantissa beyond ``_LONG_DIGITS`` hex digits, near the top of the double range),
+    which have no pieces here."""
+    parsed = pc.extract_regex(states, _FINITE_TEXT)  # NULL where the text is not a finite one
+    is_finite = parsed.is_valid()
+    matched = is_finite.to_numpy(zero_copy_only=False)
+    digits = parsed.field("mantissa")  # (the fields are "" under a NULL)
+    lengths = pc.binary_length(digits).to_numpy(zero_copy_only=False)
+    exponent = pc.cast(pc.if_else(is_finite, parsed.field("exponent"), "0"),
+                       pa.int64()).to_numpy(zero_copy_only=False)
+    present = pc.and_(pc.is_valid(states), pc.not_equal(states, "0")).fill_null(False).to_numpy(
+        zero_copy_only=False)
+    fast = matched & (lengths <= _LONG_DIGITS) & (exponent + 4 * lengths <= 1024)
+    taken = np.flatnonzero(fast)
+    row, bits, negative = _old_pieces(
+        taken, digits.take(pa.array(taken)).cast(pa.string()), exponent[taken],
+        pc.equal(parsed.field("sign"), "-").take(pa.array(taken)).to_numpy(
+            zero_copy_only=False))
+    return row, bits, negative, present & ~fast
 
 
 def _old_pieces(rows: np.ndarray, digits: pa.Array, exponent: np.ndarray, negative: np.ndarray
@@ -467,24 +478,11 @@ def pieces_of_states(pairs: pa.Array) -> pa.Array:
     weights = child.field("_w").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     parent = np.repeat(np.arange(rows, dtype=np.int64), np.diff(offsets))
 
-    parsed = pc.extract_regex(states, _FINITE_TEXT)
-    matched = parsed.is_valid().to_numpy(zero_copy_only=False)
-    digits = parsed.field("mantissa")
-    lengths = pc.binary_length(digits).to_numpy(zero_copy_only=False)
-    exponent = pc.cast(pc.if_else(parsed.is_valid(), parsed.field("exponent"), "0"),
-                       pa.int64()).to_numpy(zero_copy_only=False)
-    fast = matched & (lengths <= _LONG_DIGITS) & (exponent + 4 * lengths <= 1024)
-    some = pc.and_(pc.is_valid(states), pc.not_equal(states, "0")).fill_null(False).to_numpy(
-        zero_copy_only=False)
-    fast_rows = np.flatnonzero(fast)
-    elem, bits, negative = _old_pieces(
-        fast_rows, digits.take(pa.array(fast_rows)).cast(pa.string()), exponent[fast_rows],
-        pc.equal(parsed.field("sign"), "-").take(pa.array(fast_rows)).to_numpy(
-            zero_copy_only=False))
+    elem, bits, negative, unfit = _state_pieces(states)
     values = [bits.view(np.float64)]
     piece_weights = [np.where(negative, -weights[elem], weights[elem])]
     elems = [elem]
-    slow = np.flatnonzero(some & ~fast)
+    slow = np.flatnonzero(unfit)
     if len(slow):
         texts = states.take(pa.array(slow)).to_pylist()
         slow_elem, slow_values, slow_weights = [], [], []
