@@ -83,8 +83,8 @@ def _join_read_twice(c: Circuit, o: Any, cu: Any) -> None:
     # aggregates over both sides
     lambda c, o, cu: c.output("v", o.join(cu, on="customer_id").group_by("customer_id")
                               .agg(s="sum(amount)", r="max(region)")),
-    # a sum of decimals (its type would change)
-    lambda c, o, cu: c.output("v", o.select("customer_id", "CAST(amount AS DECIMAL(10,2)) AS d")
+    # a sum of decimals (its type would change), of an input's declared DECIMAL column
+    lambda c, o, cu: c.output("v", c.input("prices", "customer_id BIGINT, d DECIMAL(10,2)")
                               .join(cu, on="customer_id").group_by("region").agg(s="sum(d)")),
     # a column a select computes: its type is not known without Spark
     lambda c, o, cu: c.output("v", o.select("customer_id", "amount * 2 AS a2")
