@@ -591,7 +591,7 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000, 16_000_000])
     every = ["moves", "orders", "max", "lines", "moves_eager", "orders_eager"]
     ap.add_argument("--patterns", nargs="+", default=every, choices=every)
-    ap.add_argument("--steps", type=int, default=15,
+    ap.add_argument("--steps", type=int, default=30,
                     help="timed driver steps after a warm-up step")
     ap.add_argument("--moved", type=int, default=1_000, help="(a): customers moved per step")
     ap.add_argument("--change", type=int, default=10_000, help="(b), (d): rows per step")

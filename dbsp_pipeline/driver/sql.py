@@ -65,6 +65,33 @@ def arrow_groups_like_duckdb(table: pa.Table, columns: Sequence[str]) -> bool:
     return True
 
 
+def equal_as_grouped(a: pa.Table, b: pa.Table, columns: Sequence[str]) -> np.ndarray | None:
+    """Per row i: whether row i of ``a`` and row i of ``b`` (tables of equal length) are equal
+    on ``columns`` as ``consolidate`` takes rows to be equal, whichever way it runs (DuckDB's
+    ``GROUP BY``; pyarrow's grouping where it agrees): NULL equals NULL, floating-point numbers
+    by value with ``-0.0`` equal to ``0.0`` and a NaN equal to a NaN. None where a column is
+    of another type in ``a`` than in ``b``, or of a type this does not compare (nested types):
+    the caller consolidates instead."""
+    same = np.ones(a.num_rows, dtype=bool)
+    for name in columns:
+        x, y = a.column(name), b.column(name)
+        kind = x.type
+        if y.type != kind or not (
+                pa.types.is_integer(kind) or pa.types.is_floating(kind)
+                or pa.types.is_boolean(kind) or pa.types.is_string(kind)
+                or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
+                or pa.types.is_large_binary(kind) or pa.types.is_decimal(kind)
+                or pa.types.is_date(kind) or pa.types.is_time(kind)
+                or pa.types.is_timestamp(kind) or pa.types.is_duration(kind)):
+            return None
+        equal = pc.fill_null(pc.equal(x, y), False)
+        if pa.types.is_floating(kind):
+            equal = pc.or_(equal, pc.fill_null(pc.and_(pc.is_nan(x), pc.is_nan(y)), False))
+        equal = pc.or_(equal, pc.and_(pc.is_null(x), pc.is_null(y)))
+        same &= np.asarray(equal.to_numpy(zero_copy_only=False), dtype=bool)
+    return same
+
+
 def weights_fit(weights: pa.ChunkedArray | pa.Array, terms: int | None = None) -> bool:
     """Whether no sum of up to ``terms`` (default: all) of ``weights`` can leave int64: the
     largest magnitude times the number of terms is below 2**63 (pyarrow's ``sum`` wraps around

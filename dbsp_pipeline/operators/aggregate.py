@@ -295,21 +295,57 @@ class Aggregate(Operator):
             state = fold_table(state, self.exact)
 
         # 5. Emit -old/+new for changed groups and record the new state.
-        final = self._with_values(state)
-        old_rows = final.filter(pc.is_valid(final.column(_O + _N)))
-        new_rows = final.filter(pc.not_equal(final.column(_N), 0))
-        old_part = pa.Table.from_arrays([old_rows.column(_O + c) for c in state_cols],
-                                        names=state_cols)
-        new_part = new_rows.select(state_cols)
-        state_change = pa.concat_tables([
-            conform(old_part.append_column(WEIGHT, pa.array(np.full(old_part.num_rows, -1))),
-                    self.state_schema),
-            conform(new_part.append_column(WEIGHT, pa.array(np.full(new_part.num_rows, 1))),
-                    self.state_schema)])
-        self.groups.append_arrow(sql, state_change)
+        return self._emit_local(sql, self._with_values(state))
+
+    def _emit_local(self, sql: LocalSQL, final: pa.Table) -> LocalDelta:
+        """Phase 5 on the driver: append the state change of the touched groups ``final``
+        (one row a group: the old state ``_O``-prefixed, NULL for a new group, and the new
+        state; a new ``_n`` of 0 removes the group) to ``groups``, and return the view's
+        change: -old and +new visible rows of live groups, consolidated.
+
+        A group whose new state equals its old one (as a consolidation takes rows to be equal,
+        ``equal_as_grouped``) changes nothing; a group whose visible row stays emits nothing.
+        Since every row is one group, what is left is consolidated as it is, and is marked so
+        (``LocalSQL.assume_consolidated``), not grouped again; with a state column of a type
+        that comparison does not take, both are consolidated instead, with the same rows."""
+        state_cols = self.state_schema.fieldNames()
         visible = self.schema.fieldNames()
-        out = sql.consolidate(state_change.filter(pc.greater(state_change.column(_N), 0)), visible)
-        return sql.conform(out, self.schema) if out.num_rows else None
+        n = final.num_rows
+        old = conform(pa.Table.from_arrays(
+            [*(final.column(_O + c) for c in state_cols), pa.array(np.full(n, -1))],
+            names=[*state_cols, WEIGHT]), self.state_schema)
+        new = conform(final.select(state_cols).append_column(WEIGHT, pa.array(np.full(n, 1))),
+                      self.state_schema)
+        has_old = np.asarray(pc.is_valid(final.column(_O + _N)).to_numpy(
+            zero_copy_only=False), dtype=bool)
+        n_new = final.column(_N).to_numpy()
+        same = local_sql.equal_as_grouped(old, new, state_cols)
+        if same is None:
+            state_change = pa.concat_tables([old.filter(pa.array(has_old)),
+                                             new.filter(pa.array(n_new != 0))])
+            self.groups.append_arrow(sql, state_change)
+            out = sql.consolidate(state_change.filter(pc.greater(state_change.column(_N), 0)),
+                                  visible)
+            return sql.conform(out, self.schema) if out.num_rows else None
+        state_change = pa.concat_tables([old.filter(pa.array(has_old & ~same)),
+                                         new.filter(pa.array((n_new != 0) & ~same))])
+        sql.assume_consolidated(state_change, state_cols)
+        self.groups.append_arrow(sql, state_change)
+        # the view: -old where the group was live, +new where it is, but not both where its
+        # visible row stays (a state equal as a whole has its visible row equal too)
+        old_live = has_old & (pc.fill_null(old.column(_N), 0).to_numpy() > 0)
+        new_live = n_new > 0
+        stays = old_live & new_live
+        if stays.any():
+            visible_same = local_sql.equal_as_grouped(old, new, visible)
+            assert visible_same is not None  # (visible columns are state columns, compared)
+            stays &= visible_same
+        out = pa.concat_tables([old.filter(pa.array(old_live & ~stays)).select([*visible, WEIGHT]),
+                                new.filter(pa.array(new_live & ~stays)).select([*visible, WEIGHT])])
+        if out.num_rows == 0:
+            return None
+        sql.assume_consolidated(out, visible)
+        return sql.conform(out, self.schema)
 
     # -- the phases of ``step_local``: pyarrow (small steps) and DuckDB ---------------------
     def _partials_sql(self, sql: LocalSQL, d: pa.Table) -> pa.Table:

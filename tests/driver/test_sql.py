@@ -156,3 +156,37 @@ def test_match_distinct_pairs_rows_as_a_null_safe_left_join(columns):
         assert pa.chunked_array([matched]).combine_chunks().cast(pa.int64()).to_pylist() \
             == pairs.column("_r").to_pylist()
     assert 0 < declined < 50
+
+
+def test_equal_as_grouped_is_what_consolidation_cancels(monkeypatch):
+    """Row i of one table and row i of another are equal (``equal_as_grouped``) exactly when
+    DuckDB's consolidation of the two, one retracted and one inserted, leaves nothing: NULL
+    equals NULL, -0.0 equals 0.0, a NaN equals a NaN."""
+    monkeypatch.setattr(local_sql, "FAST_PATH_ROWS", 0)
+    rng = random.Random(7)
+    sql = LocalSQL()
+    a = random_zset(rng, 300, odd_floats=True)
+    # half the pairs repeat a's row but for one column, so most columns agree
+    rows = a.to_pylist()
+    twins = []
+    for r in rows:
+        twin = dict(r)
+        if rng.random() < 0.5:
+            column = rng.choice(COLUMNS)
+            twin[column] = _value(rng, column, odd_floats=True)
+        twins.append(twin)
+    b = pa.Table.from_pylist(twins, schema=SCHEMA)
+    same = local_sql.equal_as_grouped(a, b, COLUMNS)
+    assert same is not None and same.any() and not same.all()
+    for i in range(a.num_rows):
+        pair = pa.concat_tables([a.slice(i, 1).set_column(5, "_weight", pa.array([-1])),
+                                 b.slice(i, 1).set_column(5, "_weight", pa.array([1]))])
+        assert (sql.consolidate(pair, COLUMNS).num_rows == 0) == bool(same[i]), (rows[i],
+                                                                                twins[i])
+
+
+def test_equal_as_grouped_takes_no_nested_or_mismatched_columns():
+    lists = pa.table({"l": pa.array([[1], [2]])})
+    assert local_sql.equal_as_grouped(lists, lists, ["l"]) is None
+    assert local_sql.equal_as_grouped(pa.table({"x": pa.array([1, 2], pa.int32())}),
+                                      pa.table({"x": pa.array([1, 2], pa.int64())}), ["x"]) is None

@@ -194,3 +194,31 @@ def test_min_max_re_reads_through_ordered_runs_equal_a_recompute(spark, tmp_path
         assert any(values_trace.runs.covers(f) for f in values_trace.files())
     assert any(cut for _, cut in rounds)  # files had more rows of a key than were taken
     assert any(count > 1 for count, _ in rounds)  # and some keys were read again, deeper
+
+
+def test_a_group_whose_state_or_row_stays_emits_nothing(spark, tmp_path):
+    """Phase 5 records and emits changed groups only (``Aggregate._emit_local``): a change that
+    cancels within a group (one row in for another with the same value) appends nothing to
+    the group's state; one that changes the state but not the visible row (a NULL in
+    ``count(x)``'s column) appends the state and emits no view change."""
+    c = Circuit("stays")
+    facts = c.input("facts", "k STRING, x BIGINT, tag STRING")
+    c.output("v", facts.group_by("k").agg(nx="count(x)", s="sum(x)"))
+    with Pipeline(c, str(tmp_path / "root"), spark, driver_step_rows=10**9) as p:
+        (groups,) = [t for t in p.engine.plan.state_traces() if "_groups" in t.name]
+        p.push("facts", [("a", 1, "p"), ("a", None, "p"), ("b", 2, "p")])
+        p.step()
+        files = len(groups.files())
+        p.push("facts", [("a", None, "q")])
+        r = p.step()
+        assert not r.outputs["v"] and len(groups.files()) == files + 1
+        p.push("facts", [("a", 1, "z")])
+        p.push("facts", [("a", 1, "p")], weight=-1)
+        r = p.step()
+        assert not r.outputs["v"] and len(groups.files()) == files + 1
+        p.push("facts", [("a", 4, "y"), ("b", 2, "p")], weight=1)
+        p.push("facts", [("b", 2, "p")], weight=-1)
+        r = p.step()
+        assert r.outputs["v"] == 2  # -(a, 1, 1) +(a, 2, 5); b stays
+        assert sorted((row["k"], row["nx"], row["s"]) for row in p.view_arrow("v").to_pylist()
+                      ) == [("a", 2, 5), ("b", 1, 2)]
