@@ -319,14 +319,19 @@ class Aggregate(Operator):
         has_old = np.asarray(pc.is_valid(final.column(_O + _N)).to_numpy(
             zero_copy_only=False), dtype=bool)
         n_new = final.column(_N).to_numpy()
-        same = local_sql.equal_as_grouped(old, new, state_cols)
-        if same is None:
+        # each state column compared once: the visible ones (a subset), then the others
+        shown = set(visible)
+        visible_same = local_sql.equal_as_grouped(old, new, visible)
+        others_same = local_sql.equal_as_grouped(old, new,
+                                                 [c for c in state_cols if c not in shown])
+        if visible_same is None or others_same is None:
             state_change = pa.concat_tables([old.filter(pa.array(has_old)),
                                              new.filter(pa.array(n_new != 0))])
             self.groups.append_arrow(sql, state_change)
             out = sql.consolidate(state_change.filter(pc.greater(state_change.column(_N), 0)),
                                   visible)
             return sql.conform(out, self.schema) if out.num_rows else None
+        same = visible_same & others_same
         state_change = pa.concat_tables([old.filter(pa.array(has_old & ~same)),
                                          new.filter(pa.array((n_new != 0) & ~same))])
         sql.assume_consolidated(state_change, state_cols)
@@ -335,11 +340,7 @@ class Aggregate(Operator):
         # visible row stays (a state equal as a whole has its visible row equal too)
         old_live = has_old & (pc.fill_null(old.column(_N), 0).to_numpy() > 0)
         new_live = n_new > 0
-        stays = old_live & new_live
-        if stays.any():
-            visible_same = local_sql.equal_as_grouped(old, new, visible)
-            assert visible_same is not None  # (visible columns are state columns, compared)
-            stays &= visible_same
+        stays = old_live & new_live & visible_same
         out = pa.concat_tables([old.filter(pa.array(old_live & ~stays)).select([*visible, WEIGHT]),
                                 new.filter(pa.array(new_live & ~stays)).select([*visible, WEIGHT])])
         if out.num_rows == 0:
