@@ -70,19 +70,21 @@ def equal_as_grouped(a: pa.Table, b: pa.Table, columns: Sequence[str]) -> np.nda
     on ``columns`` as ``consolidate`` takes rows to be equal, whichever way it runs (DuckDB's
     ``GROUP BY``; pyarrow's grouping where it agrees): NULL equals NULL, floating-point numbers
     by value with ``-0.0`` equal to ``0.0`` and a NaN equal to a NaN. None where a column is
-    of another type in ``a`` than in ``b``, or of a type this does not compare (nested types):
+    of another type in ``a`` than in ``b``, or of a type this does not compare (nested types;
+    half floats, which pyarrow does not compare; ``date64``, whose time of day DuckDB drops):
     the caller consolidates instead."""
     same = np.ones(a.num_rows, dtype=bool)
     for name in columns:
         x, y = a.column(name), b.column(name)
         kind = x.type
         if y.type != kind or not (
-                pa.types.is_integer(kind) or pa.types.is_floating(kind)
-                or pa.types.is_boolean(kind) or pa.types.is_string(kind)
-                or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
-                or pa.types.is_large_binary(kind) or pa.types.is_decimal(kind)
-                or pa.types.is_date(kind) or pa.types.is_time(kind)
-                or pa.types.is_timestamp(kind) or pa.types.is_duration(kind)):
+                pa.types.is_integer(kind) or pa.types.is_float32(kind)
+                or pa.types.is_float64(kind) or pa.types.is_boolean(kind)
+                or pa.types.is_string(kind) or pa.types.is_large_string(kind)
+                or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
+                or pa.types.is_decimal(kind) or pa.types.is_date32(kind)
+                or pa.types.is_time(kind) or pa.types.is_timestamp(kind)
+                or pa.types.is_duration(kind)):
             return None
         equal = pc.fill_null(pc.equal(x, y), False)
         if pa.types.is_floating(kind):

@@ -185,8 +185,54 @@ def test_equal_as_grouped_is_what_consolidation_cancels(monkeypatch):
                                                                                 twins[i])
 
 
+#: per type it compares, value pairs: equal or not as DuckDB groups them (checked below)
+_TYPED_PAIRS = [
+    (pa.float64(), [(-0.0, 0.0), (math.nan, -math.nan), (math.nan, 1.0), (None, 0.0),
+                    (None, None), (1.5, 1.5000000000000002)]),
+    (pa.float32(), [(-0.0, 0.0), (math.nan, math.nan), (1.0, 2.0), (None, None)]),
+    (pa.int8(), [(1, 1), (1, -1), (None, 0)]),
+    (pa.int32(), [(7, 7), (7, 8)]),
+    (pa.bool_(), [(True, True), (True, False), (None, False)]),
+    (pa.binary(), [(b"a\x00", b"a\x00"), (b"a\x00", b"a")]),
+    (pa.string(), [("ß", "ss"), ("a", "A"), ("", None), ("é", "é")]),
+    (pa.date32(), [(datetime.date(2026, 1, 1), datetime.date(2026, 1, 1)),
+                   (datetime.date(2026, 1, 1), datetime.date(2026, 1, 2))]),
+    (pa.time64("us"), [(datetime.time(1, 2, 3), datetime.time(1, 2, 3)),
+                       (datetime.time(1, 2, 3), datetime.time(1, 2, 4))]),
+    (pa.duration("us"), [(datetime.timedelta(days=30), datetime.timedelta(days=30)),
+                         (datetime.timedelta(days=30), datetime.timedelta(days=31)),
+                         (datetime.timedelta(seconds=-1), datetime.timedelta(seconds=1))]),
+    (pa.timestamp("us", tz="UTC"), [(datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC),
+                                     datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)),
+                                    (datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC),
+                                     datetime.datetime(2026, 1, 1, 0, 0, 1,
+                                                       tzinfo=datetime.UTC))]),
+    (pa.decimal128(38, 2), [(decimal.Decimal("1.10"), decimal.Decimal("1.10")),
+                            (decimal.Decimal("1.10"), decimal.Decimal("-1.10"))]),
+]
+
+
+@pytest.mark.parametrize("kind,pairs", _TYPED_PAIRS, ids=[str(k) for k, _ in _TYPED_PAIRS])
+def test_equal_as_grouped_is_duckdbs_grouping_for_each_type(monkeypatch, kind, pairs):
+    """For every type it compares, ``equal_as_grouped`` says equal exactly where DuckDB's
+    consolidation of the pair (one retracted, one inserted) leaves nothing."""
+    monkeypatch.setattr(local_sql, "FAST_PATH_ROWS", 0)
+    sql = LocalSQL()
+    a = pa.table({"v": pa.array([x for x, _ in pairs], kind)})
+    b = pa.table({"v": pa.array([y for _, y in pairs], kind)})
+    same = local_sql.equal_as_grouped(a, b, ["v"])
+    assert same is not None
+    for i, (x, y) in enumerate(pairs):
+        pair = pa.table({"v": pa.array([x, y], kind), "_weight": pa.array([-1, 1], pa.int64())})
+        assert (sql.consolidate(pair, ["v"]).num_rows == 0) == bool(same[i]), (x, y)
+
+
 def test_equal_as_grouped_takes_no_nested_or_mismatched_columns():
     lists = pa.table({"l": pa.array([[1], [2]])})
     assert local_sql.equal_as_grouped(lists, lists, ["l"]) is None
+    halves = pa.table({"h": pa.array([1, 2], pa.float16())})
+    assert local_sql.equal_as_grouped(halves, halves, ["h"]) is None
+    dates = pa.table({"d": pa.array([0, 86_400_000], pa.date64())})
+    assert local_sql.equal_as_grouped(dates, dates, ["d"]) is None
     assert local_sql.equal_as_grouped(pa.table({"x": pa.array([1, 2], pa.int32())}),
                                       pa.table({"x": pa.array([1, 2], pa.int64())}), ["x"]) is None

@@ -196,33 +196,41 @@ def test_min_max_re_reads_through_ordered_runs_equal_a_recompute(spark, tmp_path
     assert any(count > 1 for count, _ in rounds)  # and some keys were read again, deeper
 
 
-@pytest.mark.parametrize("compared", [True, False], ids=["compared", "consolidated"])
-def test_a_group_whose_state_or_row_stays_emits_nothing(spark, tmp_path, monkeypatch, compared):
+@pytest.mark.parametrize("mode", ["compared", "compared-duckdb", "consolidated"])
+def test_a_group_whose_state_or_row_stays_emits_nothing(spark, tmp_path, monkeypatch, mode):
     """Phase 5 records and emits changed groups only (``Aggregate._emit_local``): a change that
     cancels within a group (one row in for another with the same value) appends nothing to
     the group's state; one that changes the state but not the visible row (a NULL in
-    ``count(x)``'s column) appends the state and emits no view change. The same where the old
-    and new states are not compared but consolidated (a state column of a nested type)."""
-    if not compared:
+    ``count(x)``'s column) appends the state and emits no view change; a group emptied out is
+    retracted, a NULL key is a group like any other. The same with every phase as a DuckDB
+    query, and where the old and new states are consolidated, not compared (a state column of
+    a nested type)."""
+    if mode == "compared-duckdb":
+        monkeypatch.setattr(local_sql, "FAST_PATH_ROWS", 0)
+    if mode == "consolidated":
         monkeypatch.setattr(local_sql, "equal_as_grouped", lambda *args: None)
     c = Circuit("stays")
     facts = c.input("facts", "k STRING, x BIGINT, tag STRING")
     c.output("v", facts.group_by("k").agg(nx="count(x)", s="sum(x)"))
     with Pipeline(c, str(tmp_path / "root"), spark, driver_step_rows=10**9) as p:
         (groups,) = [t for t in p.engine.plan.state_traces() if "_groups" in t.name]
-        p.push("facts", [("a", 1, "p"), ("a", None, "p"), ("b", 2, "p")])
+        p.push("facts", [("a", 1, "p"), ("a", None, "p"), ("b", 2, "p"), (None, 3, "p")])
         p.step()
         files = len(groups.files())
-        p.push("facts", [("a", None, "q")])
+        p.push("facts", [("a", None, "q"), (None, None, "q")])
         r = p.step()
         assert not r.outputs["v"] and len(groups.files()) == files + 1
-        p.push("facts", [("a", 1, "z")])
-        p.push("facts", [("a", 1, "p")], weight=-1)
+        p.push("facts", [("a", 1, "z"), (None, 3, "z")])
+        p.push("facts", [("a", 1, "p"), (None, 3, "p")], weight=-1)
         r = p.step()
         assert not r.outputs["v"] and len(groups.files()) == files + 1
         p.push("facts", [("a", 4, "y"), ("b", 2, "p")], weight=1)
         p.push("facts", [("b", 2, "p")], weight=-1)
         r = p.step()
         assert r.outputs["v"] == 2  # -(a, 1, 1) +(a, 2, 5); b stays
-        assert sorted((row["k"], row["nx"], row["s"]) for row in p.view_arrow("v").to_pylist()
-                      ) == [("a", 2, 5), ("b", 1, 2)]
+        p.push("facts", [("b", 2, "p")], weight=-1)  # b empties out
+        p.push("facts", [(None, 5, "w")])
+        r = p.step()
+        assert r.outputs["v"] == 3  # -(b, 1, 2) -(NULL, 1, 3) +(NULL, 2, 8)
+        assert sorted((row["k"] or "", row["nx"], row["s"])
+                      for row in p.view_arrow("v").to_pylist()) == [("", 2, 8), ("a", 2, 5)]
