@@ -173,7 +173,8 @@ def task_operator(node: Node, schemas: Mapping[int, StructType], db: TaskStateDb
     """The operator of ``node`` (its tables named ``state_name``) over one owner's state ``db``;
     its traces read a data file whose keyed run is missing instead of building the run (a task
     never builds one), and take the runs an earlier task of this worker opened and checked
-    (``keyed_runs._CheckedRuns``; those whose files changed since are forgotten first)."""
+    (``keyed_runs._CheckedRuns``; those whose files changed since are forgotten first). They
+    keep no in-memory replica (``storage/trace_replica.py``): a task's traces live one step."""
     from dbsp_pipeline.runtime.plan import make_operator
 
     keyed_runs.forget_changed_runs()
@@ -181,6 +182,7 @@ def task_operator(node: Node, schemas: Mapping[int, StructType], db: TaskStateDb
     for trace in op.state_traces():
         trace.runs.build_on_miss = False
         trace.runs.share_checked = True
+        trace.replicated = False
     return op
 
 

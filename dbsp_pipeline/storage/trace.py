@@ -12,7 +12,9 @@ between workers) rewrites only the files whose shard range crosses an owner boun
 key (``lookup_arrow``) reads a big file through its keyed run (``keyed_runs.py``: a local,
 memory-mapped copy sorted by the key's hash), so its cost follows the keys looked up and the
 rows found, not the file's size; the writer of a file on the driver hands its run to a
-background writer (the step does not wait for it; lookups read the file until it is there).
+background writer (the step does not wait for it; lookups read the file until it is there). A
+small trace looked up on the driver keeps an in-memory replica of its rows, sorted by key hash
+(``trace_replica.py``), read while it is of exactly the trace's files.
 
 Durability: every change (``append``, ``replace``, a merge's or a layout change's file swap)
 writes its data files at once and *stages* its add and remove actions on the state table
@@ -24,7 +26,7 @@ back.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -46,11 +48,13 @@ from dbsp_pipeline.driver.sql import (
     null_safe_ids,
     null_safe_on,
 )
+from dbsp_pipeline.storage import trace_replica
 from dbsp_pipeline.storage.data_files import new_sorted_run, sorted_run_of
 from dbsp_pipeline.storage.delta_table import DataFile
 from dbsp_pipeline.storage.kept_rows import KeptRows
 from dbsp_pipeline.storage.keyed_runs import CUT, HASH, KeyedRuns
 from dbsp_pipeline.storage.state_db import StateDatabase
+from dbsp_pipeline.storage.trace_replica import Piece, TraceReplica, within_budget
 from dbsp_pipeline.zset import SHARD, SHARD_BITS, WEIGHT, consolidate, shard_of
 
 
@@ -276,9 +280,23 @@ class Trace:
         #: the rows of small files a background merge wrote, by path, until the merge is
         #: applied (``apply_merge``, on the step's thread, moves them to ``_recent``)
         self._merged: dict[str, pa.Table] = {}
+        #: a background merge's rows as a replica's piece, by the merge's files, until the
+        #: merge is applied (``apply_merge`` hands it to the replica): only while the trace
+        #: has a replica
+        self._merged_pieces: dict[frozenset[str], Piece] = {}
         #: rows read from the trace by ``read``, ``read_arrow`` and ``lookup_arrow`` since the
         #: last ``reset_rows_read`` (what steps read from state; merges are not counted)
         self.rows_read = 0
+        #: whether lookups may keep an in-memory replica of a small trace (``trace_replica.py``;
+        #: not in a Spark task, which opens its traces anew every step)
+        self.replicated = order_by is None
+        self._replica: TraceReplica | None = None
+        #: lookups without a replica since the trace's files last changed other than by a
+        #: change a replica follows (``_followable``: the files after the last lookup or
+        #: followed change): the replica is built at the second, so a trace whose files change
+        #: otherwise between lookups (Spark steps) is not read whole for each
+        self._unreplicated_lookups = 0
+        self._followable: frozenset[str] | None = None
 
     def reset_rows_read(self) -> None:
         """Start counting ``rows_read`` from zero (at the start of a step)."""
@@ -362,6 +380,16 @@ class Trace:
         for f in new:  # one file: the whole change
             self.runs.add(f, change)
             self._remember(f, change)
+        replica = self._replica
+        if replica is not None:  # the replica follows, if it was of the files before
+            if (len(new) == 1 and replica.covers(f.path for f in before)
+                    and replica.rows + change.num_rows <= trace_replica.MAX_ROWS):
+                rows = change.select(self.table.arrow_schema.names).cast(self.table.arrow_schema)
+                replica.add(new[0].path, rows, self._key_hashes(rows), self._consolidator(sql),
+                            self._key_hashes)
+            else:  # not of the files before, or grown beyond a replica's size
+                self._drop_replica()
+        self._followed(before, self._files)
         return change
 
     def _remember(self, f: DataFile, rows: pa.Table) -> None:
@@ -395,10 +423,21 @@ class Trace:
         NULL equals NULL), read from ``files`` (default: all), and of those only the files and
         row groups whose ``_shard`` range holds a wanted key's shard; a big file is read through
         its keyed run (built first if it has none), so only the rows of the wanted keys' hashes
-        are read from it. The rows read (before the exact key match) count in ``rows_read``."""
+        are read from it. The rows read (before the exact key match) count in ``rows_read``.
+
+        A small trace is looked up in its in-memory replica instead (``trace_replica.py``),
+        while the replica is of exactly the trace's files (or of ``files`` and the step's
+        append after them): the rows then are a Z-set equal to the files' rows of the keys
+        (the same sum), consolidated where the replica merged pieces."""
         if keys.num_rows == 0:
             return self.table.arrow_schema.empty_table()
         wanted_keys = self._wanted(sql, keys)
+        replica, without_newest = self._replica_for(sql, files)
+        if replica is not None:
+            rows = replica.lookup(_distinct_hashes(self._key_hashes(wanted_keys)),
+                                  without_newest)
+            self.rows_read += rows.num_rows
+            return self._matching(sql, rows, wanted_keys)
         hashes, shards, candidates = self._candidates(wanted_keys, files)
         if not candidates:
             return self.table.arrow_schema.empty_table()
@@ -416,6 +455,66 @@ class Trace:
         rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
         self.rows_read += rows.num_rows  # the rows of small files and of the runs' hash ranges
         return self._matching(sql, rows, wanted_keys)
+
+    def _replica_for(self, sql: LocalSQL, files: Sequence[DataFile] | None
+                     ) -> tuple[TraceReplica | None, bool]:
+        """The replica a lookup in ``files`` (default: all) reads, and whether without its
+        newest piece; None when there is none to read (``trace_replica.py``). A replica that is
+        not of the trace's files now is dropped, never read; one is built (reading every file)
+        at the second lookup since the trace's files changed in a way a replica does not follow,
+        if the trace is small enough."""
+        if not self.replicated:
+            return None, False
+        current = self.files()
+        if self._replica is not None and not self._replica.covers(f.path for f in current):
+            self._drop_replica()
+        if self._replica is None:
+            paths = frozenset(f.path for f in current)
+            self._unreplicated_lookups = (self._unreplicated_lookups + 1
+                                          if paths == self._followable else 1)
+            self._followable = paths
+            if self._unreplicated_lookups < 2 or not within_budget(sum(f.rows for f in current)):
+                return None, False
+            self._replica = self._build_replica(sql, current)
+        how = self._replica.readable(f.path for f in (current if files is None else files))
+        return (None, False) if how is None else (self._replica, how)
+
+    def _build_replica(self, sql: LocalSQL, files: Sequence[DataFile]) -> TraceReplica:
+        """The replica of ``files`` (all the trace's), from their rows (kept ones from
+        memory; the others read, counted in ``rows_read``)."""
+        kept = [self._recent.get(f.path) for f in files]
+        unread = [f for f, t in zip(files, kept) if t is None]
+        parts = [t for t in kept if t is not None]
+        if unread:
+            read = self.table.read_arrow(unread)
+            self.rows_read += read.num_rows
+            parts.append(read)
+        schema = self.table.arrow_schema
+        rows = (pa.concat_tables([p.select(schema.names).cast(schema) for p in parts])
+                if parts else schema.empty_table())
+        return TraceReplica.build([f.path for f in files], rows, self._key_hashes(rows),
+                                  self._consolidator(sql), self._key_hashes)
+
+    def _consolidator(self, sql: LocalSQL) -> Callable[[pa.Table], pa.Table]:
+        """A consolidation of the trace's rows (``_shard`` with the payload), in its row
+        schema: what a merge does to the files it reads."""
+        schema = self.table.arrow_schema
+
+        def consolidate_rows(rows: pa.Table) -> pa.Table:
+            return sql.consolidate(rows, [*self.payload, SHARD]).select(schema.names).cast(schema)
+        return consolidate_rows
+
+    def _drop_replica(self) -> None:
+        """Forget the replica (the trace's files changed in a way it does not follow)."""
+        self._replica = None
+        self._unreplicated_lookups = 0
+        self._followable = None
+
+    def _followed(self, before: Sequence[DataFile], after: Sequence[DataFile]) -> None:
+        """Without a replica: the files changed from ``before`` to ``after`` by a change a
+        replica would have followed (lookups before it count towards building one)."""
+        if self._replica is None and frozenset(f.path for f in before) == self._followable:
+            self._followable = frozenset(f.path for f in after)
 
     def lookup_extreme_rows(self, sql: LocalSQL, keys: pa.Table, largest: bool) -> pa.Table:
         """For a trace ordered by a value (``order_by``: a min/max aggregate's (group, value)
@@ -685,6 +784,11 @@ class Trace:
                     self.runs.add(f, part)
                     if part.num_rows <= RECENT_FILE_ROWS:
                         self._merged[f.path] = part
+            if self._replica is not None:  # its piece, sorted here, off the step's thread
+                paths = frozenset(self.table.data_file(a).path for a in adds)
+                rows = merged.cast(self.table.arrow_schema)
+                self._merged_pieces[paths] = Piece.sorted_from(paths, rows,
+                                                               self._key_hashes(rows))
             return adds
         merged = consolidate(self.table.read(files), [*self.payload, SHARD])
         parts = max(1, min(64, rows // 2_000_000 + 1))
@@ -699,6 +803,7 @@ class Trace:
         gone = set(files)
         new = [self.table.data_file(a) for a in adds]
         merged = [self._merged.pop(f.path, None) for f in new]
+        piece = self._merged_pieces.pop(frozenset(f.path for f in new), None)
         if not gone <= set(current):
             return False
         self.table.stage(adds, [f.path for f in files])
@@ -706,6 +811,10 @@ class Trace:
         for f, rows in zip(new, merged):
             if rows is not None:
                 self._remember(f, rows)
+        if self._replica is not None and not self._replica.merged(
+                (f.path for f in files), [f.path for f in new], piece):
+            self._drop_replica()
+        self._followed(current, self._files)
         return True
 
     def compact(self, threshold: int = COMPACT_FILE_THRESHOLD, sql: LocalSQL | None = None) -> bool:
@@ -796,6 +905,8 @@ class Trace:
         return self.runs.retain(f.path for f in self.files())
 
     def reset_cache(self) -> None:
-        """Forget the cached file list (after the state database rolled the table back)."""
+        """Forget the cached file list (after the state database rolled the table back) and
+        the replica."""
         self._files = None
+        self._drop_replica()
 

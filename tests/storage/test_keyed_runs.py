@@ -14,7 +14,7 @@ import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from dbsp_pipeline.driver.sql import LocalSQL
-from dbsp_pipeline.storage import keyed_runs
+from dbsp_pipeline.storage import keyed_runs, trace_replica
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.trace import Trace
 
@@ -44,6 +44,13 @@ def _scan(trace: Trace, keys: pa.Table) -> list[tuple]:
                   ).to_numpy(zero_copy_only=False)
         mask |= m
     return sorted(rows.filter(pa.array(mask)).to_pylist(), key=repr)
+
+
+@pytest.fixture(autouse=True)
+def _no_replicas(monkeypatch):
+    """Lookups here go through the files and their runs: no trace keeps an in-memory replica
+    (``storage/trace_replica.py``, tested in ``test_trace_replica.py``)."""
+    monkeypatch.setattr(trace_replica, "MAX_ROWS", 0)
 
 
 @pytest.fixture
@@ -359,6 +366,7 @@ def test_a_lookup_that_may_not_build_a_run_has_it_built_in_the_background(big_tr
     big = max(task.files(), key=lambda f: f.rows)
     os.remove(task.runs.run_path(big))
     task.runs.build_on_miss = False
+    task.replicated = False  # (as ``owner_exec.task_operator`` makes a task's traces)
     keys = _keys(rng, 100)
     with keyed_runs.held_writes():
         task.reset_rows_read()

@@ -160,6 +160,8 @@ def test_step_local_per_owner_equals_the_driver_path(tmp_path: Path, case: str,
     shutil.rmtree(root_layout.keyed_runs(db.root), ignore_errors=True)
     outs, records, task_traces = run_per_owner(op, db, node, schemas, step2, layout, sql, 2)
     assert sum(t.runs.built for t in task_traces) == 0
+    # nor an in-memory replica (a task's traces live one step: ``storage/trace_replica.py``)
+    assert all(not t.replicated and t._replica is None for t in task_traces)
     keyed_runs.wait_for_writes()
     written = {os.path.join(folder, name) for folder, _, names in
                os.walk(root_layout.keyed_runs(db.root)) for name in names}
