@@ -127,7 +127,11 @@ class EngineState:
 
     def load_opened(self) -> None:
         """After ``db`` opened a state version: take its layout and compile the plan over its
-        traces; no executed step is uncommitted."""
+        traces; no executed step is uncommitted. The plan before (if any) lets its traces'
+        in-memory replicas go now, not when its reference cycles are collected."""
+        old = getattr(self, "plan", None)
+        for trace in old.traces() if old is not None else ():
+            trace.drop_replica()
         self.layout = read_layout(self.db)
         self.plan = compile_plan(self.circuit, self.spark, self.db)
         self.uncommitted_steps = 0

@@ -226,6 +226,11 @@ EXTREME_GROWTH = 8
 #: retracted 100k values a region, and each region was read 100k rows deep)
 EXTREME_RETRACTED_ROWS = EXTREME_ROWS * EXTREME_GROWTH
 
+#: A small trace builds its in-memory replica (``trace_replica.py``) at this many lookups with
+#: no change of its files between them but those a replica follows: a trace whose files Spark
+#: steps change every few steps is not read whole after each
+REPLICA_AFTER_LOOKUPS = 4
+
 #: Compact a trace once it has more sorted runs than this (size-tiered merge of the smallest).
 COMPACT_FILE_THRESHOLD = 16
 #: A trace updated in place is merged whole once the runs beside its largest hold this many
@@ -293,8 +298,9 @@ class Trace:
         self._replica: TraceReplica | None = None
         #: lookups without a replica since the trace's files last changed other than by a
         #: change a replica follows (``_followable``: the files after the last lookup or
-        #: followed change): the replica is built at the second, so a trace whose files change
-        #: otherwise between lookups (Spark steps) is not read whole for each
+        #: followed change): the replica is built at the ``REPLICA_AFTER_LOOKUPS``-th, so a
+        #: trace whose files change otherwise every few steps (Spark steps) is not read whole
+        #: for each
         self._unreplicated_lookups = 0
         self._followable: frozenset[str] | None = None
 
@@ -344,6 +350,7 @@ class Trace:
             self.table.stage(adds, [f.path for f in old])
         new = [self.table.data_file(a) for a in adds]
         self._files = new
+        self.drop_replica()  # (a change a replica does not follow)
         return new
 
     def append(self, delta: DataFrame) -> list[DataFile]:
@@ -360,6 +367,7 @@ class Trace:
         self.table.stage(adds)
         new = [self.table.data_file(a) for a in adds]
         self._files = before + new
+        self.drop_replica()  # (a change a replica does not follow)
         return new
 
     # -- driver-side (Arrow) access, for small steps ----------------------------------------
@@ -382,13 +390,14 @@ class Trace:
             self._remember(f, change)
         replica = self._replica
         if replica is not None:  # the replica follows, if it was of the files before
+            rows = change.select(self.table.arrow_schema.names).cast(self.table.arrow_schema)
             if (len(new) == 1 and replica.covers(f.path for f in before)
-                    and replica.rows + change.num_rows <= trace_replica.MAX_ROWS):
-                rows = change.select(self.table.arrow_schema.names).cast(self.table.arrow_schema)
+                    and replica.unread_appends + 1 < trace_replica.UNREAD_APPENDS
+                    and within_budget(replica.rows + rows.num_rows, rows.nbytes)):
                 replica.add(new[0].path, rows, self._key_hashes(rows), self._consolidator(sql),
                             self._key_hashes)
-            else:  # not of the files before, or grown beyond a replica's size
-                self._drop_replica()
+            else:  # not of the files before, unread for long, or grown beyond the bounds
+                self.drop_replica()
         self._followed(before, self._files)
         return change
 
@@ -409,6 +418,7 @@ class Trace:
         if adds or old:
             self.table.stage(adds, [f.path for f in old])
         self._files = [self.table.data_file(a) for a in adds]
+        self.drop_replica()  # (a change a replica does not follow)
 
     def read_arrow(self, files: Sequence[DataFile] | None = None) -> pa.Table:
         """The trace's rows (payload, ``_weight``, ``_shard``) in ``files`` (default: all);
@@ -461,21 +471,28 @@ class Trace:
         """The replica a lookup in ``files`` (default: all) reads, and whether without its
         newest piece; None when there is none to read (``trace_replica.py``). A replica that is
         not of the trace's files now is dropped, never read; one is built (reading every file)
-        at the second lookup since the trace's files changed in a way a replica does not follow,
-        if the trace is small enough."""
+        at the ``REPLICA_AFTER_LOOKUPS``-th lookup since the trace's files changed in a way a
+        replica does not follow, if the trace holds at most half of ``trace_replica.MAX_ROWS``
+        and the replica fits the process's ``BUDGET_BYTES`` (else this trace keeps none)."""
         if not self.replicated:
             return None, False
         current = self.files()
         if self._replica is not None and not self._replica.covers(f.path for f in current):
-            self._drop_replica()
+            self.drop_replica()
         if self._replica is None:
             paths = frozenset(f.path for f in current)
             self._unreplicated_lookups = (self._unreplicated_lookups + 1
                                           if paths == self._followable else 1)
             self._followable = paths
-            if self._unreplicated_lookups < 2 or not within_budget(sum(f.rows for f in current)):
+            if (self._unreplicated_lookups < REPLICA_AFTER_LOOKUPS
+                    or not within_budget(2 * sum(f.rows for f in current))):
                 return None, False
-            self._replica = self._build_replica(sql, current)
+            replica = self._build_replica(sql, current)
+            if not within_budget():  # beyond the process's bytes: this trace keeps none
+                self.replicated = False
+                return None, False
+            self._replica = replica
+        self._replica.unread_appends = 0
         how = self._replica.readable(f.path for f in (current if files is None else files))
         return (None, False) if how is None else (self._replica, how)
 
@@ -504,7 +521,7 @@ class Trace:
             return sql.consolidate(rows, [*self.payload, SHARD]).select(schema.names).cast(schema)
         return consolidate_rows
 
-    def _drop_replica(self) -> None:
+    def drop_replica(self) -> None:
         """Forget the replica (the trace's files changed in a way it does not follow)."""
         self._replica = None
         self._unreplicated_lookups = 0
@@ -683,7 +700,9 @@ class Trace:
                          r=rows, k=keys).cast(rows.schema)
 
     def _cast(self, table: pa.Table, columns: Sequence[str]) -> pa.Table:
-        """``columns`` of ``table``, cast to this trace's types."""
+        """``columns`` of ``table``, cast to this trace's types (no column: as many rows)."""
+        if not columns:
+            return table.select([])
         schema = self.table.arrow_schema
         fields = [schema.field(c) for c in columns]
         return pa.Table.from_arrays([table.column(c).cast(f.type) for c, f in zip(columns, fields)],
@@ -787,8 +806,10 @@ class Trace:
             if self._replica is not None:  # its piece, sorted here, off the step's thread
                 paths = frozenset(self.table.data_file(a).path for a in adds)
                 rows = merged.cast(self.table.arrow_schema)
-                self._merged_pieces[paths] = Piece.sorted_from(paths, rows,
-                                                               self._key_hashes(rows))
+                # (one merge of a trace at a time: a piece of an earlier one never applied,
+                # its merge having failed, goes)
+                self._merged_pieces = {paths: Piece.sorted_from(paths, rows,
+                                                                self._key_hashes(rows))}
             return adds
         merged = consolidate(self.table.read(files), [*self.payload, SHARD])
         parts = max(1, min(64, rows // 2_000_000 + 1))
@@ -813,7 +834,7 @@ class Trace:
                 self._remember(f, rows)
         if self._replica is not None and not self._replica.merged(
                 (f.path for f in files), [f.path for f in new], piece):
-            self._drop_replica()
+            self.drop_replica()
         self._followed(current, self._files)
         return True
 
@@ -879,6 +900,7 @@ class Trace:
         if files:
             self.table.stage(adds, [f.path for f in files])
             self._files = None
+            self.drop_replica()  # (a change a replica does not follow)
 
     def relayout(self, old: OwnerLayout, new: OwnerLayout) -> RelayoutStats:
         """Make every file hold rows of one worker under layout ``new``: a file whose rows
@@ -908,5 +930,5 @@ class Trace:
         """Forget the cached file list (after the state database rolled the table back) and
         the replica."""
         self._files = None
-        self._drop_replica()
+        self.drop_replica()
 

@@ -2,33 +2,42 @@
 
 A driver step looks up the keys it touches in every small trace it reads: an aggregate's
 groups, a dimension joined with a stream of facts. Through the trace's files that is a search
-in each keyed run, a filter of each small file kept in memory, and a consolidation of what
-they give: a lookup of 100 groups cost 2.0 ms, of 9.5k groups in 100k 10 ms. A replica holds
-the same rows in a few *pieces*, each sorted by the key's 64-bit hash (the keyed runs' hash),
-so a lookup is a binary search and a take per piece: 0.3 ms and 3.8 ms.
+in each keyed run, a filter of each small file kept in memory, and what they give is joined:
+a lookup of 100 groups in 100k cost 1.6 ms, of 9.5k groups 9.3 ms (``make bench-lookup``'s
+(c) and eager (b) at 1M orders). A replica holds the same rows in a few *pieces*, each sorted
+by the key's 64-bit hash (the keyed runs' hash), so a lookup is a binary search and a take per
+piece: 1.1 ms and 6.0 ms.
 
 Never a second source of truth. A replica is the content of an exact set of immutable data
-files (``files``, their paths), and the trace uses it only while that set is the trace's own
-(``Trace.lookup_arrow``); any other change of the trace's files drops it. It follows a change
-only where the rows are in hand and the same: the trace's own append adds the appended file's
-rows as a piece (``add``), and a merge, whose files hold the consolidated rows of the files it
-replaces, only renames them (``swap``). It is built from the files themselves (the trace reads
-them all). Nothing of it is written anywhere: a crash, a rollback, a restore or a layout change
-opens traces anew, with no replica.
+files (``files``, their paths), and the trace reads it only while that set is the trace's own
+(``Trace.lookup_arrow``); any other change of the trace's files drops it (at once where the
+trace makes the change, else at its next lookup, which finds the sets differ). It follows a
+change only where the rows are in hand and the same: the trace's own append adds the appended
+file's rows as a piece (``add``), and a merge, whose files hold the consolidated rows of the
+files it replaces, either hands those rows over as a piece, sorted on the merge's thread, which
+replaces the pieces of the merged files, or the pieces holding them are joined into one under
+the new names (``merged``). It is built from the files themselves (the trace reads them all).
+Nothing of it is written anywhere: a crash, a rollback, a restore or a layout change opens
+traces anew, with no replica.
 
 What a lookup returns is a Z-set equal to the rows of the wanted keys in the files (the same
 sum), not always the same rows: the replica consolidates the rows of hashes that have several
-(``_settle``), where the files may still hold a retraction and the row it cancels.
+when it is built and when it joins pieces (``_settle``), and a merge's piece is consolidated,
+where the files may still hold a retraction and the row it cancels.
 
-Pieces: the first is the rows at build time; each append adds one. A lookup may leave out the
-newest piece (``lookup(..., without_newest=True)``: "the trace before this step's append", a
-join's lookup of the other side's old rows). Before a piece is added to ``MAX_PIECES`` of them,
-they are merged into one, and the rows of hashes that have several are consolidated, so a
-replica stays near the size of the live rows.
+Pieces hold the rows of disjoint sets of files. A lookup may leave out the newest piece
+(``lookup(..., without_newest=True)``: "the trace before this step's append", a join's lookup
+of the other side's old rows). Pieces are joined into one when there are ``MAX_PIECES``, or the
+small ones beside the biggest when they are ``SMALL_PIECES`` (see there).
+
+Memory: a trace of at most ``MAX_ROWS`` rows gets a replica, and the replicas of a process hold
+at most ``BUDGET_BYTES``; a replica that would grow beyond either is dropped, as is one its
+trace appended to ``UNREAD_APPENDS`` times without a lookup reading it.
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -36,10 +45,13 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-#: traces of at most this many rows (in their files) get a replica
+#: a replica holds at most this many rows; one is built only for a trace of at most half as
+#: many (in its files), so a trace near the bound is not built and dropped again and again
 MAX_ROWS = 1_000_000
-#: replicas of at most this many rows in all per process: a trace beyond it reads its files
-BUDGET_ROWS = 4_000_000
+#: the replicas of a process hold at most this many bytes (of Arrow buffers) in all
+BUDGET_BYTES = 512 << 20
+#: a replica its trace appended to this many times with no lookup reading it is dropped
+UNREAD_APPENDS = 8
 #: pieces before they are all merged into one, on the step's thread. A trace's merges (on the
 #: driver, in the background) hand the replica their rows sorted (``merged``), so its pieces
 #: rarely get there: an aggregate's 100k groups, 9.5k changed a step, are merged whole about
@@ -99,7 +111,10 @@ class TraceReplica:
         #: whether the newest piece holds exactly the rows of its one file and no other piece
         #: holds any of them (``readable``)
         self._newest_alone = False
-        _LIVE.add(self)
+        #: appends since a lookup last read the replica
+        self.unread_appends = 0
+        with _LIVE_LOCK:
+            _LIVE.add(self)
 
     @classmethod
     def build(cls, files: Iterable[str], rows: pa.Table, hashes: np.ndarray,
@@ -111,6 +126,10 @@ class TraceReplica:
     @property
     def rows(self) -> int:
         return sum(p.rows.num_rows for p in self._pieces)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.rows.nbytes + p.hashes.nbytes for p in self._pieces)
 
     @property
     def pieces(self) -> int:
@@ -134,6 +153,7 @@ class TraceReplica:
     def lookup(self, hashes: np.ndarray, without_newest: bool = False) -> pa.Table:
         """The rows whose key hash is one of ``hashes`` (sorted, distinct): a Z-set equal to
         those rows in the files; with ``without_newest``, leaving out the newest piece's."""
+        self.unread_appends = 0
         pieces = self._pieces[:-1] if without_newest else self._pieces
         parts = [p.take(hashes) for p in pieces]
         parts = [t for t in parts if t.num_rows] or parts[:1]
@@ -154,6 +174,7 @@ class TraceReplica:
         self._pieces.append(Piece.sorted_from([path], rows, hashes))
         self.files = self.files | {path}
         self._newest_alone = True
+        self.unread_appends += 1
 
     def merged(self, gone: Iterable[str], new: Sequence[str], piece: Piece | None) -> bool:
         """A merge replaced the data files ``gone`` by ``new``, which hold their rows
@@ -182,10 +203,12 @@ class TraceReplica:
         return True
 
 
-def within_budget(rows: int) -> bool:
-    """Whether a replica of ``rows`` rows fits in this process's ``BUDGET_ROWS``, beside the
-    replicas alive now."""
-    return rows <= MAX_ROWS and sum(r.rows for r in list(_LIVE)) + rows <= BUDGET_ROWS
+def within_budget(rows: int = 0, nbytes: int = 0) -> bool:
+    """Whether ``rows`` more rows of ``nbytes`` more bytes fit: in a replica (``MAX_ROWS``) and
+    beside the replicas alive in this process (``BUDGET_BYTES``)."""
+    with _LIVE_LOCK:
+        held = sum(r.nbytes for r in list(_LIVE))
+    return rows <= MAX_ROWS and held + nbytes <= BUDGET_BYTES
 
 
 def _joined(pieces: Sequence[Piece], consolidate: Consolidate, key_hashes: KeyHashes) -> Piece:
@@ -215,5 +238,6 @@ def _settle(piece: Piece, consolidate: Consolidate, key_hashes: KeyHashes) -> Pi
                              np.concatenate([h[~repeated], key_hashes(settled)]))
 
 
-#: the replicas alive in this process (for ``within_budget``)
+#: the replicas alive in this process (for ``within_budget``), and the lock of the set
 _LIVE: weakref.WeakSet[TraceReplica] = weakref.WeakSet()
+_LIVE_LOCK = threading.Lock()

@@ -14,9 +14,10 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from dbsp_pipeline.driver.sql import LocalSQL
 from dbsp_pipeline.spark_session import LazySession
 from dbsp_pipeline.storage import data_files, trace_replica
+from dbsp_pipeline.storage import trace as trace_module
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.trace import Trace
-from dbsp_pipeline.storage.trace_replica import Piece, TraceReplica
+from dbsp_pipeline.storage.trace_replica import TraceReplica
 from dbsp_pipeline.zset import WEIGHT
 
 SCHEMA = StructType([StructField("k", LongType()), StructField("v", StringType())])
@@ -68,6 +69,10 @@ def test_lookups_through_the_replica_equal_the_files(trace, monkeypatch, seed, s
     consolidated, and the replica is read."""
     monkeypatch.setattr(trace_replica, "MAX_PIECES", 6)
     monkeypatch.setattr(trace_replica, "SMALL_ROWS", small_rows)
+    reads = []
+    real_lookup = TraceReplica.lookup
+    monkeypatch.setattr(TraceReplica, "lookup", lambda self, hashes, without_newest=False: (
+        reads.append(without_newest) or real_lookup(self, hashes, without_newest)))
     sql = LocalSQL()
     rng = np.random.default_rng(seed)
     live: dict[int | None, str] = {}
@@ -88,7 +93,8 @@ def test_lookups_through_the_replica_equal_the_files(trace, monkeypatch, seed, s
             if step % 14 == 3:
                 trace._merged_pieces.clear()
             assert trace.apply_merge(files, adds)
-    assert read_replica >= 38  # built at the second lookup, then followed every change
+    assert read_replica >= 37  # built at the fourth lookup, then followed every change
+    assert reads.count(True) >= 37 and reads.count(False) >= 37  # both ways read it
     assert trace._replica is not None and trace._replica.pieces <= 6
     everything = sorted(live.items(), key=repr)
     got = trace.lookup_arrow(sql, pa.table({"k": pa.array([k for k, _ in everything],
@@ -106,16 +112,16 @@ def test_a_replica_not_of_the_trace_files_is_never_read(trace, monkeypatch):
     trace.append_arrow(sql, _change(rng, live, 200))
     keys = pa.table({"k": pa.array(list(range(0, 300, 3)), pa.int64())})
     expected = lambda: _in_files(sql, trace, keys.column("k").to_pylist())  # noqa: E731
-    for _ in range(2):
+    for _ in range(trace_module.REPLICA_AFTER_LOOKUPS):
         assert _consolidated(sql, trace.lookup_arrow(sql, keys)) == expected()
     first = trace._replica
     assert first is not None
 
     files = trace.files()  # the same rows in other files (a layout change's swap)
     trace.swap_files(files, trace.table.write_arrow(trace.table.read_arrow(files)))
-    assert _consolidated(sql, trace.lookup_arrow(sql, keys)) == expected()
-    assert trace._replica is None  # dropped, read from the files
-    assert _consolidated(sql, trace.lookup_arrow(sql, keys)) == expected()
+    assert trace._replica is None  # dropped at once
+    for _ in range(trace_module.REPLICA_AFTER_LOOKUPS):
+        assert _consolidated(sql, trace.lookup_arrow(sql, keys)) == expected()
     assert trace._replica is not None and trace._replica is not first
 
     # a replica whose files are the trace's but whose rows are not is what "never a second
@@ -129,9 +135,13 @@ def test_a_replica_not_of_the_trace_files_is_never_read(trace, monkeypatch):
     assert _consolidated(sql, trace.lookup_arrow(sql, keys)) == expected()
     assert trace._replica is None and opened  # read the files
 
+    for _ in range(trace_module.REPLICA_AFTER_LOOKUPS):
+        assert _consolidated(sql, trace.lookup_arrow(sql, keys)) == expected()
+    assert trace._replica is not None
     trace.replace_arrow(sql.consolidate(trace.read_arrow().select(["k", "v", WEIGHT]),
                                         ["k", "v"]).slice(0, 50))
-    for _ in range(2):
+    assert trace._replica is None
+    for _ in range(trace_module.REPLICA_AFTER_LOOKUPS):
         assert _consolidated(sql, trace.lookup_arrow(sql, keys)) == expected()
     assert trace._replica is not None
     trace.reset_cache()
@@ -153,40 +163,63 @@ def test_a_trace_changed_otherwise_between_lookups_builds_none(trace):
         trace.lookup_arrow(sql, keys)
         built += trace._replica is not None
     assert built == 0
-    trace.lookup_arrow(sql, keys)  # the second lookup with no change between: built
+    for _ in range(trace_module.REPLICA_AFTER_LOOKUPS - 1):  # no change between: built
+        trace.lookup_arrow(sql, keys)
     assert trace._replica is not None
 
 
-def test_big_traces_and_spark_tasks_keep_no_replica(trace, monkeypatch):
-    """A trace beyond ``MAX_ROWS`` builds none, and one that grows beyond drops its own; a
-    trace of a Spark task (``replicated`` off) never builds one; the process's replicas stay
-    within ``BUDGET_ROWS``."""
+def test_replicas_stay_within_their_bounds(trace, monkeypatch):
+    """A trace of more than half ``MAX_ROWS`` builds none, and one that would grow beyond
+    ``MAX_ROWS`` drops its own; a trace whose replica would take the process beyond
+    ``BUDGET_BYTES`` keeps none; one appended to ``UNREAD_APPENDS`` times without a lookup
+    reading it is dropped; a trace with ``replicated`` off (a Spark task's) builds none."""
     sql = LocalSQL()
     rng = np.random.default_rng(8)
     live: dict[int | None, str] = {}
     keys = pa.table({"k": pa.array([1, 2, 3], pa.int64())})
+    lookups = trace_module.REPLICA_AFTER_LOOKUPS
     trace.append_arrow(sql, _change(rng, live, 100))
-    monkeypatch.setattr(trace_replica, "MAX_ROWS", 150)
-    for _ in range(2):
+    monkeypatch.setattr(trace_replica, "MAX_ROWS", 199)  # the trace holds 100: over half
+    for _ in range(lookups):
+        trace.lookup_arrow(sql, keys)
+    assert trace._replica is None
+    monkeypatch.setattr(trace_replica, "MAX_ROWS", 300)
+    trace.lookup_arrow(sql, keys)
+    assert trace._replica is not None
+    trace.append_arrow(sql, _change(rng, live, 250))  # beyond 300 rows: dropped
+    assert trace._replica is None
+
+    monkeypatch.setattr(trace_replica, "MAX_ROWS", 100_000)
+    for _ in range(lookups):
         trace.lookup_arrow(sql, keys)
     assert trace._replica is not None
-    trace.append_arrow(sql, _change(rng, live, 100))  # beyond 150 rows: dropped
-    assert trace._replica is None
-    for _ in range(3):
+    for _ in range(trace_replica.UNREAD_APPENDS):
+        trace.append_arrow(sql, _change(rng, live, 5))
+    assert trace._replica is None  # appended to, never read
+
+    alive = sum(r.nbytes for r in list(trace_replica._LIVE))  # others not yet collected
+    monkeypatch.setattr(trace_replica, "BUDGET_BYTES", alive + 100)
+    for _ in range(lookups):
         trace.lookup_arrow(sql, keys)
-    assert trace._replica is None
-
-    monkeypatch.setattr(trace_replica, "MAX_ROWS", 10_000)
-    trace.replicated = False
-    for _ in range(3):
+    assert trace._replica is None and not trace.replicated  # it did not fit: none for it
+    monkeypatch.setattr(trace_replica, "BUDGET_BYTES", alive + (10 << 20))
+    for _ in range(lookups):
         trace.lookup_arrow(sql, keys)
-    assert trace._replica is None
+    assert trace._replica is None  # (a Spark task's traces are made so)
 
-    alive = sum(r.rows for r in list(trace_replica._LIVE))  # other tests' not yet collected
-    monkeypatch.setattr(trace_replica, "BUDGET_ROWS", alive + 1_000)
-    held = TraceReplica([Piece(frozenset(), np.zeros(900, dtype=np.uint64),
-                               pa.table({"x": np.zeros(900)}))])
-    assert not trace_replica.within_budget(200) and trace_replica.within_budget(100)
-    del held
-    assert trace_replica.within_budget(200)
 
+def test_a_keyless_trace_is_looked_up_whole(tmp_path):
+    """A trace without key (a global aggregate's one group) has every row under the one key
+    there is: a lookup of any key finds them all, through the files and through a replica."""
+    db = StateDatabase(LazySession(), str(tmp_path), "keyless")
+    db.open()
+    trace = Trace(db, "t", StructType([StructField("n", LongType())]), [],
+                  updated_in_place=True)
+    sql = LocalSQL()
+    trace.append_arrow(sql, pa.table({"n": pa.array([5, 6], pa.int64()),
+                                      WEIGHT: pa.array([1, 2], pa.int64())}))
+    for _ in range(trace_module.REPLICA_AFTER_LOOKUPS + 1):
+        got = trace.lookup_arrow(sql, pa.table({"x": [1]}))
+        assert sorted(zip(got.column("n").to_pylist(), got.column(WEIGHT).to_pylist())) == [
+            (5, 1), (6, 2)]
+    assert trace._replica is not None
