@@ -3,10 +3,10 @@
 A driver step looks up the keys it touches in every small trace it reads: an aggregate's
 groups, a dimension joined with a stream of facts. Through the trace's files that is a search
 in each keyed run, a filter of each small file kept in memory, and what they give is joined:
-a lookup of 100 groups in 100k cost 1.6 ms, of 9.5k groups 9.3 ms (``make bench-lookup``'s
+a lookup of 100 groups in 100k cost 1.6 ms, of 9.5k groups 10.6 ms (``make bench-lookup``'s
 (c) and eager (b) at 1M orders). A replica holds the same rows in a few *pieces*, each sorted
 by the key's 64-bit hash (the keyed runs' hash), so a lookup is a binary search and a take per
-piece: 1.1 ms and 6.0 ms.
+piece: 1.1 ms and 6.3 ms.
 
 Never a second source of truth. A replica is the content of an exact set of immutable data
 files (``files``, their paths), and the trace reads it only while that set is the trace's own
