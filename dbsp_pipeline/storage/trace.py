@@ -390,7 +390,7 @@ class Trace:
             self._remember(f, change)
         replica = self._replica
         if replica is not None:  # the replica follows, if it was of the files before
-            rows = change.select(self.table.arrow_schema.names).cast(self.table.arrow_schema)
+            rows = self._in_row_schema(change)
             if (len(new) == 1 and replica.covers(f.path for f in before)
                     and replica.unread_appends + 1 < trace_replica.UNREAD_APPENDS
                     and within_budget(replica.rows + rows.num_rows, rows.nbytes)):
@@ -404,10 +404,13 @@ class Trace:
     def _remember(self, f: DataFile, rows: pa.Table) -> None:
         """Keep ``rows`` (the whole content of the new file ``f``) for lookups."""
         if rows.num_rows <= RECENT_FILE_ROWS:
-            schema = self.table.arrow_schema
-            if not rows.schema.equals(schema):  # (an append's rows are in it already)
-                rows = rows.select(schema.names).cast(schema)
-            self._recent.keep(f.path, rows, RECENT_FILE_ROWS)
+            self._recent.keep(f.path, self._in_row_schema(rows), RECENT_FILE_ROWS)
+
+    def _in_row_schema(self, rows: pa.Table) -> pa.Table:
+        """``rows`` (payload, ``_weight``, ``_shard``) in the trace table's row schema: its
+        column order and types (rows already in it, as an append's are, as they are)."""
+        schema = self.table.arrow_schema
+        return rows if rows.schema.equals(schema) else rows.select(schema.names).cast(schema)
 
     def replace_arrow(self, delta: pa.Table | None) -> None:
         """``replace`` on the driver (``delta`` is already consolidated)."""
@@ -506,19 +509,16 @@ class Trace:
             read = self.table.read_arrow(unread)
             self.rows_read += read.num_rows
             parts.append(read)
-        schema = self.table.arrow_schema
-        rows = (pa.concat_tables([p.select(schema.names).cast(schema) for p in parts])
-                if parts else schema.empty_table())
+        rows = (pa.concat_tables([self._in_row_schema(p) for p in parts])
+                if parts else self.table.arrow_schema.empty_table())
         return TraceReplica.build([f.path for f in files], rows, self._key_hashes(rows),
                                   self._consolidator(sql), self._key_hashes)
 
     def _consolidator(self, sql: LocalSQL) -> Callable[[pa.Table], pa.Table]:
         """A consolidation of the trace's rows (``_shard`` with the payload), in its row
         schema: what a merge does to the files it reads."""
-        schema = self.table.arrow_schema
-
         def consolidate_rows(rows: pa.Table) -> pa.Table:
-            return sql.consolidate(rows, [*self.payload, SHARD]).select(schema.names).cast(schema)
+            return self._in_row_schema(sql.consolidate(rows, [*self.payload, SHARD]))
         return consolidate_rows
 
     def drop_replica(self) -> None:
@@ -805,7 +805,7 @@ class Trace:
                         self._merged[f.path] = part
             if self._replica is not None:  # its piece, sorted here, off the step's thread
                 paths = frozenset(self.table.data_file(a).path for a in adds)
-                rows = merged.cast(self.table.arrow_schema)
+                rows = self._in_row_schema(merged)
                 # (one merge of a trace at a time: a piece of an earlier one never applied,
                 # its merge having failed, goes)
                 self._merged_pieces = {paths: Piece.sorted_from(paths, rows,

@@ -194,9 +194,8 @@ class TraceReplica:
                 *(p.paths for p in touched)) == gone:
             self._pieces = [piece, *(p for p in self._pieces if not p.paths & gone)]
         elif touched:  # the pieces holding them become one, of their other files and ``new``
-            paths = (frozenset().union(*(p.paths for p in touched)) - gone) | frozenset(new)
-            joined = Piece.sorted_from(paths, pa.concat_tables([p.rows for p in touched]),
-                                       np.concatenate([p.hashes for p in touched]))
+            joined = _concatenated(touched)
+            joined = Piece(joined.paths - gone | frozenset(new), joined.hashes, joined.rows)
             self._pieces = [joined, *(p for p in self._pieces if not p.paths & gone)]
         self.files = (self.files - gone) | frozenset(new)
         self._newest_alone = self._newest_alone and self._pieces[-1] is newest
@@ -211,12 +210,16 @@ def within_budget(rows: int = 0, nbytes: int = 0) -> bool:
     return rows <= MAX_ROWS and held + nbytes <= BUDGET_BYTES
 
 
+def _concatenated(pieces: Sequence[Piece]) -> Piece:
+    """One piece of the rows of ``pieces`` (of all their files), as they are."""
+    return Piece.sorted_from(frozenset().union(*(p.paths for p in pieces)),
+                             pa.concat_tables([p.rows for p in pieces]),
+                             np.concatenate([p.hashes for p in pieces]))
+
+
 def _joined(pieces: Sequence[Piece], consolidate: Consolidate, key_hashes: KeyHashes) -> Piece:
     """One piece of the rows of ``pieces`` (of all their files), settled (``_settle``)."""
-    whole = Piece.sorted_from(frozenset().union(*(p.paths for p in pieces)),
-                              pa.concat_tables([p.rows for p in pieces]),
-                              np.concatenate([p.hashes for p in pieces]))
-    return _settle(whole, consolidate, key_hashes)
+    return _settle(_concatenated(pieces), consolidate, key_hashes)
 
 
 def _settle(piece: Piece, consolidate: Consolidate, key_hashes: KeyHashes) -> Piece:
