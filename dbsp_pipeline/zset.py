@@ -79,24 +79,36 @@ def null_safe_equal(left: DataFrame, right: DataFrame, columns: Sequence[str]) -
     return cond if cond is not None else F.lit(True)
 
 
-def positive_zeros(df: DataFrame) -> DataFrame:
-    """``df`` with every -0.0 of a floating-point column as 0.0. The two are equal, so grouping
-    and distinct keep one of them, and which one must not depend on the order an engine met
-    them in: the engine stores and computes only 0.0 (inputs and ``select`` results)."""
+def canonical_floats(df: DataFrame) -> DataFrame:
+    """``df`` with every floating-point value in one bit pattern per value: -0.0 as 0.0 and
+    every NaN (whatever its sign and payload) as the one NaN Java, numpy and Python write
+    (``0x7ff8000000000000``; ``0x7fc00000`` in a FLOAT). The values of each pair are equal, so
+    grouping and distinct keep one of them, and which one must not depend on the order an engine
+    met them in, nor on which engine computed them (x86 arithmetic makes a NaN with the sign
+    bit set): the engine stores and computes only these (inputs and ``select`` results)."""
     floats = {f.name for f in df.schema.fields if isinstance(f.dataType, (DoubleType, FloatType))}
     if not floats:
         return df
-    return df.select(*[F.when(F.col(quote(c)) == 0, F.lit(0).cast(df.schema[c].dataType))
-                       .otherwise(F.col(quote(c))).alias(c) if c in floats else F.col(quote(c))
-                       for c in df.columns])
+
+    def canonical(c: str) -> Column:
+        kind = df.schema[c].dataType
+        value = F.col(quote(c))
+        return (F.when(F.isnan(value), F.lit(float("nan")).cast(kind))
+                .when(value == 0, F.lit(0).cast(kind)).otherwise(value).alias(c))
+
+    return df.select(*[canonical(c) if c in floats else F.col(quote(c)) for c in df.columns])
 
 
-def positive_zeros_arrow(table: pa.Table) -> pa.Table:
-    """``positive_zeros`` of an Arrow table."""
+def canonical_floats_arrow(table: pa.Table) -> pa.Table:
+    """``canonical_floats`` of an Arrow table (NULLs stay NULL)."""
     for i, f in enumerate(table.schema):
         if pa.types.is_floating(f.type):
             col = table.column(i)
-            table = table.set_column(i, f, pc.if_else(pc.equal(col, 0), pa.scalar(0, f.type), col))
+            col = pc.if_else(pc.equal(col, 0), pa.scalar(0, f.type), col)
+            nan = pc.is_nan(col)
+            if pc.any(nan).as_py():
+                col = pc.if_else(nan, pa.scalar(float("nan"), f.type), col)
+            table = table.set_column(i, f, col)
     return table
 
 

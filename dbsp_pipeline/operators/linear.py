@@ -32,7 +32,7 @@ from dbsp_pipeline.driver.arrow_expressions import (
 from dbsp_pipeline.driver.expressions import translate_predicate, translate_projection
 from dbsp_pipeline.driver.sql import conform, ident, negate, zset_arrow_schema
 from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContext
-from dbsp_pipeline.zset import WEIGHT, positive_zeros, positive_zeros_arrow, quote
+from dbsp_pipeline.zset import WEIGHT, canonical_floats, canonical_floats_arrow, quote
 
 
 class _UserSQL(Operator):
@@ -59,7 +59,7 @@ class _UserSQL(Operator):
         except pa.ArrowException:  # unforeseen (the evaluation never raises where Spark would
             arrow = None           # not): the DuckDB query, or Spark, decides
         if arrow is not None:
-            out = positive_zeros_arrow(conform(arrow, self.schema))
+            out = canonical_floats_arrow(conform(arrow, self.schema))
             if self.keeps_rows and ctx.sql is not None:
                 # a subset of a consolidated change is consolidated (+0.0 for -0.0 merges no
                 # two rows: consolidation took them as equal); the next trace append need not
@@ -67,7 +67,7 @@ class _UserSQL(Operator):
             return out
         if self.local_sql is not None:
             try:
-                return positive_zeros_arrow(conform(ctx.local.query(self.local_sql, d=d),
+                return canonical_floats_arrow(conform(ctx.local.query(self.local_sql, d=d),
                                                     self.schema))
             except duckdb.Error:
                 pass  # e.g. an overflow in a branch Spark would not evaluate: Spark decides
@@ -100,7 +100,7 @@ class Select(_UserSQL):
                                     names=[*self.schema.fieldNames(), WEIGHT])
 
     def _spark(self, d: DataFrame) -> DataFrame:
-        return positive_zeros(d.select(*[F.expr(e) for e in self.exprs], F.col(WEIGHT)))
+        return canonical_floats(d.select(*[F.expr(e) for e in self.exprs], F.col(WEIGHT)))
 
 
 class Filter(_UserSQL):

@@ -34,7 +34,7 @@ from dbsp_pipeline.runtime.scatter import PushedChange
 from dbsp_pipeline.storage.delta_table import DataFile, SparkDeltaTable
 from dbsp_pipeline.storage.kept_rows import KeptRows
 from dbsp_pipeline.storage.trace import DRIVER_MERGE_ROWS
-from dbsp_pipeline.zset import WEIGHT, consolidate, positive_zeros, positive_zeros_arrow
+from dbsp_pipeline.zset import WEIGHT, canonical_floats, canonical_floats_arrow, consolidate
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class InputLog:
                    rejected: int = 0) -> WrittenPush:
         """The first half of ``append_arrow``: the push's data file written, nothing committed
         (a file no commit names is garbage for ``storage/garbage.py``)."""
-        rows = positive_zeros_arrow(table)
+        rows = canonical_floats_arrow(table)
         return WrittenPush(self.table.write_arrow(rows), rows, producer, seq, rejected)
 
     def append_written(self, push: WrittenPush) -> int:
@@ -177,7 +177,7 @@ class InputLog:
                      seq: int | None = None) -> int:
         """Durably append a Spark DataFrame of (payload + ``_weight``); returns the rows
         appended (0: the producer's batch was recorded already, as for ``append_arrow``)."""
-        adds = self.table.write_files(positive_zeros(df))
+        adds = self.table.write_files(canonical_floats(df))
         if adds or producer is not None:
             if not self._commit(adds, producer, seq):
                 return 0

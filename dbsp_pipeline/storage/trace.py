@@ -495,7 +495,6 @@ class Trace:
                 self.replicated = False
                 return None, False
             self._replica = replica
-        self._replica.unread_appends = 0
         how = self._replica.readable(f.path for f in (current if files is None else files))
         return (None, False) if how is None else (self._replica, how)
 

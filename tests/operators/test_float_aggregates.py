@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import random
 import shutil
+import struct
 from collections import Counter
 
 import pytest
@@ -192,19 +193,34 @@ def test_restore_to_each_retained_checkpoint_keeps_the_change_log_exact(spark, t
             _assert_log_integrates_to_view(p)
 
 
+def _bits(value: float) -> int:
+    return struct.unpack("<Q", struct.pack("<d", value))[0]
+
+
+#: a NaN with the sign bit and a payload (x86 arithmetic makes the first; any input may hold both)
+ODD_NAN = struct.unpack("<d", struct.pack("<Q", 0xFFF8_0000_0000_0001))[0]
+CANONICAL_NAN = 0x7FF8_0000_0000_0000
+
+
 @ENGINES
-def test_negative_zero_is_stored_and_computed_as_zero(spark, tmp_path, driver_step_rows):
-    """-0.0 equals 0.0, so which of the two a distinct keeps must not depend on the order the
-    engine met them in (DuckDB keeps the first): inputs and select results hold only 0.0."""
+def test_negative_zero_and_nan_are_stored_and_computed_in_one_form(spark, tmp_path,
+                                                                    driver_step_rows):
+    """-0.0 equals 0.0 and a NaN equals every NaN, so which of each pair a distinct keeps must
+    not depend on the order the engine met them in (DuckDB keeps the first), nor on the engine:
+    inputs and select results hold only 0.0 and the one NaN 0x7ff8000000000000."""
     c = Circuit("zeros")
     o = c.input("orders", "order_id BIGINT, region STRING, amount DOUBLE")
     c.output("amounts", o.select("amount").distinct())
     c.output("negated", o.select("-amount AS neg").distinct())
     with Pipeline(c, str(tmp_path / "root"), spark, driver_step_rows=driver_step_rows) as p:
-        p.push("orders", [(1, "r", -0.0), (2, "r", 0.0)])
+        p.push("orders", [(1, "r", -0.0), (2, "r", 0.0), (3, "r", ODD_NAN),
+                          (4, "r", math.nan), (5, "r", None)])
         p.step()
         for view, column in (("amounts", "amount"), ("negated", "neg")):
             values = p.view_arrow(view).column(column).to_pylist()
-            assert values == [0.0] and math.copysign(1, values[0]) == 1, (view, values)
-        assert [math.copysign(1, v) for v in p.input_view_arrow("orders").column(
-            "amount").to_pylist()] == [1, 1]
+            assert sorted(_bits(v) for v in values if v is not None) == [0, CANONICAL_NAN], (
+                view, values)
+            assert values.count(None) == 1
+        stored = p.input_view_arrow("orders").sort_by("order_id").column("amount").to_pylist()
+        assert [None if v is None else _bits(v) for v in stored] == [
+            0, 0, CANONICAL_NAN, CANONICAL_NAN, None]
