@@ -393,7 +393,8 @@ class Trace:
             rows = self._in_row_schema(change)
             if (len(new) == 1 and replica.covers(f.path for f in before)
                     and replica.unread_appends + 1 < trace_replica.UNREAD_APPENDS
-                    and within_budget(replica.rows + rows.num_rows, rows.nbytes)):
+                    and within_budget(replica.rows + rows.num_rows,
+                                        rows.get_total_buffer_size())):
                 replica.add(new[0].path, rows, self._key_hashes(rows), self._consolidator(sql),
                             self._key_hashes)
             else:  # not of the files before, unread for long, or grown beyond the bounds

@@ -41,6 +41,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
@@ -87,6 +88,12 @@ class Piece:
         order = np.argsort(hashes, kind="stable")
         return cls(frozenset(paths), hashes[order], rows.take(pa.array(order)))
 
+    @cached_property
+    def nbytes(self) -> int:
+        """The bytes of its rows' Arrow buffers (whole buffers, even where the rows are a
+        slice of one) and of its hashes, counted once."""
+        return int(self.rows.get_total_buffer_size() + self.hashes.nbytes)
+
     def take(self, wanted: np.ndarray) -> pa.Table:
         """The rows whose hash is one of ``wanted`` (sorted, distinct)."""
         lo = np.searchsorted(self.hashes, wanted, "left")
@@ -129,7 +136,7 @@ class TraceReplica:
 
     @property
     def nbytes(self) -> int:
-        return sum(p.rows.nbytes + p.hashes.nbytes for p in self._pieces)
+        return sum(p.nbytes for p in self._pieces)
 
     @property
     def pieces(self) -> int:
