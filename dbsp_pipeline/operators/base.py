@@ -33,6 +33,7 @@ from dbsp_pipeline.storage.trace import Trace
 
 if TYPE_CHECKING:
     from dbsp_pipeline.runtime.layout import Layout
+    from dbsp_pipeline.runtime.output_log import ViewFiles
 
 #: one operator's change on the Spark path (None: no change)
 Delta: TypeAlias = DataFrame | None
@@ -63,6 +64,9 @@ class StepContext:
     #: the nodes whose change an owner stage read on the driver as an Arrow table that is
     #: consolidated already (``Operator.owner_outputs_consolidated``)
     consolidated_changes: set[int] = field(default_factory=set)
+    #: on a per-owner Spark step, the views' logs their owner stages' tasks may write the
+    #: step's change to themselves, by node (``OutputLog.files_for_tasks``)
+    view_files: dict[int, ViewFiles] = field(default_factory=dict)
     _cached: list[DataFrame] = field(default_factory=list)
     _scratch: list[str] = field(default_factory=list)
 

@@ -27,6 +27,7 @@ by its app transaction.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,7 @@ from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.driver import hashing
 from dbsp_pipeline.driver.sql import LocalSQL, zset_arrow_schema
 from dbsp_pipeline.errors import ConcurrentWriterError, NonDeterminismError, UsageError
+from dbsp_pipeline.storage.data_files import DataFiles, new_file_path
 from dbsp_pipeline.storage.delta_table import DataFile, SparkDeltaTable
 from dbsp_pipeline.storage.small_files import read_text, write_atomically
 from dbsp_pipeline.storage.staged_table import add_from_record, add_record
@@ -102,6 +104,44 @@ class PreparedWrite:
         """The write ``record`` (from ``record``) describes."""
         return PreparedWrite(step, [add_from_record(a) for a in record.get("adds", [])],
                              int(record["rows"]), str(record["digest"]))
+
+
+@dataclass(frozen=True)
+class ViewFiles:
+    """Where Spark tasks may write their parts of one step's change of a view themselves
+    (``OutputLog.files_for_tasks``; the owner stages of ``runtime/owner_exec.py``): the log's
+    table (``uri``, its ``arrow_schema``: payload, ``_step``, ``_weight``) and the view's
+    payload ``schema`` (its digest's columns). Holds no handle or credentials (pickled into
+    tasks)."""
+
+    uri: str
+    arrow_schema: pa.Schema
+    schema: StructType
+
+
+def write_part(target: ViewFiles, step: int, rows: pa.Table | None, run: str) -> dict[str, Any]:
+    """In a task: write ``rows`` (payload + ``_weight``), one task's part of step ``step``'s
+    change of a view, as a data file of the view's log named for ``run`` (nothing committed);
+    returns the part's record: ``adds``, ``rows`` and ``digest``. The parts must be
+    consolidated and hold no row in common (an aggregate's tasks' outputs: their groups
+    differ), so that their union is the step's consolidated change (``joined_parts``)."""
+    if rows is None or rows.num_rows == 0:
+        return {"adds": [], "rows": 0, "digest": content_digest(None, target.schema)}
+    stored = rows.append_column(STEP, pa.array(np.full(rows.num_rows, step, np.int64)))
+    stored = stored.select(target.arrow_schema.names).cast(target.arrow_schema)
+    files = DataFiles.for_uri(target.uri, target.arrow_schema)
+    adds = files.write_arrow(stored, relative=new_file_path(run))
+    return {"adds": [add_record(a) for a in adds], "rows": int(rows.num_rows),
+            "digest": content_digest(stored, target.schema)}
+
+
+def joined_parts(step: int, parts: Sequence[dict[str, Any]]) -> PreparedWrite:
+    """The step's write of a view whose change is the union of ``parts`` (``write_part``'s
+    records, in owner order): their files, their rows, and the sum of their digests (a digest
+    is a sum over rows, mod 2**64: ``content_digest``)."""
+    digest = sum(int(str(p["digest"]), 16) for p in parts) % (1 << 64)
+    return PreparedWrite(step, [add_from_record(a) for p in parts for a in p["adds"]],
+                         sum(int(p["rows"]) for p in parts), f"{digest:016x}")
 
 
 class OutputLog:
@@ -223,7 +263,14 @@ class OutputLog:
         return [*self.table.files(), *(self.table.data_file(a)
                                        for _, w in sorted(self._pending.items()) for a in w.adds)]
 
-    def prepare(self, step: int, change: DataFrame | pa.Table | None,
+    def files_for_tasks(self, step: int) -> ViewFiles | None:
+        """Where tasks may write step ``step``'s change themselves (``write_part``), when it is
+        this log's next write; None for a replay (``prepare`` verifies those on the driver)."""
+        if step != self.last():
+            return None
+        return ViewFiles(self.table.uri, self.table.arrow_schema, self.schema)
+
+    def prepare(self, step: int, change: DataFrame | pa.Table | PreparedWrite | None,
                 sql: LocalSQL | None = None,
                 recorded: dict[str, Any] | None = None) -> PreparedWrite | None:
         """Everything of a step's write but its commit: consolidate the change and write its
@@ -232,13 +279,20 @@ class OutputLog:
         any view's change (an overflow, a failed task) leaves no view with the step committed.
 
         ``change`` is a Spark DataFrame, or an Arrow table consolidated with ``sql`` on the
-        driver. ``recorded``: this view's part of the step's record, when the step was written
-        (what a replay is verified against; else the commit that wrote the step). Raises
-        ``NonDeterminismError`` when a replayed step differs from the written one.
+        driver, or the write tasks made already (``joined_parts``; only for the step this log
+        asked them for, ``files_for_tasks``). ``recorded``: this view's part of the step's
+        record, when the step was written (what a replay is verified against; else the
+        commit that wrote the step). Raises ``NonDeterminismError`` when a replayed step
+        differs from the written one.
         """
         last = self.last()
         if step > last:
             raise UsageError(f"output '{self.name}': step {step} written before step {last}")
+        if isinstance(change, PreparedWrite):
+            if change.step != step or step != last:
+                raise AssertionError(f"output '{self.name}': tasks wrote step {change.step}'s "
+                                     f"change, but step {step} is written (next: {last})")
+            return change
         rows = self._consolidated(step, change, sql)
         if step < last:
             self._verify(step, rows, recorded)

@@ -31,19 +31,22 @@ the driver hashes its key types: ``Plan.owner_capable``) becomes one *owner stag
    as they are, read on the driver for a view's small change (not consolidated again there
    when the operator's tasks' outputs together are: ``Operator.owner_outputs_consolidated``,
    ``StepContext.consolidated_changes``), or read by Spark (``OwnedChange.to_frame``) for a
-   Spark operator or a big view.
+   Spark operator or a big view. A view's change whose tasks' outputs together are
+   consolidated (an aggregate's) is written by the tasks instead, as the view log's data
+   files, each part with its digest (``output_log.write_part``, ``StepContext.view_files``):
+   the driver reads none of it, sums the digests, and the step's record commits the files.
 
 Determinism: a task's output is a function of its owner's change rows and its owner's trace rows
 for those keys; each key's rows are in exactly one task; the code is the driver path's. So the
 output and the traces' values equal the driver path's for any W and any task order (files
 differ, values do not).
 
-Durability: tasks make no durable action. Their files are orphans until the driver stages the
-actions it *collected*, and those become state only when the step's record or checkpoint
-commits them (``storage/staged_table.py``), as on the other paths. Files of failed or retried
-attempts and speculative copies are never staged; garbage collection deletes them (their
-exchange files go with the step's exchange folder). A stage that fails raises out of the step
-(a failed step, rolled back).
+Durability: tasks make no durable action. Their files (trace and view files) are orphans until
+the driver stages the actions it *collected*, and those become state only when the step's
+record or checkpoint commits them (``storage/staged_table.py``), as on the other paths. Files
+of failed or retried attempts and speculative copies are never staged; garbage collection
+deletes them (their exchange files go with the step's exchange folder). A stage that fails
+raises out of the step (a failed step, rolled back).
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContex
 from dbsp_pipeline.runtime import exchange
 from dbsp_pipeline.runtime.exchange import NeedsSpark, OwnedChange, positional
 from dbsp_pipeline.runtime.layout import Layout
+from dbsp_pipeline.runtime.output_log import PreparedWrite, ViewFiles, joined_parts, write_part
 from dbsp_pipeline.spark_session import conf_value, run_tasks, task_slots
 from dbsp_pipeline.storage import keyed_runs
 from dbsp_pipeline.storage.data_files import new_sorted_run
@@ -144,6 +148,10 @@ class OwnerTaskSpec:
     #: when only owner stages read the node's change (``Plan.exchange_keys``): the columns
     #: whose owner splits the output into exchange files (None: a file per task)
     exchange_keys: tuple[str, ...] | None = None
+    #: when the node's change is only a view's and its tasks' outputs together are
+    #: consolidated: the view's log, where each task writes its part of the change itself
+    #: (``output_log.write_part``) instead of an exchange file
+    view: ViewFiles | None = None
 
 
 # -- the task (in a Python worker) -------------------------------------------------------------
@@ -244,9 +252,14 @@ def run_for_owner(spec: OwnerTaskSpec, owner: int, changes: Sequence[LocalDelta]
     context = TaskContext.get()
     attempt = context.attemptNumber() if context is not None else 0
     schema = spec.schemas[spec.node.id]
-    handed = exchange.write_by_owner(
-        out if out is not None else zset_arrow_schema(schema).empty_table(), schema,
-        spec.exchange_keys, spec.layout, spec.exchange_folder, owner)
+    view_part = None
+    handed: dict[int, list[str]] = {}
+    if spec.view is not None:
+        view_part = write_part(spec.view, spec.step, out, f"owner{owner}")
+    else:
+        handed = exchange.write_by_owner(
+            out if out is not None else zset_arrow_schema(schema).empty_table(), schema,
+            spec.exchange_keys, spec.layout, spec.exchange_folder, owner)
     if spec.fault is not None and _fault_matches(spec.fault, spec.node.id, owner, attempt):
         raise RuntimeError(f"injected fault ({FAIL_OWNER_TASK}={spec.fault}): task of owner "
                            f"{owner} of operator #{spec.node.id}, attempt {attempt}, after "
@@ -257,6 +270,8 @@ def run_for_owner(spec: OwnerTaskSpec, owner: int, changes: Sequence[LocalDelta]
         "traces": {t.name: {**db.opened[t.name].record(), "rows_read": t.rows_read}
                    for t in op.state_traces()},
         "exchange": {str(w): paths for w, paths in handed.items()}}
+    if view_part is not None:
+        action["view"] = view_part
     return json.dumps(action)
 
 
@@ -290,13 +305,15 @@ def result_schema() -> StructType:
 # -- the stage (on the driver) -----------------------------------------------------------------
 def owner_stage(ctx: StepContext, plan: Plan, node: Node,
                 inputs: Sequence[Delta | OwnedChange | ScatterInReaders]
-                ) -> Delta | pa.Table | OwnedChange:
+                ) -> Delta | pa.Table | OwnedChange | PreparedWrite:
     """Run operator ``node`` of ``plan`` for this step as one task per owner of its change
     (see the module docstring); returns its output change, or None when no input changed: an
-    ``OwnedChange`` when only owner stages read it (``Plan.exchange_keys``), an Arrow table when
-    the node is only a view's and the tasks' output is at most ``VIEW_ROWS_ON_DRIVER`` rows (the
-    view writes it on the driver), else a DataFrame over the tasks' exchange files (read before
-    the step ends: ``StepContext.release`` removes them).
+    ``OwnedChange`` when only owner stages read it (``Plan.exchange_keys``); when the node is
+    only a view's, the view's write its tasks made (``output_log.joined_parts``) if the
+    operator's task outputs together are consolidated and the view's log asked for it
+    (``StepContext.view_files``), else an Arrow table when the tasks' output is at most
+    ``VIEW_ROWS_ON_DRIVER`` rows (the view writes it on the driver), else a DataFrame over the
+    tasks' exchange files (read before the step ends: ``StepContext.release`` removes them).
     Stages the tasks' trace actions on the driver's tables. Raises ``AssertionError`` (a failed
     step: rolled back, retried) when the tasks' records do not fit this step.
 
@@ -315,6 +332,10 @@ def owner_stage(ctx: StepContext, plan: Plan, node: Node,
         raise AssertionError(f"operator #{node.id} {node.op} cannot run per owner")
     spark = ctx.session
     exchange_keys = plan.exchange_keys.get(node.id)
+    only_a_view = node.id in plan.circuit.outputs.values() and not plan.readers[node.id]
+    # the tasks write the view's change themselves when their outputs together are consolidated
+    view = ctx.view_files.get(node.id) if only_a_view and op.owner_outputs_consolidated \
+        else None
     spec = OwnerTaskSpec(
         step=ctx.step, root=plan.root, layout=layout, node=node,
         schemas={i: plan.schemas[i] for i in (node.id, *node.inputs)},
@@ -325,7 +346,7 @@ def owner_stage(ctx: StepContext, plan: Plan, node: Node,
         consolidate=frozenset(i for i in node.inputs if plan.circuit.nodes[i].op == "input"),
         fault=os.environ.get(FAIL_OWNER_TASK) or None,
         exchange_folder=ctx.scratch_folder(exchange.new_folder(plan.root, ctx.step)),
-        exchange_keys=exchange_keys)
+        exchange_keys=exchange_keys, view=view)
     out_type = result_schema()
     for d in inputs:
         if isinstance(d, OwnedChange) and d.layout_version != layout.version:
@@ -361,11 +382,13 @@ def owner_stage(ctx: StepContext, plan: Plan, node: Node,
         # one job: the records are the whole result (the change is in the exchange files)
         records = [json.loads(r[ACTION]) for r in result.collect()]
     stage_records(op, records, ctx.step, layout)
+    if view is not None:  # the view's change, written by the tasks
+        return joined_parts(ctx.step, [r["view"] for r in sorted(records,
+                                                                  key=lambda r: int(r["owner"]))])
     change = _owned_change(plan.schemas[node.id], exchange_keys, layout, spec.exchange_folder,
                            records)
     if change is None or exchange_keys is not None:
         return change
-    only_a_view = node.id in plan.circuit.outputs.values() and not plan.readers[node.id]
     if only_a_view and change.rows <= VIEW_ROWS_ON_DRIVER:
         if op.owner_outputs_consolidated:  # each task's output is, and their keys differ
             ctx.consolidated_changes.add(node.id)

@@ -70,6 +70,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent import futures
 from typing import Any
@@ -303,6 +304,11 @@ def _compute(state: EngineState, s: int, files: dict[str, list[DataFile]],
                    for n in names}
     ctx = StepContext(state.spark, s, sql=sql, layout=state.layout,
                       per_owner=per_owner)
+    if per_owner:  # a view's owner stage may have its tasks write the view's change
+        named = Counter(state.circuit.outputs.values())
+        ctx.view_files = {node_id: target for name, node_id in state.circuit.outputs.items()
+                          if named[node_id] == 1
+                          and (target := state.outputs[name].files_for_tasks(s)) is not None}
     recorded = state.divisions.outputs(s) or {}
     try:
         node_changes = state.plan.evaluate(ctx, changes)

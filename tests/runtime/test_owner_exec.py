@@ -159,9 +159,11 @@ def test_a_pipeline_runs_its_spark_steps_per_owner(spark, tmp_path: Path, monkey
                                                     view_rows_on_driver: int) -> None:
     """``Pipeline.spark_per_owner`` at W=2: Spark steps run the owner stages; the views equal a
     driver-path pipeline's, the staged task files are recorded by the step's commit (reopening
-    gives the same state, ``verify`` is clean), and a later driver step continues on them. A
-    view's small change is collected and written on the driver (``VIEW_ROWS_ON_DRIVER``), a
-    bigger one by Spark."""
+    gives the same state, ``verify`` is clean), and a later driver step continues on them. An
+    aggregate's tasks write their parts of its view's change themselves (the step's record:
+    their files, rows and summed digest, equal to the driver path's); another view's small
+    change is collected and written on the driver (``VIEW_ROWS_ON_DRIVER``), a bigger one by
+    Spark."""
     from dbsp_pipeline.runtime import owner_exec
     from dbsp_pipeline.runtime.pipeline import Pipeline
 
@@ -188,8 +190,14 @@ def test_a_pipeline_runs_its_spark_steps_per_owner(spark, tmp_path: Path, monkey
         for name in ("joined", "totals", "names"):
             assert counter(p.view_arrow(name)) == counter(ref.view_arrow(name)), (i, name)
             written = p.engine.outputs[name]._files()[-1].path  # this step's: by whom?
-            by_driver = os.path.dirname(written).endswith(f"{os.sep}data")
-            assert by_driver is (view_rows_on_driver > 0), (i, name, written)
+            by_tasks = os.path.basename(written).startswith("owner")
+            by_driver = os.path.dirname(written).endswith(f"{os.sep}data") and not by_tasks
+            assert by_tasks is (name == "totals"), (i, name, written)
+            assert by_driver is (view_rows_on_driver > 0 and not by_tasks), (i, name, written)
+            # the record of the step: rows and digest as the driver path wrote them
+            step = p.engine.outputs[name].last() - 1
+            mine, theirs = (q.engine.divisions.outputs(step)[name] for q in (p, ref))
+            assert (mine["rows"], mine["digest"]) == (theirs["rows"], theirs["digest"]), name
         for t in p.engine.plan.state_traces():  # the step's files: one owner's rows each
             for f in set(t.files()) - before[t.name]:
                 owners = t.owners(p.engine.layout, t.read_arrow([f]))
@@ -252,6 +260,46 @@ def test_a_failing_owner_task_fails_the_step_and_leaves_only_orphans(spark, tmp_
         assert p.verify().ok
         for name in ("joined", "totals", "names"):
             assert counter(p.view_arrow(name)) == counter(ref.view_arrow(name)), name
+    ref.close()
+
+
+def test_a_failing_aggregate_task_leaves_its_view_files_as_orphans(spark, tmp_path: Path,
+                                                                    monkeypatch) -> None:
+    """An aggregate's tasks write the view's change themselves: a task that fails after
+    writing leaves its view file an orphan (the step fails, nothing of it is recorded); the
+    retry's view equals the driver path's, and garbage collection deletes the orphan, not
+    the files the step's record names."""
+    from dbsp_pipeline import StepFailedError
+    from dbsp_pipeline.runtime.owner_exec import FAIL_OWNER_TASK
+    from dbsp_pipeline.runtime.pipeline import Pipeline
+
+    ref = Pipeline(circuit(), str(tmp_path / "ref"), spark)
+    with Pipeline(circuit(), str(tmp_path / "p"), spark, driver_step_rows=0) as p:
+        p.rescale(2)
+        p.spark_per_owner = True
+        log = p.engine.outputs["totals"]
+
+        def stored() -> set[str]:
+            return {f.path for f in log.table.store.stored_data_files()}
+
+        before = stored()
+        monkeypatch.setenv(FAIL_OWNER_TASK, f"{p.circuit.outputs['totals']}:*:*")
+        for q in (ref, p):
+            q.push("orders", [(1, 2.0), (2, 5.0), (5, 1.0), (5, 0.5)])
+        with pytest.raises(StepFailedError, match="injected fault"):
+            p.step()
+        orphans = stored() - before
+        assert orphans and all(os.path.basename(f).startswith("owner") for f in orphans)
+        monkeypatch.delenv(FAIL_OWNER_TASK)
+        p.step()
+        ref.step()
+        assert counter(p.view_arrow("totals")) == counter(ref.view_arrow("totals"))
+        written = {f.path for f in log._files()}
+        assert written and not orphans & written
+        p.collect_garbage(0)
+        assert not orphans & stored() and written <= stored()
+        assert p.verify().ok
+        assert counter(p.view_arrow("totals")) == counter(ref.view_arrow("totals"))
     ref.close()
 
 
