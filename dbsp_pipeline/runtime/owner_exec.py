@@ -267,7 +267,8 @@ def run_for_owner(spec: OwnerTaskSpec, owner: int, changes: Sequence[LocalDelta]
     action: dict[str, Any] = {
         "step": spec.step, "owner": owner, "layout_version": spec.layout.version,
         "attempt": attempt, "rows": 0 if out is None else out.num_rows,
-        "traces": {t.name: {**db.opened[t.name].record(), "rows_read": t.rows_read}
+        "traces": {t.name: {**db.opened[t.name].record(), "rows_read": t.rows_read,
+                            "retraction_reads": t.retraction_reads}
                    for t in op.state_traces()},
         "exchange": {str(w): paths for w, paths in handed.items()}}
     if view_part is not None:
@@ -471,6 +472,7 @@ def stage_records(op: Operator, records: Sequence[Mapping[str, Any]], step: int,
                 trace.table.stage(adds, removes)
                 trace.reset_cache()
             trace.rows_read += int(actions.get("rows_read", 0))
+            trace.retraction_reads += int(actions.get("retraction_reads", 0))
 
 
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)b?\s*$", re.IGNORECASE)

@@ -261,6 +261,7 @@ class Trace:
     groups), so its compaction also bounds size amplification (``MAX_SIZE_AMPLIFICATION``)."""
 
     updated_in_place = False
+    retraction_reads = 0
 
     def __init__(self, db: StateDatabase, name: str, schema: StructType,
                  key: Sequence[str], order_by: str | None = None,
@@ -292,6 +293,13 @@ class Trace:
         #: rows read from the trace by ``read``, ``read_arrow`` and ``lookup_arrow`` since the
         #: last ``reset_rows_read`` (what steps read from state; merges are not counted)
         self.rows_read = 0
+        #: about the rows ``lookup_extreme_rows`` read only because values were deleted (deeper
+        #: into a file past the key's retractions found before it, and its later rounds) since
+        #: the trace's largest file was last merged: retractions cancel only in a merge with the
+        #: rows they delete, so a trace whose groups lose their extremes step after step reads
+        #: deeper at every step, and is merged whole once this reaches its rows
+        #: (``compaction_candidates``). In memory only: a new process starts from 0.
+        self.retraction_reads = 0
         #: whether lookups may keep an in-memory replica of a small trace (``trace_replica.py``;
         #: not in a Spark task, which opens its traces anew every step)
         self.replicated = order_by is None
@@ -558,7 +566,10 @@ class Trace:
         wanted = self._wanted(sql, keys)
         count, found = EXTREME_ROWS, []
         while wanted.num_rows:
+            read_before = self.rows_read
             rows, cut = self._beyond_cuts(sql, wanted, count, largest)
+            if count > EXTREME_ROWS:  # a round after the first: its extremes were deleted
+                self.retraction_reads += self.rows_read - read_before
             live = sql.consolidate(rows, self.payload)
             live = live.filter(pc.greater(live.column(WEIGHT), 0))
             if cut.size == 0:
@@ -600,6 +611,7 @@ class Trace:
         for f in sorted((f for f in candidates if self.runs.covers(f)), key=lambda f: f.rows):
             part = self._hashes_of(hashes, f)
             deeper = np.minimum(retracted[part], EXTREME_RETRACTED_ROWS)
+            self.retraction_reads += int(deeper.sum())
             found = self.runs.lookup_ends(f, hashes[part], count + deeper, largest,
                                           self._read_to_build_run)
             if found is None:  # no usable run: read the file as a small one
@@ -736,7 +748,14 @@ class Trace:
         rewritten for a few small ones) or while more than half of ``threshold`` runs would
         remain, at least two; all their files. A trace ``updated_in_place`` is merged whole,
         whatever its run count, once the runs beside its largest hold ``MAX_SIZE_AMPLIFICATION``
-        times its rows and at least ``AMPLIFIED_MIN_ROWS``. Empty when no compaction is due.
+        times its rows and at least ``AMPLIFIED_MIN_ROWS``; a trace ordered by a value (a
+        min/max aggregate's values) once its ``retraction_reads`` reach its rows (and
+        ``AMPLIFIED_MIN_ROWS``): the rows its re-reads read past deleted extremes since its
+        largest file was merged, which would otherwise grow at every step that deletes the
+        same groups' extremes again ((c) on Spark, every group's maximum deleted a step: 1.0M
+        rows read the first step at 4M orders, 4.2M the fifteenth), cost as much as merging it
+        (a ski-rental bound: at most about twice the reads of the best merge schedule). Empty
+        when no compaction is due.
 
         Counting files instead, a merge cut into more pieces than ``threshold`` (one or more
         per owner: with 16 workers or more) left the trace due again at once, and it was merged
@@ -753,6 +772,9 @@ class Trace:
             beside = sum(f.rows for run in runs[:-1] for f in run)
             if beside >= max(MAX_SIZE_AMPLIFICATION * largest, AMPLIFIED_MIN_ROWS):
                 return [f for run in runs for f in run]
+        if self.retraction_reads and len(runs) > 1 and self.retraction_reads >= max(
+                sum(f.rows for run in runs for f in run), AMPLIFIED_MIN_ROWS):
+            return [f for run in runs for f in run]  # reading past deletes cost a merge
         if len(runs) <= max(threshold, 1):
             return []
         chosen = [*runs[0], *runs[1]]
@@ -828,6 +850,8 @@ class Trace:
         if not gone <= set(current):
             return False
         self.table.stage(adds, [f.path for f in files])
+        if max(current, key=lambda f: f.rows) in gone:  # the retractions met their rows
+            self.retraction_reads = 0
         self._files = [f for f in current if f not in gone] + new
         for f, rows in zip(new, merged):
             if rows is not None:

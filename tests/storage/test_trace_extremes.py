@@ -290,3 +290,54 @@ def test_extreme_rows_of_a_trace_split_by_owner(spark, tmp_path, monkeypatch, la
         _assert_live(sql, got, ["g"])
         assert _extremes(sql, got, keys, ["g"], largest) == _extremes(
             sql, trace.read_arrow(), keys, ["g"], largest)
+
+
+def test_deleting_the_same_groups_extremes_again_merges_the_trace_whole(tmp_path, monkeypatch):
+    """Retractions cancel only in a merge with the rows they delete: while every group loses
+    its maximum step after step, each re-read goes deeper past the deleted ones, and the rows
+    read only for that (``retraction_reads``) grow at every step. Once they reach the trace's
+    rows the trace is due for a merge of all its files, however few runs it has; after it the
+    re-reads read little again, and every re-read gives the live extremes."""
+    from dbsp_pipeline.spark_session import LazySession
+
+    monkeypatch.setattr(keyed_runs, "MIN_ROWS", 100)  # every append gets a run
+    monkeypatch.setattr(trace_module, "AMPLIFIED_MIN_ROWS", 1_000)
+    db = StateDatabase(LazySession(), str(tmp_path), "deletes")  # never starts Spark
+    db.open()
+    sql = LocalSQL()
+    schema = StructType([StructField("g", LongType()), StructField("_v", DoubleType())])
+    trace = Trace(db, "values", schema, ["g"], order_by="_v")
+    groups, per_group = 200, 60
+    g = np.repeat(np.arange(groups), per_group)
+    v = np.tile(np.arange(per_group, dtype=np.float64), groups)
+    trace.append_arrow(sql, pa.table({"g": g, "_v": v, "_weight": np.ones(len(g), np.int64)}))
+    keyed_runs.wait_for_writes()
+    keys = pa.table({"g": pa.array(np.arange(groups), pa.int64())})
+    top = per_group - 1.0
+    read, merged_at = [], None
+    for step in range(1, 40):
+        gone = pa.table({"g": np.arange(groups), "_v": np.full(groups, top),
+                         "_weight": np.full(groups, -1, np.int64)})
+        trace.append_arrow(sql, gone)
+        keyed_runs.wait_for_writes()
+        top -= 1
+        trace.reset_rows_read()
+        got = trace.lookup_extreme_rows(sql, keys, largest=True)
+        read.append(trace.rows_read)
+        assert _extremes(sql, got, keys, ["g"], True) == sorted(
+            repr({"g": k, "e": top}) for k in range(groups)), step
+        files = trace.compaction_candidates()
+        if files:
+            assert len(files) == len(trace.files()) < trace_module.COMPACT_FILE_THRESHOLD
+            assert trace.retraction_reads >= sum(f.rows for f in trace.files())
+            assert trace.apply_merge(files, trace.merge(files, sql))
+            assert trace.retraction_reads == 0
+            merged_at = step
+            break
+    assert merged_at is not None and read[-1] > 2 * read[0]  # reads grew until the merge
+    keyed_runs.wait_for_writes()  # (the merged file's keyed run)
+    trace.reset_rows_read()
+    got = trace.lookup_extreme_rows(sql, keys, largest=True)
+    assert trace.rows_read < read[-1] / 2
+    assert _extremes(sql, got, keys, ["g"], True) == sorted(
+        repr({"g": k, "e": top}) for k in range(groups))
