@@ -753,9 +753,9 @@ class Trace:
         ``AMPLIFIED_MIN_ROWS``): the rows its re-reads read past deleted extremes since its
         largest file was merged, which would otherwise grow at every step that deletes the
         same groups' extremes again ((c) on Spark, every group's maximum deleted a step: 1.0M
-        rows read the first step at 4M orders, 4.2M the fifteenth), cost as much as merging it
-        (a ski-rental bound: at most about twice the reads of the best merge schedule). Empty
-        when no compaction is due.
+        rows read the first step at 4M orders, 15M the thirtieth), come to about what merging
+        it reads (a ski-rental rule: the reads a merge would have saved never grow much beyond
+        the merge's own cost). Empty when no compaction is due.
 
         Counting files instead, a merge cut into more pieces than ``threshold`` (one or more
         per owner: with 16 workers or more) left the trace due again at once, and it was merged
