@@ -22,6 +22,10 @@ from dbsp_pipeline.zset import WEIGHT, quote
 
 
 class Distinct(Operator):
+    #: a step's output is a row of the consolidated change (its columns are the owner keys)
+    #: whose membership flipped, once, with weight +1 or -1
+    owner_outputs_consolidated = True
+
     def __init__(self, db: StateDatabase, name: str, schema: StructType) -> None:
         self.schema = schema
         self.columns = schema.fieldNames()

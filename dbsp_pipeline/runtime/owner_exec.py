@@ -32,9 +32,10 @@ the driver hashes its key types: ``Plan.owner_capable``) becomes one *owner stag
    when the operator's tasks' outputs together are: ``Operator.owner_outputs_consolidated``,
    ``StepContext.consolidated_changes``), or read by Spark (``OwnedChange.to_frame``) for a
    Spark operator or a big view. A view's change whose tasks' outputs together are
-   consolidated (an aggregate's) is written by the tasks instead, as the view log's data
-   files, each part with its digest (``output_log.write_part``, ``StepContext.view_files``):
-   the driver reads none of it, sums the digests, and the step's record commits the files.
+   consolidated (an aggregate's, a distinct's) is written by the tasks instead, as the view
+   log's data files, each part with its digest (``output_log.write_part``,
+   ``StepContext.view_files``): the driver reads none of it, sums the digests, and the step's
+   record commits the files.
 
 Determinism: a task's output is a function of its owner's change rows and its owner's trace rows
 for those keys; each key's rows are in exactly one task; the code is the driver path's. So the

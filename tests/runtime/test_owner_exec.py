@@ -107,12 +107,13 @@ def test_owner_stages_equal_the_driver_path(spark, tmp_path: Path, layout: Layou
             assert isinstance(frame, pa.Table), name
             assert frame.column_names == [*plan.output_schema(name).fieldNames(), WEIGHT]
             assert counter(frame) == counter(expected[node_id]), name
-        # the aggregate's change is marked consolidated (its tasks' outputs are, and their
-        # group keys differ), and is: consolidating it again changes nothing
-        assert ctx.consolidated_changes == {c.outputs["totals"]}
-        totals = got[c.outputs["totals"]]
-        again = LocalSQL().consolidate(totals, plan.output_schema("totals").fieldNames())
-        assert again.num_rows == totals.num_rows > 0
+        # the aggregate's and the distinct's changes are marked consolidated (their tasks'
+        # outputs are, and their keys differ), and are: consolidating again changes nothing
+        assert ctx.consolidated_changes == {c.outputs["totals"], c.outputs["names"]}
+        for name in ("totals", "names"):
+            change = got[c.outputs[name]]
+            again = LocalSQL().consolidate(change, plan.output_schema(name).fieldNames())
+            assert again.num_rows == change.num_rows > 0, name
     finally:
         ctx.release()
 
@@ -160,10 +161,10 @@ def test_a_pipeline_runs_its_spark_steps_per_owner(spark, tmp_path: Path, monkey
     """``Pipeline.spark_per_owner`` at W=2: Spark steps run the owner stages; the views equal a
     driver-path pipeline's, the staged task files are recorded by the step's commit (reopening
     gives the same state, ``verify`` is clean), and a later driver step continues on them. An
-    aggregate's tasks write their parts of its view's change themselves (the step's record:
-    their files, rows and summed digest, equal to the driver path's); another view's small
-    change is collected and written on the driver (``VIEW_ROWS_ON_DRIVER``), a bigger one by
-    Spark."""
+    aggregate's and a distinct's tasks write their parts of the view's change themselves (the
+    step's record: their files, rows and summed digest, equal to the driver path's); a join's
+    small change is collected and written on the driver (``VIEW_ROWS_ON_DRIVER``), a bigger
+    one by Spark."""
     from dbsp_pipeline.runtime import owner_exec
     from dbsp_pipeline.runtime.pipeline import Pipeline
 
@@ -192,7 +193,7 @@ def test_a_pipeline_runs_its_spark_steps_per_owner(spark, tmp_path: Path, monkey
             written = p.engine.outputs[name]._files()[-1].path  # this step's: by whom?
             by_tasks = os.path.basename(written).startswith("owner")
             by_driver = os.path.dirname(written).endswith(f"{os.sep}data") and not by_tasks
-            assert by_tasks is (name == "totals"), (i, name, written)
+            assert by_tasks is (name in ("totals", "names")), (i, name, written)
             assert by_driver is (view_rows_on_driver > 0 and not by_tasks), (i, name, written)
             # the record of the step: rows and digest as the driver path wrote them
             step = p.engine.outputs[name].last() - 1
