@@ -127,12 +127,18 @@ def write_part(target: ViewFiles, step: int, rows: pa.Table | None, run: str) ->
     differ), so that their union is the step's consolidated change (``joined_parts``)."""
     if rows is None or rows.num_rows == 0:
         return {"adds": [], "rows": 0, "digest": content_digest(None, target.schema)}
-    stored = rows.append_column(STEP, pa.array(np.full(rows.num_rows, step, np.int64)))
-    stored = stored.select(target.arrow_schema.names).cast(target.arrow_schema)
+    stored = _stamped(rows, step, target.arrow_schema)
     files = DataFiles.for_uri(target.uri, target.arrow_schema)
     adds = files.write_arrow(stored, relative=new_file_path(run))
     return {"adds": [add_record(a) for a in adds], "rows": int(rows.num_rows),
             "digest": content_digest(stored, target.schema)}
+
+
+def _stamped(rows: pa.Table, step: int, schema: pa.Schema) -> pa.Table:
+    """``rows`` (payload + ``_weight``) stamped ``_step`` = ``step``, in the log table's row
+    ``schema`` (its column order and types)."""
+    rows = rows.append_column(STEP, pa.array(np.full(rows.num_rows, step, np.int64)))
+    return rows.select(schema.names).cast(schema)
 
 
 def joined_parts(step: int, parts: Sequence[dict[str, Any]]) -> PreparedWrite:
@@ -316,9 +322,7 @@ class OutputLog:
         cols = self.schema.fieldNames()
         if isinstance(change, pa.Table):
             assert sql is not None, "a change computed on the driver is written on the driver"
-            rows = sql.consolidate(change, cols)
-            rows = rows.append_column(STEP, pa.array(np.full(rows.num_rows, step, np.int64)))
-            return rows.select(self.table.arrow_schema.names).cast(self.table.arrow_schema)
+            return _stamped(sql.consolidate(change, cols), step, self.table.arrow_schema)
         if change is not None:
             return consolidate(change, cols).withColumn(STEP, F.lit(step).cast("long"))
         return None
@@ -368,9 +372,7 @@ class OutputLog:
         if len(files) <= 1 and all(f.step_min == through for f in files):
             return False
         merged = sql.consolidate(self.table.read_arrow(files), self.schema.fieldNames())
-        merged = merged.append_column(STEP, pa.array(np.full(merged.num_rows, through,
-                                                                   np.int64)))
-        adds = self.table.write_arrow(merged.select(self.table.arrow_schema.names))
+        adds = self.table.write_arrow(_stamped(merged, through, self.table.arrow_schema))
         self.table.commit(adds, [f.path for f in files], data_change=False)
         return True
 

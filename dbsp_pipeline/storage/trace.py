@@ -611,12 +611,12 @@ class Trace:
         for f in sorted((f for f in candidates if self.runs.covers(f)), key=lambda f: f.rows):
             part = self._hashes_of(hashes, f)
             deeper = np.minimum(retracted[part], EXTREME_RETRACTED_ROWS)
-            self.retraction_reads += int(deeper.sum())
             found = self.runs.lookup_ends(f, hashes[part], count + deeper, largest,
                                           self._read_to_build_run)
             if found is None:  # no usable run: read the file as a small one
                 read_whole([f])
                 continue
+            self.retraction_reads += int(deeper.sum())
             parts.append(found)
             negative = found.filter(pc.less(found.column(WEIGHT), 0)).column(HASH).to_numpy()
             np.add.at(retracted, np.searchsorted(hashes, negative), 1)
