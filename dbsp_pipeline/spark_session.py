@@ -196,6 +196,48 @@ def run_tasks(spark: SparkSession, count: int, task: Callable[[int], str]) -> li
     return [str(r["result"]) for r in sorted(rows, key=lambda r: int(r["index"]))]
 
 
+def gang_slots(spark: SparkSession) -> int:
+    """How many tasks ``run_gang_tasks`` can start together on ``spark``: the local mode's task
+    slots (``task_slots`` over ``spark.task.cpus``: a barrier job asking for more slots than
+    there are waits minutes before it fails); 0 through Spark Connect (no RDDs) and on a
+    cluster, where the executors a barrier job needs may be lost mid-step (Spark then waits
+    for slots for minutes, ``spark.scheduler.barrier.maxConcurrentTasksCheck.*``, instead of
+    failing the task)."""
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        return 0
+    if not conf_value(spark, "spark.master", "").startswith("local"):
+        return 0
+    try:
+        cpus = max(1, int(conf_value(spark, "spark.task.cpus", "1")))
+    except ValueError:
+        return 0
+    return task_slots(spark) // cpus
+
+
+def run_gang_tasks(spark: SparkSession, count: int, task: Callable[[int], str]) -> list[str]:
+    """Run ``task(i)`` for ``i`` in ``0..count-1`` as one job whose tasks all start together
+    (Spark's barrier mode; at most ``gang_slots`` tasks), so a task may wait for what the
+    others write; their results in index order. No ``barrier()`` call is made (each costs
+    about a second here): the tasks meet through files (``runtime/rendezvous.py``). A task that
+    fails fails the job: Spark kills the other tasks and does not run a failed barrier result
+    stage again ("Could not recover from a failed barrier ResultStage"), so the tasks of one
+    call meet once."""
+    if count == 0:
+        return []
+    if count > gang_slots(spark):
+        raise ValueError(f"{count} gang tasks need {count} task slots at once: "
+                         f"{gang_slots(spark)} here")
+    task = partial(_in_worker, task)
+    results: list[str] = spark.sparkContext.parallelize(range(count), count).barrier() \
+        .mapPartitions(partial(_each, task)).collect()
+    return results
+
+
+def _each(task: Callable[[int], str], indexes: Iterator[int]) -> Iterator[str]:
+    for index in indexes:
+        yield task(index)
+
+
 def _in_worker(task: Callable[[int], str], index: int) -> str:
     """``task(index)`` in a Python worker whose allocator keeps freed memory for reuse."""
     keep_freed_memory()

@@ -59,6 +59,9 @@ class StepContext:
     #: whether a Spark step runs each operator that can (``Plan.owner_capable``) as one task
     #: per owner (``runtime/owner_exec.py``) instead of as DataFrame jobs
     per_owner: bool = False
+    #: on a per-owner step, whether an owner stage and the owner stage that alone reads it may
+    #: run as one Spark job (``owner_exec.gang_stages``)
+    gang_stages: bool = False
     #: in a Spark task, the owner whose keys it runs (None on the driver)
     owner: int | None = None
     #: the nodes whose change an owner stage read on the driver as an Arrow table that is

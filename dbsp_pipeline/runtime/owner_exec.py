@@ -37,6 +37,13 @@ the driver hashes its key types: ``Plan.owner_capable``) becomes one *owner stag
    ``StepContext.view_files``): the driver reads none of it, sums the digests, and the step's
    record commits the files.
 
+An owner stage whose change only one owner stage reads, as its one input (``Plan.gang_chains``:
+a join whose change is aggregated), runs with it as one job where the W tasks can start together
+(``gang_stages``: local mode, W task slots or more; ``Pipeline.spark_gang_stages``): each task
+runs the first stage for its owner, posts its record in the step's scratch, waits for every
+task's (``runtime/rendezvous.py``) and runs the second stage over the exchange files they name.
+A job's fixed cost here (its launch and its end, about 0.1 s) is paid once instead of twice.
+
 Determinism: a task's output is a function of its owner's change rows and its owner's trace rows
 for those keys; each key's rows are in exactly one task; the code is the driver path's. So the
 output and the traces' values equal the driver path's for any W and any task order (files
@@ -69,11 +76,17 @@ from dbsp_pipeline.circuit import Node
 from dbsp_pipeline.driver.hashing import spark_hash_int
 from dbsp_pipeline.driver.sql import LocalSQL, conform, zset_arrow_schema
 from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContext
-from dbsp_pipeline.runtime import exchange
+from dbsp_pipeline.runtime import exchange, rendezvous
 from dbsp_pipeline.runtime.exchange import NeedsSpark, OwnedChange, positional
 from dbsp_pipeline.runtime.layout import Layout
 from dbsp_pipeline.runtime.output_log import PreparedWrite, ViewFiles, joined_parts, write_part
-from dbsp_pipeline.spark_session import conf_value, run_tasks, task_slots
+from dbsp_pipeline.spark_session import (
+    conf_value,
+    gang_slots,
+    run_gang_tasks,
+    run_tasks,
+    task_slots,
+)
 from dbsp_pipeline.storage import keyed_runs
 from dbsp_pipeline.storage.data_files import new_sorted_run
 from dbsp_pipeline.storage.staged_table import add_from_record
@@ -328,17 +341,53 @@ def owner_stage(ctx: StepContext, plan: Plan, node: Node,
     if all(d is None for d in inputs):
         return None
     op = plan.operators[node.id]
-    keys = op.owner_keys()
+    spec = _stage_spec(ctx, plan, node, inputs)
+    layout, keys = spec.layout, cast("list[list[str]]", op.owner_keys())
+    owned = _file_stage_inputs(inputs, keys)
+    if owned is None and any(isinstance(d, scatter.ScatterInReaders) for d in inputs):
+        return owner_stage(ctx, plan, node, [
+            scatter.materialize(ctx, plan, d) if isinstance(d, scatter.ScatterInReaders) else d
+            for d in inputs])
+    if owned is not None:
+        owners = sorted({w for d in owned if d is not None for w in d.owners()})
+        if not owners:
+            return None
+        # one job, a task per owner with rows
+        records = [json.loads(r) for r in run_tasks(
+            ctx.session, len(owners), lambda i: run_file_task(spec, owners[i], owned))]
+        if any(NEEDS_SPARK in r for r in records) \
+                and any(isinstance(d, scatter.ScatterInReaders) for d in inputs):
+            return owner_stage(ctx, plan, node, [
+                scatter.materialize(ctx, plan, d, in_spark=True)
+                if isinstance(d, scatter.ScatterInReaders) else d for d in inputs])
+    else:
+        result = _shuffled_stage(spec, layout, plan, node, [  # (none is to split: see above)
+            d.to_frame(ctx.session) if isinstance(d, OwnedChange) else cast("Delta", d)
+            for d in inputs], keys, result_schema())
+        # one job: the records are the whole result (the change is in the exchange files)
+        records = [json.loads(r[ACTION]) for r in result.collect()]
+    stage_records(op, records, ctx.step, layout)
+    return _stage_output(ctx, plan, spec, records)
+
+
+def _stage_spec(ctx: StepContext, plan: Plan, node: Node,
+                inputs: Sequence[Delta | OwnedChange | ScatterInReaders]) -> OwnerTaskSpec:
+    """What the tasks of ``node``'s owner stage of this step get (a fresh exchange folder of
+    the step's scratch; the view's log when its tasks write the view's change). Raises
+    ``AssertionError`` when the node cannot run per owner or an input's exchange files are of
+    another layout."""
+    op = plan.operators[node.id]
     layout = ctx.layout
-    if keys is None or layout is None:
+    if op.owner_keys() is None or layout is None:
         raise AssertionError(f"operator #{node.id} {node.op} cannot run per owner")
-    spark = ctx.session
-    exchange_keys = plan.exchange_keys.get(node.id)
+    for d in inputs:
+        if isinstance(d, OwnedChange) and d.layout_version != layout.version:
+            raise AssertionError(f"owner stage of step {ctx.step}: an input's exchange files "
+                                 f"are of layout version {d.layout_version}, not "
+                                 f"{layout.version}")
     only_a_view = node.id in plan.circuit.outputs.values() and not plan.readers[node.id]
-    # the tasks write the view's change themselves when their outputs together are consolidated
-    view = ctx.view_files.get(node.id) if only_a_view and op.owner_outputs_consolidated \
-        else None
-    spec = OwnerTaskSpec(
+    spark = ctx.session
+    return OwnerTaskSpec(
         step=ctx.step, root=plan.root, layout=layout, node=node,
         schemas={i: plan.schemas[i] for i in (node.id, *node.inputs)},
         tables={t.name: TaskTableSpec(t.name, t.table.uri, t.table.arrow_schema, tuple(t.key),
@@ -348,54 +397,124 @@ def owner_stage(ctx: StepContext, plan: Plan, node: Node,
         consolidate=frozenset(i for i in node.inputs if plan.circuit.nodes[i].op == "input"),
         fault=os.environ.get(FAIL_OWNER_TASK) or None,
         exchange_folder=ctx.scratch_folder(exchange.new_folder(plan.root, ctx.step)),
-        exchange_keys=exchange_keys, view=view)
-    out_type = result_schema()
-    for d in inputs:
-        if isinstance(d, OwnedChange) and d.layout_version != layout.version:
-            raise AssertionError(f"owner stage of step {ctx.step}: an input's exchange files "
-                                 f"are of layout version {d.layout_version}, not "
-                                 f"{layout.version}")
+        exchange_keys=plan.exchange_keys.get(node.id),
+        # the tasks write the view's change themselves when their outputs together are
+        # consolidated
+        view=ctx.view_files.get(node.id) if only_a_view and op.owner_outputs_consolidated
+        else None)
+
+
+def _file_stage_inputs(inputs: Sequence[Delta | OwnedChange | ScatterInReaders],
+                       keys: Sequence[Sequence[str]]
+                       ) -> list[OwnedChange | ScatterInReaders | None] | None:
+    """``inputs`` as a file stage's tasks read them (None for an input that did not change),
+    when every changed input is exchange files or pushed files split by the stage's own keys;
+    else None (the stage shuffles DataFrames)."""
+    from dbsp_pipeline.runtime import scatter
+
     handed = (OwnedChange, scatter.ScatterInReaders)
-    file_stage = any(isinstance(d, handed) for d in inputs) and all(
-        d is None or (isinstance(d, handed) and d.keys is not None
-                      and list(d.keys) == list(side))
-        for d, side in zip(inputs, keys))
-    if not file_stage and any(isinstance(d, scatter.ScatterInReaders) for d in inputs):
-        return owner_stage(ctx, plan, node, [
-            scatter.materialize(ctx, plan, d) if isinstance(d, scatter.ScatterInReaders) else d
-            for d in inputs])
-    if file_stage:
-        owned = [d if isinstance(d, handed) else None for d in inputs]
-        owners = sorted({w for d in owned if d is not None for w in d.owners()})
-        if not owners:
-            return None
-        # one job, a task per owner with rows
-        records = [json.loads(r) for r in run_tasks(
-            spark, len(owners), lambda i: run_file_task(spec, owners[i], owned))]
-        if any(NEEDS_SPARK in r for r in records) \
-                and any(isinstance(d, scatter.ScatterInReaders) for d in inputs):
-            return owner_stage(ctx, plan, node, [
-                scatter.materialize(ctx, plan, d, in_spark=True)
-                if isinstance(d, scatter.ScatterInReaders) else d for d in inputs])
-    else:
-        result = _shuffled_stage(spec, layout, plan, node, [  # (none is to split: see above)
-            d.to_frame(spark) if isinstance(d, OwnedChange) else cast("Delta", d)
-            for d in inputs], keys, out_type)
-        # one job: the records are the whole result (the change is in the exchange files)
-        records = [json.loads(r[ACTION]) for r in result.collect()]
-    stage_records(op, records, ctx.step, layout)
-    if view is not None:  # the view's change, written by the tasks
+    if not any(isinstance(d, handed) for d in inputs) or not all(
+            d is None or (isinstance(d, handed) and d.keys is not None
+                          and list(d.keys) == list(side))
+            for d, side in zip(inputs, keys)):
+        return None
+    return [d if isinstance(d, handed) else None for d in inputs]
+
+
+def _stage_output(ctx: StepContext, plan: Plan, spec: OwnerTaskSpec,
+                  records: Sequence[Mapping[str, Any]]
+                  ) -> pa.Table | OwnedChange | PreparedWrite | DataFrame | None:
+    """An owner stage's output change from its tasks' (staged) ``records``, as ``owner_stage``
+    returns it."""
+    node = spec.node
+    op = plan.operators[node.id]
+    if spec.view is not None:  # the view's change, written by the tasks
         return joined_parts(ctx.step, [r["view"] for r in sorted(records,
                                                                   key=lambda r: int(r["owner"]))])
-    change = _owned_change(plan.schemas[node.id], exchange_keys, layout, spec.exchange_folder,
-                           records)
-    if change is None or exchange_keys is not None:
+    change = _owned_change(plan.schemas[node.id], spec.exchange_keys, spec.layout,
+                           spec.exchange_folder, records)
+    if change is None or spec.exchange_keys is not None:
         return change
+    only_a_view = node.id in plan.circuit.outputs.values() and not plan.readers[node.id]
     if only_a_view and change.rows <= VIEW_ROWS_ON_DRIVER:
         if op.owner_outputs_consolidated:  # each task's output is, and their keys differ
             ctx.consolidated_changes.add(node.id)
         return change.read_all()  # written on the driver (no Spark write job)
-    return change.to_frame(spark)
+    return change.to_frame(ctx.session)
+
+
+# -- two stages as one job ---------------------------------------------------------------------
+def gang_stages(ctx: StepContext, plan: Plan, first: Node, second: Node,
+                inputs: Sequence[Delta | OwnedChange | ScatterInReaders]
+                ) -> tuple[OwnedChange | None, Any] | None:
+    """Owner stages ``first`` and ``second`` (``Plan.gang_chains``: ``second`` reads only
+    ``first``'s change, which only it reads, split by its keys) as one Spark job instead of
+    two: each of the W tasks (``run_gang_task``, all started together:
+    ``spark_session.run_gang_tasks``) runs ``first`` for its owner, posts its record, waits for
+    every task's (``runtime/rendezvous.py``), and runs ``second`` for its owner over the
+    exchange files those records name. Returns both stages' changes as ``owner_stage`` would
+    (their tasks' records staged in stage order); None, having staged nothing, when this step
+    cannot: ``first`` is not a file stage, the layout has more workers than the tasks that
+    can start together, or ``first``'s rows need Spark (``NEEDS_SPARK``) - the caller then runs
+    the stages one by one. Saves a job's fixed cost (its launch and its end: about 0.1 s here)
+    per step; each task waits only for the slowest task's part of ``first``.
+
+    Determinism: each task computes ``second``'s input from all of ``first``'s records exactly
+    as the driver does from the records it collects (the same records: a task returns what it
+    posted), so both stages' outputs equal the stages run one by one. A task that fails fails
+    the job (Spark kills the other tasks and does not run a barrier job's tasks again), so the
+    step fails and nothing of it is staged, as when any owner stage fails."""
+    layout = ctx.layout
+    if all(d is None for d in inputs):
+        return None, None
+    first_op = plan.operators[first.id]
+    owned = _file_stage_inputs(inputs, cast("list[list[str]]", first_op.owner_keys()))
+    if layout is None or owned is None or layout.workers > gang_slots(ctx.session):
+        return None
+    owners = sorted({w for d in owned if d is not None for w in d.owners()})
+    if not owners:
+        return None, None
+    spec = _stage_spec(ctx, plan, first, inputs)
+    then = _stage_spec(ctx, plan, second, [])
+    meet = f"{spec.exchange_folder}/_meet"
+    results = [json.loads(r) for r in run_gang_tasks(
+        ctx.session, layout.workers,
+        lambda w: run_gang_task(spec, then, owned, frozenset(owners), meet, w))]
+    firsts = [json.loads(r["first"]) for r in results if r["first"]]
+    if any(NEEDS_SPARK in r for r in firsts):
+        return None
+    stage_records(first_op, firsts, ctx.step, layout)
+    handed = _stage_output(ctx, plan, spec, firsts)
+    assert handed is None or isinstance(handed, OwnedChange)  # (``first`` is not a view's)
+    seconds = [json.loads(r["second"]) for r in results if r["second"]]
+    if sorted(int(r["owner"]) for r in seconds) != (handed.owners() if handed else []):
+        raise AssertionError(f"step {ctx.step}: the tasks of operator #{second.id} ran for "
+                             f"owners {[r['owner'] for r in seconds]}, not for the owners of "
+                             f"operator #{first.id}'s change")
+    if handed is None:
+        return None, None
+    stage_records(plan.operators[second.id], seconds, ctx.step, layout)
+    return handed, _stage_output(ctx, plan, then, seconds)
+
+
+def run_gang_task(first: OwnerTaskSpec, second: OwnerTaskSpec,
+                  inputs: Sequence[OwnedChange | ScatterInReaders | None],
+                  owners: frozenset[int], meet: str, owner: int) -> str:
+    """Owner ``owner``'s task of ``gang_stages``: ``first``'s task when the owner got rows of
+    ``inputs`` (``owners``), its record posted in ``meet``, then, once
+    every task posted, ``second``'s task over the owner's rows of ``first``'s change, when it
+    got any and none of ``first``'s tasks needs Spark. Returns both records (JSON; ``""`` for
+    a stage it did not run)."""
+    record = run_file_task(first, owner, inputs) if owner in owners else ""
+    rendezvous.post(meet, owner, record)
+    posted = [json.loads(r) for r in rendezvous.gather(meet, first.layout.workers) if r]
+    then = ""
+    if not any(NEEDS_SPARK in r for r in posted):
+        handed = _owned_change(first.schemas[first.node.id], first.exchange_keys, first.layout,
+                               first.exchange_folder, posted)
+        if handed is not None and owner in handed.owners():
+            then = run_file_task(second, owner, [handed])
+    return json.dumps({"first": record, "second": then})
 
 
 def _shuffled_stage(spec: OwnerTaskSpec, layout: Layout, plan: Plan, node: Node,

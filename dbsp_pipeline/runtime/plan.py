@@ -50,7 +50,7 @@ from dbsp_pipeline.operators.top_k import OrderKey, TopK, ranked_schema
 from dbsp_pipeline.runtime import scatter
 from dbsp_pipeline.runtime.circuit_diff import positional_state_name, positional_state_names
 from dbsp_pipeline.runtime.exchange import OwnedChange
-from dbsp_pipeline.runtime.owner_exec import owner_stage
+from dbsp_pipeline.runtime.owner_exec import gang_stages, owner_stage
 from dbsp_pipeline.spark_session import LazySession
 from dbsp_pipeline.storage.small_files import read_text, write_atomically
 from dbsp_pipeline.storage.state_db import StateDatabase
@@ -114,6 +114,12 @@ class Plan:
         #: step the input's pushed files are split by owner in tasks (``runtime/scatter.py``)
         self.scatter_chains = {n.id: chain for n in circuit.nodes if n.op == "input"
                                and (chain := scatter.chain_of(self, n)) is not None}
+        #: an owner stage whose change goes as exchange files to exactly one owner stage of
+        #: one input (the value): on a per-owner Spark step both may run as one job
+        #: (``owner_exec.gang_stages``)
+        self.gang_chains = {n: readers[0] for n in self.exchange_keys
+                            if len(readers := self.readers[n]) == 1
+                            and circuit.nodes[readers[0]].inputs == (n,)}
 
     @property
     def runs_on_driver(self) -> bool:
@@ -136,9 +142,9 @@ class Plan:
         they are split by owner in tasks (the readers' own, or a scatter stage's), else read
         into Spark."""
         changes: dict[int, Delta | LocalDelta | OwnedChange | scatter.ScatterInReaders] = {}
-        scattered: set[int] = set()
+        done: set[int] = set()  # run already (in a scattered chain, or a gang job)
         for node in self.circuit.nodes:
-            if node.id in scattered:
+            if node.id in done:
                 continue
             if node.op == "input":
                 change = input_changes.get(node.params["name"])
@@ -151,7 +157,7 @@ class Plan:
                         change = change.frame()
                     else:
                         chain, _ = self.scatter_chains[node.id]
-                        scattered.update(chain)
+                        done.update(chain)
                         changes[chain[-1] if chain else node.id] = handed
                         continue
                 changes[node.id] = change
@@ -161,7 +167,14 @@ class Plan:
             if ctx.on_driver:
                 changes[node.id] = operator.step_local(ctx, inputs)
             elif ctx.per_owner and node.id in self.owner_capable:
-                changes[node.id] = owner_stage(ctx, self, node, inputs)
+                reader = self.gang_chains.get(node.id) if ctx.gang_stages else None
+                both = None if reader is None else gang_stages(
+                    ctx, self, node, self.circuit.nodes[reader], inputs)
+                if both is None:
+                    changes[node.id] = owner_stage(ctx, self, node, inputs)
+                else:
+                    changes[node.id], changes[cast(int, reader)] = both
+                    done.add(cast(int, reader))
             else:  # (an exchanged change goes only to owner stages: ``exchange_keys``)
                 changes[node.id] = operator.step(ctx, [self._frame_of(ctx, c) for c in inputs])
         return changes

@@ -303,7 +303,7 @@ def _compute(state: EngineState, s: int, files: dict[str, list[DataFile]],
                    state.inputs[n].change(files[n], consolidated=n not in raw)
                    for n in names}
     ctx = StepContext(state.spark, s, sql=sql, layout=state.layout,
-                      per_owner=per_owner)
+                      per_owner=per_owner, gang_stages=state.spark_gang_stages)
     if per_owner:  # a view's owner stage may have its tasks write the view's change
         named = Counter(state.circuit.outputs.values())
         ctx.view_files = {node_id: target for name, node_id in state.circuit.outputs.items()

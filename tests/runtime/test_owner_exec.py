@@ -386,3 +386,147 @@ def test_opening_a_root_removes_what_a_crashed_step_handed_on(spark, tmp_path: P
     with Pipeline(circuit(), str(tmp_path), spark) as p:
         assert not os.path.exists(root_layout.exchange(str(tmp_path)))
         assert counter(p.view_arrow("totals")) == Counter({(1, 1, 2.0, 2.0): 1})
+
+
+def gang_circuit() -> Circuit:
+    """A join whose change only an aggregate reads (``Plan.gang_chains``); its orders come
+    through a filter and a select that a task cannot always evaluate (``x / d`` with ``x``
+    NULL and ``d`` 0: Spark gives NULL, DuckDB raises)."""
+    c = Circuit("gang")
+    orders = c.input("orders", "k INT, amount DOUBLE, x DOUBLE, d DOUBLE")
+    customers = c.input("customers", "k INT, name STRING")
+    big = orders.filter("amount > 1").select("k", "amount", "x / d AS q")
+    c.output("by_name", big.join(customers, on="k").group_by("name").agg(
+        n="count(*)", s="sum(amount)", hi="max(amount)", q="sum(q)"))
+    return c
+
+
+def gang_orders(lo: int, hi: int) -> list[tuple[Any, ...]]:
+    return [(i % 23, float(i % 7), float(i), 2.0) for i in range(lo, hi)]
+
+
+def spy_jobs(monkeypatch) -> Counter[str]:
+    """Count the driver's task jobs: gang jobs (``run_gang_tasks``) and one-stage ones."""
+    from dbsp_pipeline.runtime import owner_exec, scatter
+
+    jobs: Counter[str] = Counter()
+    gang, tasks = owner_exec.run_gang_tasks, owner_exec.run_tasks
+
+    def counting_gang(*args: Any) -> Any:
+        jobs["gang"] += 1
+        return gang(*args)
+
+    def counting_tasks(*args: Any) -> Any:
+        jobs["stage"] += 1
+        return tasks(*args)
+
+    monkeypatch.setattr(owner_exec, "run_gang_tasks", counting_gang)
+    monkeypatch.setattr(owner_exec, "run_tasks", counting_tasks)
+    monkeypatch.setattr(scatter, "run_tasks", counting_tasks)
+    return jobs
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_two_owner_stages_run_as_one_job(spark, tmp_path: Path, monkeypatch,
+                                         workers: int) -> None:
+    """A join whose change only an aggregate reads runs with it as one gang job when its W
+    tasks can start together (W <= the 2 local slots): every view and trace equals the
+    driver path's over steps that insert, delete and move customers, with no other job; at
+    W=4 the stages run as a job each, as they do with ``spark_gang_stages`` off. When the
+    join's tasks find its input needs Spark, nothing of the gang job is kept: the stages run
+    one by one, the Spark way."""
+    from dbsp_pipeline.runtime.pipeline import Pipeline
+
+    jobs = spy_jobs(monkeypatch)
+    ref = Pipeline(gang_circuit(), str(tmp_path / "ref"), spark)
+    with Pipeline(gang_circuit(), str(tmp_path / "p"), spark, driver_step_rows=0) as p:
+        plan = p.engine.plan
+        join = next(n.id for n in plan.circuit.nodes if n.op == "join")
+        assert plan.gang_chains == {join: plan.circuit.outputs["by_name"]}
+        assert p.spark_gang_stages  # the default
+        p.rescale(workers)
+        gang = workers <= 2
+        pushes = [  # per step: (orders inserted, orders deleted, customers)
+            ([(0, 60)], [], [(k, f"c{k % 5}") for k in range(20)]),
+            ([(60, 90)], [(0, 12)], [(21, "c1")]),
+            ([(90, 95)], [(60, 70)], []),
+        ]
+        for step, (inserted, deleted, customers) in enumerate(pushes, start=1):
+            for q in (ref, p):
+                for lo, hi in inserted:
+                    q.push("orders", gang_orders(lo, hi))
+                for lo, hi in deleted:
+                    q.push("orders", gang_orders(lo, hi), weight=-1)
+                if customers:
+                    q.push("customers", customers)
+                assert q.step().on_driver is (q is ref)
+            assert counter(p.view_arrow("by_name")) == counter(ref.view_arrow("by_name"))
+            assert jobs == (Counter(gang=step) if gang else Counter(stage=2 * step)), step
+        p.spark_gang_stages = False
+        jobs.clear()
+        for q in (ref, p):
+            q.push("orders", gang_orders(95, 99))
+            q.step()
+        assert jobs == Counter(stage=2)
+        assert counter(p.view_arrow("by_name")) == counter(ref.view_arrow("by_name"))
+        p.spark_gang_stages = True
+        jobs.clear()
+        for q in (ref, p):  # the join's tasks cannot evaluate x / d: Spark evaluates the chain
+            q.push("orders", [(3, 5.0, None, 0.0), (4, 6.0, 1.0, 2.0)])
+            q.step()
+        assert jobs["gang"] == (1 if gang else 0)
+        assert counter(p.view_arrow("by_name")) == counter(ref.view_arrow("by_name"))
+        sql = LocalSQL()
+        for mine, theirs in zip(plan.state_traces(), ref.engine.plan.state_traces()):
+            assert counter(sql.consolidate(mine.read_arrow(), mine.payload)) == counter(
+                sql.consolidate(theirs.read_arrow(), theirs.payload)), mine.name
+        assert p.verify().ok
+    ref.close()
+
+
+def test_a_failing_task_of_a_gang_job_fails_the_step(spark, tmp_path: Path,
+                                                      monkeypatch) -> None:
+    """A task of a gang job that fails after writing the second stage's files fails the job
+    (Spark kills the other task and does not run the job again): the step fails, nothing of
+    it is staged; the retry equals the driver path, and garbage collection deletes exactly
+    the failed job's files."""
+    from dbsp_pipeline import StepFailedError
+    from dbsp_pipeline.runtime.owner_exec import FAIL_OWNER_TASK
+    from dbsp_pipeline.runtime.pipeline import Pipeline
+
+    jobs = spy_jobs(monkeypatch)
+    ref = Pipeline(gang_circuit(), str(tmp_path / "ref"), spark)
+    with Pipeline(gang_circuit(), str(tmp_path / "p"), spark, driver_step_rows=0) as p:
+        p.rescale(2)
+        traces = p.engine.plan.state_traces()
+        log = p.engine.outputs["by_name"]
+
+        def stored() -> set[str]:
+            return {f.path for t in [*traces, log] for f in t.table.store.stored_data_files()}
+
+        for q in (ref, p):
+            q.push("customers", [(k, f"c{k % 5}") for k in range(23)])
+            q.push("orders", gang_orders(0, 40))
+            q.step()
+        before = stored()
+        monkeypatch.setenv(FAIL_OWNER_TASK, f"{p.circuit.outputs['by_name']}:1:*")
+        for q in (ref, p):
+            q.push("orders", gang_orders(40, 80))
+            q.push("orders", gang_orders(0, 10), weight=-1)
+        jobs.clear()
+        with pytest.raises(StepFailedError, match="injected fault"):
+            p.step()
+        assert jobs == Counter(gang=1)
+        orphans = stored() - before
+        assert orphans  # the tasks wrote trace and view files
+        monkeypatch.delenv(FAIL_OWNER_TASK)
+        p.step()
+        ref.step()
+        assert counter(p.view_arrow("by_name")) == counter(ref.view_arrow("by_name"))
+        live = {f.path for t in traces for f in t.files()} | {f.path for f in log._files()}
+        assert not orphans & live
+        p.collect_garbage(0)
+        assert not orphans & stored() and live <= stored()
+        assert p.verify().ok
+        assert counter(p.view_arrow("by_name")) == counter(ref.view_arrow("by_name"))
+    ref.close()
