@@ -37,12 +37,13 @@ the driver hashes its key types: ``Plan.owner_capable``) becomes one *owner stag
    ``StepContext.view_files``): the driver reads none of it, sums the digests, and the step's
    record commits the files.
 
-An owner stage whose change only one owner stage reads, as its one input (``Plan.gang_chains``:
-a join whose change is aggregated), runs with it as one job where the W tasks can start together
-(``gang_stages``: local mode, W task slots or more; ``Pipeline.spark_gang_stages``): each task
-runs the first stage for its owner, posts its record in the step's scratch, waits for every
-task's (``runtime/rendezvous.py``) and runs the second stage over the exchange files they name.
-A job's fixed cost here (its launch and its end, about 0.1 s) is paid once instead of twice.
+An owner stage whose change only one owner stage reads (``Plan.gang_reader``: a join whose
+change is aggregated), and a chain of such, runs as one job where the W tasks can start together
+(``gang_stages``: local mode, W task slots or more; ``Pipeline.spark_gang_stages``) and no other
+input of the later stages changed: each task runs the first stage for its owner, posts its
+record in the step's scratch, waits for every task's (``runtime/rendezvous.py``) and runs the
+next stage over the exchange files they name, and so on. A job's fixed cost here (its launch
+and its end, about 0.1 s) is paid once instead of once a stage.
 
 Determinism: a task's output is a function of its owner's change rows and its owner's trace rows
 for those keys; each key's rows are in exactly one task; the code is the driver path's. So the
@@ -443,78 +444,92 @@ def _stage_output(ctx: StepContext, plan: Plan, spec: OwnerTaskSpec,
     return change.to_frame(ctx.session)
 
 
-# -- two stages as one job ---------------------------------------------------------------------
-def gang_stages(ctx: StepContext, plan: Plan, first: Node, second: Node,
+# -- a chain of stages as one job --------------------------------------------------------------
+def gang_stages(ctx: StepContext, plan: Plan, chain: Sequence[Node],
                 inputs: Sequence[Delta | OwnedChange | ScatterInReaders]
-                ) -> tuple[OwnedChange | None, Any] | None:
-    """Owner stages ``first`` and ``second`` (``Plan.gang_chains``: ``second`` reads only
-    ``first``'s change, which only it reads, split by its keys) as one Spark job instead of
-    two: each of the W tasks (``run_gang_task``, all started together:
-    ``spark_session.run_gang_tasks``) runs ``first`` for its owner, posts its record, waits for
-    every task's (``runtime/rendezvous.py``), and runs ``second`` for its owner over the
-    exchange files those records name. Returns both stages' changes as ``owner_stage`` would
-    (their tasks' records staged in stage order); None, having staged nothing, when this step
-    cannot: ``first`` is not a file stage, the layout has more workers than the tasks that
-    can start together, or ``first``'s rows need Spark (``NEEDS_SPARK``) - the caller then runs
-    the stages one by one. Saves a job's fixed cost (its launch and its end: about 0.1 s here)
-    per step; each task waits only for the slowest task's part of ``first``.
+                ) -> list[Any] | None:
+    """The owner stages of ``chain`` (``Plan.gang_chain``: each stage after the first reads
+    the one before it, whose change only it reads, split by its keys, and no other input
+    changed this step) as one Spark job instead of one each: each of the W tasks
+    (``run_gang_task``, all started together: ``spark_session.run_gang_tasks``) runs the first
+    stage for its owner over ``inputs``, posts its record, waits for every task's
+    (``runtime/rendezvous.py``), runs the next stage for its owner over the exchange files
+    those records name, and so on. Returns each stage's change as ``owner_stage`` would (the
+    tasks' records staged in stage order); None, having staged nothing, when this step cannot:
+    the first stage is not a file stage, the layout has more workers than the tasks that can
+    start together, or the first stage's rows need Spark (``NEEDS_SPARK``) - the caller then
+    runs the stages one by one. Saves a job's fixed cost (its launch and its end: about 0.1 s
+    here) per stage after the first; each task waits at each meeting for the slowest task.
 
-    Determinism: each task computes ``second``'s input from all of ``first``'s records exactly
-    as the driver does from the records it collects (the same records: a task returns what it
-    posted), so both stages' outputs equal the stages run one by one. A task that fails fails
-    the job (Spark kills the other tasks and does not run a barrier job's tasks again), so the
-    step fails and nothing of it is staged, as when any owner stage fails."""
+    Determinism: each task computes a stage's input from all of the stage before's records
+    exactly as the driver does from the records it collects (the same records: a task returns
+    what it posted), so every stage's output equals the stages run one by one. A task that
+    fails fails the job (Spark kills the other tasks and does not run a barrier job's tasks
+    again), so the step fails and nothing of it is staged, as when any owner stage fails."""
     layout = ctx.layout
     if all(d is None for d in inputs):
-        return None, None
-    first_op = plan.operators[first.id]
+        return [None] * len(chain)
+    first_op = plan.operators[chain[0].id]
     owned = _file_stage_inputs(inputs, cast("list[list[str]]", first_op.owner_keys()))
     if layout is None or owned is None or layout.workers > gang_slots(ctx.session):
         return None
     owners = sorted({w for d in owned if d is not None for w in d.owners()})
     if not owners:
-        return None, None
-    spec = _stage_spec(ctx, plan, first, inputs)
-    then = _stage_spec(ctx, plan, second, [])
-    meet = f"{spec.exchange_folder}/_meet"
-    results = [json.loads(r) for r in run_gang_tasks(
+        return [None] * len(chain)
+    specs = [_stage_spec(ctx, plan, chain[0], inputs)] + [
+        _stage_spec(ctx, plan, node, []) for node in chain[1:]]
+    results = [json.loads(r)["records"] for r in run_gang_tasks(
         ctx.session, layout.workers,
-        lambda w: run_gang_task(spec, then, owned, frozenset(owners), meet, w))]
-    firsts = [json.loads(r["first"]) for r in results if r["first"]]
-    if any(NEEDS_SPARK in r for r in firsts):
-        return None
-    stage_records(first_op, firsts, ctx.step, layout)
-    handed = _stage_output(ctx, plan, spec, firsts)
-    assert handed is None or isinstance(handed, OwnedChange)  # (``first`` is not a view's)
-    seconds = [json.loads(r["second"]) for r in results if r["second"]]
-    if sorted(int(r["owner"]) for r in seconds) != (handed.owners() if handed else []):
-        raise AssertionError(f"step {ctx.step}: the tasks of operator #{second.id} ran for "
-                             f"owners {[r['owner'] for r in seconds]}, not for the owners of "
-                             f"operator #{first.id}'s change")
-    if handed is None:
-        return None, None
-    stage_records(plan.operators[second.id], seconds, ctx.step, layout)
-    return handed, _stage_output(ctx, plan, then, seconds)
+        lambda w: run_gang_task(specs, owned, frozenset(owners), w))]
+    changes: list[Any] = []
+    handed: OwnedChange | None = None
+    for k, (node, spec) in enumerate(zip(chain, specs)):
+        records = [json.loads(r[k]) for r in results if len(r) > k and r[k]]
+        if k == 0 and any(NEEDS_SPARK in r for r in records):
+            return None
+        if k > 0 and sorted(int(r["owner"]) for r in records) != (
+                handed.owners() if handed is not None else []):
+            raise AssertionError(f"step {ctx.step}: the tasks of operator #{node.id} ran for "
+                                 f"owners {[r['owner'] for r in records]}, not for the owners "
+                                 f"of operator #{chain[k - 1].id}'s change")
+        if k > 0 and handed is None:
+            changes.append(None)
+            continue
+        stage_records(plan.operators[node.id], records, ctx.step, layout)
+        changes.append(_stage_output(ctx, plan, spec, records))
+        if k < len(chain) - 1:
+            handed = changes[-1]
+            assert handed is None or isinstance(handed, OwnedChange)  # (read by the next)
+    return changes
 
 
-def run_gang_task(first: OwnerTaskSpec, second: OwnerTaskSpec,
+def run_gang_task(specs: Sequence[OwnerTaskSpec],
                   inputs: Sequence[OwnedChange | ScatterInReaders | None],
-                  owners: frozenset[int], meet: str, owner: int) -> str:
-    """Owner ``owner``'s task of ``gang_stages``: ``first``'s task when the owner got rows of
-    ``inputs`` (``owners``), its record posted in ``meet``, then, once
-    every task posted, ``second``'s task over the owner's rows of ``first``'s change, when it
-    got any and none of ``first``'s tasks needs Spark. Returns both records (JSON; ``""`` for
-    a stage it did not run)."""
-    record = run_file_task(first, owner, inputs) if owner in owners else ""
-    rendezvous.post(meet, owner, record)
-    posted = [json.loads(r) for r in rendezvous.gather(meet, first.layout.workers) if r]
-    then = ""
-    if not any(NEEDS_SPARK in r for r in posted):
-        handed = _owned_change(first.schemas[first.node.id], first.exchange_keys, first.layout,
-                               first.exchange_folder, posted)
-        if handed is not None and owner in handed.owners():
-            then = run_file_task(second, owner, [handed])
-    return json.dumps({"first": record, "second": then})
+                  owners: frozenset[int], owner: int) -> str:
+    """Owner ``owner``'s task of ``gang_stages``: the first stage's task when the owner got
+    rows of ``inputs`` (``owners``), its record posted in the stage's meeting folder (under
+    its exchange folder), then, once every task posted, the next stage's task over the
+    owner's rows of that stage's change (the stage's other inputs did not change), and so on,
+    until a stage hands no rows on or the first stage needs Spark. Returns the records it
+    made, by stage (JSON; ``""`` for a stage it did not run for its owner)."""
+    records: list[str] = []
+    for k, spec in enumerate(specs):
+        records.append(run_file_task(spec, owner, inputs) if owner in owners else "")
+        if k == len(specs) - 1:
+            break
+        meet = f"{spec.exchange_folder}/_meet"
+        rendezvous.post(meet, owner, records[-1])
+        posted = [json.loads(r) for r in rendezvous.gather(meet, spec.layout.workers) if r]
+        if any(NEEDS_SPARK in r for r in posted):
+            break
+        handed = _owned_change(spec.schemas[spec.node.id], spec.exchange_keys, spec.layout,
+                               spec.exchange_folder, posted)
+        if handed is None:
+            break
+        following = specs[k + 1].node
+        inputs = [handed if i == spec.node.id else None for i in following.inputs]
+        owners = frozenset(handed.owners())
+    return json.dumps({"records": records})
 
 
 def _shuffled_stage(spec: OwnerTaskSpec, layout: Layout, plan: Plan, node: Node,

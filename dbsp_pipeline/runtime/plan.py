@@ -114,12 +114,11 @@ class Plan:
         #: step the input's pushed files are split by owner in tasks (``runtime/scatter.py``)
         self.scatter_chains = {n.id: chain for n in circuit.nodes if n.op == "input"
                                and (chain := scatter.chain_of(self, n)) is not None}
-        #: an owner stage whose change goes as exchange files to exactly one owner stage of
-        #: one input (the value): on a per-owner Spark step both may run as one job
-        #: (``owner_exec.gang_stages``)
-        self.gang_chains = {n: readers[0] for n in self.exchange_keys
-                            if len(readers := self.readers[n]) == 1
-                            and circuit.nodes[readers[0]].inputs == (n,)}
+        #: an owner stage whose change goes as exchange files to exactly one owner stage (the
+        #: value, which reads it as one of its inputs): on a per-owner Spark step a chain of
+        #: such stages may run as one job (``gang_chain``, ``owner_exec.gang_stages``)
+        self.gang_reader = {n: readers[0] for n in self.exchange_keys
+                            if len(readers := self.readers[n]) == 1}
 
     @property
     def runs_on_driver(self) -> bool:
@@ -167,17 +166,29 @@ class Plan:
             if ctx.on_driver:
                 changes[node.id] = operator.step_local(ctx, inputs)
             elif ctx.per_owner and node.id in self.owner_capable:
-                reader = self.gang_chains.get(node.id) if ctx.gang_stages else None
-                both = None if reader is None else gang_stages(
-                    ctx, self, node, self.circuit.nodes[reader], inputs)
-                if both is None:
+                stages = self.gang_chain(node, changes) if ctx.gang_stages else [node]
+                made = gang_stages(ctx, self, stages, inputs) if len(stages) > 1 else None
+                if made is None:
                     changes[node.id] = owner_stage(ctx, self, node, inputs)
                 else:
-                    changes[node.id], changes[cast(int, reader)] = both
-                    done.add(cast(int, reader))
+                    changes.update({stage.id: change for stage, change in zip(stages, made)})
+                    done.update(stage.id for stage in stages)
             else:  # (an exchanged change goes only to owner stages: ``exchange_keys``)
                 changes[node.id] = operator.step(ctx, [self._frame_of(ctx, c) for c in inputs])
         return changes
+
+    def gang_chain(self, node: Node, changes: Mapping[int, object]) -> list[Node]:
+        """``node`` and the owner stages after it that one gang job may run this step: each
+        the one reader of the stage before (``gang_reader``) whose other inputs are computed
+        (``changes``) and did not change."""
+        chain = [node]
+        while (reader := self.gang_reader.get(chain[-1].id)) is not None:
+            following = self.circuit.nodes[reader]
+            if any(i != chain[-1].id and (i not in changes or changes[i] is not None)
+                   for i in following.inputs):
+                break
+            chain.append(following)
+        return chain
 
     def _frame_of(self, ctx: StepContext,
                   change: Delta | LocalDelta | OwnedChange | scatter.ScatterInReaders

@@ -388,16 +388,18 @@ def test_opening_a_root_removes_what_a_crashed_step_handed_on(spark, tmp_path: P
         assert counter(p.view_arrow("totals")) == Counter({(1, 1, 2.0, 2.0): 1})
 
 
-def gang_circuit() -> Circuit:
-    """A join whose change only an aggregate reads (``Plan.gang_chains``); its orders come
-    through a filter and a select that a task cannot always evaluate (``x / d`` with ``x``
-    NULL and ``d`` 0: Spark gives NULL, DuckDB raises)."""
-    c = Circuit("gang")
+def gang_circuit(eager: bool = False) -> Circuit:
+    """A join whose change only an aggregate reads (``Plan.gang_reader``); planned eagerly,
+    an aggregate per customer whose change only the join reads, whose change only the merging
+    aggregate reads. Its orders come through a filter that a task cannot always evaluate
+    (``x / d`` with ``x`` NULL and ``d`` 0: Spark gives NULL, the driver's translation
+    raises)."""
+    c = Circuit("gang", eager_aggregation=eager)
     orders = c.input("orders", "k INT, amount DOUBLE, x DOUBLE, d DOUBLE")
     customers = c.input("customers", "k INT, name STRING")
-    big = orders.filter("amount > 1").select("k", "amount", "x / d AS q")
+    big = orders.filter("amount > 1 AND NOT (x / d < 0)").select("k", "amount")
     c.output("by_name", big.join(customers, on="k").group_by("name").agg(
-        n="count(*)", s="sum(amount)", hi="max(amount)", q="sum(q)"))
+        n="count(*)", s="sum(amount)", hi="max(amount)"))
     return c
 
 
@@ -426,26 +428,35 @@ def spy_jobs(monkeypatch) -> Counter[str]:
     return jobs
 
 
-@pytest.mark.parametrize("workers", [1, 2, 4])
-def test_two_owner_stages_run_as_one_job(spark, tmp_path: Path, monkeypatch,
-                                         workers: int) -> None:
+@pytest.mark.parametrize("workers, eager", [(1, False), (2, False), (4, False), (2, True)],
+                         ids=["W1", "W2", "W4", "W2-eager"])
+def test_owner_stages_run_as_one_job(spark, tmp_path: Path, monkeypatch, workers: int,
+                                     eager: bool) -> None:
     """A join whose change only an aggregate reads runs with it as one gang job when its W
-    tasks can start together (W <= the 2 local slots): every view and trace equals the
-    driver path's over steps that insert, delete and move customers, with no other job; at
-    W=4 the stages run as a job each, as they do with ``spark_gang_stages`` off. When the
-    join's tasks find its input needs Spark, nothing of the gang job is kept: the stages run
-    one by one, the Spark way."""
+    tasks can start together (W <= the 2 local slots); planned eagerly, the aggregate per
+    customer, the join and the merge run as one job when no customer changed, else the first
+    alone and the other two as one. Every view and trace equals the driver path's over steps
+    that insert, delete and move customers, with no other job; at W=4 the stages run as a job
+    each, as they do with ``spark_gang_stages`` off. When the first stage's tasks find its
+    input needs Spark, nothing of the gang job is kept: that stage runs the Spark way."""
     from dbsp_pipeline.runtime.pipeline import Pipeline
 
     jobs = spy_jobs(monkeypatch)
-    ref = Pipeline(gang_circuit(), str(tmp_path / "ref"), spark)
-    with Pipeline(gang_circuit(), str(tmp_path / "p"), spark, driver_step_rows=0) as p:
+    ref = Pipeline(gang_circuit(eager), str(tmp_path / "ref"), spark)
+    with Pipeline(gang_circuit(eager), str(tmp_path / "p"), spark, driver_step_rows=0) as p:
         plan = p.engine.plan
         join = next(n.id for n in plan.circuit.nodes if n.op == "join")
-        assert plan.gang_chains == {join: plan.circuit.outputs["by_name"]}
+        aggregates = [n.id for n in plan.circuit.nodes if n.op == "aggregate"]
+        assert plan.gang_reader == ({aggregates[0]: join, join: aggregates[1]} if eager else
+                                    {join: aggregates[0]})
         assert p.spark_gang_stages  # the default
         p.rescale(workers)
         gang = workers <= 2
+        stages = 3 if eager else 2
+        # per step: a gang job of every stage, or (customers changed) of all but the first
+        expected = [Counter(stage=stages * step) if not gang else
+                    Counter(gang=step, stage=min(step, 2)) if eager else Counter(gang=step)
+                    for step in (1, 2, 3)]
         pushes = [  # per step: (orders inserted, orders deleted, customers)
             ([(0, 60)], [], [(k, f"c{k % 5}") for k in range(20)]),
             ([(60, 90)], [(0, 12)], [(21, "c1")]),
@@ -461,20 +472,21 @@ def test_two_owner_stages_run_as_one_job(spark, tmp_path: Path, monkeypatch,
                     q.push("customers", customers)
                 assert q.step().on_driver is (q is ref)
             assert counter(p.view_arrow("by_name")) == counter(ref.view_arrow("by_name"))
-            assert jobs == (Counter(gang=step) if gang else Counter(stage=2 * step)), step
+            assert jobs == expected[step - 1], step
         p.spark_gang_stages = False
         jobs.clear()
         for q in (ref, p):
             q.push("orders", gang_orders(95, 99))
             q.step()
-        assert jobs == Counter(stage=2)
+        assert jobs == Counter(stage=stages)
         assert counter(p.view_arrow("by_name")) == counter(ref.view_arrow("by_name"))
         p.spark_gang_stages = True
         jobs.clear()
         for q in (ref, p):  # the join's tasks cannot evaluate x / d: Spark evaluates the chain
             q.push("orders", [(3, 5.0, None, 0.0), (4, 6.0, 1.0, 2.0)])
             q.step()
-        assert jobs["gang"] == (1 if gang else 0)
+        # (eager: the join and the merge still meet as one job after the first stage)
+        assert jobs["gang"] == ((2 if eager else 1) if gang else 0)
         assert counter(p.view_arrow("by_name")) == counter(ref.view_arrow("by_name"))
         sql = LocalSQL()
         for mine, theirs in zip(plan.state_traces(), ref.engine.plan.state_traces()):
