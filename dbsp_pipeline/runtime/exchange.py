@@ -99,7 +99,7 @@ def write_by_owner(change: pa.Table, schema: StructType, keys: Sequence[str] | N
     if change.num_rows == 0:
         return {}
     renamed = pa.Table.from_arrays(list(change.columns), schema=file_schema(schema))
-    reached = filesystem_of(folder)
+    reached = _filesystem(folder)
     if keys is None or layout.workers == 1:
         return {owner if keys is None else 0: [write_file(renamed, folder, reached)]}
     owners = owners_of(layout, change, keys)
@@ -112,9 +112,9 @@ def write_file(table: pa.Table, folder: str,
     """Write ``table`` as a new Arrow IPC file in ``folder`` (uncompressed on a local disk,
     LZ4 on an object store: a step's scratch is read once, soon, so it is kept cheap to write
     and read rather than small); its absolute path. ``reached``: the folder's filesystem and
-    path, as ``filesystem_of`` gives them (else resolved here). A ``StorageError`` naming it on
+    path, as ``_filesystem`` gives them (else resolved here). A ``StorageError`` naming it on
     failure."""
-    filesystem, base = reached or filesystem_of(folder)
+    filesystem, base = reached or _filesystem(folder)
     name = f"{uuid.uuid4().hex}.arrow"
     local = isinstance(filesystem, pafs.LocalFileSystem)
     options = pa.ipc.IpcWriteOptions(compression=None if local else "lz4")
@@ -139,7 +139,7 @@ def read_files(paths: Sequence[str], schema: StructType, folder: str) -> pa.Tabl
 
 
 def _read_ipc(paths: Sequence[str], folder: str) -> list[pa.Table]:
-    filesystem, base = filesystem_of(folder)
+    filesystem, base = _filesystem(folder)
     tables = []
     for path in paths:
         if not path.startswith(folder + "/"):
@@ -149,7 +149,7 @@ def _read_ipc(paths: Sequence[str], folder: str) -> list[pa.Table]:
     return tables
 
 
-def filesystem_of(folder: str) -> tuple[pafs.FileSystem, str]:
+def _filesystem(folder: str) -> tuple[pafs.FileSystem, str]:
     """The filesystem of ``folder`` (a local path or ``s3://``, as ``DataFiles.for_uri``
     reaches a table) and the folder's path in it."""
     data = DataFiles.for_uri(folder, pa.schema([]))

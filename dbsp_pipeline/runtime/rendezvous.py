@@ -7,11 +7,10 @@ without it 0.04-0.07 s), more than the job it would save. Files in the step's sc
 write and a few polls: the tasks of a gang job run at once, so each waits only for the slowest
 task's first part.
 
-A meeting is a folder where task ``i`` writes ``<i>.json``, the text wrapped in a JSON object, so a
-file read while it is being written does not parse and is read again (a local write is not
-atomic; an object store's is). Texts are the tasks' records: small. The tasks of a gang job
-meet once: Spark never runs a failed barrier job's tasks again (the job fails), so no text of
-an earlier attempt is ever in the folder.
+A meeting is a folder where task ``i`` writes ``<i>.json`` (``small_files.write_atomically``: a
+task reads it whole or not at all, on a local disk or an object store); the texts are the tasks'
+records: small. The tasks of a gang job meet once: Spark never runs a failed barrier job's tasks
+again (the job fails), so no text of an earlier attempt is ever in the folder.
 
 Durability: none, and none is needed. The folder is under a stage's exchange folder, scratch of
 the step, removed with it (``StepContext.release``, ``exchange.remove_all``).
@@ -19,12 +18,9 @@ the step, removed with it (``StepContext.release``, ``exchange.remove_all``).
 
 from __future__ import annotations
 
-import json
 import time
 
-import pyarrow.fs as pafs
-
-from dbsp_pipeline.runtime import exchange
+from dbsp_pipeline.storage import small_files
 
 #: how long a task waits for the others before failing (they start together, so this is only
 #: reached when one hangs: Spark kills the waiting tasks itself when one fails)
@@ -36,31 +32,20 @@ LONGEST_PAUSE_SECONDS = 0.02
 
 def post(folder: str, index: int, text: str) -> None:
     """Task ``index`` posts ``text`` in meeting ``folder``."""
-    filesystem, base = exchange.filesystem_of(folder)
-    if isinstance(filesystem, pafs.LocalFileSystem):
-        filesystem.create_dir(base, recursive=True)
-    with filesystem.open_output_stream(f"{base}/{index}.json") as sink:
-        sink.write(json.dumps({"text": text}).encode())
+    small_files.make_folder(folder)
+    small_files.write_atomically(f"{folder}/{index}.json", text, durable=False)
 
 
 def gather(folder: str, count: int, wait_seconds: float = WAIT_SECONDS) -> list[str]:
     """The texts tasks ``0..count-1`` posted in meeting ``folder``, in index order, once all
     have. ``TimeoutError`` naming the tasks still missing after ``wait_seconds``."""
-    filesystem, base = exchange.filesystem_of(folder)
     texts: dict[int, str] = {}
     pause, deadline = FIRST_PAUSE_SECONDS, time.monotonic() + wait_seconds
     while True:
-        missing = [i for i in range(count) if i not in texts]
-        infos = filesystem.get_file_info([f"{base}/{i}.json" for i in missing])
-        for i, info in zip(missing, infos):
-            if info.type != pafs.FileType.File:
-                continue
-            with filesystem.open_input_stream(info.path) as source:
-                data = source.read()
-            try:
-                texts[i] = str(json.loads(data)["text"])
-            except (ValueError, KeyError):  # still being written
-                continue
+        for i in range(count):
+            if i not in texts and (text := small_files.read_text(f"{folder}/{i}.json")) \
+                    is not None:
+                texts[i] = text
         if len(texts) == count:
             return [texts[i] for i in range(count)]
         if time.monotonic() > deadline:

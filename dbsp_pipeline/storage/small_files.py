@@ -28,9 +28,10 @@ def is_remote(path: str) -> bool:
     return path.startswith(_REMOTE)
 
 
-def write_atomically(path: str, text: str) -> None:
+def write_atomically(path: str, text: str, durable: bool = True) -> None:
     """Replace ``path`` with ``text``: a reader (or a crash) sees the old file or the new one,
-    never a partial one."""
+    never a partial one. ``durable=False`` (scratch a crash may lose): a local file is not
+    synced to disk first: a reader still sees it whole, but after a crash it may be empty."""
     if is_remote(path):
         with _s3().open_output_stream(_key(path)) as out:
             out.write(text.encode())
@@ -38,8 +39,9 @@ def write_atomically(path: str, text: str) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as fh:
         fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
+        if durable:
+            fh.flush()
+            os.fsync(fh.fileno())
     os.replace(tmp, path)
 
 

@@ -1,10 +1,9 @@
-"""The meeting of a gang job's tasks through files: every task gets every text in index order
-once all are posted, a file still being written is read again, and a task that never posts
-is named when the wait ends."""
+"""The meeting of a gang job's tasks through files, in a local folder and on a real object
+store: every task gets every text in index order once all are posted (an empty text too), and
+a task that never posts is named when the wait ends."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
@@ -12,10 +11,21 @@ from pathlib import Path
 import pytest
 
 from dbsp_pipeline.runtime import rendezvous
+from tests.object_store_helpers import new_bucket
 
 
-def test_each_task_gets_every_text_once_all_are_posted(tmp_path: Path) -> None:
-    folder = str(tmp_path / "meet")
+@pytest.fixture(params=["local", "s3"])
+def folder(request: pytest.FixtureRequest, tmp_path: Path,
+           monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "local":
+        return str(tmp_path / "_exchange" / "3-x" / "_meet")
+    settings = request.getfixturevalue("object_store")
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+    return f"s3://{new_bucket(settings, 'meet')}/root/_exchange/3-x/_meet"
+
+
+def test_each_task_gets_every_text_once_all_are_posted(folder: str) -> None:
     got: dict[int, list[str]] = {}
 
     def task(i: int) -> None:
@@ -31,25 +41,7 @@ def test_each_task_gets_every_text_once_all_are_posted(tmp_path: Path) -> None:
     assert got == {i: ["record 0", "", "record 2"] for i in range(3)}
 
 
-def test_a_text_still_being_written_is_read_again(tmp_path: Path) -> None:
-    folder = tmp_path / "meet"
-    folder.mkdir()
-    whole = json.dumps({"text": "the record"})
-    (folder / "0.json").write_text(whole[:7])  # a write under way
-    (folder / "1.json").write_text(json.dumps({"text": "other"}))
-
-    def finish() -> None:
-        time.sleep(0.1)
-        (folder / "0.json").write_text(whole)
-
-    writer = threading.Thread(target=finish)
-    writer.start()
-    assert rendezvous.gather(str(folder), 2, wait_seconds=30) == ["the record", "other"]
-    writer.join()
-
-
-def test_a_task_that_never_posts_is_named(tmp_path: Path) -> None:
-    folder = str(tmp_path / "meet")
+def test_a_task_that_never_posts_is_named(folder: str) -> None:
     rendezvous.post(folder, 0, "here")
     rendezvous.post(folder, 2, "here")
     with pytest.raises(TimeoutError, match=r"tasks \[1, 3\] of 4 posted nothing"):
