@@ -59,8 +59,8 @@ class StepContext:
     #: whether a Spark step runs each operator that can (``Plan.owner_capable``) as one task
     #: per owner (``runtime/owner_exec.py``) instead of as DataFrame jobs
     per_owner: bool = False
-    #: on a per-owner step, whether an owner stage and the owner stage that alone reads it may
-    #: run as one Spark job (``owner_exec.gang_stages``)
+    #: on a per-owner step, whether a chain of owner stages, each the one reader of the one
+    #: before, may run as one Spark job (``owner_exec.gang_stages``)
     gang_stages: bool = False
     #: in a Spark task, the owner whose keys it runs (None on the driver)
     owner: int | None = None

@@ -94,8 +94,9 @@ class EngineState:
     #: (``runtime/owner_exec.py``) instead of as DataFrame jobs, when a task's share fits its
     #: budget (``path_choice.choose_spark_execution``)
     spark_per_owner: bool = True
-    #: a per-owner Spark step runs an owner stage and the one owner stage that reads it as one
-    #: Spark job whose tasks meet between the two (``owner_exec.gang_stages``) where it can
+    #: a per-owner Spark step runs a chain of owner stages, each the one reader of the one
+    #: before, as one Spark job whose tasks meet between stages (``owner_exec.gang_stages``)
+    #: where it can
     spark_gang_stages: bool = True
     #: steps executed since the last commit (a crash now would replay them)
     uncommitted_steps: int = 0

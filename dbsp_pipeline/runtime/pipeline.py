@@ -208,9 +208,9 @@ class Pipeline:
     #: a Spark step runs Join, Aggregate and Distinct as one task per owner (W tasks at most) when
     #: a task's share of the step fits its budget (on by default; ``runtime/path_choice.py``)
     spark_per_owner: _EngineSetting[bool] = _EngineSetting(_boolean)
-    #: a per-owner Spark step runs two owner stages, one reading the other, as one job (its W
-    #: tasks start together and meet between the stages) in local mode with W task slots or
-    #: more (on by default; ``owner_exec.gang_stages``); off: a job per stage
+    #: a per-owner Spark step runs a chain of owner stages, each reading the one before, as one
+    #: job (its W tasks start together and meet between the stages) in local mode with W task
+    #: slots or more (on by default; ``owner_exec.gang_stages``); off: a job per stage
     spark_gang_stages: _EngineSetting[bool] = _EngineSetting(_boolean)
 
     def __init__(self, circuit: Circuit, root: str,
