@@ -17,6 +17,7 @@ from dbsp_pipeline import Circuit, Pipeline
 from dbsp_pipeline.driver import sql as local_sql
 from dbsp_pipeline.driver.sql import LocalSQL
 from dbsp_pipeline.errors import StepFailedError
+from dbsp_pipeline.operators.aggregate import Aggregate
 
 FACTS = "k STRING, d DECIMAL(10,2), t TIMESTAMP, f DOUBLE, x DOUBLE, i BIGINT, c BIGINT"
 DIMS = "c BIGINT, region STRING"
@@ -84,6 +85,44 @@ def test_fast_path_and_duckdb_give_identical_views(spark, tmp_path, monkeypatch,
             for name in ("multi", "joined"):
                 assert _view(fast, name) == _view(slow, name), (step, name)
         assert len(_view(fast, "multi")) > 5
+
+
+def test_a_big_change_in_few_groups_keeps_its_exact_sums_out_of_duckdb(spark, tmp_path,
+                                                                      monkeypatch):
+    """A change of more values than ``FAST_PATH_ROWS`` in fewer groups: each min/max's
+    extremes per group come from DuckDB's query, the rest of phase 4 runs in pyarrow (the
+    groups' lists of exact-sum pairs stay out of DuckDB), and the views equal the all-DuckDB
+    pipeline's, bit for bit, through steps that delete the groups' extremes."""
+    rng = random.Random(7)
+    fast = Pipeline(_circuit(), str(tmp_path / "fast"), spark, driver_step_rows=10**9)
+    slow = Pipeline(_circuit(), str(tmp_path / "slow"), spark, driver_step_rows=10**9)
+    whole_phase_in_duckdb = []
+    original = Aggregate._new_state_sql
+
+    def spied(self: Aggregate, *args: object) -> object:
+        whole_phase_in_duckdb.append(self)
+        return original(self, *args)
+
+    live: list[tuple] = []
+    with fast, slow:
+        for p in (fast, slow):
+            p.push("dims", [(1, "north"), (2, "south"), (3, None)])
+        for step in range(6):
+            inserts = [("a", None, None, 1.0, rng.choice([0.1, 2.5, 1e17, -3.25]) * j,
+                        j, j % 3 + 1) for j in range(rng.randint(40, 60))]
+            deletes = sorted(live, key=lambda r: -r[4])[:rng.randint(0, 5)]  # the maxima
+            for p in (fast, slow):
+                p.push("facts", inserts)
+                if deletes:
+                    p.push("facts", deletes, weight=-1)
+            live = [r for r in live if r not in deletes] + inserts
+            monkeypatch.setattr(Aggregate, "_new_state_sql", spied)
+            _step(fast, 16, monkeypatch)
+            monkeypatch.setattr(Aggregate, "_new_state_sql", original)
+            _step(slow, 0, monkeypatch)
+            for name in ("multi", "joined"):
+                assert _view(fast, name) == _view(slow, name), (step, name)
+    assert whole_phase_in_duckdb == []
 
 
 def test_a_small_step_runs_no_duckdb_query(spark, tmp_path, monkeypatch):
