@@ -143,6 +143,13 @@ class Operator:
         operator does not run per owner (it keeps ``step``)."""
         return None
 
+    def columns_read(self) -> list[str] | None:
+        """The columns of its (one) input's change that the operator's result depends on, when
+        that is fewer than all and it takes the change as a multiset of rows it need not
+        consolidate (rows equal on these columns may come apart): an owner stage then hands it
+        only these columns (``runtime/exchange.py``; the others arrive NULL). None: all."""
+        return None
+
     def traces(self) -> list[Trace]:
         """The traces that integrate over time and so grow (and are compacted); a one-step
         memory (``delay``) is not among them."""

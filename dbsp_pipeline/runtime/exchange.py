@@ -15,7 +15,12 @@ split goes to the driver (a view's small change, ``OwnedChange.read_all``) or to
 (``OwnedChange.to_frame``).
 
 The files are Arrow IPC (a step's scratch is read once, soon after it is written: cheap to
-write and read matters, size does not), under positional column names (``file_schema``).
+write and read matters, size does not), under positional column names (``file_schema``). When
+every reader reads fewer than all of the change's columns (an aggregate reads its group
+columns and arguments: ``Plan.exchange_columns``), the files hold only those, and a reader gets
+the others as NULL: a join's output aggregated by region by the amounts it sums crosses as
+two of its four columns. Rows equal on those columns then stay apart, which such readers
+take as it comes (``Operator.columns_read``).
 
 Determinism: the files hold exactly the rows of the producing stage's output, split by owner
 (each row in one file); the reader's task sees its owner's rows, as it would after a shuffle.
@@ -64,9 +69,7 @@ def positional(i: int) -> str:
 def file_schema(schema: StructType) -> pa.Schema:
     """The Arrow schema of an exchange file of a change of payload ``schema``: the payload's
     columns under positional names, then ``_weight``."""
-    arrow = zset_arrow_schema(schema)
-    n = len(schema.fields)
-    return pa.schema([f.with_name(positional(i)) if i < n else f for i, f in enumerate(arrow)])
+    return file_schema_of(zset_arrow_schema(schema))
 
 
 def new_folder(root: str, step: int) -> str:
@@ -91,14 +94,20 @@ def owners_of(layout: OwnerLayout, table: pa.Table, keys: Sequence[str]) -> np.n
 
 
 def write_by_owner(change: pa.Table, schema: StructType, keys: Sequence[str] | None,
-                   layout: OwnerLayout, folder: str, owner: int = 0) -> dict[int, list[str]]:
+                   layout: OwnerLayout, folder: str, owner: int = 0,
+                   columns: Sequence[str] | None = None) -> dict[int, list[str]]:
     """Write ``change`` (payload of ``schema`` and ``_weight``) into ``folder`` as one file per
     owner of its rows by ``keys`` (with no ``keys``, one file, under ``owner``); per owner, the
     files' absolute paths (no entry for an owner with no rows). Fresh file names, so a retried
-    task never overwrites a file another attempt wrote."""
+    task never overwrites a file another attempt wrote. ``columns``: the only payload columns
+    the files hold (all its readers read; ``Plan.exchange_columns``), each under its
+    positional name; a reader gets the others as NULL (``read_files``)."""
     if change.num_rows == 0:
         return {}
     renamed = pa.Table.from_arrays(list(change.columns), schema=file_schema(schema))
+    if columns is not None:
+        names = schema.fieldNames()
+        renamed = renamed.select([*(names.index(c) for c in columns), len(names)])
     reached = _filesystem(folder)
     if keys is None or layout.workers == 1:
         return {owner if keys is None else 0: [write_file(renamed, folder, reached)]}
@@ -131,11 +140,31 @@ def write_file(table: pa.Table, folder: str,
 
 
 def read_files(paths: Sequence[str], schema: StructType, folder: str) -> pa.Table:
-    """The rows of exchange files ``paths`` (of ``folder``), under ``schema``'s names."""
+    """The rows of exchange files ``paths`` (of ``folder``), under ``schema``'s names (a
+    column a file does not hold, NULL)."""
     target = zset_arrow_schema(schema)
-    tables = [pa.Table.from_arrays(list(t.columns), schema=target)
+    tables = [pa.Table.from_arrays(_completed(t, target).columns, schema=target)
               for t in _read_ipc(paths, folder)]
     return pa.concat_tables(tables) if tables else target.empty_table()
+
+
+def _completed(table: pa.Table, target: pa.Schema) -> pa.Table:
+    """``table`` (an exchange file's rows) with every column of ``file_schema`` (``target``:
+    the same columns and types), a column it does not hold as NULLs."""
+    files = file_schema_of(target)
+    if table.num_columns == len(files):
+        return table
+    held = set(table.column_names)
+    return pa.Table.from_arrays(
+        [table.column(f.name) if f.name in held else pa.nulls(table.num_rows, f.type)
+         for f in files], schema=files)
+
+
+def file_schema_of(target: pa.Schema) -> pa.Schema:
+    """``file_schema`` of the change whose Arrow schema (payload and ``_weight``) is
+    ``target``."""
+    n = len(target) - 1
+    return pa.schema([f.with_name(positional(i)) if i < n else f for i, f in enumerate(target)])
 
 
 def _read_ipc(paths: Sequence[str], folder: str) -> list[pa.Table]:
@@ -156,14 +185,14 @@ def _filesystem(folder: str) -> tuple[pafs.FileSystem, str]:
     return data.filesystem, data.fs_path(data.uri)
 
 
-def _read_task(paths: Sequence[str], folder: str, batches: Iterator[pa.RecordBatch]
-               ) -> Iterator[pa.RecordBatch]:
+def _read_task(paths: Sequence[str], folder: str, target: pa.Schema,
+               batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The task of ``OwnedChange.to_frame``: each row of ``batches`` is an index into
     ``paths``; yields that file's rows."""
     for batch in batches:
         for index in batch.column(0).to_pylist():
             for table in _read_ipc([paths[int(index)]], folder):
-                yield from table.to_batches()
+                yield from _completed(table, target).to_batches()
 
 
 @dataclass(frozen=True)
@@ -212,8 +241,8 @@ class OwnedChange:
         if not paths:
             frame = spark.createDataFrame([], frame_schema)
         else:
-            folder = self.folder
+            folder, target = self.folder, zset_arrow_schema(self.schema)
             frame = spark.range(0, len(paths), 1, len(paths)).mapInArrow(
-                lambda batches: _read_task(paths, folder, batches), frame_schema)
+                lambda batches: _read_task(paths, folder, target, batches), frame_schema)
         return frame.select(*[F.col(positional(i)).alias(n) for i, n in enumerate(names)],
                             F.col(WEIGHT))

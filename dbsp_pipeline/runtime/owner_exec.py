@@ -163,6 +163,9 @@ class OwnerTaskSpec:
     #: when only owner stages read the node's change (``Plan.exchange_keys``): the columns
     #: whose owner splits the output into exchange files (None: a file per task)
     exchange_keys: tuple[str, ...] | None = None
+    #: of those, when its readers read fewer than all its columns (``Plan.exchange_columns``):
+    #: the columns the exchange files hold (the others arrive NULL)
+    exchange_columns: tuple[str, ...] | None = None
     #: when the node's change is only a view's and its tasks' outputs together are
     #: consolidated: the view's log, where each task writes its part of the change itself
     #: (``output_log.write_part``) instead of an exchange file
@@ -274,7 +277,8 @@ def run_for_owner(spec: OwnerTaskSpec, owner: int, changes: Sequence[LocalDelta]
     else:
         handed = exchange.write_by_owner(
             out if out is not None else zset_arrow_schema(schema).empty_table(), schema,
-            spec.exchange_keys, spec.layout, spec.exchange_folder, owner)
+            spec.exchange_keys, spec.layout, spec.exchange_folder, owner,
+            columns=spec.exchange_columns)
     if spec.fault is not None and _fault_matches(spec.fault, spec.node.id, owner, attempt):
         raise RuntimeError(f"injected fault ({FAIL_OWNER_TASK}={spec.fault}): task of owner "
                            f"{owner} of operator #{spec.node.id}, attempt {attempt}, after "
@@ -399,6 +403,7 @@ def _stage_spec(ctx: StepContext, plan: Plan, node: Node,
         fault=os.environ.get(FAIL_OWNER_TASK) or None,
         exchange_folder=ctx.scratch_folder(exchange.new_folder(plan.root, ctx.step)),
         exchange_keys=plan.exchange_keys.get(node.id),
+        exchange_columns=plan.exchange_columns.get(node.id),
         # the tasks write the view's change themselves when their outputs together are
         # consolidated
         view=ctx.view_files.get(node.id) if only_a_view and op.owner_outputs_consolidated

@@ -109,6 +109,11 @@ class Plan:
         #: exchange files split by those columns' owners (``runtime/exchange.py``)
         self.exchange_keys = {n: keys for n in sorted(self.owner_capable)
                               if (keys := self.handoff_keys(n)) is not None}
+        #: of those, the nodes whose readers together read fewer than all of its columns
+        #: (``Operator.columns_read``; the value: those columns, in the schema's order): their
+        #: tasks hand on only these columns
+        self.exchange_columns = {n: columns for n in self.exchange_keys
+                                 if (columns := self._columns_read(n)) is not None}
         #: per circuit input (node id), the chain of row-wise nodes after it that ends at a
         #: node whose change only owner stages read, and their columns: on a per-owner Spark
         #: step the input's pushed files are split by owner in tasks (``runtime/scatter.py``)
@@ -238,6 +243,20 @@ class Plan:
                 return None
             wanted.add(tuple(keys[inputs.index(node_id)]))
         return wanted.pop() if len(wanted) == 1 else None
+
+    def _columns_read(self, node_id: int) -> tuple[str, ...] | None:
+        """The columns of node ``node_id``'s change that its readers read, in its schema's
+        order, when that is fewer than all (every reader says which, ``Operator.columns_read``);
+        else None."""
+        read: set[str] = set()
+        for reader in self.readers[node_id]:
+            columns = self.operators[reader].columns_read()
+            if columns is None:
+                return None
+            read.update(columns)
+        names = self.schemas[node_id].fieldNames()
+        kept = tuple(n for n in names if n in read)
+        return kept if len(kept) < len(names) else None
 
     def _spark_only(self) -> str | None:
         """The first operator that keeps steps off the driver, described: a key a trace is

@@ -63,3 +63,25 @@ def test_a_change_written_by_owner_reads_back_whole(spark, tmp_path: Path) -> No
     exchange.remove_all(str(tmp_path))
     assert not (tmp_path / "_exchange").exists()
     assert exchange.write_by_owner(table.slice(0, 0), SCHEMA, ["k.id"], layout, folder) == {}
+
+
+def test_a_change_of_fewer_columns_reads_back_with_the_others_null(spark, tmp_path: Path
+                                                                   ) -> None:
+    """Files of only the columns the readers read (``columns``): the reader gets every column
+    of the change, the others NULL, the same rows by ``read``, ``read_all`` and Spark's."""
+    layout = Layout.initial(2)
+    table = rows()
+    folder = exchange.new_folder(str(tmp_path), 4)
+    files = exchange.write_by_owner(table, SCHEMA, ["name"], layout, folder,
+                                    columns=["name", "amount"])
+    assert all(pa.ipc.open_file(p).schema.names == ["_c1", "_c2", WEIGHT]
+               for paths in files.values() for p in paths)
+    change = OwnedChange(SCHEMA, ("name",), layout.version, folder,
+                         {w: tuple(p) for w, p in files.items()}, table.num_rows)
+    expected = table.set_column(0, "k.id", pa.nulls(table.num_rows, pa.int32()))
+    want = sorted(expected.to_pylist(), key=repr)
+    back = pa.concat_tables([change.read(w) for w in change.owners()])
+    assert back.schema == table.schema
+    assert sorted(back.to_pylist(), key=repr) == want
+    assert sorted(change.read_all().to_pylist(), key=repr) == want
+    assert sorted(change.to_frame(spark).toArrow().to_pylist(), key=repr) == want

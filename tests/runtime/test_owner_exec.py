@@ -343,6 +343,8 @@ def test_owner_stages_hand_changes_on_as_files(spark, tmp_path: Path, layout: La
     distincts = {n.id for n in nodes if n.op == "distinct"}
     first_join = min(joins)
     assert plan.exchange_keys == {first_join: (N,), **{d: (K,) for d in distincts}}
+    # the aggregate reads the join's names and amounts only: its files hold those two
+    assert plan.exchange_columns == {first_join: (A, N)}
     base = changes(plan, seed=3, rows=2000)
     steps = [base, changes(plan, seed=4, rows=300, retract=base)]
     for step, change in enumerate(steps, start=1):
@@ -352,8 +354,11 @@ def test_owner_stages_hand_changes_on_as_files(spark, tmp_path: Path, layout: La
             got = plan.evaluate(ctx, {n: spark.createDataFrame(t) for n, t in change.items()})
             handed = {i: c for i, c in got.items() if isinstance(c, OwnedChange)}
             assert set(handed) == set(plan.exchange_keys), step
-            for c in handed.values():
+            for node_id, c in handed.items():
                 assert c.rows == sum(c.read(w).num_rows for w in c.owners())
+                held = 2 if node_id == first_join else len(plan.schemas[node_id].fields)
+                assert all(len(pa.ipc.open_file(f).schema) == held + 1
+                           for paths in c.files.values() for f in paths), node_id
                 for w in c.owners():
                     rows = c.read(w)
                     assert set(owners_of(layout, rows, c.keys).tolist()) == {w}
