@@ -212,8 +212,14 @@ def _null_safe_semi_join(rows: pa.Table, keys: pa.Table, key: Sequence[str],
 #: once it is applied) keep their rows in memory, up to this many rows in all (the oldest go
 #: first), so the next steps' lookups and the background merges read them without opening a
 #: Parquet file. Data files are immutable: the kept rows are the file's content for as long as
-#: the file is part of the trace (a lookup only reads the trace's current files).
-RECENT_FILE_ROWS = 65_536
+#: the file is part of the trace (a lookup only reads the trace's current files). As many rows
+#: as the small files a trace holds before a merge (``COMPACT_FILE_THRESHOLD`` files under
+#: ``keyed_runs.MIN_ROWS`` rows, which a lookup reads whole, having no keyed run): with 65,536,
+#: eager (b)'s per-customer max re-read opened 4 of its 10 small files from disk each step
+#: (4 ms of its 85 ms at 1M orders).
+RECENT_FILE_ROWS = 262_144
+#: ...and at most this many bytes of Arrow buffers (a trace of wide rows keeps fewer)
+RECENT_FILE_BYTES = 32 << 20
 
 #: rows a min/max re-read takes per group from each big file at first, besides one per
 #: retraction of the group found in the files read before it (``Trace.lookup_extreme_rows``);
@@ -413,7 +419,8 @@ class Trace:
     def _remember(self, f: DataFile, rows: pa.Table) -> None:
         """Keep ``rows`` (the whole content of the new file ``f``) for lookups."""
         if rows.num_rows <= RECENT_FILE_ROWS:
-            self._recent.keep(f.path, self._in_row_schema(rows), RECENT_FILE_ROWS)
+            self._recent.keep(f.path, self._in_row_schema(rows), RECENT_FILE_ROWS,
+                              RECENT_FILE_BYTES)
 
     def _in_row_schema(self, rows: pa.Table) -> pa.Table:
         """``rows`` (payload, ``_weight``, ``_shard``) in the trace table's row schema: its

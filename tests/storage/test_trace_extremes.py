@@ -341,3 +341,38 @@ def test_deleting_the_same_groups_extremes_again_merges_the_trace_whole(tmp_path
     assert trace.rows_read < read[-1] / 2
     assert _extremes(sql, got, keys, ["g"], True) == sorted(
         repr({"g": k, "e": top}) for k in range(groups))
+
+
+def test_the_small_files_due_for_a_merge_are_re_read_from_memory(tmp_path, monkeypatch):
+    """A trace keeps the rows of as many small files as it holds before a merge (each under
+    ``keyed_runs.MIN_ROWS``, so without a keyed run): a min/max re-read over them opens no
+    Parquet file (with 65,536 rows kept, the bound before, 11 of these 15 files were)."""
+    from dbsp_pipeline.spark_session import LazySession
+    from dbsp_pipeline.storage import data_files
+
+    db = StateDatabase(LazySession(), str(tmp_path), "fp")
+    db.open()
+    schema = StructType([StructField("g", LongType()), StructField("_v", DoubleType())])
+    trace = Trace(db, "values", schema, ["g"], order_by="_v")
+    sql = LocalSQL()
+    small = keyed_runs.MIN_ROWS - 1
+    every = []
+    for step in range(trace_module.COMPACT_FILE_THRESHOLD - 1):
+        rows = pa.table({"g": pa.array(np.arange(small) % 500, pa.int64()),
+                         "_v": pa.array(np.arange(small) + step * small, pa.float64()),
+                         "_weight": pa.array(np.ones(small, dtype=np.int64))})
+        trace.append_arrow(sql, rows)
+        every.append(rows)
+    assert len(trace.files()) == trace_module.COMPACT_FILE_THRESHOLD - 1
+    assert not any(trace.runs.covers(f) for f in trace.files())
+    opened = []
+    real_read = data_files.DataFiles.read_arrow
+    monkeypatch.setattr(data_files.DataFiles, "read_arrow",
+                        lambda self, paths, *a, **k: opened.append(paths) or real_read(
+                            self, paths, *a, **k))
+    keys = pa.table({"g": pa.array([3, 77, 499], pa.int64())})
+    got = trace.lookup_extreme_rows(sql, keys, largest=True)
+    assert opened == []
+    found = sorted(repr(r) for r in got.group_by("g").aggregate([("_v", "max")])
+                   .rename_columns(["g", "e"]).select(["g", "e"]).to_pylist())
+    assert found == _extremes(sql, pa.concat_tables(every), keys, ["g"], largest=True)
