@@ -15,27 +15,28 @@ access patterns, each a circuit built with the public ``Circuit`` API:
     ``eager_aggregation=True`` (partial aggregates per customer, joined and merged per region:
     ``dbsp_pipeline/eager_aggregation.py``), the plan a user picks when dimensions change.
 
-For each pattern and size: the median push+step seconds (``--steps`` steps after a warm-up
-step, each a ``Pipeline.step(changes)`` that carries its change: the push is committed while the
-step computes; the change's tables are built before the clock starts, as a user has them in
-hand when they push: the workload's own work (finding each customer's maximum) is not the engine's;
-the timed steps start once the keyed runs of the loaded files are written, as in a running
-pipeline, and the seconds that took after the load are reported), the rows the step read from
-state (``StepResult.state_rows_read``), the same view recomputed from scratch by DuckDB (in
-memory, over Arrow tables of the same integrated data) and by Spark (over Parquet copies, as a
-batch job reads them; one shared session), their ratios, and
-whether the view equals the recomputation (counts and maxima exactly, float sums within 1e-9
-relative). In the same run (each can be skipped): each pattern again with big steps forced
-onto Spark (``driver_step_rows=0``, at ``--spark-workers`` W, default 2, after a rescale) against
-Spark's recompute: (a) moves of as many customers as have ``--spark-change`` (1M) of the live
-orders between them (run before (b)'s, which add 0.8M orders a step), (b) ``--spark-change``
-order changes, (c) deletes of the maximum order of every customer
-(100k: the most (c) can change at once), (d) ``--spark-change`` line changes; and 100-row steps
-with a commit each (steps/s). The shop
-workload at 1M orders with 10k changes per step is pattern (b) at 1M. Prints one JSON line per
-figure, a table at the end, and writes a plot (``--plot``, default ``docs/bench/lookup.png``).
-Creating an empty file is timed at the start and the end (``file_creation_ms``): a driver step
-creates about seven files, and on a machine where that cost drifts, so do the step seconds.
+For each pattern and size: the median push+step seconds (``--steps`` steps after a warm-up step,
+each a ``Pipeline.step(changes)`` that carries its change: the push is committed while the step
+computes; a pattern's pipelines of every size are loaded first and step in turn, one step at each
+size round after round, so that its growth from the smallest size to the biggest compares steps
+seconds apart, on a machine whose speed drifts within minutes; the change's tables are built before
+the clock starts, as a user has them in hand when they push: the workload's own work (finding each
+customer's maximum) is not the engine's; the timed steps start once the keyed runs of the loaded
+files are written, as in a running pipeline, and the seconds that took after the load are reported),
+the rows the step read from state (``StepResult.state_rows_read``), the same view recomputed from
+scratch by DuckDB (in memory, over Arrow tables of the same integrated data) and by Spark (over
+Parquet copies, as a batch job reads them; one shared session), their ratios, and whether the view
+equals the recomputation (counts and maxima exactly, float sums within 1e-9 relative). In the same
+run (each can be skipped): each pattern again with big steps forced onto Spark
+(``driver_step_rows=0``, at ``--spark-workers`` W, default 2, after a rescale) against Spark's
+recompute: (a) moves of as many customers as have ``--spark-change`` (1M) of the live orders between
+them (run before (b)'s, which add 0.8M orders a step), (b) ``--spark-change`` order changes, (c)
+deletes of the maximum order of every customer (100k: the most (c) can change at once), (d)
+``--spark-change`` line changes; and 100-row steps with a commit each (steps/s). The shop workload
+at 1M orders with 10k changes per step is pattern (b) at 1M. Prints one JSON line per figure, a
+table at the end, and writes a plot (``--plot``, default ``docs/bench/lookup.png``). Creating an
+empty file is timed at the start and the end (``file_creation_ms``): a driver step creates about
+seven files, and on a machine where that cost drifts, so do the step seconds.
 
     python benchmarks/lookup_bench.py [--sizes 1000000 4000000 16000000] [--steps 15]
         [--patterns moves orders max lines moves_eager orders_eager]
@@ -48,6 +49,7 @@ creates about seven files, and on a machine where that cost drifts, so do the st
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -55,7 +57,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import duckdb
 import numpy as np
@@ -208,24 +210,156 @@ def view_rows(p: Pipeline, name: str, columns: list[str]) -> list[tuple]:
     return sorted(zip(*(table.column(c).to_pylist() for c in columns)))
 
 
+# -- workloads ----------------------------------------------------------------------------------
+class Shop:
+    """The shop query's data at ``size`` orders as the steps change it: the live orders are the
+    ids ``[first, next)``; customer c is in region ``(c + shift[c]) % REGIONS``."""
+
+    query, view = SHOP_QUERY, "revenue_by_region"
+    columns = ["region", "total", "n", "top"]
+    float_columns: set[int] = {1}  # (the sum, compared within 1e-9)
+
+    def __init__(self, size: int) -> None:
+        self.rng = np.random.default_rng(size)
+        self.shift = np.zeros(CUSTOMERS + 1, dtype=np.int64)
+        self.first, self.next = 0, size
+
+    def tables(self) -> dict[str, pa.Table]:
+        return {"customers": customers_of(self.shift),
+                "orders": orders_of(np.arange(self.first, self.next))}
+
+    def order_changes(self, n: int) -> Change:
+        """(b): ``n`` order changes a step, 10% deletes of the oldest live orders."""
+        def change() -> dict[str, pa.Table]:
+            n_del = n // 10
+            orders = zset(orders_of(np.arange(self.next, self.next + n - n_del)),
+                          orders_of(np.arange(self.first, self.first + n_del)))
+            self.next += n - n_del
+            self.first += n_del
+            return {"orders": orders}
+        return change
+
+    def mover(self, n: int) -> Change:
+        """(a): ``n`` customers a step, each to the next region."""
+        def change() -> dict[str, pa.Table]:
+            chosen = self.rng.choice(np.arange(1, CUSTOMERS + 1), n, replace=False)
+            before = customers_of(self.shift, chosen)
+            self.shift[chosen] += 1
+            return {"customers": zset(customers_of(self.shift, chosen), before)}
+        return change
+
+    def live_orders(self) -> int:
+        return self.next - self.first
+
+
+class MaxDeletes:
+    """(c)'s data at ``size`` orders: each step deletes the current maximum order of some
+    customers (``alive``: the orders not deleted yet)."""
+
+    query, view, columns = MAX_QUERY, "view", ["customer_id", "top", "n"]
+    float_columns: set[int] = set()
+
+    def __init__(self, size: int) -> None:
+        self.rng = np.random.default_rng(size + 1)
+        self.orders = orders_of(np.arange(size))
+        self.amount = self.orders.column("amount").to_numpy()
+        customer = self.orders.column("customer_id").to_numpy()
+        self.by_customer = np.argsort(customer, kind="stable")  # order ids grouped by customer
+        self.starts = np.searchsorted(customer[self.by_customer], np.arange(1, CUSTOMERS + 2))
+        self.alive = np.ones(size, dtype=bool)
+
+    def tables(self) -> dict[str, pa.Table]:
+        return {"orders": self.orders if self.alive.all()
+                else self.orders.filter(pa.array(self.alive))}
+
+    def delete_maxima(self, n: int) -> Change:
+        def change() -> dict[str, pa.Table]:
+            gone = []
+            for c in self.rng.choice(np.arange(1, CUSTOMERS + 1), n, replace=False):
+                ids = self.by_customer[self.starts[c - 1]:self.starts[c]]
+                ids = ids[self.alive[ids]]
+                if len(ids):
+                    gone.append(ids[np.argmax(self.amount[ids])])
+            self.alive[gone] = False
+            deletes = orders_of(np.array(gone))
+            return {"orders": zset(deletes.schema.empty_table(), deletes)}
+        return change
+
+
+class Lines:
+    """(d)'s data at ``size`` orders: 4 lines an order loaded (``first``); each step deletes
+    the oldest of those and adds lines of random orders (``added``)."""
+
+    query, view, columns = LINES_QUERY, "view", ["customer_id", "qty", "n"]
+    float_columns: set[int] = set()
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.orders = orders_of(np.arange(size))
+        self.first = lines_of(np.repeat(np.arange(size), LINES_PER_ORDER),
+                              np.tile(np.arange(LINES_PER_ORDER), size))
+        self.deleted = self.added = 0
+
+    def _added(self, lo: int, hi: int) -> pa.Table:
+        g = np.arange(lo, hi, dtype=np.int64)
+        return lines_of(g * 2654435761 % self.size, LINES_PER_ORDER + g)
+
+    def tables(self) -> dict[str, pa.Table]:
+        return {"orders": self.orders, "lines": pa.concat_tables(
+            [self.first.slice(self.deleted), self._added(0, self.added)])}
+
+    def changes(self, n: int) -> Change:
+        def change() -> dict[str, pa.Table]:
+            n_del = n // 10
+            lines = zset(self._added(self.added, self.added + n - n_del),
+                         self.first.slice(self.deleted, n_del))
+            self.deleted += n_del
+            self.added += n - n_del
+            return {"lines": lines}
+        return change
+
+
+Workload = Shop | MaxDeletes | Lines
+
+
+def check(p: Pipeline, w: Workload, record: dict[str, Any], medians: dict[str, float],
+          rc: Recompute, emit: Emit, duckdb_too: bool = True) -> dict[str, Any]:
+    """``p``'s view against the same query recomputed over ``w``'s data now, and the summary."""
+    tables = w.tables()
+    view = view_rows(p, w.view, w.columns)
+    duck = rc.duckdb(w.query, tables) if duckdb_too else (float("nan"), [])
+    return summarize(record, medians, duck, rc.spark_sql(w.query, tables), view,
+                     w.float_columns, emit)
+
+
 # -- running steps ------------------------------------------------------------------------------
-def timed_steps(p: Pipeline, steps: int, change: Change, emit: Emit,
-                record: dict[str, Any]) -> dict[str, float]:
-    """A warm-up step then ``steps`` steps, each ``p.step(changes)`` timed (the change built
-    before; the step pushes it and executes, one call); the medians."""
-    seconds, rows_read = [], []
+#: a pipeline, the change its timed steps carry, and the record their figures go under
+Run = tuple[Pipeline, Change, dict[str, Any]]
+
+
+def timed_steps(runs: list[Run], steps: int, emit: Emit) -> list[dict[str, float]]:
+    """A warm-up round then ``steps`` rounds, each one step of every run in turn, each
+    ``p.step(changes)`` timed (the change built before; the step pushes it and executes, one
+    call); each run's medians. A pattern's sizes step in turn, seconds apart, so the growth from
+    the smallest to the biggest compares steps taken at the same speed of the machine, which
+    drifts by a third within minutes here (README.md): one size after another, the sizes' steps
+    were minutes apart."""
+    seconds: list[list[float]] = [[] for _ in runs]
+    rows_read: list[list[int]] = [[] for _ in runs]
     for i in range(steps + 1):
-        changes = change()
-        t = time.perf_counter()
-        r = p.step(changes)
-        s = time.perf_counter() - t
-        emit({**record, "figure": "step_seconds", "step": r.step, "warm_up": i == 0,
-              "value": round(s, 4), "on_driver": r.on_driver,
-              "state_rows_read": r.state_rows_read})
-        if i:
-            seconds.append(s)
-            rows_read.append(r.state_rows_read)
-    return {"step": statistics.median(seconds), "rows_read": statistics.median(rows_read)}
+        for j, (p, change, record) in enumerate(runs):
+            changes = change()
+            t = time.perf_counter()
+            r = p.step(changes)
+            s = time.perf_counter() - t
+            emit({**record, "figure": "step_seconds", "step": r.step, "warm_up": i == 0,
+                  "value": round(s, 4), "on_driver": r.on_driver,
+                  "state_rows_read": r.state_rows_read})
+            if i:
+                seconds[j].append(s)
+                rows_read[j].append(r.state_rows_read)
+    return [{"step": statistics.median(s), "rows_read": statistics.median(n)}
+            for s, n in zip(seconds, rows_read)]
 
 
 def load(p: Pipeline, tables: dict[str, pa.Table], emit: Emit, record: dict[str, Any]) -> None:
@@ -244,14 +378,46 @@ def load(p: Pipeline, tables: dict[str, pa.Table], emit: Emit, record: dict[str,
           "value": round(time.perf_counter() - loaded, 3)})
 
 
-def onto_spark(p: Pipeline, args: argparse.Namespace, record: dict[str, Any], emit: Emit) -> None:
-    """Rescale ``p`` to ``--spark-workers`` (reporting the seconds) and force its steps onto
-    Spark (``driver_step_rows=0``)."""
+def loaded(stack: contextlib.ExitStack[bool | None], spark: Any, sizes: list[int], name: str,
+           circuit: Callable[[], Circuit], workload: Callable[[int], Workload], emit: Emit
+           ) -> list[tuple[int, Workload, Pipeline]]:
+    """A pipeline of ``circuit()`` per size, each in a new root (removed when ``stack``
+    closes), loaded with its workload's data, all open at once."""
+    opened = []
+    for size in sizes:
+        w = workload(size)
+        root = tempfile.mkdtemp(prefix=f"dbsp-lookup-{name}-{size}-")
+        stack.callback(shutil.rmtree, root, ignore_errors=True)
+        p = stack.enter_context(Pipeline(circuit(), root=root, spark=spark,
+                                         driver_step_rows=10**9))
+        load(p, w.tables(), emit, {"pattern": name, "size": size})
+        opened.append((size, w, p))
+    return opened
+
+
+def driver_steps(opened: list[tuple[int, Workload, Pipeline]], pattern: str, change: int,
+                 make: Callable[[Any], Change], args: argparse.Namespace, rc: Recompute,
+                 emit: Emit) -> list[dict[str, Any]]:
+    """Pattern ``pattern``'s driver steps at every size, in turn (``timed_steps``), each of
+    ``make(workload)``'s change; then each size's view checked and summarized."""
+    records = [{"pattern": pattern, "size": size, "change": change} for size, _, _ in opened]
+    medians = timed_steps([(p, make(w), record) for (_, w, p), record in zip(opened, records)],
+                          args.steps, emit)
+    return [check(p, w, record, m, rc, emit)
+            for (_, w, p), record, m in zip(opened, records, medians)]
+
+
+def spark_steps(p: Pipeline, w: Workload, record: dict[str, Any], change: Change,
+                args: argparse.Namespace, rc: Recompute, emit: Emit) -> dict[str, Any]:
+    """``--spark-steps`` steps of ``change`` forced onto Spark at ``--spark-workers`` W, checked
+    against Spark's recompute."""
     if args.spark_workers != p.layout.workers:
         t = time.perf_counter()
         p.rescale(args.spark_workers)
         emit({**record, "figure": "rescale_seconds", "value": round(time.perf_counter() - t, 3)})
     p.driver_step_rows = 0
+    (medians,) = timed_steps([(p, change, record)], args.spark_steps, emit)
+    return check(p, w, record, medians, rc, emit, duckdb_too=False)
 
 
 def summarize(record: dict[str, Any], medians: dict[str, float], duck: tuple[float, list],
@@ -270,217 +436,116 @@ def summarize(record: dict[str, Any], medians: dict[str, float], duck: tuple[flo
     return summary
 
 
-def run_shop(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
+def run_shop(spark: Any, sizes: list[int], args: argparse.Namespace, rc: Recompute,
              emit: Emit, eager: bool = False) -> list[dict[str, Any]]:
-    """Patterns (a) and (b) on one loaded shop pipeline, then (with ``--spark-steps``) steps of
-    ``--spark-change`` orders forced onto Spark, and (at the first size, as declared) 100-row
-    steps. ``eager``: the circuit planned with eager aggregation (``Circuit(...,
+    """Patterns (a) and (b) on a loaded shop pipeline per size, their driver steps in turn
+    across the sizes; (at the first size, as declared) 100-row steps; then (with
+    ``--spark-steps``) at each size steps of ``--spark-change`` orders forced onto Spark.
+    ``eager``: the circuit planned with eager aggregation (``Circuit(...,
     eager_aggregation=True)``); its patterns are named ``moves_eager`` and ``orders_eager``."""
     moves, orders = ("moves_eager", "orders_eager") if eager else ("moves", "orders")
-    root = tempfile.mkdtemp(prefix=f"dbsp-lookup-shop-{size}-")
-    rng = np.random.default_rng(size)
-    shift = np.zeros(CUSTOMERS + 1, dtype=np.int64)
-    live = {"first": 0, "next": size}  # the live orders are the ids [first, next)
+
+    def circuit() -> Circuit:
+        c = shop_circuit(extra_views=False)
+        c.eager_aggregation = eager
+        return c
+
     out = []
-    columns = ["region", "total", "n", "top"]
-
-    def orders_now() -> pa.Table:
-        return orders_of(np.arange(live["first"], live["next"]))
-
-    def order_changes(n: int) -> Change:
-        def change() -> dict[str, pa.Table]:
-            n_del = n // 10
-            orders = zset(orders_of(np.arange(live["next"], live["next"] + n - n_del)),
-                          orders_of(np.arange(live["first"], live["first"] + n_del)))
-            live["next"] += n - n_del
-            live["first"] += n_del
-            return {"orders": orders}
-        return change
-
-    def mover(n: int) -> Change:
-        def change() -> dict[str, pa.Table]:  # n customers, each to the next region
-            chosen = rng.choice(np.arange(1, CUSTOMERS + 1), n, replace=False)
-            before = customers_of(shift, chosen)
-            shift[chosen] += 1
-            return {"customers": zset(customers_of(shift, chosen), before)}
-        return change
-
-    def check(record: dict[str, Any], medians: dict[str, float], duckdb_too: bool = True
-              ) -> dict[str, Any]:
-        tables = {"orders": orders_now(), "customers": customers_of(shift)}
-        view = view_rows(p, "revenue_by_region", columns)
-        duck = rc.duckdb(SHOP_QUERY, tables) if duckdb_too else (float("nan"), [])
-        return summarize(record, medians, duck, rc.spark_sql(SHOP_QUERY, tables), view, {1},
-                         emit)
-
-    try:
-        circuit = shop_circuit(extra_views=False)
-        circuit.eager_aggregation = eager
-        with Pipeline(circuit, root=root, spark=spark,
-                      driver_step_rows=10**9) as p:
-            load(p, {"customers": customers_of(shift), "orders": orders_now()}, emit,
-                 {"pattern": "shop", "size": size})
+    with contextlib.ExitStack() as stack:
+        opened = loaded(stack, spark, sizes, "shop", circuit, Shop, emit)
+        if moves in args.patterns:
+            print(f"# (a) moves, in turn at {', '.join(f'{s:,}' for s in sizes)} orders",
+                  flush=True)
+            out += driver_steps(opened, moves, args.moved,
+                                lambda w: cast(Shop, w).mover(args.moved), args, rc, emit)
+        if orders in args.patterns:
+            print(f"# (b) order changes, in turn at {', '.join(f'{s:,}' for s in sizes)} orders",
+                  flush=True)
+            out += driver_steps(opened, orders, args.change,
+                                lambda w: cast(Shop, w).order_changes(args.change), args, rc,
+                                emit)
+        if args.small_steps and not eager:
+            size, w, p = opened[0]
+            print(f"# 100-row steps, a commit each, at {size:,} orders", flush=True)
+            p.checkpoint_every = 1
+            change = cast(Shop, w).order_changes(100)
+            t = time.perf_counter()
+            for _ in range(args.small_steps):
+                r = p.step(change())
+                assert r.committed_version is not None
+            seconds = time.perf_counter() - t
+            emit({"pattern": "small_steps", "size": size, "figure": "steps_per_second",
+                  "rows_per_step": 100, "steps": args.small_steps,
+                  "value": round(args.small_steps / seconds, 2)})
+            out.append({"pattern": "small_steps", "size": size,
+                        "steps_per_second": round(args.small_steps / seconds, 2)})
+        for size, w, p in opened if args.spark_steps else []:
+            shop = cast(Shop, w)
             if moves in args.patterns:
-                record = {"pattern": moves, "size": size, "change": args.moved}
-                print(f"# (a) moves at {size:,} orders", flush=True)
-                out.append(check(record, timed_steps(p, args.steps, mover(args.moved), emit,
-                                                     record)))
-            if orders in args.patterns:
-                record = {"pattern": orders, "size": size, "change": args.change}
-                print(f"# (b) order changes at {size:,} orders", flush=True)
-                out.append(check(record, timed_steps(p, args.steps, order_changes(args.change),
-                                                     emit, record)))
-            if args.small_steps and size == args.sizes[0] and not eager:
-                print(f"# 100-row steps, a commit each, at {size:,} orders", flush=True)
-                p.checkpoint_every = 1
-                t = time.perf_counter()
-                change = order_changes(100)
-                for _ in range(args.small_steps):
-                    r = p.step(change())
-                    assert r.committed_version is not None
-                seconds = time.perf_counter() - t
-                emit({"pattern": "small_steps", "size": size, "figure": "steps_per_second",
-                      "rows_per_step": 100, "steps": args.small_steps,
-                      "value": round(args.small_steps / seconds, 2)})
-                out.append({"pattern": "small_steps", "size": size,
-                            "steps_per_second": round(args.small_steps / seconds, 2)})
-            if args.spark_steps and moves in args.patterns:
                 # (before (b)'s big steps, which add 0.8M orders each): as many customers as
                 # have --spark-change orders between them
-                orders_now_n = live["next"] - live["first"]
-                moved = min(CUSTOMERS, -(-args.spark_change * CUSTOMERS // orders_now_n))
-                changed = moved * orders_now_n // CUSTOMERS
+                moved = min(CUSTOMERS, -(-args.spark_change * CUSTOMERS // shop.live_orders()))
+                changed = moved * shop.live_orders() // CUSTOMERS
                 record = {"pattern": f"{moves}_on_spark", "size": size, "change": changed,
                           "customers_moved": moved, "workers": args.spark_workers}
                 print(f"# (a) moves of {moved:,} customers ({changed:,} orders) forced onto "
                       f"Spark at {size:,} orders, W={args.spark_workers}", flush=True)
-                onto_spark(p, args, record, emit)
-                medians = timed_steps(p, args.spark_steps, mover(moved), emit, record)
-                out.append(check(record, medians, duckdb_too=False))
-            if args.spark_steps and orders in args.patterns:
+                out.append(spark_steps(p, w, record, shop.mover(moved), args, rc, emit))
+            if orders in args.patterns:
                 record = {"pattern": f"{orders}_on_spark", "size": size,
                           "change": args.spark_change, "workers": args.spark_workers}
                 print(f"# (b) {args.spark_change:,} order changes forced onto Spark at "
                       f"{size:,} orders, W={args.spark_workers}", flush=True)
-                onto_spark(p, args, record, emit)
-                medians = timed_steps(p, args.spark_steps, order_changes(args.spark_change),
-                                      emit, record)
-                out.append(check(record, medians, duckdb_too=False))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+                out.append(spark_steps(p, w, record, shop.order_changes(args.spark_change),
+                                       args, rc, emit))
     return out
 
 
-def run_max(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
+def run_max(spark: Any, sizes: list[int], args: argparse.Namespace, rc: Recompute,
             emit: Emit) -> list[dict[str, Any]]:
-    """Pattern (c): each step deletes the current maximum order of ``--max-customers``; then
-    (with ``--spark-steps``) steps forced onto Spark that delete the maximum order of every
-    customer (100k deletes, each group's maximum re-read: the most (c) can change at once)."""
-    root = tempfile.mkdtemp(prefix=f"dbsp-lookup-max-{size}-")
-    rng = np.random.default_rng(size + 1)
-    orders = orders_of(np.arange(size))
-    amount = orders.column("amount").to_numpy()
-    customer = orders.column("customer_id").to_numpy()
-    by_customer = np.argsort(customer, kind="stable")  # order ids grouped by customer
-    starts = np.searchsorted(customer[by_customer], np.arange(1, CUSTOMERS + 2))
-    alive = np.ones(size, dtype=bool)
-    record = {"pattern": "max", "size": size, "change": args.max_customers}
-    try:
-        with Pipeline(max_circuit(), root=root, spark=spark, driver_step_rows=10**9) as p:
-            load(p, {"orders": orders}, emit, record)
-
-            def delete_maxima(n: int) -> Change:
-                def change() -> dict[str, pa.Table]:
-                    gone = []
-                    for c in rng.choice(np.arange(1, CUSTOMERS + 1), n, replace=False):
-                        ids = by_customer[starts[c - 1]:starts[c]]
-                        ids = ids[alive[ids]]
-                        if len(ids):
-                            gone.append(ids[np.argmax(amount[ids])])
-                    alive[gone] = False
-                    deletes = orders_of(np.array(gone))
-                    return {"orders": zset(deletes.schema.empty_table(), deletes)}
-                return change
-
-            def check(record: dict[str, Any], medians: dict[str, float],
-                      duckdb_too: bool = True) -> dict[str, Any]:
-                now = orders.filter(pa.array(alive))
-                view = view_rows(p, "view", ["customer_id", "top", "n"])
-                duck = rc.duckdb(MAX_QUERY, {"orders": now}) if duckdb_too else (float("nan"), [])
-                return summarize(record, medians, duck, rc.spark_sql(MAX_QUERY, {"orders": now}),
-                                 view, set(), emit)
-
-            print(f"# (c) max deletes at {size:,} orders", flush=True)
-            out = [check(record, timed_steps(p, args.steps, delete_maxima(args.max_customers),
-                                             emit, record))]
-            if args.spark_steps:
-                record = {"pattern": "max_on_spark", "size": size, "change": CUSTOMERS,
-                          "workers": args.spark_workers}
-                print(f"# (c) max deletes of all {CUSTOMERS:,} customers forced onto Spark at "
-                      f"{size:,} orders, W={args.spark_workers}", flush=True)
-                onto_spark(p, args, record, emit)
-                out.append(check(record, timed_steps(p, args.spark_steps,
-                                                     delete_maxima(CUSTOMERS), emit, record),
-                                 duckdb_too=False))
-            return out
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    """Pattern (c): each step deletes the current maximum order of ``--max-customers``, in turn
+    across the sizes; then (with ``--spark-steps``) at each size steps forced onto Spark that
+    delete the maximum order of every customer (100k deletes, each group's maximum re-read: the
+    most (c) can change at once)."""
+    out = []
+    with contextlib.ExitStack() as stack:
+        opened = loaded(stack, spark, sizes, "max", max_circuit, MaxDeletes, emit)
+        print(f"# (c) max deletes, in turn at {', '.join(f'{s:,}' for s in sizes)} orders",
+              flush=True)
+        out += driver_steps(opened, "max", args.max_customers,
+                            lambda w: cast(MaxDeletes, w).delete_maxima(args.max_customers),
+                            args, rc, emit)
+        for size, w, p in opened if args.spark_steps else []:
+            record = {"pattern": "max_on_spark", "size": size, "change": CUSTOMERS,
+                      "workers": args.spark_workers}
+            print(f"# (c) max deletes of all {CUSTOMERS:,} customers forced onto Spark at "
+                  f"{size:,} orders, W={args.spark_workers}", flush=True)
+            out.append(spark_steps(p, w, record, cast(MaxDeletes, w).delete_maxima(CUSTOMERS),
+                                   args, rc, emit))
+    return out
 
 
-def run_lines(spark: Any, size: int, args: argparse.Namespace, rc: Recompute,
+def run_lines(spark: Any, sizes: list[int], args: argparse.Namespace, rc: Recompute,
               emit: Emit) -> list[dict[str, Any]]:
     """Pattern (d): orders joined with 4 lines per order; each step changes ``--change`` lines
-    (10% deletes of the first lines loaded, the rest new lines of random orders); then (with
-    ``--spark-steps``) steps of ``--spark-change`` line changes forced onto Spark."""
-    root = tempfile.mkdtemp(prefix=f"dbsp-lookup-lines-{size}-")
-    orders = orders_of(np.arange(size))
-    first = lines_of(np.repeat(np.arange(size), LINES_PER_ORDER),
-                     np.tile(np.arange(LINES_PER_ORDER), size))
-    state = {"deleted": 0, "added": 0}
-    record = {"pattern": "lines", "size": size, "change": args.change}
-
-    def added(lo: int, hi: int) -> pa.Table:
-        g = np.arange(lo, hi, dtype=np.int64)
-        return lines_of(g * 2654435761 % size, LINES_PER_ORDER + g)
-
-    try:
-        with Pipeline(lines_circuit(), root=root, spark=spark, driver_step_rows=10**9) as p:
-            load(p, {"orders": orders, "lines": first}, emit, record)
-
-            def change(n: int) -> Change:
-                def prepare() -> dict[str, pa.Table]:
-                    n_del = n // 10
-                    d, a = state["deleted"], state["added"]
-                    lines = zset(added(a, a + n - n_del), first.slice(d, n_del))
-                    state["deleted"] += n_del
-                    state["added"] += n - n_del
-                    return {"lines": lines}
-                return prepare
-
-            def check(record: dict[str, Any], medians: dict[str, float],
-                      duckdb_too: bool = True) -> dict[str, Any]:
-                lines = pa.concat_tables([first.slice(state["deleted"]),
-                                          added(0, state["added"])])
-                tables = {"orders": orders, "lines": lines}
-                view = view_rows(p, "view", ["customer_id", "qty", "n"])
-                duck = rc.duckdb(LINES_QUERY, tables) if duckdb_too else (float("nan"), [])
-                return summarize(record, medians, duck, rc.spark_sql(LINES_QUERY, tables), view,
-                                 set(), emit)
-
-            print(f"# (d) line changes at {size:,} orders", flush=True)
-            out = [check(record, timed_steps(p, args.steps, change(args.change), emit, record))]
-            if args.spark_steps:
-                record = {"pattern": "lines_on_spark", "size": size, "change": args.spark_change,
-                          "workers": args.spark_workers}
-                print(f"# (d) {args.spark_change:,} line changes forced onto Spark at "
-                      f"{size:,} orders, W={args.spark_workers}", flush=True)
-                onto_spark(p, args, record, emit)
-                out.append(check(record, timed_steps(p, args.spark_steps,
-                                                     change(args.spark_change), emit, record),
-                                 duckdb_too=False))
-            return out
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    (10% deletes of the first lines loaded, the rest new lines of random orders), in turn
+    across the sizes; then (with ``--spark-steps``) at each size steps of ``--spark-change``
+    line changes forced onto Spark."""
+    out = []
+    with contextlib.ExitStack() as stack:
+        opened = loaded(stack, spark, sizes, "lines", lines_circuit, Lines, emit)
+        print(f"# (d) line changes, in turn at {', '.join(f'{s:,}' for s in sizes)} orders",
+              flush=True)
+        out += driver_steps(opened, "lines", args.change,
+                            lambda w: cast(Lines, w).changes(args.change), args, rc, emit)
+        for size, w, p in opened if args.spark_steps else []:
+            record = {"pattern": "lines_on_spark", "size": size, "change": args.spark_change,
+                      "workers": args.spark_workers}
+            print(f"# (d) {args.spark_change:,} line changes forced onto Spark at "
+                  f"{size:,} orders, W={args.spark_workers}", flush=True)
+            out.append(spark_steps(p, w, record, cast(Lines, w).changes(args.spark_change),
+                                   args, rc, emit))
+    return out
 
 
 # -- report ---------------------------------------------------------------------------------------
@@ -633,16 +698,16 @@ def main() -> None:
     creation = {"start": file_creation_ms()}
     emit({"figure": "file_creation_ms", "when": "start", "value": creation["start"]})
     rows: list[dict[str, Any]] = []
-    for size in args.sizes:
-        if {"moves", "orders"} & set(args.patterns):
-            rows += run_shop(spark, size, args, rc, emit)
-        if {"moves_eager", "orders_eager"} & set(args.patterns):
-            rows += run_shop(spark, size, args, rc, emit, eager=True)
-        if "max" in args.patterns:
-            rows += run_max(spark, size, args, rc, emit)
-        if "lines" in args.patterns:
-            rows += run_lines(spark, size, args, rc, emit)
-        print(f"# {size:,} orders done, {time.perf_counter() - started:.0f} s so far", flush=True)
+    sizes = sorted(args.sizes)
+    for patterns, run in (({"moves", "orders"}, lambda: run_shop(spark, sizes, args, rc, emit)),
+                          ({"moves_eager", "orders_eager"},
+                           lambda: run_shop(spark, sizes, args, rc, emit, eager=True)),
+                          ({"max"}, lambda: run_max(spark, sizes, args, rc, emit)),
+                          ({"lines"}, lambda: run_lines(spark, sizes, args, rc, emit))):
+        if patterns & set(args.patterns):
+            rows += run()
+            print(f"# {', '.join(sorted(patterns & set(args.patterns)))} done, "
+                  f"{time.perf_counter() - started:.0f} s so far", flush=True)
     creation["end"] = file_creation_ms()
     emit({"figure": "file_creation_ms", "when": "end", "value": creation["end"]})
     table(rows)
