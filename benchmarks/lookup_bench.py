@@ -17,26 +17,26 @@ access patterns, each a circuit built with the public ``Circuit`` API:
 
 For each pattern and size: the median push+step seconds (``--steps`` steps after a warm-up step,
 each a ``Pipeline.step(changes)`` that carries its change: the push is committed while the step
-computes; a pattern's pipelines of every size are loaded first and step in turn, one step at each
-size round after round, so that its growth from the smallest size to the biggest compares steps
-seconds apart, on a machine whose speed drifts within minutes; the change's tables are built before
-the clock starts, as a user has them in hand when they push: the workload's own work (finding each
-customer's maximum) is not the engine's; the timed steps start once the keyed runs of the loaded
-files are written, as in a running pipeline, and the seconds that took after the load are reported),
-the rows the step read from state (``StepResult.state_rows_read``), the same view recomputed from
-scratch by DuckDB (in memory, over Arrow tables of the same integrated data) and by Spark (over
-Parquet copies, as a batch job reads them; one shared session), their ratios, and whether the view
-equals the recomputation (counts and maxima exactly, float sums within 1e-9 relative). In the same
-run (each can be skipped): each pattern again with big steps forced onto Spark
-(``driver_step_rows=0``, at ``--spark-workers`` W, default 2, after a rescale) against Spark's
-recompute: (a) moves of as many customers as have ``--spark-change`` (1M) of the live orders between
-them (run before (b)'s, which add 0.8M orders a step), (b) ``--spark-change`` order changes, (c)
-deletes of the maximum order of every customer (100k: the most (c) can change at once), (d)
-``--spark-change`` line changes; and 100-row steps with a commit each (steps/s). The shop workload
-at 1M orders with 10k changes per step is pattern (b) at 1M. Prints one JSON line per figure, a
-table at the end, and writes a plot (``--plot``, default ``docs/bench/lookup.png``). Creating an
-empty file is timed at the start and the end (``file_creation_ms``): a driver step creates about
-seven files, and on a machine where that cost drifts, so do the step seconds.
+computes; a pattern's pipelines of every size are loaded first and step in blocks, half the steps
+with the sizes in order, half in reverse order, so that a drift of the machine's speed weighs on
+every size alike (``timed_steps``); the change's tables are built before the clock starts, as a user
+has them in hand when they push: the workload's own work (finding each customer's maximum) is not
+the engine's; the timed steps start once the keyed runs of the loaded files are written, as in a
+running pipeline, and the seconds that took after the load are reported), the rows the step read
+from state (``StepResult.state_rows_read``), the same view recomputed from scratch by DuckDB (in
+memory, over Arrow tables of the same integrated data) and by Spark (over Parquet copies, as a batch
+job reads them; one shared session), their ratios, and whether the view equals the recomputation
+(counts and maxima exactly, float sums within 1e-9 relative). In the same run (each can be skipped):
+each pattern again with big steps forced onto Spark (``driver_step_rows=0``, at ``--spark-workers``
+W, default 2, after a rescale) against Spark's recompute: (a) moves of as many customers as have
+``--spark-change`` (1M) of the live orders between them (run before (b)'s, which add 0.8M orders a
+step), (b) ``--spark-change`` order changes, (c) deletes of the maximum order of every customer
+(100k: the most (c) can change at once), (d) ``--spark-change`` line changes; and 100-row steps with
+a commit each (steps/s). The shop workload at 1M orders with 10k changes per step is pattern (b) at
+1M. Prints one JSON line per figure, a table at the end, and writes a plot (``--plot``, default
+``docs/bench/lookup.png``). Creating an empty file is timed at the start and the end
+(``file_creation_ms``): a driver step creates about seven files, and on a machine where that cost
+drifts, so do the step seconds.
 
     python benchmarks/lookup_bench.py [--sizes 1000000 4000000 16000000] [--steps 15]
         [--patterns moves orders max lines moves_eager orders_eager]
@@ -57,6 +57,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, cast
 
 import duckdb
@@ -338,16 +339,27 @@ Run = tuple[Pipeline, Change, dict[str, Any]]
 
 
 def timed_steps(runs: list[Run], steps: int, emit: Emit) -> list[dict[str, float]]:
-    """A warm-up round then ``steps`` rounds, each one step of every run in turn, each
-    ``p.step(changes)`` timed (the change built before; the step pushes it and executes, one
-    call); each run's medians. A pattern's sizes step in turn, seconds apart, so the growth from
-    the smallest to the biggest compares steps taken at the same speed of the machine, which
-    drifts by a third within minutes here (README.md): one size after another, the sizes' steps
-    were minutes apart."""
+    """``steps`` steps of each run after a warm-up step, each ``p.step(changes)`` timed (the
+    change built before; the step pushes it and executes, one call); each run's medians.
+
+    Several runs (a pattern's sizes) step in blocks, half their steps in order, half in reverse
+    order (1M, 4M, 16M, 16M, 4M, 1M), each block after the background work of every run is done
+    (merges, keyed runs) and a warm-up step of its own: within a block a run steps as a lone
+    pipeline does, its own merges behind its own steps, and a drift of the machine's speed that
+    is steady over the blocks weighs on every size alike (one size after another, the 16M
+    steps came minutes after the 1M ones, and this machine's speed drifts by a third in that
+    time: README.md). Steps taken in turn, one at each size, would let one size's background
+    merges run beside another's steps."""
     seconds: list[list[float]] = [[] for _ in runs]
     rows_read: list[list[int]] = [[] for _ in runs]
-    for i in range(steps + 1):
-        for j, (p, change, record) in enumerate(runs):
+    order = list(range(len(runs)))
+    blocks = ([(j, steps) for j in order] if len(runs) == 1 else
+              [(j, steps // 2) for j in order] + [(j, steps - steps // 2) for j in order[::-1]])
+    for j, count in blocks:
+        p, change, record = runs[j]
+        if len(runs) > 1:
+            settle([other for other, _, _ in runs])
+        for i in range(count + 1):
             changes = change()
             t = time.perf_counter()
             r = p.step(changes)
@@ -360,6 +372,14 @@ def timed_steps(runs: list[Run], steps: int, emit: Emit) -> list[dict[str, float
                 rows_read[j].append(r.state_rows_read)
     return [{"step": statistics.median(s), "rows_read": statistics.median(n)}
             for s, n in zip(seconds, rows_read)]
+
+
+def settle(pipelines: list[Pipeline]) -> None:
+    """Wait until the background work of ``pipelines`` is done (their merges, the keyed runs
+    of their files), so that the steps timed next are not timed beside it."""
+    for p in pipelines:
+        p.engine.compactor.wait()
+    keyed_runs.wait_for_writes()
 
 
 def load(p: Pipeline, tables: dict[str, pa.Table], emit: Emit, record: dict[str, Any]) -> None:
@@ -398,7 +418,7 @@ def loaded(stack: contextlib.ExitStack[bool | None], spark: Any, sizes: list[int
 def driver_steps(opened: list[tuple[int, Workload, Pipeline]], pattern: str, change: int,
                  make: Callable[[Any], Change], args: argparse.Namespace, rc: Recompute,
                  emit: Emit) -> list[dict[str, Any]]:
-    """Pattern ``pattern``'s driver steps at every size, in turn (``timed_steps``), each of
+    """Pattern ``pattern``'s driver steps at every size, in blocks (``timed_steps``), each of
     ``make(workload)``'s change; then each size's view checked and summarized."""
     records = [{"pattern": pattern, "size": size, "change": change} for size, _, _ in opened]
     medians = timed_steps([(p, make(w), record) for (_, w, p), record in zip(opened, records)],
@@ -438,7 +458,7 @@ def summarize(record: dict[str, Any], medians: dict[str, float], duck: tuple[flo
 
 def run_shop(spark: Any, sizes: list[int], args: argparse.Namespace, rc: Recompute,
              emit: Emit, eager: bool = False) -> list[dict[str, Any]]:
-    """Patterns (a) and (b) on a loaded shop pipeline per size, their driver steps in turn
+    """Patterns (a) and (b) on a loaded shop pipeline per size, their driver steps in blocks
     across the sizes; (at the first size, as declared) 100-row steps; then (with
     ``--spark-steps``) at each size steps of ``--spark-change`` orders forced onto Spark.
     ``eager``: the circuit planned with eager aggregation (``Circuit(...,
@@ -454,18 +474,19 @@ def run_shop(spark: Any, sizes: list[int], args: argparse.Namespace, rc: Recompu
     with contextlib.ExitStack() as stack:
         opened = loaded(stack, spark, sizes, "shop", circuit, Shop, emit)
         if moves in args.patterns:
-            print(f"# (a) moves, in turn at {', '.join(f'{s:,}' for s in sizes)} orders",
+            print(f"# (a) moves, in blocks at {', '.join(f'{s:,}' for s in sizes)} orders",
                   flush=True)
             out += driver_steps(opened, moves, args.moved,
                                 lambda w: cast(Shop, w).mover(args.moved), args, rc, emit)
         if orders in args.patterns:
-            print(f"# (b) order changes, in turn at {', '.join(f'{s:,}' for s in sizes)} orders",
+            print(f"# (b) order changes, in blocks at {', '.join(f'{s:,}' for s in sizes)} orders",
                   flush=True)
             out += driver_steps(opened, orders, args.change,
                                 lambda w: cast(Shop, w).order_changes(args.change), args, rc,
                                 emit)
         if args.small_steps and not eager:
             size, w, p = opened[0]
+            settle([p for _, _, p in opened])
             print(f"# 100-row steps, a commit each, at {size:,} orders", flush=True)
             p.checkpoint_every = 1
             change = cast(Shop, w).order_changes(100)
@@ -480,6 +501,7 @@ def run_shop(spark: Any, sizes: list[int], args: argparse.Namespace, rc: Recompu
             out.append({"pattern": "small_steps", "size": size,
                         "steps_per_second": round(args.small_steps / seconds, 2)})
         for size, w, p in opened if args.spark_steps else []:
+            settle([p for _, _, p in opened])
             shop = cast(Shop, w)
             if moves in args.patterns:
                 # (before (b)'s big steps, which add 0.8M orders each): as many customers as
@@ -501,50 +523,62 @@ def run_shop(spark: Any, sizes: list[int], args: argparse.Namespace, rc: Recompu
     return out
 
 
-def run_max(spark: Any, sizes: list[int], args: argparse.Namespace, rc: Recompute,
-            emit: Emit) -> list[dict[str, Any]]:
-    """Pattern (c): each step deletes the current maximum order of ``--max-customers``, in turn
-    across the sizes; then (with ``--spark-steps``) at each size steps forced onto Spark that
-    delete the maximum order of every customer (100k deletes, each group's maximum re-read: the
-    most (c) can change at once)."""
-    out = []
-    with contextlib.ExitStack() as stack:
-        opened = loaded(stack, spark, sizes, "max", max_circuit, MaxDeletes, emit)
-        print(f"# (c) max deletes, in turn at {', '.join(f'{s:,}' for s in sizes)} orders",
-              flush=True)
-        out += driver_steps(opened, "max", args.max_customers,
-                            lambda w: cast(MaxDeletes, w).delete_maxima(args.max_customers),
-                            args, rc, emit)
-        for size, w, p in opened if args.spark_steps else []:
-            record = {"pattern": "max_on_spark", "size": size, "change": CUSTOMERS,
-                      "workers": args.spark_workers}
-            print(f"# (c) max deletes of all {CUSTOMERS:,} customers forced onto Spark at "
-                  f"{size:,} orders, W={args.spark_workers}", flush=True)
-            out.append(spark_steps(p, w, record, cast(MaxDeletes, w).delete_maxima(CUSTOMERS),
-                                   args, rc, emit))
-    return out
+@dataclass(frozen=True)
+class Pattern:
+    """A pattern of a circuit of its own: its name, what the printed lines call its steps, its
+    circuit and workload, and the rows and change (of a workload) of its driver steps and of
+    its steps forced onto Spark."""
+
+    name: str
+    title: str
+    spark_title: str
+    circuit: Callable[[], Circuit]
+    workload: Callable[[int], Workload]
+    rows: int
+    change: Callable[[Any], Change]
+    spark_rows: int
+    spark_change: Callable[[Any], Change]
 
 
-def run_lines(spark: Any, sizes: list[int], args: argparse.Namespace, rc: Recompute,
-              emit: Emit) -> list[dict[str, Any]]:
-    """Pattern (d): orders joined with 4 lines per order; each step changes ``--change`` lines
-    (10% deletes of the first lines loaded, the rest new lines of random orders), in turn
-    across the sizes; then (with ``--spark-steps``) at each size steps of ``--spark-change``
-    line changes forced onto Spark."""
+def max_pattern(args: argparse.Namespace) -> Pattern:
+    """(c): each step deletes the current maximum order of ``--max-customers``; on Spark, of
+    every customer (100k deletes, each group's maximum re-read: the most (c) can change at
+    once)."""
+    return Pattern("max", "(c) max deletes",
+                   f"(c) max deletes of all {CUSTOMERS:,} customers", max_circuit, MaxDeletes,
+                   args.max_customers,
+                   lambda w: cast(MaxDeletes, w).delete_maxima(args.max_customers),
+                   CUSTOMERS, lambda w: cast(MaxDeletes, w).delete_maxima(CUSTOMERS))
+
+
+def lines_pattern(args: argparse.Namespace) -> Pattern:
+    """(d): orders joined with 4 lines per order; each step changes ``--change`` lines (10%
+    deletes of the first lines loaded, the rest new lines of random orders); on Spark,
+    ``--spark-change``."""
+    return Pattern("lines", "(d) line changes", f"(d) {args.spark_change:,} line changes",
+                   lines_circuit, Lines, args.change,
+                   lambda w: cast(Lines, w).changes(args.change), args.spark_change,
+                   lambda w: cast(Lines, w).changes(args.spark_change))
+
+
+def run_pattern(spark: Any, sizes: list[int], pattern: Pattern, args: argparse.Namespace,
+                rc: Recompute, emit: Emit) -> list[dict[str, Any]]:
+    """``pattern``'s driver steps in blocks across the sizes; then (with ``--spark-steps``) at
+    each size its steps forced onto Spark."""
     out = []
     with contextlib.ExitStack() as stack:
-        opened = loaded(stack, spark, sizes, "lines", lines_circuit, Lines, emit)
-        print(f"# (d) line changes, in turn at {', '.join(f'{s:,}' for s in sizes)} orders",
+        opened = loaded(stack, spark, sizes, pattern.name, pattern.circuit, pattern.workload,
+                        emit)
+        print(f"# {pattern.title}, in blocks at {', '.join(f'{s:,}' for s in sizes)} orders",
               flush=True)
-        out += driver_steps(opened, "lines", args.change,
-                            lambda w: cast(Lines, w).changes(args.change), args, rc, emit)
+        out += driver_steps(opened, pattern.name, pattern.rows, pattern.change, args, rc, emit)
         for size, w, p in opened if args.spark_steps else []:
-            record = {"pattern": "lines_on_spark", "size": size, "change": args.spark_change,
-                      "workers": args.spark_workers}
-            print(f"# (d) {args.spark_change:,} line changes forced onto Spark at "
-                  f"{size:,} orders, W={args.spark_workers}", flush=True)
-            out.append(spark_steps(p, w, record, cast(Lines, w).changes(args.spark_change),
-                                   args, rc, emit))
+            settle([p for _, _, p in opened])
+            record = {"pattern": f"{pattern.name}_on_spark", "size": size,
+                      "change": pattern.spark_rows, "workers": args.spark_workers}
+            print(f"# {pattern.spark_title} forced onto Spark at {size:,} orders, "
+                  f"W={args.spark_workers}", flush=True)
+            out.append(spark_steps(p, w, record, pattern.spark_change(w), args, rc, emit))
     return out
 
 
@@ -702,8 +736,10 @@ def main() -> None:
     for patterns, run in (({"moves", "orders"}, lambda: run_shop(spark, sizes, args, rc, emit)),
                           ({"moves_eager", "orders_eager"},
                            lambda: run_shop(spark, sizes, args, rc, emit, eager=True)),
-                          ({"max"}, lambda: run_max(spark, sizes, args, rc, emit)),
-                          ({"lines"}, lambda: run_lines(spark, sizes, args, rc, emit))):
+                          ({"max"}, lambda: run_pattern(spark, sizes, max_pattern(args), args,
+                                                        rc, emit)),
+                          ({"lines"}, lambda: run_pattern(spark, sizes, lines_pattern(args),
+                                                          args, rc, emit))):
         if patterns & set(args.patterns):
             rows += run()
             print(f"# {', '.join(sorted(patterns & set(args.patterns)))} done, "
