@@ -5,8 +5,8 @@ Data files are immutable and their names are never reused, so rows kept under a 
 that file's content for as long as anyone reads the file: the caller keeps exactly what reading
 the file gives (its table's schema). The rows kept are bounded: up to ``limit`` rows in all (and
 ``limit_bytes`` bytes of Arrow buffers, when given), the oldest file dropped first; a file over
-the bound on its own is not kept. Thread-safe: pushes come
-from a Kafka runner's source threads, merges run in the background.
+the bound on its own is not kept. Thread-safe: pushes come from a Kafka runner's source threads,
+merges run in the background.
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ class KeptRows:
         at most ``limit`` rows (and ``limit_bytes`` bytes) are kept (``rows`` alone over a
         bound: not kept)."""
         nbytes = rows.get_total_buffer_size()
-        most_bytes = nbytes if limit_bytes is None else limit_bytes
-        if rows.num_rows > limit or nbytes > most_bytes:
+        if rows.num_rows > limit or (limit_bytes is not None and nbytes > limit_bytes):
             return
         with self._lock:
             self._forget(path)
