@@ -273,7 +273,7 @@ class Aggregate(Operator):
         extremes: dict[int, pa.Table | None] = {}
         for i, trace in self.values.items():
             arg = self.aggs[i]["arg"]
-            present = d.filter(pc.is_valid(d.column(arg)))
+            present = local_sql.filtered(d, pc.is_valid(d.column(arg)))
             vals = pa.Table.from_arrays(
                 [*(present.column(k) for k in self.keys), present.column(arg),
                  present.column(WEIGHT)], names=[*self.keys, "_v", WEIGHT])
@@ -325,15 +325,15 @@ class Aggregate(Operator):
         others_same = local_sql.equal_as_grouped(old, new,
                                                  [c for c in state_cols if c not in shown])
         if visible_same is None or others_same is None:
-            state_change = pa.concat_tables([old.filter(pa.array(has_old)),
-                                             new.filter(pa.array(n_new != 0))])
+            state_change = pa.concat_tables([local_sql.filtered(old, has_old),
+                                             local_sql.filtered(new, n_new != 0)])
             self.groups.append_arrow(sql, state_change)
             out = sql.consolidate(state_change.filter(pc.greater(state_change.column(_N), 0)),
                                   visible)
             return sql.conform(out, self.schema) if out.num_rows else None
         same = visible_same & others_same
-        state_change = pa.concat_tables([old.filter(pa.array(has_old & ~same)),
-                                         new.filter(pa.array((n_new != 0) & ~same))])
+        state_change = pa.concat_tables([local_sql.filtered(old, has_old & ~same),
+                                         local_sql.filtered(new, (n_new != 0) & ~same)])
         sql.assume_consolidated(state_change, state_cols)
         self.groups.append_arrow(sql, state_change)
         # the view: -old where the group was live, +new where it is, but not both where its
@@ -341,8 +341,9 @@ class Aggregate(Operator):
         old_live = has_old & (pc.fill_null(old.column(_N), 0).to_numpy() > 0)
         new_live = n_new > 0
         stays = old_live & new_live & visible_same
-        out = pa.concat_tables([old.filter(pa.array(old_live & ~stays)).select([*visible, WEIGHT]),
-                                new.filter(pa.array(new_live & ~stays)).select([*visible, WEIGHT])])
+        out = pa.concat_tables(
+            [local_sql.filtered(old, old_live & ~stays).select([*visible, WEIGHT]),
+             local_sql.filtered(new, new_live & ~stays).select([*visible, WEIGHT])])
         if out.num_rows == 0:
             return None
         sql.assume_consolidated(out, visible)
@@ -644,7 +645,7 @@ class Aggregate(Operator):
             live = values
             if not ordered:
                 live = consolidate_arrow(values, [*self.keys, "_v"])
-                live = live.filter(pc.greater(live.column(WEIGHT), 0))
+                live = local_sql.filtered(live, pc.greater(live.column(WEIGHT), 0))
             rec = live.group_by(self.keys, use_threads=False).aggregate([("_v", best)])
             g_rows, rec_rows = _left_join_rows(g, rec, self.keys)
             if g_rows is not None:

@@ -176,13 +176,6 @@ def _beyond_every_cut_sorted(rows: pa.Table, order_by: str, largest: bool) -> np
     return keep
 
 
-def _filtered(rows: pa.Table, mask: pa.ChunkedArray | pa.Array) -> pa.Table:
-    """``rows.filter(mask)`` (``mask`` without NULLs), but ``rows`` itself when the mask keeps
-    every row: a filter copies every column even then, and a lookup's filters nearly always
-    keep all (at 16M orders, a Spark task of (c) spent 20 ms on such copies of 1M rows)."""
-    return rows if pc.all(mask).as_py() else rows.filter(mask)
-
-
 def _distinct_hashes(hashes: np.ndarray) -> np.ndarray:
     """The distinct values of ``hashes`` (64-bit key hashes), ascending: ``np.unique`` by
     sorting. numpy 2.3's ``np.unique`` collects the values in a hash set first, which for
@@ -585,7 +578,7 @@ class Trace:
             if count > EXTREME_ROWS:  # a round after the first: its extremes were deleted
                 self.retraction_reads += self.rows_read - read_before
             live = sql.consolidate(rows, self.payload)
-            live = _filtered(live, pc.greater(live.column(WEIGHT), 0))
+            live = local_sql.filtered(live, pc.greater(live.column(WEIGHT), 0))
             if cut.size == 0:
                 found.append(live)
                 break
@@ -722,7 +715,7 @@ class Trace:
             mask = pc.is_in(rows.column(key), value_set=keys.column(key), skip_nulls=False)
             # (rows found by their keys' hashes nearly always all match: only a collision of
             # two keys' 64-bit hashes does not)
-            return _filtered(rows, pc.invert(mask) if negate else mask)
+            return local_sql.filtered(rows, pc.invert(mask) if negate else mask)
         if _small_keyed(rows, self.key) and _small_keyed(keys, self.key):
             return _null_safe_semi_join(rows, keys, self.key, negate)
         join = "ANTI" if negate else "SEMI"

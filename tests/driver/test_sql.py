@@ -236,3 +236,17 @@ def test_equal_as_grouped_takes_no_nested_or_mismatched_columns():
     assert local_sql.equal_as_grouped(dates, dates, ["d"]) is None
     assert local_sql.equal_as_grouped(pa.table({"x": pa.array([1, 2], pa.int32())}),
                                       pa.table({"x": pa.array([1, 2], pa.int64())}), ["x"]) is None
+
+
+def test_filtered_returns_the_table_itself_when_the_mask_keeps_every_row():
+    import numpy as np
+
+    table = pa.table({"k": [1, 2, 3], "_weight": [1, -1, 2]})
+    for keep_all in (pa.array([True, True, True]), pa.chunked_array([[True], [True, True]]),
+                     np.ones(3, dtype=bool)):
+        assert local_sql.filtered(table, keep_all) is table
+    for some in (pa.array([True, False, True]), pa.chunked_array([[True], [False, True]]),
+                 np.array([True, False, True])):
+        out = local_sql.filtered(table, some)
+        assert out.to_pydict() == {"k": [1, 3], "_weight": [1, 2]}
+    assert local_sql.filtered(table, np.zeros(3, dtype=bool)).num_rows == 0
