@@ -9,6 +9,7 @@ import decimal
 import math
 import random
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -239,8 +240,6 @@ def test_equal_as_grouped_takes_no_nested_or_mismatched_columns():
 
 
 def test_filtered_returns_the_table_itself_when_the_mask_keeps_every_row():
-    import numpy as np
-
     table = pa.table({"k": [1, 2, 3], "_weight": [1, -1, 2]})
     for keep_all in (pa.array([True, True, True]), pa.chunked_array([[True], [True, True]]),
                      np.ones(3, dtype=bool)):
@@ -250,3 +249,5 @@ def test_filtered_returns_the_table_itself_when_the_mask_keeps_every_row():
         out = local_sql.filtered(table, some)
         assert out.to_pydict() == {"k": [1, 3], "_weight": [1, 2]}
     assert local_sql.filtered(table, np.zeros(3, dtype=bool)).num_rows == 0
+    kept = local_sql.filtered(table, pa.array([True, None, True]))  # NULL drops, as in filter
+    assert kept.to_pydict() == {"k": [1, 3], "_weight": [1, 2]}
