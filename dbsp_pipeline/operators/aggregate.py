@@ -7,9 +7,11 @@ old ones. ``min``/``max`` are not invertible, so each keeps a second trace, the 
 (group, value) it has seen; a step takes ``least(old, smallest inserted)`` unless the change
 deletes a value at or beyond the old extreme, and only for those groups it re-reads values from
 the multiset trace: on the driver and in owner tasks, a few of the group's most extreme values
-a file (``Trace.lookup_extreme_rows``: the trace's keyed runs are sorted by value within a group,
-for every value type Arrow ranks as DuckDB's ``min``/``max`` do), deeper only past values that
-later files deleted; else all the group's values (the files of the touched shards only).
+up to the old extreme a file (``Trace.lookup_extreme_rows``: the trace's keyed runs are sorted by
+value within a group, for every value type Arrow ranks as DuckDB's ``min``/``max`` do; beyond the
+old extreme every value was deleted before, but for the step's inserts, whose best is weighed
+beside what the re-read finds), deeper only past values that later files deleted; else all the
+group's values (the files of the touched shards only).
 
 Sums over floating-point values (``sum``/``avg`` of DOUBLE, FLOAT, or integers averaged as
 doubles) keep ``_s<i>`` exactly (:mod:`dbsp_pipeline.exact_sum`: the exact finite sum plus NaN and
@@ -625,7 +627,10 @@ class Aggregate(Operator):
         return out
 
     def _redo_extreme_local(self, ctx: StepContext, g: pa.Table, a: dict[str, Any]) -> pa.Table:
-        """Set ``_mm<i>`` of the groups flagged ``_redo<i>`` from their live values."""
+        """Set ``_mm<i>`` of the groups flagged ``_redo<i>`` from their live values: the best
+        of the step's best insert (``_cand<i>``) and the values re-read up to the old extreme.
+        (Every value beyond the old extreme was dead before the step, so beyond it only the
+        step's inserts are live: an ordered trace's re-read skips the rest, deleted earlier.)"""
         i = a["i"]
         redo = g.filter(g.column(f"_redo{i}"))  # (a NULL flag selects nothing)
         if redo.num_rows == 0:
@@ -633,14 +638,16 @@ class Aggregate(Operator):
         trace = self.values[i]
         best = "min" if a["fn"] == "min" else "max"
         # an ordered trace gives live rows (consolidated, positive weights) whose extreme per
-        # group is the group's; an unordered one every row of the groups, consolidated here
+        # group is the group's up to its old extreme; an unordered one every row of the
+        # groups, consolidated here
         ordered = trace.runs.order_by is not None
-        values = (trace.lookup_extreme_rows(ctx.local, redo, largest=best == "max")
+        values = (trace.lookup_extreme_rows(ctx.local, redo, largest=best == "max",
+                                            bound=_O + a["name"])
                   if ordered else trace.lookup_arrow(ctx.local, redo))
         limit = local_sql.FAST_PATH_ROWS
         if (values.num_rows <= limit and g.num_rows <= limit and self.keys
                 and arrow_groups_like_duckdb(values, [*self.keys, "_v"])
-                and arrow_groups_like_duckdb(g, self.keys)
+                and arrow_groups_like_duckdb(g, [*self.keys, f"_cand{i}"])
                 and (ordered or weights_fit(values[WEIGHT]))):
             live = values
             if not ordered:
@@ -651,9 +658,15 @@ class Aggregate(Operator):
             if g_rows is not None:
                 g = g.take(g_rows)
             recomputed = rec.column(f"_v_{best}").take(rec_rows)
-            mm = g.column(f"_mm{i}")
+            mm, cand = g.column(f"_mm{i}"), g.column(f"_cand{i}")
             if recomputed.type != mm.type:
                 recomputed = recomputed.cast(mm.type)
+            if cand.type != mm.type:
+                cand = cand.cast(mm.type)
+            # the better of the two, skipping NULLs (as DuckDB's greatest/least)
+            better = pc.fill_null((pc.less if best == "min" else pc.greater)(cand, recomputed),
+                                  False)
+            recomputed = pc.if_else(pc.or_(pc.is_null(recomputed), better), cand, recomputed)
             return g.set_column(g.schema.get_field_index(f"_mm{i}"), f"_mm{i}",
                                 pc.if_else(g.column(f"_redo{i}"), recomputed, mm))
         keys = idents(self.keys)
@@ -663,7 +676,9 @@ class Aggregate(Operator):
         return ctx.local.query(
             f"WITH live AS ({live_sql}), "
             f"rec AS (SELECT {keys}, {best}(_v) AS _rec FROM live GROUP BY {keys}) "
-            f"SELECT g.* REPLACE (CASE WHEN g._redo{i} THEN rec._rec ELSE g._mm{i} END AS _mm{i}) "
+            f"SELECT g.* REPLACE (CASE WHEN g._redo{i} THEN "
+            f"{'least' if best == 'min' else 'greatest'}(rec._rec, g._cand{i}) "
+            f"ELSE g._mm{i} END AS _mm{i}) "
             f"FROM g LEFT JOIN rec ON {null_safe_on('g', 'rec', self.keys)}", g=g, v=values)
 
     def _extreme(self, ctx: StepContext, g: DataFrame, a: dict[str, Any]) -> DataFrame:

@@ -138,6 +138,8 @@ class _OpenRun:
     offsets: np.ndarray
     #: the fences of the batches searched for many hashes (``FENCE_STRIDE``), by batch
     fences: dict[int, np.ndarray] = field(default_factory=dict)
+    #: the numpy views of a column's batches (``values_at``), by column name
+    columns: dict[str, list[np.ndarray]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, file: pa.ipc.RecordBatchFileReader) -> _OpenRun:
@@ -231,6 +233,60 @@ class _OpenRun:
         going = going[~top]
         end[going] = self._first_at_or_after(b, column, wanted[going] + np.uint64(1))
         return end
+
+    def values_at(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """Column ``name``'s values at ``rows`` (ascending run rows), from numpy views of its
+        batches (a column numpy views without a copy: numbers, dates, timestamps, no NULL)."""
+        columns = self.columns.get(name)
+        if columns is None:
+            columns = self.columns[name] = [batch.column(name).to_numpy()
+                                            for batch in self.batches]
+        out = np.empty(len(rows), dtype=columns[0].dtype)
+        starts = np.searchsorted(rows, self.offsets, "left")
+        ends = np.append(starts[1:], len(rows))
+        for b in np.flatnonzero(ends > starts):
+            out[starts[b]:ends[b]] = columns[b][rows[starts[b]:ends[b]] - self.offsets[b]]
+        return out
+
+    def beyond_at_ends(self, name: str, lo: np.ndarray, hi: np.ndarray, bounds: np.ndarray,
+                       largest: bool) -> np.ndarray:
+        """Per range ``[lo, hi)`` of run rows sorted by ``name`` (disjoint, ascending), how
+        many rows at its top (``largest``) or bottom are strictly beyond its bound in
+        ``bounds``: above it (a NaN above every number, none above a NaN bound), or below it.
+        Galloping from that end, then a binary search: about log(rows beyond) values read a
+        range, beside the rows a read of that end takes anyway."""
+        n = hi - lo
+
+        def beyond(at: np.ndarray, which: np.ndarray) -> np.ndarray:
+            v, bound = self.values_at(name, at), bounds[which]
+            if not largest:
+                return np.asarray(v < bound)
+            if v.dtype.kind == "f":
+                return np.asarray(~(v <= bound) & ~np.isnan(bound))
+            return np.asarray(v > bound)
+
+        def row(which: np.ndarray, depth: np.ndarray) -> np.ndarray:  # depth >= 1 from the end
+            at: np.ndarray = hi[which] - depth if largest else lo[which] + depth - 1
+            return at
+
+        known = np.zeros(len(lo), dtype=np.int64)  # rows beyond: at least ``known``...
+        most = n.copy()  # ...and at most ``most``
+        going, step = np.flatnonzero(n > 0), 1
+        while len(going):
+            depth = np.minimum(step, n[going])
+            out = beyond(row(going, depth), going)
+            known[going[out]] = depth[out]
+            most[going[~out]] = depth[~out] - 1
+            going = going[out & (depth < n[going])]
+            step *= 2
+        going = np.flatnonzero(known < most)
+        while len(going):
+            depth = (known[going] + most[going] + 1) >> 1
+            out = beyond(row(going, depth), going)
+            known[going[out]] = depth[out]
+            most[going[~out]] = depth[~out] - 1
+            going = going[known[going] < most[going]]
+        return known
 
     def take(self, rows: np.ndarray) -> pa.Table:
         """The run's rows at ``rows`` (ascending run rows), with ``_hash``."""
@@ -469,20 +525,29 @@ class KeyedRuns:
         return reader.take(_concat_ranges(lo, count)).drop_columns([HASH])
 
     def lookup_ends(self, data_file: DataFile, hashes: np.ndarray, count: int | np.ndarray,
-                    largest: bool, read_file: Callable[[DataFile], pa.Table]
-                    ) -> pa.Table | None:
+                    largest: bool, read_file: Callable[[DataFile], pa.Table],
+                    bounds: np.ndarray | None = None) -> pa.Table | None:
         """For a run ordered by ``order_by``: per hash of ``hashes`` (sorted, unique
         ``uint64``), the ``count`` rows (one count for all, or one per hash) of ``data_file``
         of that hash with the largest (``largest``) or smallest ``order_by`` values, with their
         ``_hash`` and ``_cut``: True on the least extreme row taken of a hash that has more
         rows than its count (so every row of that hash whose value is strictly beyond the cut
-        row's was taken; ties with it may not all be). None as for ``lookup``."""
+        row's was taken; ties with it may not all be). With ``bounds`` (one value a hash, of
+        the ``order_by`` column's numpy type), only the hash's rows not strictly beyond its
+        bound count (``_OpenRun.beyond_at_ends``): those beyond are skipped, not read. None
+        as for ``lookup``."""
         if self.order_by is None or np.min(count) < 1:
             raise ValueError("lookup_ends needs a run ordered by a column and a count")
         reader = self._usable(data_file, read_file)
         if reader is None:
             return None
         hit, lo, hi = reader.ranges(hashes)
+        if bounds is not None and len(hit):
+            skipped = reader.beyond_at_ends(self.order_by, lo, hi, bounds[hit], largest)
+            if largest:
+                hi = hi - skipped
+            else:
+                lo = lo + skipped
         wanted = count[hit] if isinstance(count, np.ndarray) else count
         first = np.maximum(lo, hi - wanted) if largest else lo
         last = hi if largest else np.minimum(hi, lo + wanted)

@@ -548,13 +548,24 @@ class Trace:
         if self._replica is None and frozenset(f.path for f in before) == self._followable:
             self._followable = frozenset(f.path for f in after)
 
-    def lookup_extreme_rows(self, sql: LocalSQL, keys: pa.Table, largest: bool) -> pa.Table:
+    def lookup_extreme_rows(self, sql: LocalSQL, keys: pa.Table, largest: bool,
+                            bound: str | None = None) -> pa.Table:
         """For a trace ordered by a value (``order_by``: a min/max aggregate's (group, value)
         multiset): live rows of the keys in ``keys`` (consolidated, every weight above zero)
         whose most extreme value per key, largest (``largest``) or smallest, is the key's live
         extreme. For each key, the rows (from every file) whose value is strictly beyond some
         cut, consolidated: the extreme value whose weights sum above zero over these rows is the
         one over all the key's rows, and a key with no live value at all gets none.
+
+        ``bound`` names a column of ``keys`` holding, per key, a value beyond which the caller
+        holds the key's live values itself (a min/max aggregate: its old extreme, beyond which
+        every value was dead before the step, so only the step's inserts can be live there).
+        The rows strictly beyond it are then left out of every file alike (``_bounds``) and the
+        extreme given is the key's live one among the rest: a re-read under a stream of deletes
+        of each group's extreme reads past none of the values deleted before, so its cost stays
+        that of one delete between two merges, not of all of them (in a run, the rows beyond
+        are found by a gallop from its end and skipped unread). A bound is used for numbers,
+        dates and timestamps; for other value types, or a NULL bound, all rows count.
 
         Reads small files whole, as ``lookup_arrow`` does, then the big files smallest first
         (``KeyedRuns.lookup_ends``), about ``EXTREME_ROWS`` rows per key from each plus one per
@@ -571,10 +582,11 @@ class Trace:
         if keys.num_rows == 0:
             return empty
         wanted = self._wanted(sql, keys)
+        bounds = self._bounds(keys, bound, largest) if bound is not None else None
         count, found = EXTREME_ROWS, []
         while wanted.num_rows:
             read_before = self.rows_read
-            rows, cut = self._beyond_cuts(sql, wanted, count, largest)
+            rows, cut = self._beyond_cuts(sql, wanted, count, largest, bounds)
             if count > EXTREME_ROWS:  # a round after the first: its extremes were deleted
                 self.retraction_reads += self.rows_read - read_before
             live = sql.consolidate(rows, self.payload)
@@ -591,13 +603,41 @@ class Trace:
         found = [t for t in found if t.num_rows]
         return pa.concat_tables(found) if len(found) > 1 else (found[0] if found else empty)
 
-    def _beyond_cuts(self, sql: LocalSQL, wanted_keys: pa.Table, count: int,
-                     largest: bool) -> tuple[pa.Table, np.ndarray]:
+    def _bounds(self, keys: pa.Table, bound: str, largest: bool
+                ) -> tuple[np.ndarray, np.ndarray] | None:
+        """The bounds of ``lookup_extreme_rows``: the distinct key hashes of ``keys`` (sorted)
+        and per hash the bound of its keys (the least tight one, where two keys' hashes are
+        equal), in the numpy type of the trace's ``order_by`` column; None (no bound) for a
+        value type numpy does not order as Arrow does, or a NULL bound."""
+        value_type = self.table.arrow_schema.field(cast(str, self.runs.order_by)).type
+        if not (pa.types.is_integer(value_type) or pa.types.is_floating(value_type)
+                or pa.types.is_date(value_type) or pa.types.is_timestamp(value_type)):
+            return None
+        column = keys.column(bound)
+        if column.null_count or keys.num_rows == 0:
+            return None
+        values = column.cast(value_type).to_numpy()
+        h = self._key_hashes(keys)
+        order = np.argsort(h, kind="stable")
+        h, values = h[order], values[order]
+        starts = np.flatnonzero(np.concatenate(([True], h[1:] != h[:-1])))
+        # the least tight: the largest bound for a max (a NaN, above every number, bounds
+        # nothing), the smallest for a min (a NaN only where every bound of the hash is one)
+        loosest = np.maximum if largest else np.fmin
+        return h[starts], loosest.reduceat(values, starts)
+
+    def _beyond_cuts(self, sql: LocalSQL, wanted_keys: pa.Table, count: int, largest: bool,
+                     bounds: tuple[np.ndarray, np.ndarray] | None = None
+                     ) -> tuple[pa.Table, np.ndarray]:
         """One round of ``lookup_extreme_rows``: the rows of ``wanted_keys`` (distinct, in the
-        key types) strictly beyond every cut of their hash, and the hashes cut (uint64)."""
+        key types) strictly beyond every cut of their hash, and the hashes cut (uint64); with
+        ``bounds`` (``_bounds``), of the rows not strictly beyond their hash's bound."""
         hashes, shards, candidates = self._candidates(wanted_keys, None)
         if not candidates:
             return self.table.arrow_schema.empty_table(), np.zeros(0, dtype=np.uint64)
+        order_by = cast(str, self.runs.order_by)  # (checked by lookup_extreme_rows)
+        # per wanted hash, its bound (every wanted hash is one of the bounds' hashes)
+        bound = None if bounds is None else bounds[1][np.searchsorted(bounds[0], hashes)]
         # per wanted hash, the retractions found so far: a bigger file may hold their values
         # among its most extreme, so it is read that much deeper
         retracted = np.zeros(len(hashes), dtype=np.int64)
@@ -606,6 +646,18 @@ class Trace:
         def read_whole(files: list[DataFile]) -> None:  # every row of these: none cut
             for rows in self._read_shards(files, shards):
                 h = self._key_hashes(rows)
+                if bound is not None:  # the rows beyond their hash's bound left out
+                    at = np.minimum(np.searchsorted(hashes, h), len(hashes) - 1)
+                    wanted = hashes[at] == h
+                    v = rows.column(order_by).to_numpy()
+                    b = bound[at]
+                    if largest:
+                        over = ~(v <= b) & ~np.isnan(b) if v.dtype.kind == "f" else v > b
+                    else:
+                        over = v < b
+                    keep = ~(wanted & over)
+                    if not keep.all():
+                        rows, h = rows.filter(pa.array(keep)), h[keep]
                 negative = h[rows.column(WEIGHT).to_numpy() < 0]
                 at = np.minimum(np.searchsorted(hashes, negative), len(hashes) - 1)
                 np.add.at(retracted, at[hashes[at] == negative], 1)
@@ -619,7 +671,8 @@ class Trace:
             part = self._hashes_of(hashes, f)
             deeper = np.minimum(retracted[part], EXTREME_RETRACTED_ROWS)
             found = self.runs.lookup_ends(f, hashes[part], count + deeper, largest,
-                                          self._read_to_build_run)
+                                          self._read_to_build_run,
+                                          None if bound is None else bound[part])
             if found is None:  # no usable run: read the file as a small one
                 read_whole([f])
                 continue
@@ -633,7 +686,6 @@ class Trace:
         self.rows_read += rows.num_rows
         if rows.num_rows == 0:
             return rows.drop_columns([HASH, CUT]), np.zeros(0, dtype=np.uint64)
-        order_by = cast(str, self.runs.order_by)  # (checked by lookup_extreme_rows)
         h = rows.column(HASH).to_numpy()
         is_cut = rows.column(CUT).to_numpy(zero_copy_only=False)
         cut = _distinct_hashes(h[is_cut])

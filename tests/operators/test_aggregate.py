@@ -175,8 +175,8 @@ def test_min_max_re_reads_through_ordered_runs_equal_a_recompute(spark, tmp_path
     rounds: list[tuple[int, int]] = []  # (rows taken per file and key, hashes cut)
     beyond = trace_module.Trace._beyond_cuts
 
-    def spy(self, sql, wanted, count, largest):
-        rows, cut = beyond(self, sql, wanted, count, largest)
+    def spy(self, sql, wanted, count, largest, *bounds):
+        rows, cut = beyond(self, sql, wanted, count, largest, *bounds)
         rounds.append((count, len(cut)))
         return rows, cut
 
@@ -233,6 +233,79 @@ def test_min_max_re_reads_through_ordered_runs_equal_a_recompute(spark, tmp_path
         assert any(values_trace.runs.covers(f) for f in values_trace.files())
     assert any(cut for _, cut in rounds)  # files had more rows of a key than were taken
     assert any(count > 1 for count, _ in rounds)  # and some keys were read again, deeper
+
+
+@pytest.mark.parametrize("fast_rows", [4096, 0], ids=["pyarrow", "duckdb"])
+def test_a_deleted_extreme_re_read_up_to_it_and_a_better_insert_of_the_step(
+        spark, tmp_path, monkeypatch, fast_rows):
+    """A group whose extreme a step deletes is re-read up to that old extreme only (the values
+    beyond it were all deleted before: ``Trace.lookup_extreme_rows``'s bound), and the step's
+    best insert, which may lie beyond it, is weighed beside what the re-read found: steps that
+    delete every group's extremes while inserting values beyond them, at them, short of them or
+    none, for integers, timestamps and doubles, in pyarrow and as DuckDB queries; the views
+    equal min/max recomputed from scratch after every step."""
+    import duckdb
+    import pyarrow as pa
+
+    from dbsp_pipeline.storage import keyed_runs
+
+    monkeypatch.setattr(keyed_runs, "MIN_ROWS", 64)  # the values' files get ordered runs
+    monkeypatch.setattr(local_sql, "FAST_PATH_ROWS", fast_rows)
+    c = Circuit("bounded")
+    t = c.input("t", "id BIGINT, g BIGINT, i BIGINT, ts TIMESTAMP, d DOUBLE")
+    c.output("ext", t.group_by("g").agg(hi="max(i)", lo="min(i)", last="max(ts)",
+                                        dlo="min(d)", n="count(*)"))
+    rng = random.Random(17)
+    epoch = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    live: dict[int, tuple] = {}
+
+    def row(i: int, g: int, value: int) -> tuple:
+        return (i, g, value, epoch + datetime.timedelta(seconds=value), value / 4)
+
+    with Pipeline(c, str(tmp_path / "p"), spark) as p:
+        next_id = 0
+        inserts = [row(j, j % 8, rng.randint(-500, 500)) for j in range(800)]
+        next_id = len(inserts)
+        for step in range(12):
+            deletes: set[int] = set()
+            if step:
+                inserts = []
+                for g in range(8):
+                    mine = [r for r in live.values() if r[1] == g]
+                    if not mine:
+                        continue
+                    top = max(mine, key=lambda r: r[2])
+                    bottom = min(mine, key=lambda r: r[2])
+                    deletes |= {top[0], bottom[0]}
+                    how = (step + g) % 4  # beyond the extreme, at it, short of it, none
+                    for value in ([top[2] + 3, bottom[2] - 3], [top[2], bottom[2]],
+                                  [top[2] - 1, bottom[2] + 1], [])[how]:
+                        inserts.append(row(next_id, g, value))
+                        next_id += 1
+            p.push("t", inserts)
+            p.push("t", [live.pop(i) for i in deletes], weight=-1)
+            live.update({r[0]: r for r in inserts})
+            p.step()
+            keyed_runs.wait_for_writes()
+            table = pa.table({k: [r[j] for r in live.values()]
+                              for j, k in enumerate(["id", "g", "i", "ts", "d"])},
+                             schema=pa.schema([("id", pa.int64()), ("g", pa.int64()),
+                                               ("i", pa.int64()), ("ts", pa.timestamp("us", "UTC")),
+                                               ("d", pa.float64())]))
+            con = duckdb.connect()
+            con.register("t", table)
+            expected = con.sql(
+                "SELECT g, max(i) AS hi, min(i) AS lo, max(ts) AS last, min(d) AS dlo, "
+                "count(*) AS n, 1 AS _weight FROM t GROUP BY g").to_arrow_table()
+            con.close()
+
+            def rows(table: pa.Table) -> list[str]:  # (instants compared as instants)
+                return sorted(repr([(k, v.timestamp() if isinstance(v, datetime.datetime)
+                                     else _bits(v)) for k, v in sorted(r.items())])
+                              for r in table.to_pylist())
+            assert rows(p.view_arrow("ext")) == rows(expected), step
+        traces = [t for t in p.engine.plan.state_traces() if "_values" in t.name]
+        assert len(traces) == 4 and all(t.runs.order_by == "_v" for t in traces)
 
 
 @pytest.mark.parametrize("mode", ["compared", "compared-duckdb", "consolidated"])

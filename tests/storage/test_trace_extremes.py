@@ -5,6 +5,7 @@ deletes of top values by later files, NULL keys and NaN values, and hash collisi
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -193,6 +194,91 @@ def test_a_re_read_goes_as_deep_as_the_retractions_found_before(spark, tmp_path,
     # the deletes, and past them EXTREME_ROWS of the base a group
     assert read == groups * (deletes + deletes + trace_module.EXTREME_ROWS), [
         (f.rows, trace.runs.covers(f)) for f in trace.files()]
+
+
+def _beyond(v: float, bound: float, largest: bool) -> bool:
+    """Whether ``v`` is strictly beyond ``bound`` as a bounded re-read takes it: above it (NaN
+    above every number; nothing above a NaN bound), or below it (NaN below nothing)."""
+    if largest:
+        return not math.isnan(bound) and (math.isnan(v) or v > bound)
+    return not math.isnan(v) and v < bound
+
+
+@pytest.mark.parametrize("largest", [True, False], ids=["max", "min"])
+@pytest.mark.parametrize("batch_rows", [keyed_runs.BATCH_ROWS, 7], ids=["batch", "7-row-batches"])
+@pytest.mark.parametrize("values", [VALUES, VALUES[:-1]], ids=["with-nan", "numbers"])
+def test_a_bounded_re_read_gives_the_extreme_up_to_each_keys_bound(spark, tmp_path, monkeypatch,
+                                                                   largest, batch_rows, values):
+    """With a bound per key (``bound``: a column of the keys), the rows strictly beyond it
+    are left out of every file alike (runs, small files, files whose run is not written yet),
+    and the extreme given is the key's live one over the rest: its oracle is the live extreme
+    over the key's rows not beyond its bound, whatever the bounds (NaN among them)."""
+    monkeypatch.setattr(keyed_runs, "BATCH_ROWS", batch_rows)
+    monkeypatch.setattr(keyed_runs, "MIN_ROWS", 300)
+    monkeypatch.setattr(trace_module, "EXTREME_ROWS", 2)
+    db = StateDatabase(spark, str(tmp_path), "fp")
+    db.open()
+    sql, rng, live = LocalSQL(), np.random.default_rng(23 + 2 * largest), {}
+    schema = StructType([StructField("g", LongType()), StructField("_v", DoubleType())])
+    trace = Trace(db, "values", schema, ["g"], order_by="_v")
+    checked = 0
+    for step in range(8):
+        n = 3_000 if step == 0 else int(rng.choice([100, 600]))
+        with keyed_runs.held_writes() if step == 5 else contextlib.nullcontext():
+            trace.append_arrow(sql, _batch(rng, n, 60, live, values))
+            for _ in range(3):
+                picked = rng.choice(np.arange(-1, 60), int(rng.integers(1, 30)), replace=False)
+                bounds = [values[int(rng.integers(0, len(values)))] if rng.random() < 0.3
+                          else float(rng.integers(-50, 50)) for _ in picked]
+                keys = pa.table({"g": pa.array(picked.tolist(), pa.int64()),
+                                 "b": pa.array(bounds, pa.float64())})
+                got = trace.lookup_extreme_rows(sql, keys, largest, bound="b")
+                _assert_live(sql, got, ["g"])
+                for k, b in zip(picked.tolist(), bounds):  # no key beyond its bound
+                    assert not any(_beyond(v, b, largest) for k2, v in zip(
+                        got.column("g").to_pylist(), got.column("_v").to_pylist()) if k2 == k)
+                rows = trace.read_arrow()
+                bound_of = dict(zip(picked.tolist(), bounds))
+                kept = [bound_of.get(k) is None or not _beyond(v, bound_of[k], largest)
+                        for k, v in zip(rows.column("g").to_pylist(),
+                                        rows.column("_v").to_pylist())]
+                assert _extremes(sql, got, keys.select(["g"]), ["g"], largest) == _extremes(
+                    sql, rows.filter(pa.array(kept)), keys.select(["g"]), ["g"], largest)
+                checked += 1
+        keyed_runs.wait_for_writes()
+    assert checked == 24
+    assert any(trace.runs.covers(f) for f in trace.files())
+
+
+@pytest.mark.parametrize("largest", [True, False], ids=["max", "min"])
+def test_a_bounded_re_read_skips_the_values_deleted_before(spark, tmp_path, monkeypatch, largest):
+    """Under a steady stream of deletes of every group's current extreme, a re-read bounded by
+    the extreme just deleted (an aggregate's old extreme) reads no value deleted before it:
+    the last delete's file and ``EXTREME_ROWS`` + 1 rows of the base a group, however many
+    deletes came before (unbounded: every delete's file and as many rows deeper in the base,
+    ``test_a_re_read_goes_as_deep_as_the_retractions_found_before``)."""
+    monkeypatch.setattr(keyed_runs, "MIN_ROWS", 500)
+    db = StateDatabase(spark, str(tmp_path), "fp")
+    db.open()
+    sql, groups, per_group, deletes = LocalSQL(), 600, 50, 9
+    schema = StructType([StructField("g", LongType()), StructField("_v", DoubleType())])
+    trace = Trace(db, "values", schema, ["g"], order_by="_v")
+    g = np.repeat(np.arange(groups), per_group)
+    v = np.tile(np.arange(per_group, dtype=np.float64), groups)
+    trace.append_arrow(sql, pa.table({"g": g, "_v": v, "_weight": np.ones(len(g), np.int64)}))
+    for d in range(deletes):
+        value = float(per_group - 1 - d if largest else d)
+        trace.append_arrow(sql, pa.table({"g": np.arange(groups), "_v": np.full(groups, value),
+                                          "_weight": np.full(groups, -1, np.int64)}))
+        keyed_runs.wait_for_writes()
+    assert all(trace.runs.covers(f) for f in trace.files())
+    keys = pa.table({"g": pa.array(range(groups), pa.int64()),
+                     "old": np.full(groups, value)})  # the extreme the last file deleted
+    trace.reset_rows_read()
+    got = trace.lookup_extreme_rows(sql, keys, largest, bound="old")
+    assert trace.rows_read == groups * (1 + trace_module.EXTREME_ROWS + 1)
+    assert _extremes(sql, got, keys.select(["g"]), ["g"], largest) == _extremes(
+        sql, trace.read_arrow(), keys.select(["g"]), ["g"], largest)
 
 
 def test_retractions_far_from_the_extreme_deepen_a_read_only_so_far(spark, tmp_path,
