@@ -111,6 +111,10 @@ PENDING_BUILDS = 256
 FENCE_STRIDE = 256
 FENCE_MIN_HASHES = 64
 FENCE_ROWS_PER_HASH = 1024
+#: A batch searched for at least one hash a ``MERGE_ROWS_PER_HASH`` rows (and at least
+#: ``FENCE_MIN_HASHES``) is merged with the hashes instead (``_merged_positions``): a step's file
+#: of one row a changed group, looked up for every group the step changed
+MERGE_ROWS_PER_HASH = 8
 #: a hash's last row is found by stepping past its rows from the first, for up to this many
 #: rows (a key has one row, or a few, in most traces), then by a binary search
 END_STEPS = 4
@@ -159,6 +163,12 @@ class _OpenRun:
         K x log(rows) in all."""
         # per hash: the first batch ending at or after it, and past the last starting at or
         # before it (a hash's rows may straddle batches)
+        if len(self.hashes) == 1:  # one batch (a run under ``BATCH_ROWS``): searched at once
+            column = self.hashes[0]
+            first = self._first_at_or_after(0, column, hashes)
+            end = self._past_equal(0, column, hashes, first)
+            hit = np.flatnonzero(end > first)
+            return hit, first[hit], end[hit]
         lo_batch = np.searchsorted(self.last, hashes, "left")
         hi_batch = np.searchsorted(self.first, hashes, "right")
         spans = np.maximum(hi_batch - lo_batch, 0)
@@ -192,7 +202,10 @@ class _OpenRun:
     def _first_at_or_after(self, b: int, column: np.ndarray, wanted: np.ndarray
                            ) -> np.ndarray:
         """``np.searchsorted(column, wanted, "left")`` for batch ``b``'s hashes ``column``,
-        through the batch's fence when ``wanted`` are enough and far enough apart."""
+        through the batch's fence when ``wanted`` are enough and far enough apart, by a merge
+        of the two when they are about as many as the batch's rows (``_merged_positions``)."""
+        if len(wanted) >= FENCE_MIN_HASHES and len(wanted) * MERGE_ROWS_PER_HASH >= len(column):
+            return _merged_positions(column, wanted, "left")
         if len(wanted) < FENCE_MIN_HASHES or len(wanted) * FENCE_ROWS_PER_HASH > len(column):
             return np.searchsorted(column, wanted, "left")
         fence = self.fences.get(b)
@@ -295,6 +308,24 @@ class _OpenRun:
         parts = [self.batches[b].take(pa.array(part - self.offsets[b]))
                  for part, b in zip(np.split(rows, cuts), batch[np.concatenate(([0], cuts))])]
         return pa.Table.from_batches(parts, parts[0].schema)
+
+
+def _merged_positions(column: np.ndarray, wanted: np.ndarray, side: str) -> np.ndarray:
+    """``np.searchsorted(column, wanted, side)`` for ``wanted`` sorted too, by merging the two:
+    a stable sort of the two sorted arrays one after the other is a merge (numpy's timsort
+    finds the two runs), and a wanted hash's place among the merged ones, less the wanted ones
+    before it, is how many of ``column`` precede it (with the wanted ones first, those below
+    it: "left"; last, those at or below it: "right"). 100k hashes in a batch of 100k: 1.3 ms,
+    against 3 ms searched; searching is faster from about one hash a 10 rows."""
+    n = len(wanted)
+    if side == "left":
+        order = np.argsort(np.concatenate((wanted, column)), kind="stable")
+        places = np.flatnonzero(order < n)
+    else:
+        order = np.argsort(np.concatenate((column, wanted)), kind="stable")
+        places = np.flatnonzero(order >= len(column))
+    positions: np.ndarray = places - np.arange(n)
+    return positions
 
 
 def _concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

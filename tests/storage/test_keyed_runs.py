@@ -114,15 +114,22 @@ def test_lookups_in_runs_of_many_batches_equal_a_scan(spark, tmp_path, monkeypat
     sql.close()
 
 
-@pytest.mark.parametrize("stride", [1, 3, 256])
-def test_a_fenced_search_finds_what_a_binary_search_finds(tmp_path, monkeypatch, stride):
-    """``_OpenRun.ranges`` through fences (every ``stride``-th hash) and with the steps past a
-    hash's rows gives numpy's searchsorted "left" and "right", over hashes with one row, a few,
-    and more than ``END_STEPS`` (their ends found as the next hash's start, through the fence),
-    for wanted hashes below, between, on and above them, and the largest hash there is."""
+@pytest.mark.parametrize("batches", ["batches", "one-batch"])
+@pytest.mark.parametrize("stride", [1, 3, 256, "merged"])
+def test_a_fenced_search_finds_what_a_binary_search_finds(tmp_path, monkeypatch, stride,
+                                                          batches):
+    """``_OpenRun.ranges`` through fences (every ``stride``-th hash), or by merges of the
+    wanted hashes with a batch's (``_merged_positions``: for one wanted a few rows, here every
+    search), and with the steps past a hash's rows gives numpy's searchsorted "left" and
+    "right", over hashes with one row, a few, and more than ``END_STEPS`` (their ends found as
+    the next hash's start, through the fence), for wanted hashes below, between, on and above
+    them, and the largest hash there is; in a run of a few batches and of one."""
+    merged = stride == "merged"
+    stride = 4 if merged else stride
     monkeypatch.setattr(keyed_runs, "FENCE_STRIDE", stride)
     monkeypatch.setattr(keyed_runs, "FENCE_MIN_HASHES", 1)
     monkeypatch.setattr(keyed_runs, "FENCE_ROWS_PER_HASH", 0)
+    monkeypatch.setattr(keyed_runs, "MERGE_ROWS_PER_HASH", 10**9 if merged else 0)
     rng = np.random.default_rng(stride)
     top = np.uint64(2**64 - 1)  # the last hash there can be: no next hash ends its rows
     distinct = np.append(np.unique(rng.integers(10, 2**62, 3_000, dtype=np.int64)
@@ -133,8 +140,9 @@ def test_a_fenced_search_finds_what_a_binary_search_finds(tmp_path, monkeypatch,
     path = str(tmp_path / "run.arrow")
     schema = pa.schema([(keyed_runs.HASH, pa.uint64())])
     with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-        for lo in range(0, len(column), 1_000):  # three batches and a bit
-            writer.write_table(pa.table({keyed_runs.HASH: column[lo:lo + 1_000]}))
+        step = 1_000 if batches == "batches" else len(column)
+        for lo in range(0, len(column), step):  # three batches and a bit, or one
+            writer.write_table(pa.table({keyed_runs.HASH: column[lo:lo + step]}))
     run = keyed_runs._OpenRun.of(pa.ipc.open_file(pa.memory_map(path)))
     wanted = np.unique(np.concatenate([
         rng.choice(distinct, 700), rng.integers(0, 2**62, 300, dtype=np.int64).astype(np.uint64),
@@ -145,7 +153,7 @@ def test_a_fenced_search_finds_what_a_binary_search_finds(tmp_path, monkeypatch,
         right = np.searchsorted(column, wanted, "right")
         assert (hit == np.flatnonzero(right > left)).all()
         assert (lo == left[hit]).all() and (hi == right[hit]).all()
-    assert run.fences
+    assert bool(run.fences) != merged
 
 
 def test_a_missing_run_is_rebuilt_from_the_data_file(big_trace, spark):
