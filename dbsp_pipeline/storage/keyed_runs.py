@@ -315,8 +315,9 @@ def _merged_positions(column: np.ndarray, wanted: np.ndarray, side: str) -> np.n
     a stable sort of the two sorted arrays one after the other is a merge (numpy's timsort
     finds the two runs), and a wanted hash's place among the merged ones, less the wanted ones
     before it, is how many of ``column`` precede it (with the wanted ones first, those below
-    it: "left"; last, those at or below it: "right"). 100k hashes in a batch of 100k: 1.3 ms,
-    against 3 ms searched; searching is faster from about one hash a 10 rows."""
+    it: "left"; last, those at or below it: "right"). ``_OpenRun.ranges`` of 1M hashes in a
+    run of 1M rows: 46 ms against 74 searched; 50k in 50k: 1.3 against 1.8; about even at one
+    hash in 4 to 8 rows."""
     n = len(wanted)
     if side == "left":
         order = np.argsort(np.concatenate((wanted, column)), kind="stable")

@@ -648,14 +648,14 @@ class Trace:
                 h = self._key_hashes(rows)
                 if bound is not None:  # the rows beyond their hash's bound left out
                     at = np.minimum(np.searchsorted(hashes, h), len(hashes) - 1)
-                    wanted = hashes[at] == h
+                    of_wanted = hashes[at] == h  # (other keys' rows of the shards read too)
                     v = rows.column(order_by).to_numpy()
                     b = bound[at]
                     if largest:
                         over = ~(v <= b) & ~np.isnan(b) if v.dtype.kind == "f" else v > b
                     else:
                         over = v < b
-                    keep = ~(wanted & over)
+                    keep = ~(of_wanted & over)
                     if not keep.all():
                         rows, h = rows.filter(pa.array(keep)), h[keep]
                 negative = h[rows.column(WEIGHT).to_numpy() < 0]
