@@ -69,6 +69,18 @@ def _batch(rng: np.random.Generator, n: int, groups: int, live: dict,
                      "_weight": pa.array(w, pa.int64())})
 
 
+def _values_trace(db: StateDatabase, sql: LocalSQL, groups: int, per_group: int) -> Trace:
+    """A min/max values trace in ``db`` (opened here) holding, in one file, the values
+    ``0 .. per_group - 1`` of each of ``groups`` groups, once each."""
+    db.open()
+    schema = StructType([StructField("g", LongType()), StructField("_v", DoubleType())])
+    trace = Trace(db, "values", schema, ["g"], order_by="_v")
+    g = np.repeat(np.arange(groups), per_group)
+    v = np.tile(np.arange(per_group, dtype=np.float64), groups)
+    trace.append_arrow(sql, pa.table({"g": g, "_v": v, "_weight": np.ones(len(g), np.int64)}))
+    return trace
+
+
 @pytest.mark.parametrize("collide", [False, True], ids=["hashes", "colliding-hashes"])
 @pytest.mark.parametrize("largest", [True, False], ids=["max", "min"])
 @pytest.mark.parametrize("batch_rows", [keyed_runs.BATCH_ROWS, 7], ids=["batch", "7-row-batches"])
@@ -165,14 +177,8 @@ def test_a_re_read_goes_as_deep_as_the_retractions_found_before(spark, tmp_path,
     ``EXTREME_ROWS`` + deletes rows a group, not a deeper round of ``EXTREME_GROWTH`` times as
     many (nor, with a fixed depth, nearly the whole group once the deletes outnumber it)."""
     monkeypatch.setattr(keyed_runs, "MIN_ROWS", 500)
-    db = StateDatabase(spark, str(tmp_path), "fp")
-    db.open()
     sql, groups, per_group = LocalSQL(), 600, 50
-    schema = StructType([StructField("g", LongType()), StructField("_v", DoubleType())])
-    trace = Trace(db, "values", schema, ["g"], order_by="_v")
-    g = np.repeat(np.arange(groups), per_group)
-    v = np.tile(np.arange(per_group, dtype=np.float64), groups)
-    trace.append_arrow(sql, pa.table({"g": g, "_v": v, "_weight": np.ones(len(g), np.int64)}))
+    trace = _values_trace(StateDatabase(spark, str(tmp_path), "fp"), sql, groups, per_group)
     deletes = 2 * trace_module.EXTREME_ROWS + 1  # more than a fixed first depth would see
     for d in range(deletes):  # one file a delete of every group's current extreme: big ones
         value = float(per_group - 1 - d if largest else d)
@@ -258,14 +264,8 @@ def test_a_bounded_re_read_skips_the_values_deleted_before(spark, tmp_path, monk
     deletes came before (unbounded: every delete's file and as many rows deeper in the base,
     ``test_a_re_read_goes_as_deep_as_the_retractions_found_before``)."""
     monkeypatch.setattr(keyed_runs, "MIN_ROWS", 500)
-    db = StateDatabase(spark, str(tmp_path), "fp")
-    db.open()
     sql, groups, per_group, deletes = LocalSQL(), 600, 50, 9
-    schema = StructType([StructField("g", LongType()), StructField("_v", DoubleType())])
-    trace = Trace(db, "values", schema, ["g"], order_by="_v")
-    g = np.repeat(np.arange(groups), per_group)
-    v = np.tile(np.arange(per_group, dtype=np.float64), groups)
-    trace.append_arrow(sql, pa.table({"g": g, "_v": v, "_weight": np.ones(len(g), np.int64)}))
+    trace = _values_trace(StateDatabase(spark, str(tmp_path), "fp"), sql, groups, per_group)
     for d in range(deletes):
         value = float(per_group - 1 - d if largest else d)
         trace.append_arrow(sql, pa.table({"g": np.arange(groups), "_v": np.full(groups, value),
@@ -287,14 +287,8 @@ def test_retractions_far_from_the_extreme_deepen_a_read_only_so_far(spark, tmp_p
     of its orders) deepen the read of a bigger file by at most ``EXTREME_RETRACTED_ROWS``, not
     by as many rows as they are."""
     monkeypatch.setattr(keyed_runs, "MIN_ROWS", 500)
-    db = StateDatabase(spark, str(tmp_path), "fp")
-    db.open()
     sql, groups, per_group, retracted = LocalSQL(), 20, 2_000, 1_500
-    schema = StructType([StructField("g", LongType()), StructField("_v", DoubleType())])
-    trace = Trace(db, "values", schema, ["g"], order_by="_v")
-    g = np.repeat(np.arange(groups), per_group)
-    v = np.tile(np.arange(per_group, dtype=np.float64), groups)
-    trace.append_arrow(sql, pa.table({"g": g, "_v": v, "_weight": np.ones(len(g), np.int64)}))
+    trace = _values_trace(StateDatabase(spark, str(tmp_path), "fp"), sql, groups, per_group)
     keyed_runs.wait_for_writes()
     low = np.tile(np.arange(retracted, dtype=np.float64), groups)  # the smallest values
     keys = pa.table({"g": pa.array(range(groups), pa.int64())})
@@ -388,15 +382,9 @@ def test_deleting_the_same_groups_extremes_again_merges_the_trace_whole(tmp_path
 
     monkeypatch.setattr(keyed_runs, "MIN_ROWS", 100)  # every append gets a run
     monkeypatch.setattr(trace_module, "AMPLIFIED_MIN_ROWS", 1_000)
-    db = StateDatabase(LazySession(), str(tmp_path), "deletes")  # never starts Spark
-    db.open()
-    sql = LocalSQL()
-    schema = StructType([StructField("g", LongType()), StructField("_v", DoubleType())])
-    trace = Trace(db, "values", schema, ["g"], order_by="_v")
-    groups, per_group = 200, 60
-    g = np.repeat(np.arange(groups), per_group)
-    v = np.tile(np.arange(per_group, dtype=np.float64), groups)
-    trace.append_arrow(sql, pa.table({"g": g, "_v": v, "_weight": np.ones(len(g), np.int64)}))
+    sql, groups, per_group = LocalSQL(), 200, 60
+    trace = _values_trace(StateDatabase(LazySession(), str(tmp_path), "deletes"), sql, groups,
+                          per_group)  # (a lazy session: never starts Spark)
     keyed_runs.wait_for_writes()
     keys = pa.table({"g": pa.array(np.arange(groups), pa.int64())})
     top = per_group - 1.0
