@@ -11,7 +11,9 @@ up to the old extreme a file (``Trace.lookup_extreme_rows``: the trace's keyed r
 value within a group, for every value type Arrow ranks as DuckDB's ``min``/``max`` do; beyond the
 old extreme every value was deleted before, but for the step's inserts, whose best is weighed
 beside what the re-read finds), deeper only past values that later files deleted; else all the
-group's values (the files of the touched shards only).
+group's values (the files of the touched shards only). Both the quick ``least``/``greatest`` and
+that weighing take the step's best insert to be live, so a group's values never have a negative
+net weight: a relation's row is not deleted more often than it was inserted.
 
 Sums over floating-point values (``sum``/``avg`` of DOUBLE, FLOAT, or integers averaged as
 doubles) keep ``_s<i>`` exactly (:mod:`dbsp_pipeline.exact_sum`: the exact finite sum plus NaN and

@@ -248,11 +248,11 @@ class _OpenRun:
         return end
 
     def values_at(self, name: str, rows: np.ndarray) -> np.ndarray:
-        """Column ``name``'s values at ``rows`` (ascending run rows), from numpy views of its
-        batches (a column numpy views without a copy: numbers, dates, timestamps, no NULL)."""
+        """Column ``name``'s values at ``rows`` (ascending run rows), as ``orderable_numpy``
+        gives them, from views of its batches (numbers, dates, timestamps; no NULL)."""
         columns = self.columns.get(name)
         if columns is None:
-            columns = self.columns[name] = [batch.column(name).to_numpy()
+            columns = self.columns[name] = [orderable_numpy(batch.column(name))
                                             for batch in self.batches]
         out = np.empty(len(rows), dtype=columns[0].dtype)
         starts = np.searchsorted(rows, self.offsets, "left")
@@ -308,6 +308,26 @@ class _OpenRun:
         parts = [self.batches[b].take(pa.array(part - self.offsets[b]))
                  for part, b in zip(np.split(rows, cuts), batch[np.concatenate(([0], cuts))])]
         return pa.Table.from_batches(parts, parts[0].schema)
+
+
+def orderable_numpy(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """``values`` (numbers, dates or timestamps, no NULL) as numpy values that compare as the
+    runs order them (Arrow's order, NaN above every number): numbers as they are, dates and
+    timestamps as the integers they are stored as (a view, no copy, for an ``Array``; numpy
+    takes no date32 without a copy)."""
+    kind = values.type
+    out: np.ndarray
+    if not (pa.types.is_date(kind) or pa.types.is_timestamp(kind)):
+        out = values.to_numpy()
+        return out
+    as_int = pa.int32() if pa.types.is_date32(kind) else pa.int64()
+    chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
+    parts = [chunk.view(as_int).to_numpy() for chunk in chunks]
+    if len(parts) == 1:
+        out = parts[0]
+    else:
+        out = np.concatenate(parts) if parts else np.zeros(0, dtype=as_int.to_pandas_dtype())
+    return out
 
 
 def _merged_positions(column: np.ndarray, wanted: np.ndarray, side: str) -> np.ndarray:

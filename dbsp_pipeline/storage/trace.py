@@ -52,7 +52,7 @@ from dbsp_pipeline.storage import trace_replica
 from dbsp_pipeline.storage.data_files import new_sorted_run, sorted_run_of
 from dbsp_pipeline.storage.delta_table import DataFile
 from dbsp_pipeline.storage.kept_rows import KeptRows
-from dbsp_pipeline.storage.keyed_runs import CUT, HASH, KeyedRuns
+from dbsp_pipeline.storage.keyed_runs import CUT, HASH, KeyedRuns, orderable_numpy
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.trace_replica import Piece, TraceReplica, within_budget
 from dbsp_pipeline.zset import SHARD, SHARD_BITS, WEIGHT, consolidate, shard_of
@@ -608,7 +608,8 @@ class Trace:
         """The bounds of ``lookup_extreme_rows``: the distinct key hashes of ``keys`` (sorted)
         and per hash the bound of its keys (the least tight one, where two keys' hashes are
         equal), in the numpy type of the trace's ``order_by`` column; None (no bound) for a
-        value type numpy does not order as Arrow does, or a NULL bound."""
+        value type numpy does not order as Arrow does, or a NULL bound. Dates and timestamps
+        are bounded as the integers they are stored as (``keyed_runs.orderable_numpy``)."""
         value_type = self.table.arrow_schema.field(cast(str, self.runs.order_by)).type
         if not (pa.types.is_integer(value_type) or pa.types.is_floating(value_type)
                 or pa.types.is_date(value_type) or pa.types.is_timestamp(value_type)):
@@ -616,8 +617,8 @@ class Trace:
         column = keys.column(bound)
         if column.null_count or keys.num_rows == 0:
             return None
-        values = column.cast(value_type).to_numpy()
-        h = self._key_hashes(keys)
+        values = orderable_numpy(column.cast(value_type))
+        h = self._key_hashes(self._cast(keys, self.key))  # (hashed in the trace's key types)
         order = np.argsort(h, kind="stable")
         h, values = h[order], values[order]
         starts = np.flatnonzero(np.concatenate(([True], h[1:] != h[:-1])))
@@ -649,7 +650,7 @@ class Trace:
                 if bound is not None:  # the rows beyond their hash's bound left out
                     at = np.minimum(np.searchsorted(hashes, h), len(hashes) - 1)
                     of_wanted = hashes[at] == h  # (other keys' rows of the shards read too)
-                    v = rows.column(order_by).to_numpy()
+                    v = orderable_numpy(rows.column(order_by))
                     b = bound[at]
                     if largest:
                         over = ~(v <= b) & ~np.isnan(b) if v.dtype.kind == "f" else v > b

@@ -242,7 +242,7 @@ def test_a_deleted_extreme_re_read_up_to_it_and_a_better_insert_of_the_step(
     beyond it were all deleted before: ``Trace.lookup_extreme_rows``'s bound), and the step's
     best insert, which may lie beyond it, is weighed beside what the re-read found: steps that
     delete every group's extremes while inserting values beyond them, at them, short of them or
-    none, for integers, timestamps and doubles, in pyarrow and as DuckDB queries; the views
+    none, for integers, timestamps, dates and doubles, in pyarrow and as DuckDB queries; the views
     equal min/max recomputed from scratch after every step."""
     import duckdb
     import pyarrow as pa
@@ -252,15 +252,16 @@ def test_a_deleted_extreme_re_read_up_to_it_and_a_better_insert_of_the_step(
     monkeypatch.setattr(keyed_runs, "MIN_ROWS", 64)  # the values' files get ordered runs
     monkeypatch.setattr(local_sql, "FAST_PATH_ROWS", fast_rows)
     c = Circuit("bounded")
-    t = c.input("t", "id BIGINT, g BIGINT, i BIGINT, ts TIMESTAMP, d DOUBLE")
+    t = c.input("t", "id BIGINT, g BIGINT, i BIGINT, ts TIMESTAMP, d DOUBLE, day DATE")
     c.output("ext", t.group_by("g").agg(hi="max(i)", lo="min(i)", last="max(ts)",
-                                        dlo="min(d)", n="count(*)"))
+                                        dlo="min(d)", first="min(day)", n="count(*)"))
     rng = random.Random(17)
     epoch = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
     live: dict[int, tuple] = {}
 
     def row(i: int, g: int, value: int) -> tuple:
-        return (i, g, value, epoch + datetime.timedelta(seconds=value), value / 4)
+        return (i, g, value, epoch + datetime.timedelta(seconds=value), value / 4,
+                (epoch + datetime.timedelta(days=value)).date())
 
     with Pipeline(c, str(tmp_path / "p"), spark) as p:
         next_id = 0
@@ -288,15 +289,16 @@ def test_a_deleted_extreme_re_read_up_to_it_and_a_better_insert_of_the_step(
             p.step()
             keyed_runs.wait_for_writes()
             table = pa.table({k: [r[j] for r in live.values()]
-                              for j, k in enumerate(["id", "g", "i", "ts", "d"])},
+                              for j, k in enumerate(["id", "g", "i", "ts", "d", "day"])},
                              schema=pa.schema([("id", pa.int64()), ("g", pa.int64()),
                                                ("i", pa.int64()), ("ts", pa.timestamp("us", "UTC")),
-                                               ("d", pa.float64())]))
+                                               ("d", pa.float64()), ("day", pa.date32())]))
             con = duckdb.connect()
             con.register("t", table)
             expected = con.sql(
                 "SELECT g, max(i) AS hi, min(i) AS lo, max(ts) AS last, min(d) AS dlo, "
-                "count(*) AS n, 1 AS _weight FROM t GROUP BY g").to_arrow_table()
+                "min(day) AS first, count(*) AS n, 1 AS _weight FROM t GROUP BY g"
+            ).to_arrow_table()
             con.close()
 
             def rows(table: pa.Table) -> list[str]:  # (instants compared as instants)
@@ -305,7 +307,8 @@ def test_a_deleted_extreme_re_read_up_to_it_and_a_better_insert_of_the_step(
                               for r in table.to_pylist())
             assert rows(p.view_arrow("ext")) == rows(expected), step
         traces = [t for t in p.engine.plan.state_traces() if "_values" in t.name]
-        assert len(traces) == 4 and all(t.runs.order_by == "_v" for t in traces)
+        assert len(traces) == 5 and all(t.runs.order_by == "_v" for t in traces)
+        assert all(any(t.runs.covers(f) for f in t.files()) for t in traces)  # runs read
 
 
 @pytest.mark.parametrize("mode", ["compared", "compared-duckdb", "consolidated"])

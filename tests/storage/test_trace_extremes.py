@@ -218,7 +218,8 @@ def test_a_bounded_re_read_gives_the_extreme_up_to_each_keys_bound(spark, tmp_pa
     """With a bound per key (``bound``: a column of the keys), the rows strictly beyond it
     are left out of every file alike (runs, small files, files whose run is not written yet),
     and the extreme given is the key's live one over the rest: its oracle is the live extreme
-    over the key's rows not beyond its bound, whatever the bounds (NaN among them)."""
+    over the key's rows not beyond its bound, whatever the bounds (NaN among them), with keys
+    of another type than the trace's (hashed as the trace's)."""
     monkeypatch.setattr(keyed_runs, "BATCH_ROWS", batch_rows)
     monkeypatch.setattr(keyed_runs, "MIN_ROWS", 300)
     monkeypatch.setattr(trace_module, "EXTREME_ROWS", 2)
@@ -236,7 +237,7 @@ def test_a_bounded_re_read_gives_the_extreme_up_to_each_keys_bound(spark, tmp_pa
                 picked = rng.choice(np.arange(-1, 60), int(rng.integers(1, 30)), replace=False)
                 bounds = [values[int(rng.integers(0, len(values)))] if rng.random() < 0.3
                           else float(rng.integers(-50, 50)) for _ in picked]
-                keys = pa.table({"g": pa.array(picked.tolist(), pa.int64()),
+                keys = pa.table({"g": pa.array(picked.tolist(), pa.int32()),  # (cast here)
                                  "b": pa.array(bounds, pa.float64())})
                 got = trace.lookup_extreme_rows(sql, keys, largest, bound="b")
                 _assert_live(sql, got, ["g"])
