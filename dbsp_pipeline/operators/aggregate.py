@@ -595,11 +595,7 @@ class Aggregate(Operator):
             hit = (pc.less_equal if is_min else pc.greater_equal)(deleted, old_value)
             redo = pc.and_kleene(pc.and_kleene(pc.is_valid(deleted), pc.is_valid(old_value)),
                                  pc.and_kleene(hit, live))
-            # least/greatest skipping NULLs (pyarrow's min_element_wise takes no strings, no
-            # timestamps with a time zone; comparisons take every type that gets here)
-            better = pc.fill_null((pc.less if is_min else pc.greater)(cand, old_value), False)
-            pick = pc.if_else(pc.or_(pc.is_null(old_value), better),
-                              cand, old_value)
+            pick = _better_of(cand, old_value, is_min)
             out = out.append_column(f"_redo{i}", pc.fill_null(redo, False)).append_column(
                 f"_mm{i}", pc.if_else(live, pick, pa.nulls(out.num_rows, old_value.type)))
         return out
@@ -665,10 +661,7 @@ class Aggregate(Operator):
                 recomputed = recomputed.cast(mm.type)
             if cand.type != mm.type:
                 cand = cand.cast(mm.type)
-            # the better of the two, skipping NULLs (as DuckDB's greatest/least)
-            better = pc.fill_null((pc.less if best == "min" else pc.greater)(cand, recomputed),
-                                  False)
-            recomputed = pc.if_else(pc.or_(pc.is_null(recomputed), better), cand, recomputed)
+            recomputed = _better_of(cand, recomputed, best == "min")
             return g.set_column(g.schema.get_field_index(f"_mm{i}"), f"_mm{i}",
                                 pc.if_else(g.column(f"_redo{i}"), recomputed, mm))
         keys = idents(self.keys)
@@ -725,6 +718,15 @@ class Aggregate(Operator):
 
     def traces(self) -> list[Trace]:
         return [self.groups, *self.values.values()]
+
+
+def _better_of(a: Any, b: Any, is_min: bool) -> Any:
+    """Per row, the smaller (``is_min``) or larger of ``a`` and ``b`` skipping NULLs, as
+    DuckDB's ``least``/``greatest``; ``b`` where they tie. By comparison: pyarrow's
+    ``min_element_wise`` takes no strings, no timestamps with a time zone; comparisons take
+    every type that gets here (values ``arrow_groups_like_duckdb`` passed: no NaN, no -0.0)."""
+    better = pc.fill_null((pc.less if is_min else pc.greater)(a, b), False)
+    return pc.if_else(pc.or_(pc.is_null(b), better), a, b)
 
 
 def _left_join_rows(left: pa.Table, right: pa.Table, keys: Sequence[str]

@@ -271,12 +271,7 @@ class _OpenRun:
         n = hi - lo
 
         def beyond(at: np.ndarray, which: np.ndarray) -> np.ndarray:
-            v, bound = self.values_at(name, at), bounds[which]
-            if not largest:
-                return np.asarray(v < bound)
-            if v.dtype.kind == "f":
-                return np.asarray(~(v <= bound) & ~np.isnan(bound))
-            return np.asarray(v > bound)
+            return beyond_bound(self.values_at(name, at), bounds[which], largest)
 
         def row(which: np.ndarray, depth: np.ndarray) -> np.ndarray:  # depth >= 1 from the end
             at: np.ndarray = hi[which] - depth if largest else lo[which] + depth - 1
@@ -328,6 +323,18 @@ def orderable_numpy(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
     else:
         out = np.concatenate(parts) if parts else np.zeros(0, dtype=as_int.to_pandas_dtype())
     return out
+
+
+def beyond_bound(values: np.ndarray, bounds: np.ndarray, largest: bool) -> np.ndarray:
+    """Per value (``orderable_numpy``'s), whether it is strictly beyond its bound as the runs
+    order values: above it (``largest``; NaN above every number, nothing above a NaN bound),
+    else below it (NaN below nothing). True on the end of a hash's sorted rows only, so the
+    rows beyond are one piece at that end (``_OpenRun.beyond_at_ends``)."""
+    if not largest:
+        return np.asarray(values < bounds)
+    if values.dtype.kind == "f":
+        return np.asarray(~(values <= bounds) & ~np.isnan(bounds))
+    return np.asarray(values > bounds)
 
 
 def _merged_positions(column: np.ndarray, wanted: np.ndarray, side: str) -> np.ndarray:
@@ -584,10 +591,10 @@ class KeyedRuns:
         of that hash with the largest (``largest``) or smallest ``order_by`` values, with their
         ``_hash`` and ``_cut``: True on the least extreme row taken of a hash that has more
         rows than its count (so every row of that hash whose value is strictly beyond the cut
-        row's was taken; ties with it may not all be). With ``bounds`` (one value a hash, of
-        the ``order_by`` column's numpy type), only the hash's rows not strictly beyond its
-        bound count (``_OpenRun.beyond_at_ends``): those beyond are skipped, not read. None
-        as for ``lookup``."""
+        row's was taken; ties with it may not all be). With ``bounds`` (one value a hash, as
+        ``orderable_numpy`` gives the ``order_by`` column), only the hash's rows not strictly
+        beyond its bound count (``_OpenRun.beyond_at_ends``): those beyond are skipped, not
+        read. None as for ``lookup``."""
         if self.order_by is None or np.min(count) < 1:
             raise ValueError("lookup_ends needs a run ordered by a column and a count")
         reader = self._usable(data_file, read_file)

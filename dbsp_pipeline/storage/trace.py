@@ -52,7 +52,13 @@ from dbsp_pipeline.storage import trace_replica
 from dbsp_pipeline.storage.data_files import new_sorted_run, sorted_run_of
 from dbsp_pipeline.storage.delta_table import DataFile
 from dbsp_pipeline.storage.kept_rows import KeptRows
-from dbsp_pipeline.storage.keyed_runs import CUT, HASH, KeyedRuns, orderable_numpy
+from dbsp_pipeline.storage.keyed_runs import (
+    CUT,
+    HASH,
+    KeyedRuns,
+    beyond_bound,
+    orderable_numpy,
+)
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.trace_replica import Piece, TraceReplica, within_budget
 from dbsp_pipeline.zset import SHARD, SHARD_BITS, WEIGHT, consolidate, shard_of
@@ -615,7 +621,7 @@ class Trace:
                 or pa.types.is_date(value_type) or pa.types.is_timestamp(value_type)):
             return None
         column = keys.column(bound)
-        if column.null_count or keys.num_rows == 0:
+        if column.null_count:
             return None
         values = orderable_numpy(column.cast(value_type))
         h = self._key_hashes(self._cast(keys, self.key))  # (hashed in the trace's key types)
@@ -650,12 +656,8 @@ class Trace:
                 if bound is not None:  # the rows beyond their hash's bound left out
                     at = np.minimum(np.searchsorted(hashes, h), len(hashes) - 1)
                     of_wanted = hashes[at] == h  # (other keys' rows of the shards read too)
-                    v = orderable_numpy(rows.column(order_by))
-                    b = bound[at]
-                    if largest:
-                        over = ~(v <= b) & ~np.isnan(b) if v.dtype.kind == "f" else v > b
-                    else:
-                        over = v < b
+                    over = beyond_bound(orderable_numpy(rows.column(order_by)), bound[at],
+                                        largest)
                     keep = ~(of_wanted & over)
                     if not keep.all():
                         rows, h = rows.filter(pa.array(keep)), h[keep]
