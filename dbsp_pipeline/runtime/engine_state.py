@@ -100,8 +100,12 @@ class EngineState:
     spark_gang_stages: bool = True
     #: steps executed since the last commit (a crash now would replay them)
     uncommitted_steps: int = 0
-    #: commits since opening (garbage is collected every ``GC_EVERY_COMMITS``)
+    #: commits since opening
     commits: int = 0
+    #: commits since garbage was last collected, and the input rows of the steps executed
+    #: since (``upkeep.collection_due``)
+    commits_since_collection: int = 0
+    rows_since_collection: int = 0
     #: the next step, if its execution failed; None when it did not
     failed_step: FailedStep | None = None
     #: a hot layout change in progress

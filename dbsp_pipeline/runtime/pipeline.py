@@ -177,8 +177,9 @@ class Pipeline:
             (``view(as_of=...)``, ``changes(since=...)``) and collapse older history at each
             checkpoint, never past what a live reader's ``since`` needs; ``None`` keeps all.
         retain_checkpoints: how many state versions (checkpoints) stay readable; older files
-            are deleted by ``collect_garbage`` (run every ``GC_EVERY_COMMITS`` commits and at
-            close). At least 2: the two-version database (``docs/recovery.md``, section 5).
+            are deleted by ``collect_garbage`` (run after 16 to 64 commits, as their steps'
+            rows call for: ``upkeep.collection_due``, and at close). At least 2: the
+            two-version database (``docs/recovery.md``, section 5).
         checkpoint: open this retained checkpoint instead of the newest, as ``restore`` does
             (the way back when the newest state is damaged).
         upgrade: when the root was built by another circuit, change its views to

@@ -2,7 +2,7 @@
 history compaction.
 
 After a commit (``after_commit``; none while a hot layout change is in progress or about to
-begin): every ``GC_EVERY_COMMITS`` commits the garbage is collected (``collect_garbage``), the
+begin): when due (``collection_due``) the garbage is collected (``collect_garbage``), the
 traces with many files start merging in the background (``compactor.py``; a finished merge is
 applied before the next step), and with ``retain_steps`` the output logs' older history is
 collapsed (``compact_history``).
@@ -21,8 +21,15 @@ from dbsp_pipeline.runtime.engine_state import EngineState
 from dbsp_pipeline.runtime.output_log import FOLD_STEPS
 from dbsp_pipeline.storage import garbage, keyed_runs
 
-#: Garbage is collected after every this many commits (and at close).
+#: Garbage is collected once this many commits were made since the last collection, if their
+#: steps changed ``GC_ROWS`` input rows or more; after ``GC_MAX_COMMITS`` commits in any case (and
+#: at close). A collection costs about the same whatever it finds (its own commits, the logs
+#: listed: 70 ms here), while what it deletes grows with the rows written: small steps (100
+#: rows, a commit each) spent 12% of their time collecting every 16 commits (25.6 steps/s
+#: against 28.8 every 64, alternating in one pipeline), and big ones leave much garbage.
 GC_EVERY_COMMITS = 16
+GC_MAX_COMMITS = 64
+GC_ROWS = 1_000_000
 
 
 def after_commit(state: EngineState) -> None:
@@ -31,11 +38,20 @@ def after_commit(state: EngineState) -> None:
         return
     for log in state.inputs.values():
         log.apply_consolidated()  # a background consolidation of consumed input, if done
-    if state.commits % GC_EVERY_COMMITS == 0:
+    state.commits_since_collection += 1
+    if collection_due(state):
         collect_garbage(state, garbage.ORPHAN_GRACE_SECONDS)
     state.compactor.start(state.plan.traces(), state.layout, state.driver_memory)
     if state.retain_steps is not None:
         compact_history(state)
+
+
+def collection_due(state: EngineState) -> bool:
+    """Whether the commits since the last collection call for one (``GC_EVERY_COMMITS``,
+    ``GC_ROWS``, ``GC_MAX_COMMITS``)."""
+    commits = state.commits_since_collection
+    return commits >= GC_MAX_COMMITS or (
+        commits >= GC_EVERY_COMMITS and state.rows_since_collection >= GC_ROWS)
 
 
 def collect_garbage(state: EngineState, grace_seconds: float) -> int:
@@ -57,6 +73,7 @@ def collect_garbage(state: EngineState, grace_seconds: float) -> int:
     running (the running merge's new files are not in the traces yet)."""
     if state.migration is not None:
         return 0  # a hot layout change is copying files; the next collection will do
+    state.commits_since_collection = state.rows_since_collection = 0
     running = state.compactor.running_for()
     state.compactor.apply_finished(wait=running is not None and running >= grace_seconds / 2)
     merging = state.compactor.running_for() is not None

@@ -14,7 +14,7 @@ from dbsp_pipeline import Pipeline, StepFailedError, UsageError, read_status
 from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.errors import DivisionRecordError
 from dbsp_pipeline.runtime.division_log import DivisionLog
-from dbsp_pipeline.runtime.upkeep import GC_EVERY_COMMITS
+from dbsp_pipeline.runtime.upkeep import GC_MAX_COMMITS
 from dbsp_pipeline.storage import crash_points
 from dbsp_pipeline.storage.crash_points import InjectedCrash
 from dbsp_pipeline.storage.verify import verify_root
@@ -25,12 +25,13 @@ from tests.runtime.test_failed_steps import (
     views,
 )
 
-#: more steps than a Delta checkpoint interval (50 commits) and a few GC rounds
-STEPS = 70
+#: more steps than a Delta checkpoint interval (50 commits) and a collection's (tiny steps: every
+#: GC_MAX_COMMITS commits)
+STEPS = GC_MAX_COMMITS + 6
 INPUTS = ["a", "b", "d"]
 #: what compaction leaves at most: the compacted record, the steps since the last collection
-#: (every GC_EVERY_COMMITS commits) and the retained checkpoints' steps
-MAX_DIVISION_FILES = GC_EVERY_COMMITS + 3
+#: (tiny steps: every GC_MAX_COMMITS commits) and the retained checkpoints' steps
+MAX_DIVISION_FILES = GC_MAX_COMMITS + 3
 #: right after a collection (``close`` runs one), the Delta log from its newest checkpoint on:
 #: at most a checkpoint interval of commits, the checkpoint and ``_last_checkpoint``
 MAX_LOG_ENTRIES = 50 + 2
@@ -53,13 +54,13 @@ def read_at_open(root: str) -> tuple[int, int]:
 def test_open_and_status_read_a_bounded_log_and_retained_steps_still_work(spark, tmp_path):
     root, c = str(tmp_path), poison_circuit()
     with Pipeline(c, root, spark, checkpoint_every=1) as p:
-        run_steps(p, 0, 20)
-        after_20 = read_at_open(root)
-        run_steps(p, 20, STEPS - 20)
+        run_steps(p, 0, GC_MAX_COMMITS - 1)
+        before_collection = read_at_open(root)  # the most files between two collections
+        run_steps(p, GC_MAX_COMMITS - 1, STEPS - GC_MAX_COMMITS + 1)
         last_info = p.step_info(STEPS - 1)
     files, entries = read_at_open(root)
     assert files <= 3 and entries <= MAX_LOG_ENTRIES, (files, entries)  # after close's collection
-    assert after_20[0] <= MAX_DIVISION_FILES  # between two collections
+    assert before_collection[0] <= MAX_DIVISION_FILES  # between two collections
     # Every other table's Delta log is cleaned below what the retained checkpoints read too.
     for folder in (root_layout.MANIFEST, "inputs/a", "outputs/n", "outputs/abd",
                    *[f"state/{t}" for t in os.listdir(os.path.join(root, root_layout.STATE))]):

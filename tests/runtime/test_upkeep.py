@@ -135,3 +135,37 @@ def test_consumed_input_is_consolidated_beside_the_steps(spark, tmp_path, monkey
         p.collect_garbage(0)  # a short grace: in the foreground
         assert not started.is_set() and log.consolidation_running_for() is None
         assert integrated() == sorted(pushed)
+
+
+def test_garbage_is_collected_as_the_steps_rows_call_for(spark, tmp_path, monkeypatch) -> None:
+    """Small steps: a collection after ``GC_MAX_COMMITS`` commits, not after
+    ``GC_EVERY_COMMITS``; steps of ``GC_ROWS`` rows between them: after ``GC_EVERY_COMMITS``;
+    an explicit collection starts the count again."""
+    collections: list[int] = []
+    collect = upkeep.collect_garbage
+
+    def counted(state: Any, grace: float) -> int:
+        collections.append(state.commits)
+        return collect(state, grace)
+
+    monkeypatch.setattr(upkeep, "collect_garbage", counted)
+    monkeypatch.setattr(upkeep, "GC_EVERY_COMMITS", 3)
+    monkeypatch.setattr(upkeep, "GC_MAX_COMMITS", 7)
+    monkeypatch.setattr(upkeep, "GC_ROWS", 12)
+    with Pipeline(circuit(), root=str(tmp_path / "root"), spark=spark,
+                  driver_step_rows=10**9) as p:
+        first = p.engine.commits
+
+        def steps(count: int, rows: int) -> list[int]:
+            for _ in range(count):
+                p.push("x", [(i % 3, i) for i in range(rows)])
+                p.step()
+            return [c - first for c in collections]
+
+        assert steps(6, 1) == []  # 6 commits, 6 rows: not due
+        assert steps(1, 1) == [7]  # GC_MAX_COMMITS
+        assert steps(3, 4) == [7, 10]  # 3 commits, 12 rows: due
+        assert steps(2, 10) == [7, 10]  # 2 commits: not yet, however many rows
+        p.collect_garbage()
+        assert steps(2, 10) == [7, 10, 12]  # (the explicit one) and a fresh count
+        assert steps(1, 10) == [7, 10, 12, 15]
