@@ -59,6 +59,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from dbsp_pipeline.driver import spark_decimal
 from dbsp_pipeline.driver import sql as local_sql
 from dbsp_pipeline.driver.sql import (
     LocalSQL,
@@ -253,10 +254,18 @@ class Aggregate(Operator):
     # ------------------------------------------------------------------------------------
     @property
     def runs_on_driver(self) -> bool:
-        """Whether ``step_local`` computes exactly what ``step`` does (no decimal sums: Spark's
-        decimal arithmetic rules are not DuckDB's)."""
-        return not any("sum_type" in a and isinstance(a["sum_type"], DecimalType)
-                       for a in self.aggs)
+        """Whether ``step_local`` computes exactly what ``step`` does: not for a sum or average
+        of decimals whose ``sum * weight`` or ``sum + sum`` Spark rounds to fewer fractional
+        digits (``spark_decimal.keeps_scale``: a scale above 6 in a wide sum type); every other
+        decimal sum is exact integer arithmetic in both (DuckDB's decimals on the driver), and
+        an average is Spark's decimal division, reproduced (``spark_decimal.averages``)."""
+        return all(spark_decimal.keeps_scale(t.precision, t.scale)
+                   for t in self._decimal_sum_types().values())
+
+    def _decimal_sum_types(self) -> dict[int, DecimalType]:
+        """The state type of each sum or average of decimals, by aggregate index."""
+        return {a["i"]: a["sum_type"] for a in self.aggs
+                if "sum_type" in a and isinstance(a["sum_type"], DecimalType)}
 
     def step_local(self, ctx: StepContext, changes: Sequence[LocalDelta]) -> LocalDelta:
         """``step`` on the driver, in the same five phases. Each phase runs in pyarrow on a small
@@ -373,6 +382,12 @@ class Aggregate(Operator):
                 v = ident(arg) if a["fn"] == "sum_of_states" else f"CAST({ident(arg)} AS DOUBLE)"
                 parts.append(f"list({{'_v': {v}, '_w': {w}}}) FILTER "
                              f"(WHERE {ident(arg)} IS NOT NULL) AS _ds{i}")
+            elif a["fn"] in ("sum", "avg") and isinstance(a["sum_type"], DecimalType):
+                # Spark's: the sum of value * weight in its widest type, cast to the state's
+                # (exact, as ``runs_on_driver`` requires; beyond the type both raise)
+                st = a["sum_type"]
+                parts.append(f"CAST(sum(CAST({ident(arg)} AS DECIMAL(38, {st.scale})) * {w}) "
+                             f"AS DECIMAL({st.precision}, {st.scale})) AS _ds{i}")
             elif a["fn"] in ("sum", "avg"):
                 t = "DOUBLE" if isinstance(a["sum_type"], DoubleType) else "BIGINT"
                 parts.append(f"CAST(sum(CAST({ident(arg)} AS {t}) * CAST({w} AS {t})) AS {t}) "
@@ -392,7 +407,7 @@ class Aggregate(Operator):
         limit = local_sql.FAST_PATH_ROWS
         if self.exact and limit:
             limit = d.num_rows
-        if (d.num_rows > limit or not self.keys
+        if (d.num_rows > limit or not self.keys or self._decimal_sum_types()
                 or not arrow_groups_like_duckdb(d, self.keys) or not weights_fit(d[WEIGHT])):
             return None
         w = d.column(WEIGHT)
@@ -490,8 +505,11 @@ class Aggregate(Operator):
             if a["arg"] is not None:
                 new_cols.append(f"coalesce({ident(f'{_O}_c{i}')}, 0) + _dc{i} AS _c{i}")
             if a["fn"] in ("sum", "avg") and not a.get("exact"):
-                new_cols.append(f"coalesce({ident(f'{_O}_s{i}')}, 0) + coalesce(_ds{i}, 0) "
-                                f"AS _s{i}")
+                total = f"coalesce({ident(f'{_O}_s{i}')}, 0) + coalesce(_ds{i}, 0)"
+                if isinstance(a["sum_type"], DecimalType):  # Spark casts it to the state's type
+                    st = a["sum_type"]
+                    total = f"CAST({total} AS DECIMAL({st.precision}, {st.scale}))"
+                new_cols.append(f"{total} AS _s{i}")
         extreme_cols = []
         for i in self.values:
             is_min = self.aggs[i]["fn"] == "min"
@@ -531,6 +549,7 @@ class Aggregate(Operator):
         query in a task of a 1M-row Spark step, 5 groups; 14 ms so)."""
         limit = local_sql.FAST_PATH_ROWS
         if (g.num_rows > limit or old.num_rows > limit or not self.keys
+                or self._decimal_sum_types()
                 or not arrow_groups_like_duckdb(g, self.keys)
                 or not arrow_groups_like_duckdb(old, self.keys)):
             return None
@@ -616,6 +635,10 @@ class Aggregate(Operator):
             elif fn in ("sum", "avg"):
                 count = state.column(f"_c{i}")
                 total = state.column(f"_s{i}")
+                if fn == "avg" and isinstance(a["type"], DecimalType):
+                    out = out.append_column(name, spark_decimal.averages(
+                        total, count, pa.decimal128(a["type"].precision, a["type"].scale)))
+                    continue
                 if fn == "avg":
                     total = pc.divide(total.cast(pa.float64()), count.cast(pa.float64()))
                 value = pc.if_else(pc.greater(count, 0), total, pa.nulls(len(total), total.type))
@@ -713,7 +736,8 @@ class Aggregate(Operator):
                                                  if a["arg"] is not None)]))
 
     def owner_keys(self) -> list[list[str]] | None:
-        """The group columns; None for a sum of decimals (no driver path, so no task path)."""
+        """The group columns; None without a driver path (``runs_on_driver``: so no task
+        path)."""
         return [self.keys] if self.runs_on_driver else None
 
     def traces(self) -> list[Trace]:

@@ -349,3 +349,97 @@ def test_a_group_whose_state_or_row_stays_emits_nothing(spark, tmp_path, monkeyp
         assert r.outputs["v"] == 3  # -(b, 1, 2) -(NULL, 1, 3) +(NULL, 2, 8)
         assert sorted((row["k"] or "", row["nx"], row["s"])
                       for row in p.view_arrow("v").to_pylist()) == [("", 2, 8), ("a", 2, 5)]
+
+
+MONEY = "k STRING, m DECIMAL(15,2), r DECIMAL(12,4), z DECIMAL(38,0)"
+
+
+def _money_circuit() -> Circuit:
+    c = Circuit("money")
+    c.output("totals", c.input("t", MONEY).group_by("k").agg(
+        n="count(*)", nm="count(m)", sm="sum(m)", am="avg(m)", sr="sum(r)", ar="avg(r)",
+        sz="sum(z)", az="avg(z)", top="max(m)"))
+    return c
+
+
+def _money(rng: random.Random) -> tuple:
+    def maybe(value: object) -> object:
+        return None if rng.random() < 0.1 else value
+    return (maybe(rng.choice(["a", "b", "c", ""])),
+            maybe(decimal.Decimal(rng.randint(-10**13, 10**13)).scaleb(-2)),
+            maybe(decimal.Decimal(rng.choice([1, -1, 3, 7, 10**7]) * rng.randint(1, 999))
+                  .scaleb(-4)),
+            maybe(decimal.Decimal(rng.choice([1, -1]) * rng.randint(0, 10**24))))
+
+
+def _exact_view(p: Pipeline) -> list[tuple]:
+    return sorted((tuple((k, v) for k, v in sorted(r.items())) for r in
+                   p.view_arrow("totals").to_pylist()), key=repr)
+
+
+def test_decimal_sums_and_averages_on_the_driver_equal_sparks_to_the_last_digit(spark,
+                                                                                tmp_path):
+    """Sums and averages of DECIMAL(15,2), (12,4) and (38,0) run on the driver (Spark keeps
+    their scales: ``spark_decimal.keeps_scale``), and equal, digit for digit and type for type,
+    the same circuit run as Spark jobs (each aggregate's own Spark arithmetic) and as Spark
+    tasks per owner (W=2), step after step of random inserts and deletes with NULLs, groups
+    emptying out and coming back; the sums equal the exact sum of the rows present."""
+    rng = random.Random(15)
+    driver = Pipeline(_money_circuit(), str(tmp_path / "driver"), spark, driver_step_rows=10**9)
+    jobs = Pipeline(_money_circuit(), str(tmp_path / "jobs"), spark, driver_step_rows=0)
+    tasks = Pipeline(_money_circuit(), str(tmp_path / "tasks"), spark, driver_step_rows=0)
+    jobs.spark_per_owner = False
+    live: list[tuple] = []
+    with driver, jobs, tasks:
+        tasks.rescale(2)
+        for step in range(7):
+            inserts = [_money(rng) for _ in range(rng.randint(1, 30))]
+            deletes = rng.sample(live, min(len(live), rng.randint(0, 20 if step % 3 else 60)))
+            for p in (driver, jobs, tasks):
+                p.push("t", inserts)
+                if deletes:
+                    p.push("t", deletes, weight=-1)
+            for r in deletes:
+                live.remove(r)
+            live += inserts
+            results = [p.step() for p in (driver, jobs, tasks)]
+            assert [r.on_driver for r in results] == [True, False, False], results
+            views = [_exact_view(p) for p in (driver, jobs, tasks)]
+            assert views[0] == views[1] == views[2], step
+            schema = driver.view_arrow("totals").schema
+            assert schema == jobs.view_arrow("totals").schema
+            assert str(schema.field("am").type) == "decimal128(19, 6)"
+            for row in driver.view_arrow("totals").to_pylist():
+                mine = [r for r in live if r[0] == row["k"]]
+                ms = [r[1] for r in mine if r[1] is not None]
+                assert row["n"] == len(mine) and row["nm"] == len(ms)
+                assert row["sm"] == (sum(ms) if ms else None), (step, row)
+                zs = [r[3] for r in mine if r[3] is not None]
+                assert row["sz"] == (sum(zs) if zs else None), (step, row)
+        assert len(views[0]) >= 3
+        assert any(row["am"] is not None and row["am"] != round(row["am"], 2)
+                   for row in driver.view_arrow("totals").to_pylist())  # digits of its own
+
+
+def test_a_decimal_sum_that_leaves_its_type_fails_the_step_and_keeps_the_root(spark, tmp_path):
+    """A sum beyond DECIMAL(38,0)'s 38 digits: the step fails on the driver, as Spark's ANSI
+    mode fails it; nothing of it stays, the root opens again, and once the step's input is
+    quarantined the pipeline goes on."""
+    c = Circuit("overflow")
+    c.output("s", c.input("t", "k BIGINT, z DECIMAL(38,0)").group_by("k").agg(s="sum(z)"))
+    big = decimal.Decimal(10**38 - 1)
+    with Pipeline(c, str(tmp_path), spark, driver_step_rows=10**9) as p:
+        p.push("t", [(1, big)])
+        assert p.step().on_driver
+        p.push("t", [(1, big)])
+        with pytest.raises(StepFailedError, match="(?i)overflow|out of range") as failed:
+            p.step()
+        assert "DECIMAL(38)" in str(failed.value)
+    with Pipeline(c, str(tmp_path), spark, driver_step_rows=10**9) as p:
+        assert p.view_arrow("s").select(["k", "s"]).to_pylist() == [{"k": 1, "s": big}]
+        with pytest.raises(StepFailedError):
+            p.step()  # the same input, the same failure
+        assert p.quarantine_step(p.next_step).moved == {"t": 1}
+        p.push("t", [(1, decimal.Decimal(1 - 10**38))])
+        p.step()
+        assert p.view_arrow("s").select(["k", "s"]).to_pylist() == [{"k": 1, "s": 0}]

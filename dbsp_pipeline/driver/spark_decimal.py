@@ -1,0 +1,115 @@
+"""Spark's decimal arithmetic, reproduced on the driver where an aggregate's sum or average of
+decimals needs it (``operators/aggregate.py``), so that a circuit summing money kept as
+``DECIMAL(p, s)`` runs its small steps on the driver, with Spark's results to the last digit.
+
+What the aggregate's Spark path computes (``Aggregate.step``), and so what the driver must:
+
+* a change's partial sum ``sum(CAST(x AS sum_type) * CAST(weight AS BIGINT))`` cast to
+  ``sum_type``, and the new state ``old + partial`` cast to ``sum_type``. Spark types a
+  ``DECIMAL(p, s) * BIGINT`` product as ``DECIMAL(p + 21, s)`` and a sum of two as
+  ``DECIMAL(p + 1, s)``, and where that exceeds 38 digits it gives up fractional digits
+  (``adjust_precision_scale``, ``spark.sql.decimalOperations.allowPrecisionLoss``, on by
+  default): a product or sum rounded to fewer digits than ``s``. Where it keeps ``s``
+  (``keeps_scale``: ``s`` at most 6, or a narrow ``sum_type``) every step is exact integer
+  arithmetic on the unscaled values, which DuckDB's decimals do exactly; an aggregate whose
+  decimal sums would lose digits has no driver path.
+* an average ``CAST(sum / count AS avg_type)``: the quotient of a ``DECIMAL(P, s)`` by a
+  ``BIGINT`` (a ``DECIMAL(20, 0)``) computed to 39 significant digits, rounded half up
+  (``java.math.BigDecimal`` with Spark's ``MathContext``), then to the quotient type's scale
+  (``divide_type``), then to the average's type, each half up (``averages``).
+
+Overflow: Spark (ANSI mode, its default) raises where a value leaves its type; so does the
+driver (DuckDB's decimal arithmetic and casts raise, and ``averages`` raises
+``ArithmeticError``), though not with the same message. ``tests/driver/test_spark_decimal.py``
+compares these functions with Spark's own arithmetic.
+"""
+
+from __future__ import annotations
+
+import decimal
+from decimal import ROUND_HALF_UP, Decimal
+
+import pyarrow as pa
+
+#: Spark's ``DecimalType.MAX_PRECISION`` and ``MINIMUM_ADJUSTED_SCALE``
+MAX_PRECISION = 38
+MINIMUM_ADJUSTED_SCALE = 6
+#: the precision of Spark's ``Decimal`` arithmetic (``MathContext(MAX_PRECISION + 1,
+#: HALF_UP)``)
+_SPARK_CONTEXT = decimal.Context(prec=MAX_PRECISION + 1, rounding=ROUND_HALF_UP,
+                                 Emin=-999999, Emax=999999)
+#: exact, for rescaling to a scale (``quantize`` keeps every digit it is asked for)
+_WIDE_CONTEXT = decimal.Context(prec=200, rounding=ROUND_HALF_UP, Emin=-999999, Emax=999999)
+#: the ``DECIMAL`` a ``BIGINT`` is taken as in decimal arithmetic (``DecimalType.LongDecimal``)
+LONG_DECIMAL = (20, 0)
+
+
+def adjust_precision_scale(precision: int, scale: int) -> tuple[int, int]:
+    """Spark's ``DecimalType.adjustPrecisionScale`` (for a scale of 0 or more): a type wider
+    than 38 digits keeps its integer digits and gives up fractional ones, down to at least
+    ``min(scale, 6)``."""
+    if precision <= MAX_PRECISION:
+        return precision, scale
+    int_digits = precision - scale
+    return MAX_PRECISION, max(MAX_PRECISION - int_digits, min(scale, MINIMUM_ADJUSTED_SCALE))
+
+
+def multiply_type(p1: int, s1: int, p2: int, s2: int) -> tuple[int, int]:
+    """The type of ``DECIMAL(p1, s1) * DECIMAL(p2, s2)`` in Spark."""
+    return adjust_precision_scale(p1 + p2 + 1, s1 + s2)
+
+
+def add_type(p1: int, s1: int, p2: int, s2: int) -> tuple[int, int]:
+    """The type of ``DECIMAL(p1, s1) + DECIMAL(p2, s2)`` in Spark."""
+    scale = max(s1, s2)
+    return adjust_precision_scale(max(p1 - s1, p2 - s2) + scale + 1, scale)
+
+
+def divide_type(p1: int, s1: int, p2: int, s2: int) -> tuple[int, int]:
+    """The type of ``DECIMAL(p1, s1) / DECIMAL(p2, s2)`` in Spark."""
+    scale = max(MINIMUM_ADJUSTED_SCALE, s1 + p2 + 1)
+    return adjust_precision_scale(p1 - s1 + s2 + scale, scale)
+
+
+def keeps_scale(precision: int, scale: int) -> bool:
+    """Whether a sum of type ``DECIMAL(precision, scale)`` times a ``BIGINT`` weight, and the
+    sum of two such, keep the scale in Spark: then the aggregate's decimal arithmetic is exact
+    on the unscaled integers, as DuckDB's is."""
+    return (multiply_type(precision, scale, *LONG_DECIMAL)[1] == scale
+            and add_type(precision, scale, precision, scale)[1] == scale)
+
+
+def _fits(value: Decimal, precision: int, scale: int) -> bool:
+    """Whether ``value`` (already at ``scale``) has at most ``precision`` digits."""
+    return abs(value) < Decimal(10) ** (precision - scale)
+
+
+def _rounded(value: Decimal, scale: int) -> Decimal:
+    """``value`` rounded half up to ``scale`` fractional digits (Spark's ``changePrecision``)."""
+    return value.quantize(Decimal(1).scaleb(-scale), context=_WIDE_CONTEXT)
+
+
+def average(total: Decimal, count: int, sum_type: tuple[int, int],
+            avg_type: tuple[int, int]) -> Decimal:
+    """Spark's ``CAST(total / count AS DECIMAL(avg_type))`` for a sum ``total`` of type
+    ``DECIMAL(sum_type)`` and a positive ``count``. ``ArithmeticError`` where Spark's ANSI
+    mode raises (the quotient or the average leaves its type)."""
+    quotient_type = divide_type(*sum_type, *LONG_DECIMAL)
+    quotient = _rounded(_SPARK_CONTEXT.divide(total, Decimal(count)), quotient_type[1])
+    if not _fits(quotient, *quotient_type):
+        raise ArithmeticError(f"{total} / {count} does not fit DECIMAL{quotient_type}")
+    value = _rounded(quotient, avg_type[1])
+    if not _fits(value, *avg_type):
+        raise ArithmeticError(f"the average {value} does not fit DECIMAL{avg_type}")
+    return abs(value) if not value else value  # (a decimal has no -0)
+
+
+def averages(totals: pa.Array | pa.ChunkedArray, counts: pa.Array | pa.ChunkedArray,
+             avg_type: pa.Decimal128Type) -> pa.Array:
+    """Per row, ``average`` of a decimal sum (``totals``, NULL for none) and its count (NULL
+    where the count is NULL or not positive, or the sum NULL), as ``avg_type``."""
+    sum_type = (totals.type.precision, totals.type.scale)
+    out_type = (avg_type.precision, avg_type.scale)
+    values = [None if t is None or c is None or c <= 0 else average(t, c, sum_type, out_type)
+              for t, c in zip(totals.to_pylist(), counts.to_pylist())]
+    return pa.array(values, avg_type)
