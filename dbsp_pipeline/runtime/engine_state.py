@@ -102,9 +102,10 @@ class EngineState:
     uncommitted_steps: int = 0
     #: commits since opening
     commits: int = 0
-    #: commits since garbage was last collected, and the input rows of the steps executed
-    #: since (``upkeep.collection_due``)
+    #: commits since garbage was last collected, and the steps executed since and their input
+    #: rows (``upkeep.collection_due``)
     commits_since_collection: int = 0
+    steps_since_collection: int = 0
     rows_since_collection: int = 0
     #: the next step, if its execution failed; None when it did not
     failed_step: FailedStep | None = None

@@ -194,6 +194,7 @@ def execute_step(state: EngineState,
         return _again_as_pushed(state, s, landing)
     state.failed_step = None
     result.state_rows_read = sum(t.rows_read for t in state.plan.state_traces())
+    state.steps_since_collection += 1
     state.rows_since_collection += sum(result.inputs.values())
 
     # 6. Record: the step's one commit (with the checkpoint, every checkpoint_every steps).

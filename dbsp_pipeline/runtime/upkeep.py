@@ -22,14 +22,17 @@ from dbsp_pipeline.runtime.output_log import FOLD_STEPS
 from dbsp_pipeline.storage import garbage, keyed_runs
 
 #: Garbage is collected once this many commits were made since the last collection, if their
-#: steps changed ``GC_ROWS`` input rows or more; after ``GC_MAX_COMMITS`` commits in any case (and
-#: at close). A collection costs about the same whatever it finds (its own commits, the logs
-#: listed: 70 ms here), while what it deletes grows with the rows written: small steps (100
-#: rows, a commit each) spent 12% of their time collecting every 16 commits (25.6 steps/s
-#: against 28.8 every 64, alternating in one pipeline), and big ones leave much garbage.
+#: steps changed ``GC_ROWS`` input rows or more or numbered ``GC_MAX_STEPS``; after
+#: ``GC_MAX_COMMITS`` commits in any case (and at close). A collection costs about the same
+#: whatever it finds (its own commits, the logs listed: 70 ms here), while what it deletes grows
+#: with the rows written, and the division log holds a file a step until it runs: small steps
+#: (100 rows, a commit each) spent 12% of their time collecting every 16 commits (21.8 steps/s
+#: against 25.2 so paced, alternating in one pipeline), big ones leave much garbage, and with
+#: ``checkpoint_every`` 10 sixteen commits are 160 steps, the most division files opening reads.
 GC_EVERY_COMMITS = 16
 GC_MAX_COMMITS = 64
 GC_ROWS = 1_000_000
+GC_MAX_STEPS = 160
 
 
 def after_commit(state: EngineState) -> None:
@@ -48,10 +51,11 @@ def after_commit(state: EngineState) -> None:
 
 def collection_due(state: EngineState) -> bool:
     """Whether the commits since the last collection call for one (``GC_EVERY_COMMITS``,
-    ``GC_ROWS``, ``GC_MAX_COMMITS``)."""
+    ``GC_ROWS``, ``GC_MAX_STEPS``, ``GC_MAX_COMMITS``)."""
     commits = state.commits_since_collection
-    return commits >= GC_MAX_COMMITS or (
-        commits >= GC_EVERY_COMMITS and state.rows_since_collection >= GC_ROWS)
+    return commits >= GC_MAX_COMMITS or (commits >= GC_EVERY_COMMITS and (
+        state.rows_since_collection >= GC_ROWS
+        or state.steps_since_collection >= GC_MAX_STEPS))
 
 
 def collect_garbage(state: EngineState, grace_seconds: float) -> int:
@@ -74,6 +78,7 @@ def collect_garbage(state: EngineState, grace_seconds: float) -> int:
     if state.migration is not None:
         return 0  # a hot layout change is copying files; the next collection will do
     state.commits_since_collection = state.rows_since_collection = 0
+    state.steps_since_collection = 0
     running = state.compactor.running_for()
     state.compactor.apply_finished(wait=running is not None and running >= grace_seconds / 2)
     merging = state.compactor.running_for() is not None

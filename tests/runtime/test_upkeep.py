@@ -139,8 +139,9 @@ def test_consumed_input_is_consolidated_beside_the_steps(spark, tmp_path, monkey
 
 def test_garbage_is_collected_as_the_steps_rows_call_for(spark, tmp_path, monkeypatch) -> None:
     """Small steps: a collection after ``GC_MAX_COMMITS`` commits, not after
-    ``GC_EVERY_COMMITS``; steps of ``GC_ROWS`` rows between them: after ``GC_EVERY_COMMITS``;
-    an explicit collection starts the count again."""
+    ``GC_EVERY_COMMITS``; steps of ``GC_ROWS`` rows between them, or ``GC_MAX_STEPS`` steps
+    (several a commit): after ``GC_EVERY_COMMITS``; an explicit collection starts the count
+    again."""
     collections: list[int] = []
     collect = upkeep.collect_garbage
 
@@ -152,6 +153,7 @@ def test_garbage_is_collected_as_the_steps_rows_call_for(spark, tmp_path, monkey
     monkeypatch.setattr(upkeep, "GC_EVERY_COMMITS", 3)
     monkeypatch.setattr(upkeep, "GC_MAX_COMMITS", 7)
     monkeypatch.setattr(upkeep, "GC_ROWS", 12)
+    monkeypatch.setattr(upkeep, "GC_MAX_STEPS", 9)
     with Pipeline(circuit(), root=str(tmp_path / "root"), spark=spark,
                   driver_step_rows=10**9) as p:
         first = p.engine.commits
@@ -169,3 +171,6 @@ def test_garbage_is_collected_as_the_steps_rows_call_for(spark, tmp_path, monkey
         p.collect_garbage()
         assert steps(2, 10) == [7, 10, 12]  # (the explicit one) and a fresh count
         assert steps(1, 10) == [7, 10, 12, 15]
+        p.checkpoint_every = 3  # 3 commits of 9 steps: due
+        assert steps(8, 1) == [7, 10, 12, 15]
+        assert steps(1, 1) == [7, 10, 12, 15, 18]
