@@ -14,14 +14,18 @@ What the aggregate's Spark path computes (``Aggregate.step``), and so what the d
   arithmetic on the unscaled values, which DuckDB's decimals do exactly; an aggregate whose
   decimal sums would lose digits has no driver path.
 * an average ``CAST(sum / count AS avg_type)``: the quotient of a ``DECIMAL(P, s)`` by a
-  ``BIGINT`` (a ``DECIMAL(20, 0)``) computed to 39 significant digits, rounded half up
-  (``java.math.BigDecimal`` with Spark's ``MathContext``), then to the quotient type's scale
-  (``divide_type``), then to the average's type, each half up (``averages``).
+  ``BIGINT`` (a ``DECIMAL(20, 0)``) cut (rounded down) to 39 fractional digits (Spark 4's
+  ``Decimal./``: ``BigDecimal.divide(that, MAX_SCALE + 1, DOWN)``), then rounded half up to
+  the quotient type's scale (``divide_type``), then half up to the average's type
+  (``averages``).
 
 Overflow: Spark (ANSI mode, its default) raises where a value leaves its type; so does the
-driver (DuckDB's decimal arithmetic and casts raise, and ``averages`` raises
-``ArithmeticError``), though not with the same message. ``tests/driver/test_spark_decimal.py``
-compares these functions with Spark's own arithmetic.
+driver, where it checks: the partial sum and the new state against the state's type at each
+step (DuckDB's decimal arithmetic and casts raise), the average in ``averages``
+(``ArithmeticError``), not with Spark's message. (Spark's aggregation buffer also raises for a
+step's running sum past 38 digits that comes back in range by the step's end; DuckDB sums in
+128 bits and does not.) ``tests/driver/test_spark_decimal.py`` compares these functions with
+Spark's own arithmetic.
 """
 
 from __future__ import annotations
@@ -34,10 +38,9 @@ import pyarrow as pa
 #: Spark's ``DecimalType.MAX_PRECISION`` and ``MINIMUM_ADJUSTED_SCALE``
 MAX_PRECISION = 38
 MINIMUM_ADJUSTED_SCALE = 6
-#: the precision of Spark's ``Decimal`` arithmetic (``MathContext(MAX_PRECISION + 1,
-#: HALF_UP)``)
-_SPARK_CONTEXT = decimal.Context(prec=MAX_PRECISION + 1, rounding=ROUND_HALF_UP,
-                                 Emin=-999999, Emax=999999)
+#: the fractional digits Spark's ``Decimal./`` keeps (``DecimalType.MAX_SCALE + 1``), rounding
+#: down
+DIVISION_SCALE = MAX_PRECISION + 1
 #: exact, for rescaling to a scale (``quantize`` keeps every digit it is asked for)
 _WIDE_CONTEXT = decimal.Context(prec=200, rounding=ROUND_HALF_UP, Emin=-999999, Emax=999999)
 #: the ``DECIMAL`` a ``BIGINT`` is taken as in decimal arithmetic (``DecimalType.LongDecimal``)
@@ -81,7 +84,7 @@ def keeps_scale(precision: int, scale: int) -> bool:
 
 def _fits(value: Decimal, precision: int, scale: int) -> bool:
     """Whether ``value`` (already at ``scale``) has at most ``precision`` digits."""
-    return abs(value) < Decimal(10) ** (precision - scale)
+    return value.copy_abs() < Decimal(10) ** (precision - scale)  # (abs() would round)
 
 
 def _rounded(value: Decimal, scale: int) -> Decimal:
@@ -95,13 +98,17 @@ def average(total: Decimal, count: int, sum_type: tuple[int, int],
     ``DECIMAL(sum_type)`` and a positive ``count``. ``ArithmeticError`` where Spark's ANSI
     mode raises (the quotient or the average leaves its type)."""
     quotient_type = divide_type(*sum_type, *LONG_DECIMAL)
-    quotient = _rounded(_SPARK_CONTEXT.divide(total, Decimal(count)), quotient_type[1])
+    # the exact quotient cut to DIVISION_SCALE digits (integers: no rounding but the cut)
+    scaled = int(total.scaleb(DIVISION_SCALE, context=_WIDE_CONTEXT))  # exact: total has
+    cut = abs(scaled) // count                                         # at most 38 digits
+    quotient = _rounded(Decimal(-cut if scaled < 0 else cut).scaleb(
+        -DIVISION_SCALE, context=_WIDE_CONTEXT), quotient_type[1])
     if not _fits(quotient, *quotient_type):
         raise ArithmeticError(f"{total} / {count} does not fit DECIMAL{quotient_type}")
     value = _rounded(quotient, avg_type[1])
     if not _fits(value, *avg_type):
         raise ArithmeticError(f"the average {value} does not fit DECIMAL{avg_type}")
-    return abs(value) if not value else value  # (a decimal has no -0)
+    return value.copy_abs() if not value else value  # (a decimal has no -0)
 
 
 def averages(totals: pa.Array | pa.ChunkedArray, counts: pa.Array | pa.ChunkedArray,

@@ -256,7 +256,8 @@ class Aggregate(Operator):
     def runs_on_driver(self) -> bool:
         """Whether ``step_local`` computes exactly what ``step`` does: not for a sum or average
         of decimals whose ``sum * weight`` or ``sum + sum`` Spark rounds to fewer fractional
-        digits (``spark_decimal.keeps_scale``: a scale above 6 in a wide sum type); every other
+        digits (``spark_decimal.keeps_scale``: a state scale above 6 in a wide type; an
+        average's state has the average's type, a column's scale plus 4); every other
         decimal sum is exact integer arithmetic in both (DuckDB's decimals on the driver), and
         an average is Spark's decimal division, reproduced (``spark_decimal.averages``)."""
         return all(spark_decimal.keeps_scale(t.precision, t.scale)

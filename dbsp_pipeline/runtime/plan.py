@@ -271,8 +271,8 @@ class Plan:
                 keys = [schema[k].dataType for k in node.params["on"]]
             elif node.op == "aggregate":
                 if not (isinstance(operator, Aggregate) and operator.runs_on_driver):
-                    return (f"{_describe(node)} (a sum of decimals that Spark rounds: "
-                            "a scale above 6)")
+                    return (f"{_describe(node)} (a sum or average of decimals that the "
+                            "Spark path rounds: a state scale above 6)")
                 keys = [schema[k].dataType for k in node.params["keys"]]
             elif node.op == "top_k":
                 keys = [schema[k].dataType for k in node.params["partition"]]

@@ -41,18 +41,29 @@ def _random_sum(rng: random.Random, precision: int, scale: int) -> Decimal:
     return Decimal(unscaled).scaleb(-scale)
 
 
-@pytest.mark.parametrize("sum_type,avg_type", [((38, 2), (19, 6)), ((25, 2), (19, 6)),
-                                               ((38, 0), (38, 4)), ((28, 1), (20, 5)),
-                                               ((30, 6), (30, 10)), ((38, 4), (38, 8))])
+#: (the aggregate's: an average's state has the average's type, a DECIMAL(p, s) column's
+#: DECIMAL(p + 4, s + 4); then others)
+@pytest.mark.parametrize("sum_type,avg_type", [((19, 6), (19, 6)), ((38, 4), (38, 4)),
+                                               ((38, 5), (38, 5)), ((38, 6), (38, 6)),
+                                               ((16, 4), (16, 4)), ((38, 2), (19, 6)),
+                                               ((25, 2), (19, 6)), ((38, 0), (38, 4)),
+                                               ((28, 1), (20, 5)), ((30, 6), (30, 10))])
 def test_averages_equal_sparks_to_the_last_digit(spark, sum_type, avg_type):
     rng = random.Random(hash(sum_type + avg_type) & 0xFFFF)
     p, s = sum_type
     rows = []
-    for _ in range(400):
-        total = _random_sum(rng, p, s)
+    for i in range(400):
+        # every third: a quotient of 31 to 34 integer digits, where a rounding to 39
+        # significant digits (not Spark's cut to 39 fractional ones) would differ
+        total = (_random_sum(rng, p, s) if i % 3 or p < 36 else
+                 Decimal(rng.randint(10 ** (p - s - 3), 10 ** (p - s) - 1)
+                         * rng.choice([1, -1])))
         count = rng.choice([1, 2, 3, 6, 7, 9, 11, 13, 10 ** rng.randint(1, 18) + rng.randint(
             0, 99), rng.randint(1, 2 ** 62)])
         rows.append((total, count))
+    if p - s >= 34:  # a rounding to 39 significant digits first would end in ...4506
+        rows += [(Decimal(6945922362052194395448761159546706), 91),
+                 (Decimal(-6945922362052194395448761159546706), 91)]
     # ties: a quotient exactly half way at the last kept digit
     rows += [(Decimal(5).scaleb(-s), 10 ** k) for k in range(1, 9)]
     rows += [(Decimal(-5).scaleb(-s), 10 ** k) for k in range(1, 9)]
@@ -76,4 +87,28 @@ def test_averages_equal_sparks_to_the_last_digit(spark, sum_type, avg_type):
         assert row.v == mine and mine.as_tuple().exponent == -avg_type[1], (total, count,
                                                                             row.v, mine)
         checked += 1
-    assert checked > 250
+    assert checked > 200
+
+
+def test_an_average_cuts_the_quotient_before_it_rounds_as_spark_4_does():
+    """Spark 4's ``Decimal./`` keeps 39 fractional digits, rounding down, then rounds half up
+    to the quotient's scale: ...315.45054945... is ...315.4505 (a rounding to 39 significant
+    digits first, as ``MathContext(39, HALF_UP)`` would, gives ...315.4506)."""
+    total = Decimal(6945922362052194395448761159546706)
+    assert (spark_decimal.average(total, 91, (38, 4), (38, 4))
+            == Decimal("76328817165408729620316056698315.4505"))
+    assert spark_decimal.average(total.copy_negate(), 91, (38, 4), (38, 4)) == Decimal(
+        "-76328817165408729620316056698315.4505")
+
+
+def test_averages_of_a_column_take_nulls_and_counts_of_none():
+    totals = pa.chunked_array([pa.array([Decimal("1.00"), None], pa.decimal128(19, 6)),
+                               pa.array([Decimal("-0.000005"), Decimal("7")],
+                                        pa.decimal128(19, 6))])
+    counts = pa.chunked_array([pa.array([3, 2]), pa.array([10, 0])])
+    got = spark_decimal.averages(totals, counts, pa.decimal128(19, 6))
+    assert got.type == pa.decimal128(19, 6)
+    assert got.to_pylist() == [Decimal("0.333333"), None, Decimal("-0.000001"), None]
+    empty = spark_decimal.averages(pa.array([], pa.decimal128(19, 6)), pa.array([], pa.int64()),
+                                   pa.decimal128(19, 6))
+    assert len(empty) == 0

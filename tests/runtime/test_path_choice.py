@@ -145,16 +145,16 @@ def test_the_estimate_looks_up_the_rows_of_the_changed_keys_where_spark_scans(sp
 
 def test_a_circuit_with_a_decimal_sum_spark_rounds_runs_on_spark_whatever_driver_step_rows(
         spark, tmp_path):
-    """A sum of DECIMAL(30,10) is a DECIMAL(38,10), which Spark's ``sum * weight`` rounds to
-    6 fractional digits: no driver path (a DECIMAL(10,2)'s is exact, and has one)."""
+    """A sum of DECIMAL(30,10) is a DECIMAL(38,10), which the Spark path's ``sum * weight``
+    rounds to 6 fractional digits: no driver path (a DECIMAL(10,2)'s is exact, and has one)."""
     c = Circuit("decimal_sums")
     c.output("sums", c.input("t", "k BIGINT, v DECIMAL(30,10)").group_by("k").agg(s="sum(v)"))
     with Pipeline(c, root=str(tmp_path), spark=spark, driver_step_rows=10**9) as p:
         p.push("t", [(1, 1), (1, 2)])
         choice = p.engine.choose_path(_change_files(p, {"t": 0}))
-        assert choice == (False, "Spark: operator #1 aggregate by ['k'] (a sum of decimals "
-                                 "that Spark rounds: a scale above 6) has no driver "
-                                 "implementation", False)  # nor a task path
+        assert choice == (False, "Spark: operator #1 aggregate by ['k'] (a sum or average "
+                                 "of decimals that the Spark path rounds: a state scale "
+                                 "above 6) has no driver implementation", False)  # nor tasks
         p.driver_step_rows = None
         assert not p.engine.choose_path(_change_files(p, {"t": 0})).on_driver
 

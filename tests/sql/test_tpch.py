@@ -120,9 +120,11 @@ def test_compiled_queries_equal_spark_after_load_and_refreshes_on_spark(
         spark, tmp_path, tpch_tables):
     """The Spark path, with the money columns DECIMAL(15,2) as TPC-H declares them, against
     Spark computing each query from scratch over the same data (Spark's decimal arithmetic:
-    equal exactly; doubles to 1e-9 relative). DECIMAL arithmetic has no driver implementation,
-    so every step runs on Spark. One of the slowest tests (each step of the 22 queries is
-    180-800 Spark jobs), so two steps: the load, then one refresh of each kind (RF1's inserts
+    equal exactly; doubles to 1e-9 relative). Every step is forced onto Spark
+    (``driver_step_rows=0``): the aggregates' decimal sums and averages run as per-owner tasks
+    with the driver's code (``driver/spark_decimal.py``), the selects' decimal arithmetic as
+    Spark jobs. One of the slowest tests (each step of the 22 queries is many Spark jobs), so
+    two steps: the load, then one refresh of each kind (RF1's inserts
     and RF2's deletes) in one step, and the views checked once, after it (the driver-path
     test checks after every refresh)."""
     circuit = Circuit.from_sql(schema_sql() + "".join(
