@@ -143,15 +143,27 @@ def test_the_estimate_looks_up_the_rows_of_the_changed_keys_where_spark_scans(sp
         assert "4 input rows" in r.path_reason and "Spark would scan 50,000" in r.path_reason
 
 
-def test_a_circuit_with_a_decimal_sum_spark_rounds_runs_on_spark_whatever_driver_step_rows(
-        spark, tmp_path):
+@pytest.mark.parametrize("column,aggregate,on_driver", [
+    ("DECIMAL(30,10)", "sum(v)", False),  # a DECIMAL(38,10) state
+    ("DECIMAL(15,3)", "avg(v)", False),  # an average's state has its type: DECIMAL(19,7)
+    ("DECIMAL(15,2)", "avg(v)", True),  # DECIMAL(19,6)
+    ("DECIMAL(10,6)", "sum(v)", True),  # DECIMAL(20,6)
+])
+def test_a_decimal_sum_the_spark_path_rounds_keeps_its_circuit_on_spark(
+        spark, tmp_path, column, aggregate, on_driver):
     """A sum of DECIMAL(30,10) is a DECIMAL(38,10), which the Spark path's ``sum * weight``
-    rounds to 6 fractional digits: no driver path (a DECIMAL(10,2)'s is exact, and has one)."""
+    rounds to 6 fractional digits, and so is an average of DECIMAL(15,3) (its state a
+    DECIMAL(19,7)): no driver path, whatever ``driver_step_rows`` says; where the state's scale
+    is at most 6 the driver's sums are Spark's, and the step runs there."""
     c = Circuit("decimal_sums")
-    c.output("sums", c.input("t", "k BIGINT, v DECIMAL(30,10)").group_by("k").agg(s="sum(v)"))
+    c.output("sums", c.input("t", f"k BIGINT, v {column}").group_by("k").agg(s=aggregate))
     with Pipeline(c, root=str(tmp_path), spark=spark, driver_step_rows=10**9) as p:
         p.push("t", [(1, 1), (1, 2)])
         choice = p.engine.choose_path(_change_files(p, {"t": 0}))
+        if on_driver:
+            assert choice.on_driver
+            assert p.step().outputs["sums"] == 1
+            return
         assert choice == (False, "Spark: operator #1 aggregate by ['k'] (a sum or average "
                                  "of decimals that the Spark path rounds: a state scale "
                                  "above 6) has no driver implementation", False)  # nor tasks
