@@ -116,6 +116,10 @@ class Aggregate(Operator):
         exact = any(a.get("exact") for a in self.aggs)  # state format 3 (runtime/upgrade.py)
         self.groups = Trace(db, f"{name}_groups" + ("_exact" if exact else ""),
                             self.state_schema, self.keys, updated_in_place=True)
+        #: the state type of each sum or average of decimals (their phases 1 and 4 run as
+        #: DuckDB's exact decimals, never in pyarrow)
+        self.decimal_sums = [a["sum_type"] for a in self.aggs
+                             if isinstance(a.get("sum_type"), DecimalType)]
         self.exact = [FoldSpec(old=f"{_O}_s{a['i']}", pairs=f"_ds{a['i']}", count=f"_c{a['i']}",
                                state=f"_s{a['i']}", result=f"_fv{a['i']}", mean=a["fn"] == "avg",
                                merge=a["fn"] == "sum_of_states")
@@ -260,13 +264,7 @@ class Aggregate(Operator):
         average's state has the average's type, a column's scale plus 4); every other
         decimal sum is exact integer arithmetic in both (DuckDB's decimals on the driver), and
         an average is Spark's decimal division, reproduced (``spark_decimal.averages``)."""
-        return all(spark_decimal.keeps_scale(t.precision, t.scale)
-                   for t in self._decimal_sum_types().values())
-
-    def _decimal_sum_types(self) -> dict[int, DecimalType]:
-        """The state type of each sum or average of decimals, by aggregate index."""
-        return {a["i"]: a["sum_type"] for a in self.aggs
-                if "sum_type" in a and isinstance(a["sum_type"], DecimalType)}
+        return all(spark_decimal.keeps_scale(t.precision, t.scale) for t in self.decimal_sums)
 
     def step_local(self, ctx: StepContext, changes: Sequence[LocalDelta]) -> LocalDelta:
         """``step`` on the driver, in the same five phases. Each phase runs in pyarrow on a small
@@ -408,7 +406,7 @@ class Aggregate(Operator):
         limit = local_sql.FAST_PATH_ROWS
         if self.exact and limit:
             limit = d.num_rows
-        if (d.num_rows > limit or not self.keys or self._decimal_sum_types()
+        if (d.num_rows > limit or not self.keys or self.decimal_sums
                 or not arrow_groups_like_duckdb(d, self.keys) or not weights_fit(d[WEIGHT])):
             return None
         w = d.column(WEIGHT)
@@ -550,7 +548,7 @@ class Aggregate(Operator):
         query in a task of a 1M-row Spark step, 5 groups; 14 ms so)."""
         limit = local_sql.FAST_PATH_ROWS
         if (g.num_rows > limit or old.num_rows > limit or not self.keys
-                or self._decimal_sum_types()
+                or self.decimal_sums
                 or not arrow_groups_like_duckdb(g, self.keys)
                 or not arrow_groups_like_duckdb(old, self.keys)):
             return None
