@@ -11,8 +11,10 @@ What the aggregate's Spark path computes (``Aggregate.step``), and so what the d
   (``adjust_precision_scale``, ``spark.sql.decimalOperations.allowPrecisionLoss``, on by
   default): a product or sum rounded to fewer digits than ``s``. Where it keeps ``s``
   (``keeps_scale``: ``s`` at most 6, or a narrow ``sum_type``) every step is exact integer
-  arithmetic on the unscaled values, which DuckDB's decimals do exactly; an aggregate whose
-  decimal sums would lose digits has no driver path.
+  arithmetic on the unscaled values, as Spark's ``SUM`` from scratch is, and as DuckDB's
+  decimals on the driver are. Where it would not (a ``DECIMAL(38, 18)`` column, say), the
+  Spark path multiplies and adds in pyarrow instead (``exact_products``, ``exact_sums``, as
+  Arrow UDFs), exactly, so both paths and a ``SUM`` from scratch agree to the last digit.
 * an average ``CAST(sum / count AS avg_type)``: the quotient of a ``DECIMAL(P, s)`` by a
   ``BIGINT`` (a ``DECIMAL(20, 0)``) cut (rounded down) to 39 fractional digits (Spark 4's
   ``Decimal./``: ``BigDecimal.divide(that, MAX_SCALE + 1, DOWN)``), then rounded half up to
@@ -34,6 +36,7 @@ import decimal
 from decimal import ROUND_HALF_UP, Decimal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 #: Spark's ``DecimalType.MAX_PRECISION`` and ``MINIMUM_ADJUSTED_SCALE``
 MAX_PRECISION = 38
@@ -120,3 +123,31 @@ def averages(totals: pa.Array | pa.ChunkedArray, counts: pa.Array | pa.ChunkedAr
     values = [None if t is None or c is None or c <= 0 else average(t, c, sum_type, out_type)
               for t, c in zip(totals.to_pylist(), counts.to_pylist())]
     return pa.array(values, avg_type)
+
+
+def exact_products(values: pa.Array, weights: pa.Array) -> pa.Array:
+    """Per row, ``value * weight`` exactly, as a ``DECIMAL(38, s)`` of the values' scale ``s``
+    (NULL where either is): Spark's product would be rounded to 6 fractional digits where
+    ``keeps_scale`` fails. ``ArithmeticError`` where a product leaves 38 digits (Spark's
+    ANSI mode raises for a product beyond its type too)."""
+    t = values.type
+    wide = pc.multiply(values.cast(pa.decimal256(t.precision, t.scale)),
+                       weights.cast(pa.decimal256(19, 0)))  # every BIGINT has 19 digits
+    return _narrowed(wide, pa.decimal128(MAX_PRECISION, t.scale), "a product value * weight")
+
+
+def exact_sums(left: pa.Array, right: pa.Array, precision: int, scale: int) -> pa.Array:
+    """Per row, ``left + right`` (two decimals of scale ``scale``) exactly, as
+    ``DECIMAL(precision, scale)``; NULL where either is. ``ArithmeticError`` where a sum
+    leaves the type, as Spark's cast of the new state to its type raises."""
+    wide = pc.add(left.cast(pa.decimal256(left.type.precision, left.type.scale)),
+                  right.cast(pa.decimal256(right.type.precision, right.type.scale)))
+    return _narrowed(wide, pa.decimal128(precision, scale), "a sum")
+
+
+def _narrowed(wide: pa.Array, to: pa.Decimal128Type, what: str) -> pa.Array:
+    try:
+        return wide.cast(to)  # a safe cast: it raises rather than lose a digit
+    except pa.ArrowInvalid as e:
+        raise ArithmeticError(f"{what} does not fit DECIMAL({to.precision}, {to.scale}) "
+                              f"(overflow): {e}") from e

@@ -43,6 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.functions import arrow_udf
 from pyspark.sql.types import (
     BinaryType,
     BooleanType,
@@ -159,9 +160,14 @@ class Aggregate(Operator):
                                 F.col(WEIGHT).alias("_w"))
                 partial_cols.append(F.collect_list(F.when(present, pair)).alias(f"_ds{i}"))
             elif a["fn"] in ("sum", "avg"):
-                value = F.col(quote(arg)).cast(a["sum_type"]) * F.col(WEIGHT).cast(
-                    a["sum_type"] if isinstance(a["sum_type"], DoubleType) else "long")
-                partial_cols.append(F.sum(value).cast(a["sum_type"]).alias(f"_ds{i}"))
+                st = a["sum_type"]
+                value = F.col(quote(arg)).cast(st)
+                if _rounded_by_spark(st):  # the product in pyarrow, exactly, not Spark's `*`
+                    value = _exact_products(st.scale)(value, F.col(WEIGHT))
+                else:
+                    value = value * F.col(WEIGHT).cast(
+                        st if isinstance(st, DoubleType) else "long")
+                partial_cols.append(F.sum(value).cast(st).alias(f"_ds{i}"))
         g = d.groupBy(*keys).agg(*partial_cols).withColumnRenamed(_N, "_dn")
         for a in self.aggs:
             if a["arg"] is not None:
@@ -209,9 +215,13 @@ class Aggregate(Operator):
                 c_new = F.coalesce(F.col(f"{_O}_c{i}"), F.lit(0)) + F.col(f"_dc{i}")
                 exprs[f"_c{i}"] = c_new
             if fn in ("sum", "avg") and not a.get("exact"):
-                s_new = (F.coalesce(F.col(f"{_O}_s{i}"), F.lit(0).cast(a["sum_type"]))
-                         + F.coalesce(F.col(f"_ds{i}"), F.lit(0).cast(a["sum_type"])))
-                exprs[f"_s{i}"] = s_new.cast(a["sum_type"])
+                st = a["sum_type"]
+                old_s = F.coalesce(F.col(f"{_O}_s{i}"), F.lit(0).cast(st))
+                ds = F.coalesce(F.col(f"_ds{i}"), F.lit(0).cast(st))
+                if _rounded_by_spark(st):  # the sum in pyarrow, exactly, not Spark's `+`
+                    exprs[f"_s{i}"] = _exact_sums(st)(old_s, ds)
+                else:
+                    exprs[f"_s{i}"] = (old_s + ds).cast(st)
         for a in self.aggs:
             i, fn, name = a["i"], a["fn"], a["name"]
             if fn == "count":
@@ -256,16 +266,6 @@ class Aggregate(Operator):
         return out.groupBy(*visible).agg(F.sum(WEIGHT).alias(WEIGHT)).where(F.col(WEIGHT) != 0)
 
     # ------------------------------------------------------------------------------------
-    @property
-    def runs_on_driver(self) -> bool:
-        """Whether ``step_local`` computes exactly what ``step`` does: not for a sum or average
-        of decimals whose ``sum * weight`` or ``sum + sum`` Spark rounds to fewer fractional
-        digits (``spark_decimal.keeps_scale``: a state scale above 6 in a wide type; an
-        average's state has the average's type, a column's scale plus 4); every other
-        decimal sum is exact integer arithmetic in both (DuckDB's decimals on the driver), and
-        an average is Spark's decimal division, reproduced (``spark_decimal.averages``)."""
-        return all(spark_decimal.keeps_scale(t.precision, t.scale) for t in self.decimal_sums)
-
     def step_local(self, ctx: StepContext, changes: Sequence[LocalDelta]) -> LocalDelta:
         """``step`` on the driver, in the same five phases. Each phase runs in pyarrow on a small
         step (``arrow_partials``, ``arrow_extremes``, ``arrow_new_state``) or else as one DuckDB
@@ -735,9 +735,8 @@ class Aggregate(Operator):
                                                  if a["arg"] is not None)]))
 
     def owner_keys(self) -> list[list[str]] | None:
-        """The group columns; None without a driver path (``runs_on_driver``: so no task
-        path)."""
-        return [self.keys] if self.runs_on_driver else None
+        """The group columns."""
+        return [self.keys]
 
     def traces(self) -> list[Trace]:
         return [self.groups, *self.values.values()]
@@ -797,6 +796,34 @@ def _fold_exact_spark(g: DataFrame, specs: Sequence[FoldSpec]) -> DataFrame:
                          for n, f in zip(inner, g.schema.fields)] + added)
     folded = g.toDF(*inner).mapInArrow(partial(fold_batches, specs=list(specs)), schema)
     return folded.toDF(*names, *[f.name for f in added])
+
+
+def _rounded_by_spark(sum_type: DataType) -> bool:
+    """Whether Spark's own ``*`` and ``+`` would round a decimal sum of this type (a scale
+    above 6 in a wide type: ``spark_decimal.keeps_scale``), so that the Spark path multiplies
+    by the weight and adds to the state in pyarrow (``spark_decimal.exact_products``,
+    ``exact_sums``), exactly as Spark's ``SUM`` from scratch and the driver's DuckDB do."""
+    return (isinstance(sum_type, DecimalType)
+            and not spark_decimal.keeps_scale(sum_type.precision, sum_type.scale))
+
+
+def _exact_products(scale: int) -> Any:
+    """The Arrow UDF of ``spark_decimal.exact_products`` (of values of scale ``scale``)."""
+    return _arrow_udf(spark_decimal.exact_products, DecimalType(38, scale))
+
+
+def _exact_sums(sum_type: DecimalType) -> Any:
+    """The Arrow UDF of ``spark_decimal.exact_sums`` into ``sum_type``."""
+    precision, scale = sum_type.precision, sum_type.scale
+
+    def exact_sums(left: pa.Array, right: pa.Array) -> pa.Array:
+        return spark_decimal.exact_sums(left, right, precision, scale)
+    return _arrow_udf(exact_sums, sum_type)
+
+
+#: PySpark's ``arrow_udf``, its kind (arrays to an array) taken from the function's type
+#: hints, a form its stubs do not declare
+_arrow_udf: Any = arrow_udf
 
 
 def _sum_type(input_type: DataType, output_type: DataType) -> DataType:

@@ -260,19 +260,15 @@ class Plan:
 
     def _spark_only(self) -> str | None:
         """The first operator that keeps steps off the driver, described: a key a trace is
-        sharded by whose type's Spark hash the driver does not reproduce, or an aggregate with
-        no driver path. None when there is none."""
+        sharded by whose type's Spark hash the driver does not reproduce. None when there is
+        none."""
         for node in self.circuit.nodes:
             if not node.inputs:
                 continue
             schema = self.schemas[node.inputs[0]]
-            operator = self.operators[node.id]
             if node.op == "join":
                 keys = [schema[k].dataType for k in node.params["on"]]
             elif node.op == "aggregate":
-                if not (isinstance(operator, Aggregate) and operator.runs_on_driver):
-                    return (f"{_describe(node)} (a sum or average of decimals that the "
-                            "Spark path rounds: a state scale above 6)")
                 keys = [schema[k].dataType for k in node.params["keys"]]
             elif node.op == "top_k":
                 keys = [schema[k].dataType for k in node.params["partition"]]

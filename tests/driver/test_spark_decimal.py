@@ -35,6 +35,32 @@ def test_keeps_scale_where_a_weighted_sum_is_exact_integer_arithmetic():
     assert not spark_decimal.keeps_scale(38, 10) and not spark_decimal.keeps_scale(30, 8)
 
 
+def test_exact_products_and_sums_keep_every_digit_and_raise_beyond_their_type(spark):
+    """Where Spark's ``*`` rounds (a DECIMAL(38,18) times a BIGINT: DECIMAL(38,6)), the pyarrow
+    product keeps all 18 digits; NULLs stay NULL; a product or sum past the type raises."""
+    q = [Decimal("12345678901234567890.123456789012345678"), Decimal("-0.000000000000000001"),
+         None, Decimal("1.5")]
+    w = [-3, 7, 2, None]
+    got = spark_decimal.exact_products(pa.array(q, pa.decimal128(38, 18)), pa.array(w))
+    assert got.type == pa.decimal128(38, 18)
+    assert got.to_pylist() == [Decimal("-37037036703703703670.370370367037037034"),
+                               Decimal("-0.000000000000000007"), None, None]
+    rounded = spark.sql("SELECT CAST('-0.000000000000000001' AS DECIMAL(38,18)) * "
+                        "CAST(7 AS BIGINT) AS p").collect()[0]["p"]
+    assert rounded == 0  # what Spark's own product gives
+    big = pa.array([Decimal(10**19)], pa.decimal128(38, 18))
+    with pytest.raises(ArithmeticError, match=r"DECIMAL\(38, 18\)"):
+        spark_decimal.exact_products(big, pa.array([10]))
+    sums = spark_decimal.exact_sums(got, pa.array([Decimal("0.000000000000000007"), None,
+                                                   Decimal(1), None], pa.decimal128(38, 18)),
+                                    38, 18)
+    assert sums.to_pylist() == [Decimal("-37037036703703703670.370370367037037027"), None,
+                                None, None]
+    with pytest.raises(ArithmeticError, match="overflow"):
+        spark_decimal.exact_sums(pa.array([Decimal("99.5")], pa.decimal128(10, 1)),
+                                 pa.array([Decimal("0.5")], pa.decimal128(10, 1)), 3, 1)
+
+
 def _random_sum(rng: random.Random, precision: int, scale: int) -> Decimal:
     digits = rng.choice([rng.randint(1, min(precision, 14)), rng.randint(1, precision)])
     unscaled = rng.randint(10 ** (digits - 1), 10 ** digits - 1) * rng.choice([1, -1])

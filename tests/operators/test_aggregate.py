@@ -12,6 +12,7 @@ import random
 import struct
 
 import pytest
+from pyspark.sql import functions as F
 
 from dbsp_pipeline import Circuit, Pipeline
 from dbsp_pipeline.driver import sql as local_sql
@@ -419,6 +420,74 @@ def test_decimal_sums_and_averages_on_the_driver_equal_sparks_to_the_last_digit(
         assert len(views[0]) >= 3
         assert any(row["am"] is not None and row["am"] != round(row["am"], 2)
                    for row in driver.view_arrow("totals").to_pylist())  # digits of its own
+
+
+WIDE = "k STRING, q DECIMAL(38,18), e DECIMAL(30,10), m DECIMAL(15,3)"
+
+
+def _wide_circuit() -> Circuit:
+    c = Circuit("wide")
+    c.output("totals", c.input("t", WIDE).group_by("k").agg(
+        n="count(*)", sq="sum(q)", aq="avg(q)", se="sum(e)", am="avg(m)", sm="sum(m)"))
+    return c
+
+
+def _wide(rng: random.Random) -> tuple:
+    def digits(integer: int, scale: int) -> object:
+        if rng.random() < 0.1:
+            return None
+        return decimal.Decimal(rng.randint(-10**(integer + scale), 10**(integer + scale))
+                               ).scaleb(-scale)
+    # (an average's state has the average's type: DECIMAL(38,22) for q, 16 integer digits)
+    return rng.choice(["a", "b", "c"]), digits(13, 18), digits(18, 10), digits(11, 3)
+
+
+def test_wide_decimal_sums_are_exact_on_every_path_and_equal_sparks_from_scratch(spark,
+                                                                                tmp_path):
+    """Sums whose state has a scale above 6 in a wide type (a DECIMAL(38,18) column; a
+    DECIMAL(30,10) one, a DECIMAL(38,10) sum; an average of DECIMAL(15,3), a DECIMAL(19,7)
+    state), which Spark's own ``*`` and ``+`` round to 6 fractional digits: on the driver, as
+    Spark jobs (the product and the state's sum in pyarrow) and as tasks per owner (W=2) every
+    step's view is the same, digit for digit, and equals Spark's ``SUM``/``AVG`` from scratch
+    over the rows present, under inserts of weight 1 and 3 and deletes of one copy."""
+    rng = random.Random(38)
+    driver = Pipeline(_wide_circuit(), str(tmp_path / "driver"), spark, driver_step_rows=10**9)
+    jobs = Pipeline(_wide_circuit(), str(tmp_path / "jobs"), spark, driver_step_rows=0)
+    tasks = Pipeline(_wide_circuit(), str(tmp_path / "tasks"), spark, driver_step_rows=0)
+    jobs.spark_per_owner = False
+    live: list[tuple] = []
+    with driver, jobs, tasks:
+        tasks.rescale(2)
+        for step in range(5):
+            ones = [_wide(rng) for _ in range(rng.randint(1, 20))]
+            threes = [_wide(rng) for _ in range(rng.randint(0, 5))]
+            deletes = rng.sample(live, min(len(live), rng.randint(0, 15)))
+            for p in (driver, jobs, tasks):
+                p.push("t", ones)
+                if threes:
+                    p.push("t", threes, weight=3)
+                if deletes:
+                    p.push("t", deletes, weight=-1)
+            live += ones + threes * 3
+            for r in deletes:
+                live.remove(r)
+            results = [p.step() for p in (driver, jobs, tasks)]
+            assert [r.on_driver for r in results] == [True, False, False], results
+            views = [_exact_view(p) for p in (driver, jobs, tasks)]
+            assert views[0] == views[1] == views[2], step
+            assert driver.view_arrow("totals").schema == jobs.view_arrow("totals").schema
+            scratch = spark.createDataFrame(live, WIDE).groupBy("k").agg(
+                F.count("*").alias("n"), F.sum("q").alias("sq"), F.avg("q").alias("aq"),
+                F.sum("e").alias("se"), F.avg("m").alias("am"), F.sum("m").alias("sm"))
+            expected = sorted((tuple(sorted(r.asDict().items())) for r in scratch.collect()),
+                              key=repr)
+            assert [tuple(c for c in row if c[0] != "_weight") for row in views[0]] == expected
+            for row in driver.view_arrow("totals").to_pylist():  # exact, not only Spark's
+                qs = [r[1] for r in live if r[0] == row["k"] and r[1] is not None]
+                with decimal.localcontext(prec=80):  # (the default 28 digits would round)
+                    assert row["sq"] == (sum(qs) if qs else None)
+        sq = [r["sq"] for r in driver.view_arrow("totals").to_pylist() if r["sq"] is not None]
+        assert any(v != round(v, 6) for v in sq)  # digits beyond Spark's rounding
 
 
 def test_a_decimal_sum_that_leaves_its_type_fails_the_step_and_keeps_the_root(spark, tmp_path):

@@ -143,32 +143,22 @@ def test_the_estimate_looks_up_the_rows_of_the_changed_keys_where_spark_scans(sp
         assert "4 input rows" in r.path_reason and "Spark would scan 50,000" in r.path_reason
 
 
-@pytest.mark.parametrize("column,aggregate,on_driver", [
-    ("DECIMAL(30,10)", "sum(v)", False),  # a DECIMAL(38,10) state
-    ("DECIMAL(15,3)", "avg(v)", False),  # an average's state has its type: DECIMAL(19,7)
-    ("DECIMAL(15,2)", "avg(v)", True),  # DECIMAL(19,6)
-    ("DECIMAL(10,6)", "sum(v)", True),  # DECIMAL(20,6)
+@pytest.mark.parametrize("column,aggregate", [
+    ("DECIMAL(30,10)", "sum(v)"),  # a DECIMAL(38,10) state: Spark's `+` would round it
+    ("DECIMAL(15,3)", "avg(v)"),  # an average's state has its type: DECIMAL(19,7)
+    ("DECIMAL(15,2)", "avg(v)"),  # DECIMAL(19,6)
+    ("DECIMAL(10,6)", "sum(v)"),  # DECIMAL(20,6)
 ])
-def test_a_decimal_sum_the_spark_path_rounds_keeps_its_circuit_on_spark(
-        spark, tmp_path, column, aggregate, on_driver):
-    """A sum of DECIMAL(30,10) is a DECIMAL(38,10), which the Spark path's ``sum * weight``
-    rounds to 6 fractional digits, and so is an average of DECIMAL(15,3) (its state a
-    DECIMAL(19,7)): no driver path, whatever ``driver_step_rows`` says; where the state's scale
-    is at most 6 the driver's sums are Spark's, and the step runs there."""
+def test_a_decimal_sum_of_any_type_steps_on_the_driver(spark, tmp_path, column, aggregate):
+    """Sums and averages of decimals have a driver path whatever their scale (DuckDB's
+    decimals are exact, and so is the Spark path's arithmetic, in pyarrow where Spark's own
+    would round: ``tests/operators/test_aggregate.py``)."""
     c = Circuit("decimal_sums")
     c.output("sums", c.input("t", f"k BIGINT, v {column}").group_by("k").agg(s=aggregate))
     with Pipeline(c, root=str(tmp_path), spark=spark, driver_step_rows=10**9) as p:
         p.push("t", [(1, 1), (1, 2)])
-        choice = p.engine.choose_path(_change_files(p, {"t": 0}))
-        if on_driver:
-            assert choice.on_driver
-            assert p.step().outputs["sums"] == 1
-            return
-        assert choice == (False, "Spark: operator #1 aggregate by ['k'] (a sum or average "
-                                 "of decimals that the Spark path rounds: a state scale "
-                                 "above 6) has no driver implementation", False)  # nor tasks
-        p.driver_step_rows = None
-        assert not p.engine.choose_path(_change_files(p, {"t": 0})).on_driver
+        assert p.engine.choose_path(_change_files(p, {"t": 0})).on_driver
+        assert p.step().outputs["sums"] == 1
 
 
 @pytest.mark.parametrize("value", [-1, 0, "auto", 1.5])
