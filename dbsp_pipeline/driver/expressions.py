@@ -35,9 +35,9 @@ Whitelist (each item verified against Spark 4.3 + DuckDB 2.0 by ``tests/driver/t
 
 * column references (top-level columns of the input, case-insensitive like Spark's default
   resolution, backticks allowed), rendered as double-quoted DuckDB identifiers. Columns of type
-  int, bigint, double, string (UTF8_BINARY), boolean, date, timestamp, timestamp_ntz take part in
-  expressions; tinyint, smallint, float, decimal and binary columns only pass through unchanged
-  (a bare column, possibly aliased) or under ``IS [NOT] NULL``; other types refuse;
+  int, bigint, double, decimal, string (UTF8_BINARY), boolean, date, timestamp, timestamp_ntz
+  take part in expressions; tinyint, smallint, float and binary columns only pass through
+  unchanged (a bare column, possibly aliased) or under ``IS [NOT] NULL``; other types refuse;
 * literals: integers in the bigint range (typed as Spark types them: int if it fits, a leading
   minus sign included, else bigint), decimals of at most 15 digits (of 16 to 18 digits when
   only compared with integers), exponent doubles (``1e3``; the ``D``/``L``/``BD`` suffixes
@@ -49,7 +49,20 @@ Whitelist (each item verified against Spark 4.3 + DuckDB 2.0 by ``tests/driver/t
   Spark's ``add_months``; DuckDB would give a TIMESTAMP), and decimal literals joined by
   ``+ - *`` (exact in Spark: ``0.06 - 0.01`` is ``0.05``), typed as a decimal literal;
 * ``+ - *`` and unary minus on int/bigint/double (a decimal literal only with a double; never
-  decimal arithmetic, never ``% div``);
+  ``% div``);
+* decimals (``_decimal_arithmetic``, ``_decimal_comparison``, ``_decimal_branches``): ``+ - *``
+  of a decimal with a decimal, an int, a bigint or a decimal or integer literal, where Spark's
+  result type (its precision rules, a type past 38 digits adjusted) keeps every fractional
+  digit of the exact result, so Spark's value is exact: computed exactly by DuckDB with each
+  operand cast to 38 digits, cast to Spark's type (raising where it does not fit, as Spark's
+  ANSI mode does); unary minus and ``abs`` (the same type); comparisons and ``BETWEEN`` with a
+  decimal, integer or decimal literal, exact in both once cast to their common type within 38
+  digits; CASE branches and COALESCE arguments of decimals, ints, bigints, literals and NULL,
+  cast to Spark's common type (an integer literal there counts as an int: ``DECIMAL(10,0)``).
+  Each result is typed as Spark types it (checked against Spark's schema). Refused: a decimal
+  beside a double (Spark converts the decimal to a double its own way), ``/`` and ``%`` of
+  decimals, products and sums Spark rounds (a ``DECIMAL(38,18)`` plus itself), types past 38
+  digits, ``IN`` lists and ``CASE x WHEN`` of decimals;
 * ``/`` of int/bigint/double (a decimal literal only with a double): Spark divides as doubles;
   on a zero divisor Spark (ANSI) raises where DuckDB gives NULL, so the translation raises
   (``error()``) on every zero divisor and the caller lets Spark decide.
@@ -80,9 +93,9 @@ Whitelist (each item verified against Spark 4.3 + DuckDB 2.0 by ``tests/driver/t
 Dropped from the first plan, because the engines differ: ``upper``/``lower`` (Spark uses Java's
 full case mapping: ``upper('ß')`` is ``'SS'``, ``lower('İ')`` is two code points, final sigma;
 DuckDB maps code point by code point), ``%``, ``div``, string/number comparisons, decimal
-arithmetic, timestamp literals (Spark reads them in the session time zone, DuckDB in its own),
-arithmetic on tinyint/smallint/float columns (DuckDB keeps ``tinyint + 1`` a TINYINT that
-overflows at 127, Spark widens to int).
+division and decimal arithmetic Spark rounds, timestamp literals (Spark reads them in the
+session time zone, DuckDB in its own), arithmetic on tinyint/smallint/float columns (DuckDB
+keeps ``tinyint + 1`` a TINYINT that overflows at 127, Spark widens to int).
 
 Errors. Where Spark raises (integer overflow in an evaluated operation), DuckDB raises too on
 the same operation (checked in the tests, including the forms DuckDB's optimizer would otherwise
@@ -124,6 +137,7 @@ from pyspark.sql.types import (
 from sqlglot import exp
 from sqlglot.tokenizer_core import Token, TokenType
 
+from dbsp_pipeline.driver import spark_decimal
 from dbsp_pipeline.driver.sql import ident
 
 #: lower-cased column name -> (exact name, type tag; None: a type expressions cannot use)
@@ -315,7 +329,9 @@ def _type_tag(dt: DataType) -> str | None:
         return TIMESTAMP
     if t is TimestampNTZType:
         return TIMESTAMP_NTZ
-    if t in (ByteType, ShortType, FloatType, DecimalType, BinaryType):
+    if t is DecimalType:
+        return _decimal_tag(cast(DecimalType, dt).precision, cast(DecimalType, dt).scale)
+    if t in (ByteType, ShortType, FloatType, BinaryType):
         return OTHER
     return None  # complex, collated strings, intervals, variant, ...: refuse any reference
 
@@ -381,7 +397,11 @@ def _translate(node: exp.Expression, columns: Columns) -> tuple[str, str]:
         return folded
     if t is exp.Neg:
         _only(node, "this")
-        sql, typ = _typed(node.this, columns, _ARITH)
+        sql, typ = _translate(node.this, columns)
+        if _decimal_of(typ) is not None:
+            return f"(-{sql})", typ  # the same type in both; a decimal's range is symmetric
+        if typ not in _ARITH:
+            raise _Refuse(f"operand type {typ}")
         if typ == DOUBLE:
             return f"(-{sql})", DOUBLE  # keeps -0.0, as Spark's unary minus does
         return f"subtract(0, {sql})", typ  # integral: overflow-checked, not rewritten by DuckDB
@@ -423,6 +443,9 @@ def _translate(node: exp.Expression, columns: Columns) -> tuple[str, str]:
         _no_bare_predicate(node.this, node.expression)
         a, ta = _translate(node.this, columns)
         b, tb = _translate(node.expression, columns)
+        if _decimal_of(ta) is not None or _decimal_of(tb) is not None:
+            return _decimal_comparison(_COMPARISONS[t], (node.this, a, ta),
+                                       (node.expression, b, tb)), BOOLEAN
         _comparable(ta, tb)
         return f"({a} {_COMPARISONS[t]} {b})", BOOLEAN
     if t in (exp.And, exp.Or):
@@ -449,6 +472,12 @@ def _translate(node: exp.Expression, columns: Columns) -> tuple[str, str]:
         x, tx = _translate(node.this, columns)
         lo, tlo = _translate(node.args["low"], columns)
         hi, thi = _translate(node.args["high"], columns)
+        if any(_decimal_of(typ) is not None for typ in (tx, tlo, thi)):
+            # Spark's BETWEEN is ``x >= low AND x <= high``, each comparison typed apart
+            subject = (node.this, x, tx)
+            return (f"({_decimal_comparison('>=', subject, (node.args['low'], lo, tlo))} AND "
+                    f"{_decimal_comparison('<=', subject, (node.args['high'], hi, thi))})",
+                    BOOLEAN)
         _comparable(tx, tlo)
         _comparable(tx, thi)
         _comparable(tlo, thi)
@@ -459,6 +488,9 @@ def _translate(node: exp.Expression, columns: Columns) -> tuple[str, str]:
         _only(node, "this", "expressions", "is_nvl", "is_null")
         args = [node.this, *node.expressions]
         parts = [_translate(a, columns) for a in args]
+        if any(_decimal_of(p[1]) is not None for p in parts):
+            sqls, typ = _decimal_branches([(a, *p) for a, p in zip(args, parts)])
+            return f"COALESCE({', '.join(sqls)})", typ
         typ = _unify([p[1] for p in parts])
         return f"COALESCE({', '.join(p[0] for p in parts)})", typ
     if t is exp.Length:
@@ -467,8 +499,10 @@ def _translate(node: exp.Expression, columns: Columns) -> tuple[str, str]:
         return f"CAST(length({a}) AS INTEGER)", INT  # Spark: int count of code points
     if t is exp.Abs:
         _only(node, "this")
-        a, typ = _typed(node.this, columns, _ARITH)
-        return f"abs({a})", typ
+        a, typ = _translate(node.this, columns)
+        if typ not in _ARITH and _decimal_of(typ) is None:
+            raise _Refuse(f"operand type {typ}")
+        return f"abs({a})", typ  # a decimal's: the same type in both
     raise _Refuse(f"node {t.__name__}")
 
 
@@ -494,8 +528,13 @@ def _typed(node: exp.Expression, columns: Columns, allowed: set[str]) -> tuple[s
 
 def _arithmetic(fn: str, left: exp.Expression, right: exp.Expression,
                 columns: Columns) -> tuple[str, str]:
-    a, ta = _typed(left, columns, _ARITH | {DECIMAL_LIT, NULL})
-    b, tb = _typed(right, columns, _ARITH | {DECIMAL_LIT, NULL})
+    a, ta = _translate(left, columns)
+    b, tb = _translate(right, columns)
+    if _decimal_of(ta) is not None or _decimal_of(tb) is not None:
+        return _decimal_arithmetic(fn, (left, a, ta), (right, b, tb))
+    for typ in (ta, tb):
+        if typ not in _ARITH | {DECIMAL_LIT, NULL}:
+            raise _Refuse(f"operand type {typ}")
     kinds = {ta, tb}
     if kinds <= {NULL}:
         raise _Refuse("NULL op NULL")
@@ -528,6 +567,114 @@ def _division(left: exp.Expression, right: exp.Expression, columns: Columns) -> 
         raise _Refuse("decimal division")
     return (f"(CASE WHEN ({b}) = 0 THEN error('division by zero') "
             f"ELSE CAST({a} AS DOUBLE) / CAST({b} AS DOUBLE) END)"), DOUBLE
+
+
+# --- decimals ----------------------------------------------------------------------------------
+
+_DECIMAL_TAG = re.compile(r"decimal\((\d+),(\d+)\)")
+
+
+def _decimal_tag(precision: int, scale: int) -> str:
+    """The type tag of a ``DECIMAL(precision, scale)`` value."""
+    return f"decimal({precision},{scale})"
+
+
+def _decimal_of(tag: str) -> tuple[int, int] | None:
+    """(precision, scale) of a decimal type tag; None for any other tag."""
+    m = _DECIMAL_TAG.fullmatch(tag)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+#: the decimal type an integral operand takes beside a decimal (``DecimalType.forType``)
+_INTEGRAL_DECIMALS = {INT: (10, 0), BIGINT: (20, 0)}
+
+
+def _decimal_operand(node: exp.Expression, tag: str, *, narrow: bool) -> tuple[int, int]:
+    """The decimal type Spark gives an operand beside a decimal: its own for a decimal, a
+    literal's digits for a decimal literal or fold (``_decimal_value``), ``DECIMAL(10,0)`` and
+    ``DECIMAL(20,0)`` for an int and a bigint, except an integer literal beside a decimal in an
+    arithmetic or comparison operator (``narrow``), which takes its own digits
+    (``spark.sql.legacy.literal.pickMinimumPrecision``, on by default). A double (Spark takes
+    the decimal as a double, rounding differently from DuckDB) and anything else refuses."""
+    own = _decimal_of(tag)
+    if own is not None:
+        return own
+    if tag in (DECIMAL_LIT, DECIMAL_WIDE) or (tag in _INTEGRAL_DECIMALS and narrow
+                                              and _int_literal(node) is not None):
+        typed = _decimal_value(node)
+        if typed is None:
+            raise _Refuse("decimal literal type")
+        return typed[2], typed[3]
+    if tag in _INTEGRAL_DECIMALS:
+        return _INTEGRAL_DECIMALS[tag]
+    raise _Refuse(f"{tag} beside a decimal")
+
+
+def _wider_decimal(types: Sequence[tuple[int, int]]) -> tuple[int, int]:
+    """Spark's common type of decimals (``DecimalPrecision.widerDecimalType``): the most
+    integer digits and the most fractional ones. Past 38 digits Spark bounds it, and a value
+    cast to it may overflow where DuckDB compares exactly: refused."""
+    scale = max(s for _, s in types)
+    precision = max(p - s for p, s in types) + scale
+    if precision > 38:
+        raise _Refuse("a common decimal type past 38 digits")
+    return precision, scale
+
+
+def _as_decimal(sql: str, typ: tuple[int, int]) -> str:
+    return f"CAST({sql} AS DECIMAL({typ[0]}, {typ[1]}))"
+
+
+_Operand: TypeAlias = tuple[exp.Expression, str, str]  # (node, DuckDB SQL, type tag)
+
+
+def _decimal_arithmetic(fn: str, left: _Operand, right: _Operand) -> tuple[str, str]:
+    """``+ - *`` with a decimal operand, where Spark's result is exact: the exact sum,
+    difference or product, of Spark's result type (``spark_decimal.add_type`` /
+    ``multiply_type``, a type past 38 digits adjusted), raising where it does not fit, as
+    Spark's ANSI mode does. Refused where Spark's adjusted type keeps fewer fractional digits
+    than the exact result has (Spark rounds it), with a NULL or a double operand. Each operand
+    is cast to 38 digits of the scale Spark takes it with, and DuckDB's exact result (of that
+    scale; DuckDB raises past 38 digits) to Spark's type."""
+    if NULL in (left[2], right[2]):
+        raise _Refuse("NULL beside a decimal")
+    (p1, s1), (p2, s2) = (_decimal_operand(node, tag, narrow=True) for node, _, tag in
+                          (left, right))
+    if fn == "multiply":
+        exact_scale = s1 + s2
+        precision, scale = spark_decimal.multiply_type(p1, s1, p2, s2)
+    else:
+        exact_scale = max(s1, s2)
+        precision, scale = spark_decimal.add_type(p1, s1, p2, s2)
+    if scale != exact_scale:
+        raise _Refuse("decimal arithmetic Spark rounds")
+    # 38 digits each: DuckDB computes in its operands' width (a DECIMAL(15,2) times a
+    # DECIMAL(13,4) is a DECIMAL(18,6) to it, overflowing at 18 digits)
+    sql = f"{fn}({_as_decimal(left[1], (38, s1))}, {_as_decimal(right[1], (38, s2))})"
+    return _as_decimal(sql, (precision, scale)), _decimal_tag(precision, scale)
+
+
+def _decimal_comparison(op: str, left: _Operand, right: _Operand) -> str:
+    """A comparison with a decimal operand: exact in both engines once both sides are cast to
+    their common decimal type (``_wider_decimal``); against NULL, NULL in both."""
+    if NULL in (left[2], right[2]):
+        if OTHER in (left[2], right[2]):
+            raise _Refuse("comparison with a pass-through type")
+        return f"({left[1]} {op} {right[1]})"
+    types = [_decimal_operand(node, tag, narrow=True) for node, _, tag in (left, right)]
+    wide = _wider_decimal(types)
+    return f"({_as_decimal(left[1], wide)} {op} {_as_decimal(right[1], wide)})"
+
+
+def _decimal_branches(values: Sequence[_Operand]) -> tuple[list[str], str]:
+    """The values of CASE branches or COALESCE arguments, one of them a decimal: each cast to
+    Spark's common type (``_wider_decimal``; an integer literal counts as an int here: no
+    literal narrowing outside arithmetic and comparisons), NULLs left as they are."""
+    types = [_decimal_operand(node, tag, narrow=False) for node, _, tag in values
+             if tag != NULL]
+    wide = _wider_decimal(types)
+    return ([sql if tag == NULL else _as_decimal(sql, wide) for _, sql, tag in values],
+            _decimal_tag(*wide))
 
 
 def _like(node: exp.Like, columns: Columns) -> tuple[str, str]:
@@ -598,7 +745,8 @@ def _case(node: exp.Case, columns: Columns) -> tuple[str, str]:
     subject = None
     if node.this is not None:
         subject = _translate(node.this, columns)
-    parts, types = [], []
+    conditions: list[str] = []
+    values: list[tuple[exp.Expression, str, str]] = []
     for branch in ifs:
         if type(branch) is not exp.If:
             raise _Refuse("CASE branch form")
@@ -609,14 +757,18 @@ def _case(node: exp.Case, columns: Columns) -> tuple[str, str]:
             cond, tc = _translate(branch.this, columns)
             _comparable(subject[1], tc)
         val, tv = _translate(branch.args["true"], columns)
-        parts.append(f"WHEN {cond} THEN {val}")
-        types.append(tv)
+        conditions.append(f"WHEN {cond} THEN ")
+        values.append((branch.args["true"], val, tv))
     default = node.args.get("default")
     if default is not None:
         val, tv = _translate(default, columns)
-        parts.append(f"ELSE {val}")
-        types.append(tv)
-    typ = _unify(types)
+        conditions.append("ELSE ")
+        values.append((default, val, tv))
+    if any(_decimal_of(tv) is not None for _, _, tv in values):
+        sqls, typ = _decimal_branches(values)
+    else:
+        sqls, typ = [val for _, val, _ in values], _unify([tv for _, _, tv in values])
+    parts = [c + v for c, v in zip(conditions, sqls)]
     head = "CASE" if subject is None else f"CASE {subject[0]}"
     return f"({head} {' '.join(parts)} END)", typ
 

@@ -158,7 +158,7 @@ REFUSED = [
     " * ".join(["0.1"] * 17), " * ".join(["1.1"] * 14), "d + 0.0000001" + " * 1" * 16,
     "substring(s, 1, 3000000000)", "substring(s, 3000000000, 1)", "upper(s)", "lower(s)",
     "ucase(s)", "s = 1", "i = '1'",
-    "dt > '2020-01-01'", "l * 1.5", "i + 1.5", "dec + 1", "f + 1", "f = 1", "abs(dec)",
+    "dt > '2020-01-01'", "l * 1.5", "i + 1.5", "dec + d", "f + 1", "f = 1", "dec * 1.5e0",
     "unknown_function(i)", "rand()", "current_date()", "current_timestamp()", "(SELECT 1)",
     "i IN (SELECT 1)", "EXISTS (SELECT 1)", "+i", "'a' 'b'", "'it''s'", "'a\\tb'",
     "no_such_column", "x.i", "*", "NULL", "i AS (a, b)", "i; j", "1L", "1.5D",
@@ -323,6 +323,100 @@ def test_overflow_raises_in_both(spark):
             [e], OVERFLOW_SCHEMA, ["o"])
         assert sql is not None, e
         with pytest.raises(Exception, match="(?i)overflow"):
+            df.select(F.expr(e)).collect()
+        with pytest.raises(duckdb.OutOfRangeException):
+            _query(f"SELECT {sql} FROM t", table)
+
+
+# -- decimals --------------------------------------------------------------------------------
+DEC_SCHEMA = StructType([
+    StructField("rid", IntegerType()), StructField("i", IntegerType()),
+    StructField("l", LongType()), StructField("m", DecimalType(15, 2)),
+    StructField("r", DecimalType(12, 4)), StructField("z", DecimalType(38, 0)),
+    StructField("q", DecimalType(38, 18)), StructField("n", DecimalType(5, 0)),
+    StructField("d", DoubleType()), StructField("b", BooleanType()),
+])
+DEC_ROWS = [
+    (0, None, None, None, None, None, None, None, None, None),
+    (1, 0, 0, Decimal("0.00"), Decimal("0.0000"), Decimal(0), Decimal(0), Decimal(0), 0.0, True),
+    (2, 7, -9223372036854775807, Decimal("9999999999999.99"), Decimal("-99999999.9999"),
+     Decimal(10**37), Decimal("12345678901234567890.123456789012345678"), Decimal(99999), 1.5,
+     False),
+    (3, -2147483647, 9223372036854775807, Decimal("-0.01"), Decimal("0.0001"),
+     Decimal(-(10**37)), Decimal("-0.000000000000000001"), Decimal(-5), -2.5, None),
+    (4, 24, 3, Decimal("24.00"), Decimal("0.0500"), Decimal(1), Decimal("1.5"), Decimal(24),
+     24.0, True),
+    (5, -3, 10, Decimal("-1234.57"), Decimal("0.0650"), Decimal(-3), Decimal("-0.5"),
+     Decimal(-99999), None, False),
+]
+DEC_PROJECTIONS = [
+    "m", "m * (1 - r)", "m + r", "m - r", "-m", "abs(r)", "abs(z)", "m * 2", "m * i", "m + l",
+    "r * 0.05", "m * 1.5", "m + 100.00", "z + 1", "z * 1", "z - z", "z - n", "r * r * r", "n * n",
+    "n + i", "n * l", "m * (0.06 - 0.01)", "-(m * r)", "(m + 1) * (r - 2)",
+    # TPC-H's forms: q1, q14
+    "m * (1 - r) * (1 + n)", "CASE WHEN b THEN m * (1 - r) ELSE 0 END",
+    "CASE WHEN b THEN m ELSE 0 END", "CASE WHEN b THEN n ELSE 0 END",
+    "CASE WHEN b THEN m ELSE r END", "coalesce(m, 0)", "coalesce(n, i)",
+    "CASE WHEN b THEN m ELSE 0.5 END", "coalesce(r, 1)", "CASE WHEN b THEN m END",
+    "coalesce(m, l)", "CASE WHEN m > 0 THEN z ELSE NULL END",
+]
+DEC_PREDICATES = [
+    "m < 24", "m >= 0.05", "r BETWEEN 0.06 - 0.01 AND 0.06 + 0.01", "m > i", "m = l", "z > 1",
+    "q < 0", "q > 0.000000000000000001", "m <=> r", "m > 0.00", "n = 24", "r <= 1 + 10",
+    "m * (1 - r) > 100", "m = NULL", "n BETWEEN 1 AND i", "-m < 0", "z <> n", "q >= -1",
+    "m * 2 = m + m", "NOT (r > 0.05)",
+]
+DEC_REFUSED = [
+    # Spark rounds these (a result type keeping fewer fractional digits than the exact value)
+    "q + q", "q * 1", "q * q", "q - 1", "m * (1 - r) * (1 + r)", "z + q",
+    # a common type past 38 digits; a double beside a decimal; NULL; / and %
+    "z = q", "m + d", "m = d", "m * 1.5e0", "m + NULL", "m / 2", "m % 2", "m div 2",
+    "coalesce(m, d)", "CASE WHEN b THEN z ELSE q END",
+    # IN and CASE x WHEN of decimals
+    "m IN (1, 2)", "CASE m WHEN 1 THEN 1 END",
+]
+
+
+def test_decimal_expressions_give_sparks_values_and_types(spark):
+    """Decimal arithmetic, comparisons and branches: DuckDB's values equal Spark's row by row,
+    and each projection's DuckDB result type is Spark's analysed type exactly."""
+    df = spark.createDataFrame(DEC_ROWS, DEC_SCHEMA)
+    table = _arrow(DEC_ROWS, DEC_SCHEMA)
+    names = [f"c{k}" for k in range(len(DEC_PROJECTIONS))]
+    items = [translate_projection([e], DEC_SCHEMA, [n]) for e, n in zip(DEC_PROJECTIONS, names)]
+    assert [e for e, t in zip(DEC_PROJECTIONS, items) if t is None] == []
+    con = duckdb.connect()
+    con.register("t", table)
+    duck = con.execute(f'SELECT "rid", {", ".join(items)} FROM t ORDER BY "rid"'
+                       ).to_arrow_table()
+    frame = df.select("rid", *[F.expr(e).alias(n) for e, n in zip(DEC_PROJECTIONS, names)])
+    for e, n in zip(DEC_PROJECTIONS, names):
+        t = frame.schema[n].dataType
+        assert duck.schema.field(n).type == pa.decimal128(t.precision, t.scale), e
+    _assert_same(DEC_PROJECTIONS, items, _spark(df, DEC_PROJECTIONS),
+                 [tuple(r.values()) for r in duck.to_pylist()])
+    sqls = [translate_predicate(p, DEC_SCHEMA) for p in DEC_PREDICATES]
+    assert [p for p, q in zip(DEC_PREDICATES, sqls) if q is None] == []
+    select = ", ".join(['"rid"'] + [f"({q}) AS p{k}" for k, q in enumerate(sqls)])
+    _assert_same(DEC_PREDICATES, sqls, _spark(df, DEC_PREDICATES), _duckdb(select, table))
+
+
+@pytest.mark.parametrize("expr", DEC_REFUSED)
+def test_decimal_expressions_spark_rounds_or_types_otherwise_are_refused(expr):
+    assert translate_projection([expr], DEC_SCHEMA, ["o"]) is None
+    assert translate_predicate(f"({expr}) IS NULL", DEC_SCHEMA) is None
+
+
+def test_decimal_overflow_raises_in_both(spark):
+    """Past its result type (ANSI), a decimal sum or product raises in Spark, and in DuckDB."""
+    rows = [(0, 1, 0, Decimal("9999999999999.99"), Decimal("99999999.9999"),
+             Decimal(10**38 - 1), Decimal("99999999999999999999.5"), Decimal(99999), 0.0, True)]
+    df = spark.createDataFrame(rows, DEC_SCHEMA)
+    table = _arrow(rows, DEC_SCHEMA)
+    for e in ["z + 1", "z * 2", "-z - n", "z * z", "z + z > 0", "m * r * n * n * n"]:
+        sql = translate_predicate(e, DEC_SCHEMA) or translate_projection([e], DEC_SCHEMA, ["o"])
+        assert sql is not None, e
+        with pytest.raises(Exception, match="(?i)overflow|out.of.range|cannot be represented"):
             df.select(F.expr(e)).collect()
         with pytest.raises(duckdb.OutOfRangeException):
             _query(f"SELECT {sql} FROM t", table)
