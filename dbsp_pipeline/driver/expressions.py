@@ -50,19 +50,22 @@ Whitelist (each item verified against Spark 4.3 + DuckDB 2.0 by ``tests/driver/t
   ``+ - *`` (exact in Spark: ``0.06 - 0.01`` is ``0.05``), typed as a decimal literal;
 * ``+ - *`` and unary minus on int/bigint/double (a decimal literal only with a double; never
   ``% div``);
-* decimals (``_decimal_arithmetic``, ``_decimal_comparison``, ``_decimal_branches``): ``+ - *``
-  of a decimal with a decimal, an int, a bigint or a decimal or integer literal, where Spark's
-  result type (its precision rules, a type past 38 digits adjusted) keeps every fractional
-  digit of the exact result, so Spark's value is exact: computed exactly by DuckDB with each
-  operand cast to 38 digits, cast to Spark's type (raising where it does not fit, as Spark's
-  ANSI mode does); unary minus and ``abs`` (the same type); comparisons and ``BETWEEN`` with a
-  decimal, integer or decimal literal, exact in both once cast to their common type within 38
-  digits; CASE branches and COALESCE arguments of decimals, ints, bigints, literals and NULL,
-  cast to Spark's common type (an integer literal there counts as an int: ``DECIMAL(10,0)``).
-  Each result is typed as Spark types it (checked against Spark's schema). Refused: a decimal
-  beside a double (Spark converts the decimal to a double its own way), ``/`` and ``%`` of
-  decimals, products and sums Spark rounds (a ``DECIMAL(38,18)`` plus itself), types past 38
-  digits, ``IN`` lists and ``CASE x WHEN`` of decimals;
+* decimals (``_decimal_arithmetic``, ``_decimal_division``, ``_decimal_comparison``,
+  ``_decimal_branches``): ``+ - * /`` of a decimal with a decimal, an int, a bigint or a decimal
+  or integer literal, of Spark's result type (its precision rules, a type past 38 digits
+  adjusted to fewer fractional digits) and value: the exact result, rounded half up to that
+  type's scale (where Spark rounds; a quotient always), raising where it does not fit the
+  type, as Spark's ANSI mode does, and on a zero divisor; computed by DuckDB exactly (operands
+  cast to 38 digits; a quotient in 128-bit integers) and cast to Spark's type, which rounds
+  half away from zero as Spark does. Where an exact intermediate passes 38 digits (only where
+  Spark rounds) DuckDB raises and Spark does not (see "Errors"). Unary minus and ``abs`` (the
+  same type); comparisons and ``BETWEEN`` with a decimal, integer or decimal literal, exact in
+  both once cast to their common type within 38 digits; CASE branches and COALESCE arguments
+  of decimals, ints, bigints, literals and NULL, cast to Spark's common type (an integer
+  literal there counts as an int: ``DECIMAL(10,0)``). Each result is typed as Spark types it
+  (checked against Spark's schema). Refused: a decimal beside a double (Spark converts the
+  decimal to a double its own way) or a bare NULL, ``%`` and ``div`` of decimals, common types
+  past 38 digits, ``IN`` lists and ``CASE x WHEN`` of decimals;
 * ``/`` of int/bigint/double (a decimal literal only with a double): Spark divides as doubles;
   on a zero divisor Spark (ANSI) raises where DuckDB gives NULL, so the translation raises
   (``error()``) on every zero divisor and the caller lets Spark decide.
@@ -92,19 +95,20 @@ Whitelist (each item verified against Spark 4.3 + DuckDB 2.0 by ``tests/driver/t
 
 Dropped from the first plan, because the engines differ: ``upper``/``lower`` (Spark uses Java's
 full case mapping: ``upper('ß')`` is ``'SS'``, ``lower('İ')`` is two code points, final sigma;
-DuckDB maps code point by code point), ``%``, ``div``, string/number comparisons, decimal
-division and decimal arithmetic Spark rounds, timestamp literals (Spark reads them in the
-session time zone, DuckDB in its own), arithmetic on tinyint/smallint/float columns (DuckDB
-keeps ``tinyint + 1`` a TINYINT that overflows at 127, Spark widens to int).
+DuckDB maps code point by code point), ``%``, ``div``, string/number comparisons, timestamp
+literals (Spark reads them in the session time zone, DuckDB in its own), arithmetic on
+tinyint/smallint/float columns (DuckDB keeps ``tinyint + 1`` a TINYINT that overflows at 127,
+Spark widens to int).
 
 Errors. Where Spark raises (integer overflow in an evaluated operation), DuckDB raises too on
 the same operation (checked in the tests, including the forms DuckDB's optimizer would otherwise
 rewrite). The converse is not guaranteed: Spark skips some sub-expressions (the right side of
 ``AND``/``OR`` once decided, the other operand of an arithmetic operator once one is NULL) that
 DuckDB may still evaluate, so on data where such a skipped sub-expression would overflow,
-DuckDB raises where Spark returns a value. A caller that must never fail where Spark would not
-should treat a DuckDB error from a translated expression as "use Spark for this step" (the Spark
-run then either raises the genuine error or returns Spark's values).
+DuckDB raises where Spark returns a value; so does a decimal result Spark rounds whose exact
+value needs more than 38 digits (or a quotient's 128 bits). A caller that must never fail
+where Spark would not should treat a DuckDB error from a translated expression as "use Spark
+for this step" (the Spark run then either raises the genuine error or returns Spark's values).
 """
 
 from __future__ import annotations
@@ -557,9 +561,14 @@ def _division(left: exp.Expression, right: exp.Expression, columns: Columns) -> 
     """``a / b`` of int, bigint and double (a decimal literal only beside a double): Spark
     divides as doubles (``CAST`` of both) and, in ANSI mode, raises on a zero divisor, where
     DuckDB would give NULL; so a zero divisor raises in DuckDB too (``error``), and the caller
-    lets Spark decide, as for an overflow."""
-    a, ta = _typed(left, columns, _ARITH | {DECIMAL_LIT, NULL})
-    b, tb = _typed(right, columns, _ARITH | {DECIMAL_LIT, NULL})
+    lets Spark decide, as for an overflow. With a decimal operand: ``_decimal_division``."""
+    a, ta = _translate(left, columns)
+    b, tb = _translate(right, columns)
+    if _decimal_of(ta) is not None or _decimal_of(tb) is not None:
+        return _decimal_division((left, a, ta), (right, b, tb))
+    for typ in (ta, tb):
+        if typ not in _ARITH | {DECIMAL_LIT, NULL}:
+            raise _Refuse(f"operand type {typ}")
     kinds = {ta, tb}
     if kinds <= {NULL}:
         raise _Refuse("NULL / NULL")
@@ -629,13 +638,15 @@ _Operand: TypeAlias = tuple[exp.Expression, str, str]  # (node, DuckDB SQL, type
 
 
 def _decimal_arithmetic(fn: str, left: _Operand, right: _Operand) -> tuple[str, str]:
-    """``+ - *`` with a decimal operand, where Spark's result is exact: the exact sum,
-    difference or product, of Spark's result type (``spark_decimal.add_type`` /
-    ``multiply_type``, a type past 38 digits adjusted), raising where it does not fit, as
-    Spark's ANSI mode does. Refused where Spark's adjusted type keeps fewer fractional digits
-    than the exact result has (Spark rounds it), with a NULL or a double operand. Each operand
-    is cast to 38 digits of the scale Spark takes it with, and DuckDB's exact result (of that
-    scale; DuckDB raises past 38 digits) to Spark's type."""
+    """``+ - *`` with a decimal operand: Spark's result type (``spark_decimal.add_type`` /
+    ``multiply_type``, a type past 38 digits adjusted to fewer fractional digits), and its
+    value: the exact sum, difference or product, rounded half up (away from zero) to that
+    type's scale where it has fewer fractional digits, raising where it does not fit, as
+    Spark's ANSI mode does. Each operand is cast to 38 digits of the scale Spark takes it with;
+    DuckDB's result is exact (its scale the exact one) and its cast to Spark's type rounds half
+    away from zero too. Where the exact value has more than 38 digits (only where Spark rounds)
+    DuckDB raises and Spark does not: the caller's fallback to Spark decides (see "Errors" in
+    the module docstring). Refused: a NULL or a double operand, an exact scale past 38."""
     if NULL in (left[2], right[2]):
         raise _Refuse("NULL beside a decimal")
     (p1, s1), (p2, s2) = (_decimal_operand(node, tag, narrow=True) for node, _, tag in
@@ -646,12 +657,54 @@ def _decimal_arithmetic(fn: str, left: _Operand, right: _Operand) -> tuple[str, 
     else:
         exact_scale = max(s1, s2)
         precision, scale = spark_decimal.add_type(p1, s1, p2, s2)
-    if scale != exact_scale:
-        raise _Refuse("decimal arithmetic Spark rounds")
+    if exact_scale > 38:
+        raise _Refuse("an exact decimal scale past 38")
     # 38 digits each: DuckDB computes in its operands' width (a DECIMAL(15,2) times a
     # DECIMAL(13,4) is a DECIMAL(18,6) to it, overflowing at 18 digits)
     sql = f"{fn}({_as_decimal(left[1], (38, s1))}, {_as_decimal(right[1], (38, s2))})"
     return _as_decimal(sql, (precision, scale)), _decimal_tag(precision, scale)
+
+
+#: the longest operand a decimal division repeats (four times, and nested divisions again)
+_DIVISION_OPERAND_CHARS = 2_000
+
+
+def _decimal_division(left: _Operand, right: _Operand) -> tuple[str, str]:
+    """``a / b`` with a decimal operand (the other a decimal, an int, a bigint or a literal):
+    Spark's result type (``spark_decimal.divide_type``, adjusted past 38 digits) and value,
+    the exact quotient cut to 39 fractional digits then rounded half up to the type's scale
+    ``S``, which is the exact quotient rounded half up to ``S`` (half up looks only at the
+    first digit dropped, which the cut keeps). DuckDB divides decimals as doubles, so this is
+    integer arithmetic on the unscaled values in 128 bits: ``N = A * 10^(S + s2 - s1)``, the
+    truncated ``N // B`` moved one away from zero where the remainder is at least half of
+    ``B``, scaled back by ``10^-S``. A zero divisor raises (``error``), as Spark's ANSI mode
+    does unless the dividend is NULL; past 128 bits DuckDB raises where Spark may not: the
+    caller's fallback to Spark decides, as for integer division by zero."""
+    if NULL in (left[2], right[2]):
+        raise _Refuse("NULL beside a decimal")
+    if max(len(left[1]), len(right[1])) > _DIVISION_OPERAND_CHARS:
+        raise _Refuse("a decimal division of long operands")
+    (p1, s1), (p2, s2) = (_decimal_operand(node, tag, narrow=True) for node, _, tag in
+                          (left, right))
+    precision, scale = spark_decimal.divide_type(p1, s1, p2, s2)
+    shift = scale + s2 - s1
+    if shift < 0:
+        raise _Refuse("a decimal quotient of fewer fractional digits than its dividend")
+    a = f"{_unscaled(_as_decimal(left[1], (p1, s1)))} * {10 ** shift}::HUGEINT"
+    b = _unscaled(_as_decimal(right[1], (p2, s2)))
+    rounded = (f"(({a}) // ({b}) + CASE WHEN abs(({a}) % ({b})) >= abs({b}) - abs(({a}) % "
+               f"({b})) THEN sign({a}) * sign({b}) ELSE 0 END)")
+    value = f"CAST({rounded} AS DECIMAL(38, 0))"
+    if scale:
+        value = f"multiply({value}, {_as_decimal(f'1e-{scale}', (scale, scale))})"
+    return (f"(CASE WHEN ({b}) = 0 THEN error('division by zero') ELSE "
+            f"{_as_decimal(value, (precision, scale))} END)"), _decimal_tag(precision, scale)
+
+
+def _unscaled(decimal_sql: str) -> str:
+    """The unscaled integer of a decimal (``12.50``: 1250), as a HUGEINT: its text without
+    the point (DuckDB writes every fractional digit of the type, never an exponent)."""
+    return f"CAST(replace(CAST({decimal_sql} AS VARCHAR), '.', '') AS HUGEINT)"
 
 
 def _decimal_comparison(op: str, left: _Operand, right: _Operand) -> str:

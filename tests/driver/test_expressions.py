@@ -149,7 +149,7 @@ PREDICATES = [
 ]
 
 REFUSED = [
-    "dec / 2", "i / 2.5", "i % 2", "i div 2", "cast(l as int)", "l::int", "concat(s, 'x')",
+    "dec / d", "i / 2.5", "i % 2", "i div 2", "cast(l as int)", "l::int", "concat(s, 'x')",
     "s || 'x'", "substring(s, 0, 2)", "substring(s, -1, 2)", "substring(s, 2)",
     "substring(s, i, 1)", "s LIKE 'a_'", "s LIKE s2", "s LIKE 'a%' ESCAPE '!'", "i LIKE '1%'",
     "s ILIKE 'a%'", "extract(hour from ts)", "year(ts)", "extract(year from s)",
@@ -366,12 +366,33 @@ DEC_PREDICATES = [
     "m * (1 - r) > 100", "m = NULL", "n BETWEEN 1 AND i", "-m < 0", "z <> n", "q >= -1",
     "m * 2 = m + m", "NOT (r > 0.05)",
 ]
+#: results Spark rounds (a result type of fewer fractional digits than the exact value has),
+#: and quotients, over rows whose divisors are not zero and whose exact values fit 38 digits
+#: (``q * q`` of two DECIMAL(38,18) has 36 fractional digits: beyond 99.99..., DuckDB raises
+#: and the caller falls back to Spark)
+ROUNDED = [
+    "q + q", "q * 1", "q * q", "q - 1", "m * (1 - r) * (1 + r)", "z + q", "-q * 1",
+    "m / 2", "m / r", "r / m", "m / i", "m / l", "z / 7", "q / 3", "m / 7.0", "n / n",
+    "m * (1 - r) / 3", "100.00 * m / r", "m * 0.0001000000", "-m / 3", "(m / 3) / 7",
+    "i / m", "CASE WHEN b THEN m / 3 ELSE 0 END", "r / 3", "r / -3", "m / 800", "n / 8",
+]
+ROUNDED_ROWS = [
+    (0, None, None, None, None, None, None, None, None, None),
+    (1, 7, -9223372036854775807, Decimal("99999.99"), Decimal("-9999.9999"),
+     Decimal(7), Decimal("9.123456789012345678"), Decimal(99999), 1.5, False),
+    (2, -2147483647, 9223372036854775807, Decimal("-0.01"), Decimal("0.0001"), Decimal(-3),
+     Decimal("-0.000000000000000050"), Decimal(-5), -2.5, None),
+    (3, 24, 3, Decimal("0.01"), Decimal("0.0500"), Decimal(1), Decimal("0.000000000000000025"),
+     Decimal(24), 24.0, True),  # ties: q * 1 and q + q end in 5 past their 16/17 digits
+    (4, -3, 10, Decimal("-1234.57"), Decimal("0.0650"), Decimal(10**15),
+     Decimal("-0.5"), Decimal(-99999), None, False),
+    (5, 1, -1, Decimal("7.77"), Decimal("-3.3333"), Decimal(7),
+     Decimal("0.000000000000000075"), Decimal(3), 2.0, True),
+]
 DEC_REFUSED = [
-    # Spark rounds these (a result type keeping fewer fractional digits than the exact value)
-    "q + q", "q * 1", "q * q", "q - 1", "m * (1 - r) * (1 + r)", "z + q",
-    # a common type past 38 digits; a double beside a decimal; NULL; / and %
-    "z = q", "m + d", "m = d", "m * 1.5e0", "m + NULL", "m / 2", "m % 2", "m div 2",
-    "coalesce(m, d)", "CASE WHEN b THEN z ELSE q END",
+    # a common type past 38 digits; a double beside a decimal; NULL; % and div
+    "z = q", "m + d", "m = d", "m * 1.5e0", "m + NULL", "m / NULL", "m / d", "m % 2",
+    "m div 2", "coalesce(m, d)", "CASE WHEN b THEN z ELSE q END",
     # IN and CASE x WHEN of decimals
     "m IN (1, 2)", "CASE m WHEN 1 THEN 1 END",
 ]
@@ -401,6 +422,27 @@ def test_decimal_expressions_give_sparks_values_and_types(spark):
     _assert_same(DEC_PREDICATES, sqls, _spark(df, DEC_PREDICATES), _duckdb(select, table))
 
 
+def test_decimal_results_spark_rounds_and_quotients_are_sparks(spark):
+    """Where Spark's result type keeps fewer fractional digits than the exact result (it rounds
+    half up), and quotients (cut to 39 digits, then rounded half up), DuckDB's values and
+    types equal Spark's, ties included."""
+    df = spark.createDataFrame(ROUNDED_ROWS, DEC_SCHEMA)
+    table = _arrow(ROUNDED_ROWS, DEC_SCHEMA)
+    names = [f"c{k}" for k in range(len(ROUNDED))]
+    items = [translate_projection([e], DEC_SCHEMA, [n]) for e, n in zip(ROUNDED, names)]
+    assert [e for e, t in zip(ROUNDED, items) if t is None] == []
+    con = duckdb.connect()
+    con.register("t", table)
+    duck = con.execute(f'SELECT "rid", {", ".join(items)} FROM t ORDER BY "rid"'
+                       ).to_arrow_table()
+    frame = df.select("rid", *[F.expr(e).alias(n) for e, n in zip(ROUNDED, names)])
+    for e, n in zip(ROUNDED, names):
+        t = frame.schema[n].dataType
+        assert duck.schema.field(n).type == pa.decimal128(t.precision, t.scale), e
+    _assert_same(ROUNDED, items, _spark(df, ROUNDED),
+                 [tuple(r.values()) for r in duck.to_pylist()])
+
+
 @pytest.mark.parametrize("expr", DEC_REFUSED)
 def test_decimal_expressions_spark_rounds_or_types_otherwise_are_refused(expr):
     assert translate_projection([expr], DEC_SCHEMA, ["o"]) is None
@@ -413,10 +455,24 @@ def test_decimal_overflow_raises_in_both(spark):
              Decimal(10**38 - 1), Decimal("99999999999999999999.5"), Decimal(99999), 0.0, True)]
     df = spark.createDataFrame(rows, DEC_SCHEMA)
     table = _arrow(rows, DEC_SCHEMA)
-    for e in ["z + 1", "z * 2", "-z - n", "z * z", "z + z > 0", "m * r * n * n * n"]:
+    for e in ["z + 1", "z * 2", "-z - n", "z * z", "z + z > 0", "m * r * n * n * n", "z / 0.1"]:
         sql = translate_predicate(e, DEC_SCHEMA) or translate_projection([e], DEC_SCHEMA, ["o"])
         assert sql is not None, e
         with pytest.raises(Exception, match="(?i)overflow|out.of.range|cannot be represented"):
             df.select(F.expr(e)).collect()
         with pytest.raises(duckdb.OutOfRangeException):
+            _query(f"SELECT {sql} FROM t", table)
+
+
+def test_a_zero_decimal_divisor_raises_in_both(spark):
+    rows = [(0, 0, 0, Decimal("1.00"), Decimal("0.0000"), Decimal(0), Decimal(1), Decimal(0),
+             0.0, True)]
+    df = spark.createDataFrame(rows, DEC_SCHEMA)
+    table = _arrow(rows, DEC_SCHEMA)
+    for e in ["m / r", "m / i", "q / z", "m / 0", "m / 0.00"]:
+        sql = translate_projection([e], DEC_SCHEMA, ["o"])
+        assert sql is not None, e
+        with pytest.raises(Exception, match="DIVIDE_BY_ZERO"):
+            df.select(F.expr(e)).collect()
+        with pytest.raises(duckdb.Error, match="division by zero"):
             _query(f"SELECT {sql} FROM t", table)
