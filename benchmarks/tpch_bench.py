@@ -2,7 +2,8 @@
 
 Data from ``tpchgen-cli`` at ``--scale`` (default 1). Per query that compiles
 (``dbsp_pipeline/examples/tpch.py``: all 22), one pipeline on the driver path with DOUBLE
-money columns holds the query as its one view: the tables minus a held-back slice of orders are
+money columns (``--money decimal``: DECIMAL(15,2), as TPC-H declares them) holds the query as
+its one view: the tables minus a held-back slice of orders are
 its initial load (timed, reported apart), then ``--rounds`` rounds each of RF1 (insert 0.1% of
 the orders with their lineitems, ``--fraction``) and RF2 (delete as many loaded orders and their
 lineitems), one step each. The refresh seconds are RF1's step plus RF2's (push + step), the
@@ -10,11 +11,11 @@ median over the rounds. In the same run, over the same data after the refreshes:
 the query from scratch (in memory, over Arrow tables, transpiled by sqlglot), and Spark running
 it from scratch over Parquet copies of the tables (one shared local session; skip with
 ``--no-spark``). The view is compared with DuckDB's result (floats to 1e-9 relative; top-k ties
-are broken differently by SQL, so the comparison there is of multisets). Prints one JSON line
-per query and a table at the end.
+are broken differently by SQL, so the comparison there is of multisets; decimals are compared
+as floats). Prints one JSON line per query and a table at the end.
 
     python benchmarks/tpch_bench.py [--scale 1] [--queries 1 3 6 ...] [--rounds 2]
-        [--fraction 0.001] [--no-spark] [--root DIR]
+        [--fraction 0.001] [--money double|decimal] [--no-spark] [--root DIR]
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from decimal import Decimal
 from typing import Any
 
 import duckdb
@@ -40,14 +42,15 @@ from dbsp_pipeline.examples.tpch import QUERIES, Refreshes, generate, schema_sql
 from dbsp_pipeline.spark_session import local_session
 from dbsp_pipeline.sql import SqlError
 
-MONEY = "DOUBLE"
+#: the type of the money columns, per ``--money``
+MONEY = {"double": "DOUBLE", "decimal": "DECIMAL(15, 2)"}
 
 
 def compiled_queries() -> list[int]:
     out = []
     for n, text in QUERIES.items():
         try:
-            Circuit.from_sql(schema_sql(MONEY)).view(f"q{n}", text)
+            Circuit.from_sql(schema_sql()).view(f"q{n}", text)
             out.append(n)
         except SqlError:
             pass
@@ -59,7 +62,8 @@ def rows_of(table: pa.Table) -> list[tuple]:
     weights = table.column("_weight").to_pylist() if "_weight" in table.column_names else None
     out = []
     for i, row in enumerate(table.select(names).to_pylist()):
-        out += [tuple(row.values())] * (weights[i] if weights else 1)
+        values = tuple(float(v) if isinstance(v, Decimal) else v for v in row.values())
+        out += [values] * (weights[i] if weights else 1)
     return sorted(out, key=lambda r: tuple((v is None, f"{v:.6g}" if isinstance(v, float)
                                             else str(v)) for v in r))
 
@@ -87,10 +91,11 @@ def run_query(n: int, tables: dict[str, pa.Table], args: argparse.Namespace, roo
               spark_dir: str | None, spark: Any) -> dict[str, Any]:
     refreshes = Refreshes(tables, fraction=args.fraction, seed=n)
     current = dict(refreshes.initial)
-    circuit = Circuit.from_sql(schema_sql(MONEY) + f"CREATE VIEW q{n} AS {QUERIES[n]};\n")
+    circuit = Circuit.from_sql(schema_sql(MONEY[args.money])
+                               + f"CREATE VIEW q{n} AS {QUERIES[n]};\n")
     used = set(circuit.inputs_of(f"q{n}"))
     folder = os.path.join(root, f"q{n}")
-    record: dict[str, Any] = {"query": n, "scale": args.scale}
+    record: dict[str, Any] = {"query": n, "scale": args.scale, "money": args.money}
     with Pipeline(circuit, folder, spark, driver_step_rows=10**12) as p:
         t0 = time.perf_counter()
         for name, table in current.items():
@@ -169,6 +174,8 @@ def main() -> None:
     parser.add_argument("--queries", type=int, nargs="*")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--fraction", type=float, default=0.001)
+    parser.add_argument("--money", choices=sorted(MONEY), default="double",
+                        help="the type of the money columns (default: double)")
     parser.add_argument("--no-spark", action="store_true")
     parser.add_argument("--root", help="a folder for the data and the pipelines (default: a "
                                        "temporary one, removed at the end)")
