@@ -52,20 +52,22 @@ Whitelist (each item verified against Spark 4.3 + DuckDB 2.0 by ``tests/driver/t
   ``% div``);
 * decimals (``_decimal_arithmetic``, ``_decimal_division``, ``_decimal_comparison``,
   ``_decimal_branches``): ``+ - * /`` of a decimal with a decimal, an int, a bigint or a decimal
-  or integer literal, of Spark's result type (its precision rules, a type past 38 digits
-  adjusted to fewer fractional digits) and value: the exact result, rounded half up to that
-  type's scale (where Spark rounds; a quotient always), raising where it does not fit the
-  type, as Spark's ANSI mode does, and on a zero divisor; computed by DuckDB exactly (operands
-  cast to 38 digits; a quotient in 128-bit integers) and cast to Spark's type, which rounds
-  half away from zero as Spark does. Where an exact intermediate passes 38 digits (only where
-  Spark rounds) DuckDB raises and Spark does not (see "Errors"). Unary minus and ``abs`` (the
-  same type); comparisons and ``BETWEEN`` with a decimal, integer or decimal literal, exact in
-  both once cast to their common type within 38 digits; CASE branches and COALESCE arguments
-  of decimals, ints, bigints, literals and NULL, cast to Spark's common type (an integer
-  literal there counts as an int: ``DECIMAL(10,0)``). Each result is typed as Spark types it
-  (checked against Spark's schema). Refused: a decimal beside a double (Spark converts the
-  decimal to a double its own way) or a bare NULL, ``%`` and ``div`` of decimals, common types
-  past 38 digits, ``IN`` lists and ``CASE x WHEN`` of decimals;
+  or integer literal, of Spark's result type (its precision rules, a type past 38 digits adjusted
+  to fewer fractional digits) and value: the exact result, rounded half up to that type's scale
+  (where Spark rounds; a quotient always), raising where it does not fit the type, as Spark's ANSI
+  mode does, and on a zero divisor; computed by DuckDB exactly (operands cast to 38 digits; a
+  quotient in 128-bit integers) and cast to Spark's type, which rounds half away from zero as
+  Spark does. Where an exact intermediate passes 38 digits, or an operand of ``+ -`` does not fit
+  38 digits of the other's scale (only where Spark rounds), DuckDB raises and Spark does not (see
+  "Errors"). Unary minus and ``abs`` (the same type, up to 34 digits); comparisons and ``BETWEEN``
+  with a decimal, integer or decimal literal, exact in both once cast to their common type within
+  38 digits; CASE branches and COALESCE arguments of decimals, ints, bigints, literals and NULL,
+  cast to Spark's common type (an integer literal there counts as an int: ``DECIMAL(10,0)``). Each
+  result with a decimal column in it is typed as Spark types it (checked against Spark's schema).
+  Refused: unary minus and ``abs`` of more than 34 digits (Spark rounds them to 34 significant
+  digits), a decimal beside a double (Spark converts the decimal to a double its own way) or a
+  bare NULL, ``%`` and ``div`` of decimals, common types past 38 digits, ``IN`` lists and
+  ``CASE x WHEN`` of decimals;
 * ``/`` of int/bigint/double (a decimal literal only with a double): Spark divides as doubles;
   on a zero divisor Spark (ANSI) raises where DuckDB gives NULL, so the translation raises
   (``error()``) on every zero divisor and the caller lets Spark decide.
@@ -403,7 +405,8 @@ def _translate(node: exp.Expression, columns: Columns) -> tuple[str, str]:
         _only(node, "this")
         sql, typ = _translate(node.this, columns)
         if _decimal_of(typ) is not None:
-            return f"(-{sql})", typ  # the same type in both; a decimal's range is symmetric
+            _exactly_negated(typ)
+            return f"(-{sql})", typ  # the same type in both
         if typ not in _ARITH:
             raise _Refuse(f"operand type {typ}")
         if typ == DOUBLE:
@@ -504,7 +507,9 @@ def _translate(node: exp.Expression, columns: Columns) -> tuple[str, str]:
     if t is exp.Abs:
         _only(node, "this")
         a, typ = _translate(node.this, columns)
-        if typ not in _ARITH and _decimal_of(typ) is None:
+        if _decimal_of(typ) is not None:
+            _exactly_negated(typ)
+        elif typ not in _ARITH:
             raise _Refuse(f"operand type {typ}")
         return f"abs({a})", typ  # a decimal's: the same type in both
     raise _Refuse(f"node {t.__name__}")
@@ -596,6 +601,20 @@ def _decimal_of(tag: str) -> tuple[int, int] | None:
 
 #: the decimal type an integral operand takes beside a decimal (``DecimalType.forType``)
 _INTEGRAL_DECIMALS = {INT: (10, 0), BIGINT: (20, 0)}
+
+
+#: the most digits Spark negates exactly: its ``Decimal.unary_-`` (and so ``abs`` of a negative
+#: value) goes through a Scala ``BigDecimal`` of 34 digits (``MathContext.DECIMAL128``), so a
+#: wider value comes back rounded half even to 34 significant digits, or raises where that
+#: rounding leaves the type; DuckDB negates exactly
+_NEGATED_DIGITS = 34
+
+
+def _exactly_negated(tag: str) -> None:
+    """Refuse ``-x`` and ``abs(x)`` of a decimal type Spark may not negate exactly."""
+    decimal = _decimal_of(tag)
+    if decimal is not None and decimal[0] > _NEGATED_DIGITS:
+        raise _Refuse(f"unary minus of a decimal of {decimal[0]} digits")
 
 
 def _decimal_operand(node: exp.Expression, tag: str, *, narrow: bool) -> tuple[int, int]:

@@ -382,8 +382,9 @@ class Aggregate(Operator):
                 parts.append(f"list({{'_v': {v}, '_w': {w}}}) FILTER "
                              f"(WHERE {ident(arg)} IS NOT NULL) AS _ds{i}")
             elif a["fn"] in ("sum", "avg") and isinstance(a["sum_type"], DecimalType):
-                # Spark's: the sum of value * weight in its widest type, cast to the state's
-                # (exact, as ``runs_on_driver`` requires; beyond the type both raise)
+                # Spark's SUM: the sum of value * weight in its widest type, cast to the
+                # state's (exact, as the Spark path's, ``_rounded_by_spark``; beyond the type
+                # both raise)
                 st = a["sum_type"]
                 parts.append(f"CAST(sum(CAST({ident(arg)} AS DECIMAL(38, {st.scale})) * {w}) "
                              f"AS DECIMAL({st.precision}, {st.scale})) AS _ds{i}")

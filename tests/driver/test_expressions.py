@@ -350,7 +350,7 @@ DEC_ROWS = [
      Decimal(-99999), None, False),
 ]
 DEC_PROJECTIONS = [
-    "m", "m * (1 - r)", "m + r", "m - r", "-m", "abs(r)", "abs(z)", "m * 2", "m * i", "m + l",
+    "m", "m * (1 - r)", "m + r", "m - r", "-m", "abs(r)", "abs(n)", "m * 2", "m * i", "m + l",
     "r * 0.05", "m * 1.5", "m + 100.00", "z + 1", "z * 1", "z - z", "z - n", "r * r * r", "n * n",
     "n + i", "n * l", "m * (0.06 - 0.01)", "-(m * r)", "(m + 1) * (r - 2)",
     # TPC-H's forms: q1, q14
@@ -371,7 +371,7 @@ DEC_PREDICATES = [
 #: (``q * q`` of two DECIMAL(38,18) has 36 fractional digits: beyond 99.99..., DuckDB raises
 #: and the caller falls back to Spark)
 ROUNDED = [
-    "q + q", "q * 1", "q * q", "q - 1", "m * (1 - r) * (1 + r)", "z + q", "-q * 1",
+    "q + q", "q * 1", "q * q", "q - 1", "m * (1 - r) * (1 + r)", "z + q", "-r * q",
     "m / 2", "m / r", "r / m", "m / i", "m / l", "z / 7", "q / 3", "m / 7.0", "n / n",
     "m * (1 - r) / 3", "100.00 * m / r", "m * 0.0001000000", "-m / 3", "(m / 3) / 7",
     "i / m", "CASE WHEN b THEN m / 3 ELSE 0 END", "r / 3", "r / -3", "m / 800", "n / 8",
@@ -395,6 +395,8 @@ DEC_REFUSED = [
     "m div 2", "coalesce(m, d)", "CASE WHEN b THEN z ELSE q END",
     # IN and CASE x WHEN of decimals
     "m IN (1, 2)", "CASE m WHEN 1 THEN 1 END",
+    # unary minus and abs past 34 digits: Spark rounds them to 34 significant digits
+    "-z", "abs(z)", "-q", "abs(q)", "-(m * q)", "-z > 0",
 ]
 
 
@@ -455,7 +457,7 @@ def test_decimal_overflow_raises_in_both(spark):
              Decimal(10**38 - 1), Decimal("99999999999999999999.5"), Decimal(99999), 0.0, True)]
     df = spark.createDataFrame(rows, DEC_SCHEMA)
     table = _arrow(rows, DEC_SCHEMA)
-    for e in ["z + 1", "z * 2", "-z - n", "z * z", "z + z > 0", "m * r * n * n * n", "z / 0.1"]:
+    for e in ["z + 1", "z * 2", "0 - z - n", "z * z", "z + z > 0", "m * r * n * n * n", "z / 0.1"]:
         sql = translate_predicate(e, DEC_SCHEMA) or translate_projection([e], DEC_SCHEMA, ["o"])
         assert sql is not None, e
         with pytest.raises(Exception, match="(?i)overflow|out.of.range|cannot be represented"):
@@ -476,3 +478,15 @@ def test_a_zero_decimal_divisor_raises_in_both(spark):
             df.select(F.expr(e)).collect()
         with pytest.raises(duckdb.Error, match="division by zero"):
             _query(f"SELECT {sql} FROM t", table)
+
+
+def test_spark_negates_a_decimal_of_more_than_34_digits_inexactly(spark):
+    """Why ``-x`` and ``abs(x)`` of a decimal wider than 34 digits are refused: Spark's value
+    is rounded to 34 significant digits (DuckDB's is exact), or Spark raises."""
+    z = Decimal("12345678901234567890123456789012345678")
+    got = spark.createDataFrame([(z,)], "z DECIMAL(38,0)").selectExpr("-z AS n").collect()
+    assert got[0]["n"] != -z and got[0]["n"] == Decimal("-12345678901234567890123456789012350000")
+    assert translate_projection(["-z"], StructType([StructField("z", DecimalType(38, 0))]),
+                                ["n"]) is None
+    assert translate_projection(["-z"], StructType([StructField("z", DecimalType(34, 0))]),
+                                ["n"]) is not None
