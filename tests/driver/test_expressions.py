@@ -400,49 +400,41 @@ DEC_REFUSED = [
 ]
 
 
+def _assert_decimal_projections(spark, exprs: list[str], rows: list[tuple]) -> None:
+    """Each of ``exprs`` is translated, and over ``rows`` its DuckDB values equal Spark's and
+    its DuckDB result type is Spark's analysed type exactly."""
+    df = spark.createDataFrame(rows, DEC_SCHEMA)
+    names = [f"c{k}" for k in range(len(exprs))]
+    items = [translate_projection([e], DEC_SCHEMA, [n]) for e, n in zip(exprs, names)]
+    assert [e for e, t in zip(exprs, items) if t is None] == []
+    con = duckdb.connect()
+    con.register("t", _arrow(rows, DEC_SCHEMA))
+    duck = con.execute(f'SELECT "rid", {", ".join(items)} FROM t ORDER BY "rid"'
+                       ).to_arrow_table()
+    frame = df.select("rid", *[F.expr(e).alias(n) for e, n in zip(exprs, names)])
+    for e, n in zip(exprs, names):
+        t = frame.schema[n].dataType
+        assert duck.schema.field(n).type == pa.decimal128(t.precision, t.scale), e
+    _assert_same(exprs, items, _spark(df, exprs), [tuple(r.values()) for r in duck.to_pylist()])
+
+
 def test_decimal_expressions_give_sparks_values_and_types(spark):
     """Decimal arithmetic, comparisons and branches: DuckDB's values equal Spark's row by row,
     and each projection's DuckDB result type is Spark's analysed type exactly."""
+    _assert_decimal_projections(spark, DEC_PROJECTIONS, DEC_ROWS)
     df = spark.createDataFrame(DEC_ROWS, DEC_SCHEMA)
-    table = _arrow(DEC_ROWS, DEC_SCHEMA)
-    names = [f"c{k}" for k in range(len(DEC_PROJECTIONS))]
-    items = [translate_projection([e], DEC_SCHEMA, [n]) for e, n in zip(DEC_PROJECTIONS, names)]
-    assert [e for e, t in zip(DEC_PROJECTIONS, items) if t is None] == []
-    con = duckdb.connect()
-    con.register("t", table)
-    duck = con.execute(f'SELECT "rid", {", ".join(items)} FROM t ORDER BY "rid"'
-                       ).to_arrow_table()
-    frame = df.select("rid", *[F.expr(e).alias(n) for e, n in zip(DEC_PROJECTIONS, names)])
-    for e, n in zip(DEC_PROJECTIONS, names):
-        t = frame.schema[n].dataType
-        assert duck.schema.field(n).type == pa.decimal128(t.precision, t.scale), e
-    _assert_same(DEC_PROJECTIONS, items, _spark(df, DEC_PROJECTIONS),
-                 [tuple(r.values()) for r in duck.to_pylist()])
     sqls = [translate_predicate(p, DEC_SCHEMA) for p in DEC_PREDICATES]
     assert [p for p, q in zip(DEC_PREDICATES, sqls) if q is None] == []
     select = ", ".join(['"rid"'] + [f"({q}) AS p{k}" for k, q in enumerate(sqls)])
-    _assert_same(DEC_PREDICATES, sqls, _spark(df, DEC_PREDICATES), _duckdb(select, table))
+    _assert_same(DEC_PREDICATES, sqls, _spark(df, DEC_PREDICATES),
+                 _duckdb(select, _arrow(DEC_ROWS, DEC_SCHEMA)))
 
 
 def test_decimal_results_spark_rounds_and_quotients_are_sparks(spark):
     """Where Spark's result type keeps fewer fractional digits than the exact result (it rounds
     half up), and quotients (cut to 39 digits, then rounded half up), DuckDB's values and
     types equal Spark's, ties included."""
-    df = spark.createDataFrame(ROUNDED_ROWS, DEC_SCHEMA)
-    table = _arrow(ROUNDED_ROWS, DEC_SCHEMA)
-    names = [f"c{k}" for k in range(len(ROUNDED))]
-    items = [translate_projection([e], DEC_SCHEMA, [n]) for e, n in zip(ROUNDED, names)]
-    assert [e for e, t in zip(ROUNDED, items) if t is None] == []
-    con = duckdb.connect()
-    con.register("t", table)
-    duck = con.execute(f'SELECT "rid", {", ".join(items)} FROM t ORDER BY "rid"'
-                       ).to_arrow_table()
-    frame = df.select("rid", *[F.expr(e).alias(n) for e, n in zip(ROUNDED, names)])
-    for e, n in zip(ROUNDED, names):
-        t = frame.schema[n].dataType
-        assert duck.schema.field(n).type == pa.decimal128(t.precision, t.scale), e
-    _assert_same(ROUNDED, items, _spark(df, ROUNDED),
-                 [tuple(r.values()) for r in duck.to_pylist()])
+    _assert_decimal_projections(spark, ROUNDED, ROUNDED_ROWS)
 
 
 @pytest.mark.parametrize("expr", DEC_REFUSED)

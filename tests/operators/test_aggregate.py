@@ -10,6 +10,7 @@ import decimal
 import math
 import random
 import struct
+from collections.abc import Callable
 
 import pytest
 from pyspark.sql import functions as F
@@ -378,6 +379,16 @@ def _exact_view(p: Pipeline) -> list[tuple]:
                    p.view_arrow("totals").to_pylist()), key=repr)
 
 
+def _three_paths(circuit: Callable[[], Circuit], spark, tmp_path) -> tuple[Pipeline, ...]:
+    """Three pipelines of one circuit: every step on the driver, as Spark jobs, and as Spark
+    tasks per owner (rescale the last to W=2 once open)."""
+    driver = Pipeline(circuit(), str(tmp_path / "driver"), spark, driver_step_rows=10**9)
+    jobs = Pipeline(circuit(), str(tmp_path / "jobs"), spark, driver_step_rows=0)
+    tasks = Pipeline(circuit(), str(tmp_path / "tasks"), spark, driver_step_rows=0)
+    jobs.spark_per_owner = False
+    return driver, jobs, tasks
+
+
 def test_decimal_sums_and_averages_on_the_driver_equal_sparks_to_the_last_digit(spark,
                                                                                 tmp_path):
     """Sums and averages of DECIMAL(15,2), (12,4) and (38,0) run on the driver (Spark keeps
@@ -386,10 +397,7 @@ def test_decimal_sums_and_averages_on_the_driver_equal_sparks_to_the_last_digit(
     tasks per owner (W=2), step after step of random inserts and deletes with NULLs, groups
     emptying out and coming back; the sums equal the exact sum of the rows present."""
     rng = random.Random(15)
-    driver = Pipeline(_money_circuit(), str(tmp_path / "driver"), spark, driver_step_rows=10**9)
-    jobs = Pipeline(_money_circuit(), str(tmp_path / "jobs"), spark, driver_step_rows=0)
-    tasks = Pipeline(_money_circuit(), str(tmp_path / "tasks"), spark, driver_step_rows=0)
-    jobs.spark_per_owner = False
+    driver, jobs, tasks = _three_paths(_money_circuit, spark, tmp_path)
     live: list[tuple] = []
     with driver, jobs, tasks:
         tasks.rescale(2)
@@ -451,10 +459,7 @@ def test_wide_decimal_sums_are_exact_on_every_path_and_equal_sparks_from_scratch
     step's view is the same, digit for digit, and equals Spark's ``SUM``/``AVG`` from scratch
     over the rows present, under inserts of weight 1 and 3 and deletes of one copy."""
     rng = random.Random(38)
-    driver = Pipeline(_wide_circuit(), str(tmp_path / "driver"), spark, driver_step_rows=10**9)
-    jobs = Pipeline(_wide_circuit(), str(tmp_path / "jobs"), spark, driver_step_rows=0)
-    tasks = Pipeline(_wide_circuit(), str(tmp_path / "tasks"), spark, driver_step_rows=0)
-    jobs.spark_per_owner = False
+    driver, jobs, tasks = _three_paths(_wide_circuit, spark, tmp_path)
     live: list[tuple] = []
     with driver, jobs, tasks:
         tasks.rescale(2)
