@@ -1,6 +1,9 @@
 """Spark's decimal arithmetic, reproduced on the driver where an aggregate's sum or average of
 decimals needs it (``operators/aggregate.py``), so that a circuit summing money kept as
 ``DECIMAL(p, s)`` runs its small steps on the driver, with Spark's results to the last digit.
+Its typing rules (``add_type``, ``multiply_type``, ``divide_type``) also type the decimal
+arithmetic ``driver/expressions.py`` translates to DuckDB, and its exact pyarrow sums
+(``exact_products``, ``exact_sums``) run inside the aggregate's Spark path as Arrow UDFs.
 
 What the aggregate's Spark path computes (``Aggregate.step``), and so what the driver must:
 
