@@ -18,11 +18,13 @@ What the aggregate's Spark path computes (``Aggregate.step``), and so what the d
   decimals on the driver are. Where it would not (a ``DECIMAL(38, 18)`` column, say), the
   Spark path multiplies and adds in pyarrow instead (``exact_products``, ``exact_sums``, as
   Arrow UDFs), exactly, so both paths and a ``SUM`` from scratch agree to the last digit.
-* an average ``CAST(sum / count AS avg_type)``: the quotient of a ``DECIMAL(P, s)`` by a
-  ``BIGINT`` (a ``DECIMAL(20, 0)``) cut (rounded down) to 39 fractional digits (Spark 4's
-  ``Decimal./``: ``BigDecimal.divide(that, MAX_SCALE + 1, DOWN)``), then rounded half up to
-  the quotient type's scale (``divide_type``), then half up to the average's type
-  (``averages``).
+* an average as Spark's ``AVG`` evaluates it (``average``): the sum (kept in ``AVG``'s sum
+  type ``DECIMAL(min(38, p + 10), s)``) divided by the count, cut (rounded down) to 39
+  fractional digits (Spark 4's ``Decimal./``: ``BigDecimal.divide(that, MAX_SCALE + 1,
+  DOWN)``), then rounded half up to the average's type, once. Both paths compute it with
+  ``averages`` (on Spark, as an Arrow UDF): Spark's own ``sum / count`` would round to the
+  quotient type's scale first (``divide_type``), which may be fewer digits than the
+  average's.
 
 Overflow: Spark (ANSI mode, its default) raises where a value leaves its type; so does the
 driver, where it checks: the partial sum and the new state against the state's type at each
@@ -98,22 +100,21 @@ def _rounded(value: Decimal, scale: int) -> Decimal:
     return value.quantize(Decimal(1).scaleb(-scale), context=_WIDE_CONTEXT)
 
 
-def average(total: Decimal, count: int, sum_type: tuple[int, int],
-            avg_type: tuple[int, int]) -> Decimal:
-    """Spark's ``CAST(total / count AS DECIMAL(avg_type))`` for a sum ``total`` of type
-    ``DECIMAL(sum_type)`` and a positive ``count``. ``ArithmeticError`` where Spark's ANSI
-    mode raises (the quotient or the average leaves its type)."""
-    quotient_type = divide_type(*sum_type, *LONG_DECIMAL)
+def average(total: Decimal, count: int, avg_type: tuple[int, int]) -> Decimal:
+    """Spark 4's ``AVG`` of a group whose sum is ``total`` and whose count of values is the
+    positive ``count``: ``Average``'s ``DecimalDivideWithOverflowCheck(sum, CAST(count AS
+    DECIMAL(20, 0)), avg_type)``, which divides with ``Decimal./`` (the exact quotient cut,
+    rounding down, to 39 fractional digits) and rounds that once, half up, to the average's
+    scale (no quotient type in between, as a ``CAST(sum / count AS avg_type)`` would have).
+    ``ArithmeticError`` where the average leaves ``avg_type`` (Spark's ANSI mode raises)."""
     # the exact quotient cut to DIVISION_SCALE digits (integers: no rounding but the cut)
     scaled = int(total.scaleb(DIVISION_SCALE, context=_WIDE_CONTEXT))  # exact: total has
     cut = abs(scaled) // count                                         # at most 38 digits
-    quotient = _rounded(Decimal(-cut if scaled < 0 else cut).scaleb(
-        -DIVISION_SCALE, context=_WIDE_CONTEXT), quotient_type[1])
-    if not _fits(quotient, *quotient_type):
-        raise ArithmeticError(f"{total} / {count} does not fit DECIMAL{quotient_type}")
-    value = _rounded(quotient, avg_type[1])
+    value = _rounded(Decimal(-cut if scaled < 0 else cut).scaleb(
+        -DIVISION_SCALE, context=_WIDE_CONTEXT), avg_type[1])
     if not _fits(value, *avg_type):
-        raise ArithmeticError(f"the average {value} does not fit DECIMAL{avg_type}")
+        raise ArithmeticError(f"the average {value} of {total} / {count} does not fit "
+                              f"DECIMAL{avg_type}")
     return value.copy_abs() if not value else value  # (a decimal has no -0)
 
 
@@ -121,9 +122,8 @@ def averages(totals: pa.Array | pa.ChunkedArray, counts: pa.Array | pa.ChunkedAr
              avg_type: pa.Decimal128Type) -> pa.Array:
     """Per row, ``average`` of a decimal sum (``totals``, NULL for none) and its count (NULL
     where the count is NULL or not positive, or the sum NULL), as ``avg_type``."""
-    sum_type = (totals.type.precision, totals.type.scale)
     out_type = (avg_type.precision, avg_type.scale)
-    values = [None if t is None or c is None or c <= 0 else average(t, c, sum_type, out_type)
+    values = [None if t is None or c is None or c <= 0 else average(t, c, out_type)
               for t, c in zip(totals.to_pylist(), counts.to_pylist())]
     return pa.array(values, avg_type)
 

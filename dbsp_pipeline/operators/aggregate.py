@@ -115,7 +115,12 @@ class Aggregate(Operator):
         state_fields += [StructField(a["name"], a["type"]) for a in self.aggs]
         self.state_schema = StructType(state_fields)
         exact = any(a.get("exact") for a in self.aggs)  # state format 3 (runtime/upgrade.py)
-        self.groups = Trace(db, f"{name}_groups" + ("_exact" if exact else ""),
+        #: the groups trace an engine before state format 6 kept (``runtime/upgrade.py``):
+        #: the same but for the sums of decimal averages, which it kept in the average's type
+        self.narrow_groups_name = f"{name}_groups" + ("_exact" if exact else "")
+        wide = any(a["fn"] == "avg" and isinstance(a.get("sum_type"), DecimalType)
+                   for a in self.aggs)
+        self.groups = Trace(db, self.narrow_groups_name + ("_wide" if wide else ""),
                             self.state_schema, self.keys, updated_in_place=True)
         #: the state type of each sum or average of decimals (their phases 1 and 4 run as
         #: DuckDB's exact decimals, never in pyarrow)
@@ -134,6 +139,13 @@ class Aggregate(Operator):
                 self.values[a["i"]] = Trace(
                     db, f"{name}_values{a['i']}", vschema, self.keys,
                     order_by="_v" if _ordered_like_duckdb(value_type) else None)
+
+    def decimal_average_sums(self) -> dict[str, DecimalType]:
+        """The state columns (``_s<i>``) holding the sums of decimal averages, with their type:
+        Spark's ``AVG`` sum type since state format 6, the average's type before
+        (``runtime/upgrade.py``)."""
+        return {f"_s{a['i']}": a["sum_type"] for a in self.aggs
+                if a["fn"] == "avg" and isinstance(a["sum_type"], DecimalType)}
 
     # ------------------------------------------------------------------------------------
     def step(self, ctx: StepContext, changes: Sequence[Delta]) -> Delta:
@@ -232,6 +244,8 @@ class Aggregate(Operator):
                 value = F.col(f"_fv{i}")
             elif fn == "sum":
                 value = F.when(F.col(f"_c{i}") > 0, F.col(f"_s{i}"))
+            elif fn == "avg" and isinstance(a["type"], DecimalType):  # Spark's AVG, not `/`
+                value = _decimal_averages(a["type"])(F.col(f"_s{i}"), F.col(f"_c{i}"))
             elif fn == "avg":
                 value = F.when(F.col(f"_c{i}") > 0, F.col(f"_s{i}") / F.col(f"_c{i}"))
             else:
@@ -822,15 +836,27 @@ def _exact_sums(sum_type: DecimalType) -> Any:
     return _arrow_udf(exact_sums, sum_type)
 
 
+def _decimal_averages(avg_type: DecimalType) -> Any:
+    """The Arrow UDF of ``spark_decimal.averages`` (sum, count) into ``avg_type``."""
+    out = pa.decimal128(avg_type.precision, avg_type.scale)
+
+    def decimal_averages(totals: pa.Array, counts: pa.Array) -> pa.Array:
+        return spark_decimal.averages(totals, counts, out)
+    return _arrow_udf(decimal_averages, avg_type)
+
+
 #: PySpark's ``arrow_udf``, its kind (arrays to an array) taken from the function's type
 #: hints, a form its stubs do not declare
 _arrow_udf: Any = arrow_udf
 
 
 def _sum_type(input_type: DataType, output_type: DataType) -> DataType:
+    """The type ``sum``/``avg`` keeps its sum in. Of decimals, Spark's (``Sum``'s result type,
+    ``Average``'s ``sumDataType``): ``DECIMAL(min(38, p + 10), s)`` for a ``DECIMAL(p, s)``
+    column, so a sum overflows here exactly where Spark's would."""
     if isinstance(input_type, DecimalType):
-        return (output_type if isinstance(output_type, DecimalType)
-                else DecimalType(38, input_type.scale))
+        return DecimalType(min(spark_decimal.MAX_PRECISION, input_type.precision + 10),
+                           input_type.scale)
     if isinstance(output_type, LongType):
         return LongType()
     return DoubleType()

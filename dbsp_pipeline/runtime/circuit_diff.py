@@ -190,9 +190,10 @@ def state_names(change: CircuitDiff, new: Mapping[str, Any], old_names: Mapping[
 
 
 #: what follows a node's state name in the names of its tables (``operators/``: a join's
-#: ``_left`` and ``_right``, an aggregate's ``_groups``, ``_groups_exact`` and ``_values<i>``;
-#: a distinct, top-k or stream operator's one table is its name); never ``_u<k>``
-TABLE_SUFFIX = r"(_left|_right|_groups|_groups_exact|_values[0-9]+)?"
+#: ``_left`` and ``_right``, an aggregate's ``_groups``, ``_groups_exact``, either with
+#: ``_wide``, and ``_values<i>``; a distinct, top-k or stream operator's one table is its name);
+#: never ``_u<k>``
+TABLE_SUFFIX = r"(_left|_right|_groups(_exact)?(_wide)?|_values[0-9]+)?"
 
 
 def table_belongs(name: str, table: str) -> bool:

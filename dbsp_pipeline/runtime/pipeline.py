@@ -308,6 +308,13 @@ class Pipeline:
                     planned = circuit_upgrade.plan_change(db, circuit, old_circuit, old_columns)
                     circuit_upgrade.install_names(db, planned)
                 plan = compile_plan(circuit, session, db)
+                if planned is None:  # (an upgrade settled the old circuit, which copied them)
+                    # state format 6's copy, which needs the plan (``runtime/upgrade.py``)
+                    self.upgrade_info.widened = engine_upgrade.widen_decimal_average_sums(
+                        db, plan, sql)
+                    if self.upgrade_info.widened:
+                        db.wait_for_writes()
+                        db.commit()  # the copies, as a checkpoint of the same step
             break
         self._engine = EngineState(
             circuit=circuit, root=root, spark=session, sql=sql, db=db, layout=layout,

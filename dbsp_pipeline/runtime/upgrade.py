@@ -27,7 +27,13 @@ state tables' old properties with their old versions: the next open sets them ag
 Formats: 1, the first; 2, every checkpoint records its layout (``runtime/layout.py``); 3, sums
 of floating-point values are kept exactly (``dbsp_pipeline/exact_sum.py``) in an aggregate's
 ``<name>_groups_exact`` trace instead of a DOUBLE column of ``<name>_groups``; 4, a checkpoint
-records per state table the actions staged since its Delta version (``storage/staged_table.py``).
+records per state table the actions staged since its Delta version (``storage/staged_table.py``);
+5, a step's record may be carried by the checkpoint (``runtime/step_protocol.py``); 6, an
+aggregate keeps the sum of a decimal average in Spark's ``AVG`` sum type, ``DECIMAL(min(38,
+p + 10), s)`` for a ``DECIMAL(p, s)`` column, in ``<name>_groups_wide`` (or
+``<name>_groups_exact_wide``), not in the average's own type ``DECIMAL(p + 4, s + 4)``,
+whose 6 integer digits fewer made a step fail where Spark's ``AVG`` does not
+(``widen_decimal_average_sums``).
 """
 
 from __future__ import annotations
@@ -48,9 +54,12 @@ from dbsp_pipeline.runtime.layout import LAYOUT_KEY, Layout
 from dbsp_pipeline.storage.delta_store import DEFAULT_CONFIGURATION
 from dbsp_pipeline.storage.delta_table import SparkDeltaTable, delta_log
 from dbsp_pipeline.storage.state_db import ENGINE_VERSION, STATE_FORMAT, StateDatabase
+from dbsp_pipeline.zset import SHARD
 
 if TYPE_CHECKING:
+    from dbsp_pipeline.driver.sql import LocalSQL
     from dbsp_pipeline.runtime.engine_state import EngineState
+    from dbsp_pipeline.runtime.plan import Plan
 
 
 def _record_layout(db: StateDatabase) -> None:
@@ -110,11 +119,61 @@ def _step_records(db: StateDatabase) -> None:
     ignoring the steps they carry)."""
 
 
+def _wide_decimal_average_sums(db: StateDatabase) -> None:
+    """5 -> 6: the sums of decimal averages move to a wider type in a trace of another name.
+    Which of an aggregate's sums are averages only its circuit says, so the copy is made once
+    the plan is compiled (``widen_decimal_average_sums``); here nothing changes but the
+    recorded format (an engine that reads only format 5 refuses the new entries instead of
+    starting an empty ``<name>_groups``)."""
+
+
 #: MIGRATIONS[n] brings the opened state from format n to n + 1
 MIGRATIONS: dict[int, Callable[[StateDatabase], None]] = {1: _record_layout,
                                                           2: _exact_float_sums,
                                                           3: _staged_state_changes,
-                                                          4: _step_records}
+                                                          4: _step_records,
+                                                          5: _wide_decimal_average_sums}
+
+
+def widen_decimal_average_sums(db: StateDatabase, plan: Plan, sql: LocalSQL) -> list[str]:
+    """Format 6's copy, for every aggregate of ``plan`` with a decimal average whose groups
+    trace (``Aggregate.groups``, ``<name>_groups[_exact]_wide``) the open version does not
+    record while it records the trace an older engine kept (``narrow_groups_name``): that
+    trace's rows, each decimal average's ``_s<i>`` cast to its new type (exact: a sum of
+    values of scale ``s`` has no digit beyond ``s``), are appended to the new trace, and the
+    old one is retired (``StateDatabase.retire_tables``: garbage collection deletes it once no
+    retained checkpoint records it). Returns the traces copied, by name; the caller commits
+    them as a checkpoint. A crash before that commit leaves the old trace recorded and the
+    new one not: the next open copies again. Reads each old trace whole on the driver, once."""
+    from dbsp_pipeline.operators.aggregate import Aggregate
+
+    recorded = db.recorded_traces()
+    copied = []
+    for op in plan.operators.values():
+        if not isinstance(op, Aggregate):
+            continue
+        old, new = op.narrow_groups_name, op.groups.name
+        if new == old or new in recorded or old not in recorded:
+            continue
+        uri = root_layout.state_table(db.root, old)
+        log = delta_log(uri, recorded[old])
+        if log is None:
+            raise StateFormatError(f"the pipeline at {db.root} records trace {old} at version "
+                                   f"{recorded[old]}, but there is no table at {uri}")
+        schema = log.schema().to_arrow()
+        schema = pa.schema(schema) if not isinstance(schema, pa.Schema) else schema
+        rows = db.read_recorded(old, from_arrow_schema(schema))
+        for column, t in op.decimal_average_sums().items():
+            try:
+                wide = rows.column(column).cast(pa.decimal128(t.precision, t.scale))
+            except pa.ArrowInvalid as e:
+                raise StateFormatError(f"trace {old} of the pipeline at {db.root}: a sum in "
+                                       f"{column} does not fit {t.simpleString()} ({e})") from e
+            rows = rows.set_column(rows.schema.get_field_index(column), column, wide)
+        op.groups.append_arrow(sql, rows.drop_columns([SHARD]))
+        db.retire_tables([old])
+        copied.append(new)
+    return copied
 
 
 @dataclass
@@ -129,10 +188,12 @@ class UpgradeInfo:
     migrations: list[tuple[int, int]] = field(default_factory=list)
     #: the tables given the engine's Delta properties by this open (``set_table_properties``)
     table_properties: list[str] = field(default_factory=list)
+    #: the traces format 6's copy made at this open (``widen_decimal_average_sums``)
+    widened: list[str] = field(default_factory=list)
 
     @property
     def upgraded(self) -> bool:
-        return (bool(self.migrations) or bool(self.table_properties)
+        return (bool(self.migrations) or bool(self.table_properties) or bool(self.widened)
                 or self.from_engine not in (None, self.to_engine))
 
 

@@ -51,11 +51,11 @@ from dbsp_pipeline.storage import garbage
 from dbsp_pipeline.storage.delta_store import PROPERTIES_OPERATION
 from dbsp_pipeline.storage.delta_table import SparkDeltaTable
 from dbsp_pipeline.storage.small_files import count_files, remove_folder
-from dbsp_pipeline.storage.staged_table import STAGED_KEY, StagedTable
+from dbsp_pipeline.storage.staged_table import STAGED_KEY, StagedTable, add_from_record
 from dbsp_pipeline.storage.table_store import root_uri
 
 MANIFEST_DIR = root_layout.MANIFEST
-STATE_FORMAT = 5  # see runtime/upgrade.py for what each format adds
+STATE_FORMAT = 6  # see runtime/upgrade.py for what each format adds
 #: a state table with this many staged actions or more, or whose staged actions this many
 #: checkpoints have recorded, is folded into its Delta log at the next commit (bounds the size
 #: of a manifest entry and what opening re-stages; a one-step memory, which stages about two
@@ -361,6 +361,23 @@ class StateDatabase:
         """The Delta version of table ``name`` recorded by the open state version."""
         version = self._require_open().get("traces", {}).get(name)
         return None if version is None else int(version)
+
+    def read_recorded(self, name: str, schema: StructType) -> pa.Table:
+        """The rows (``schema``: the table's own, with ``_weight`` and ``_shard``) of state
+        table ``name`` as the open version records it: its Delta version's files less the
+        staged removes, plus the staged adds. Read without opening the table in this database,
+        so that it can still be retired (``retire_tables``): a migration's source."""
+        version = self.recorded_version(name)
+        if version is None:
+            raise UsageError(f"state version {self._require_open()['version']} of the "
+                             f"pipeline at {self.root} records no table {name}")
+        table = SparkDeltaTable(self.spark, root_layout.state_table(self.root, name), schema,
+                                role="trace", single_writer=True)
+        staged = self.recorded_staged(name)
+        removes = {table.store.path(str(p)) for p in staged.get("removes", [])}
+        paths = [f.path for f in table.files(version) if f.path not in removes]
+        paths += [table.data_file(add_from_record(a)).path for a in staged.get("adds", [])]
+        return table.read_arrow(paths) if paths else table.arrow_schema.empty_table()
 
     # -- internals -------------------------------------------------------------------------
     def recorded_staged(self, name: str) -> dict[str, Any]:

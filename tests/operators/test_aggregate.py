@@ -453,8 +453,9 @@ def _wide(rng: random.Random) -> tuple:
 def test_wide_decimal_sums_are_exact_on_every_path_and_equal_sparks_from_scratch(spark,
                                                                                 tmp_path):
     """Sums whose state has a scale above 6 in a wide type (a DECIMAL(38,18) column; a
-    DECIMAL(30,10) one, a DECIMAL(38,10) sum; an average of DECIMAL(15,3), a DECIMAL(19,7)
-    state), which Spark's own ``*`` and ``+`` round to 6 fractional digits: on the driver, as
+    DECIMAL(30,10) one, a DECIMAL(38,10) sum), which Spark's own ``*`` and ``+`` round to 6
+    fractional digits, and averages of them (whose quotient Spark's ``/`` would round to 18
+    digits, not the average's 22): on the driver, as
     Spark jobs (the product and the state's sum in pyarrow) and as tasks per owner (W=2) every
     step's view is the same, digit for digit, and equals Spark's ``SUM``/``AVG`` from scratch
     over the rows present, under inserts of weight 1 and 3 and deletes of one copy."""
@@ -493,6 +494,45 @@ def test_wide_decimal_sums_are_exact_on_every_path_and_equal_sparks_from_scratch
                     assert row["sq"] == (sum(qs) if qs else None)
         sq = [r["sq"] for r in driver.view_arrow("totals").to_pylist() if r["sq"] is not None]
         assert any(v != round(v, 6) for v in sq)  # digits beyond Spark's rounding
+
+
+def test_a_decimal_average_keeps_its_sum_in_sparks_type_and_overflows_only_where_spark_does(
+        spark, tmp_path):
+    """An average of DECIMAL(15,2) keeps its sum as Spark's ``AVG`` does, in DECIMAL(25,2) (not
+    in the average's DECIMAL(19,6), 10 digits fewer): sums of 14 to 16 integer digits step on
+    every path and the averages equal Spark's ``AVG`` from scratch; a sum beyond 23 integer
+    digits fails the step, as Spark's does."""
+    schema = "k BIGINT, m DECIMAL(15,2)"
+
+    def circuit() -> Circuit:
+        c = Circuit("avg")
+        c.output("totals", c.input("t", schema).group_by("k").agg(a="avg(m)", s="sum(m)"))
+        return c
+
+    top = decimal.Decimal("9999999999999.99")
+    rows = [(1, top)] * 3 + [(1, decimal.Decimal("0.01"))] + [(2, top)] * 700 + [(3, -top)] * 2
+    driver, jobs, tasks = _three_paths(circuit, spark, tmp_path)
+    with driver, jobs, tasks:
+        tasks.rescale(2)
+        for p in (driver, jobs, tasks):
+            p.push("t", rows)
+            p.step()
+            (groups,) = [t for t in p.engine.plan.state_traces() if "_groups" in t.name]
+            assert groups.name.endswith("_groups_wide")
+            assert str(groups.table.arrow_schema.field("_s0").type) == "decimal128(25, 2)"
+        views = [_exact_view(p) for p in (driver, jobs, tasks)]
+        assert views[0] == views[1] == views[2]
+        scratch = spark.createDataFrame(rows, schema).groupBy("k").agg(
+            F.avg("m").alias("a"), F.sum("m").alias("s"))
+        assert [tuple(c for c in row if c[0] != "_weight") for row in views[0]] == sorted(
+            (tuple(sorted(r.asDict().items())) for r in scratch.collect()), key=repr)
+        assert str(driver.view_arrow("totals").schema.field("a").type) == "decimal128(19, 6)"
+    with Pipeline(circuit(), str(tmp_path / "beyond"), spark, driver_step_rows=10**9) as p:
+        p.push("t", [(1, top)] * 3, weight=2**31 - 1)
+        p.step()  # 6.4e22: 23 integer digits
+        p.push("t", [(1, top)] * 2, weight=2**31 - 1)  # 1.07e23
+        with pytest.raises(StepFailedError, match="(?i)overflow|out of range"):
+            p.step()
 
 
 def test_a_decimal_sum_that_leaves_its_type_fails_the_step_and_keeps_the_root(spark, tmp_path):

@@ -54,7 +54,7 @@ def test_format_1_state_is_migrated_and_runs_on(spark, tmp_path):
     with workload.open_pipeline(root, spark) as p:
         info = p.upgrade_info
         assert (info.from_engine, info.from_format) == ("0.0.9", 1)
-        assert info.migrations == [(1, 2), (2, 3), (3, 4), (4, 5)] and info.upgraded
+        assert info.migrations == [(1, 2), (2, 3), (3, 4), (4, 5), (5, 6)] and info.upgraded
         assert p.recovered_steps == []  # nothing processed again
         assert p.layout == Layout()
         newest = p.checkpoints()[0]
@@ -153,7 +153,7 @@ def test_format_2_double_sums_are_migrated_to_exact_sums(spark, tmp_path):
     root = _first_rounds(spark, tmp_path)
     _as_format_2(root, spark)
     with workload.open_pipeline(root, spark) as p:
-        assert p.upgrade_info.migrations == [(2, 3), (3, 4), (4, 5)]
+        assert p.upgrade_info.migrations == [(2, 3), (3, 4), (4, 5), (5, 6)]
         assert p.recovered_steps == []
         for r, pushes in enumerate(ROUNDS):
             workload.play_round(p, r, pushes)
@@ -185,7 +185,7 @@ def test_format_2_state_of_an_s3_root_is_migrated_like_a_local_one(spark, tmp_pa
                 workload.play_round(p, r, pushes)
         _as_format_2(root, spark)
         with workload.open_pipeline(root, spark) as p:
-            assert p.upgrade_info.migrations == [(2, 3), (3, 4), (4, 5)]
+            assert p.upgrade_info.migrations == [(2, 3), (3, 4), (4, 5), (5, 6)]
             workload.play_round(p, 2, ROUNDS[2])
             views.append({v: sorted(map(str, p.view_arrow(v).to_pylist()))
                           for v in ("by_region", "regions")})
@@ -206,8 +206,8 @@ def test_format_3_state_is_opened_as_staging_nothing(spark, tmp_path):
     entry.pop(state_db.STAGED_KEY, None)
     db._write_entry(entry)
     with workload.open_pipeline(root, spark) as p:
-        assert p.upgrade_info.migrations == [(3, 4), (4, 5)]
-        assert p.checkpoints()[0].state_format == 5
+        assert p.upgrade_info.migrations == [(3, 4), (4, 5), (5, 6)]
+        assert p.checkpoints()[0].state_format == state_db.STATE_FORMAT
         for r, pushes in enumerate(ROUNDS):
             workload.play_round(p, r, pushes)
     assert workload.consumer_view(spark, root) == expected
@@ -314,3 +314,107 @@ def test_a_crash_anywhere_in_setting_the_properties_recovers(spark, tmp_path, mo
         for r, pushes in enumerate(ROUNDS[3:], start=3):
             workload.play_round(p, r, pushes)
     assert workload.consumer_view(spark, root) == expected
+
+
+AVERAGES = "k BIGINT, m DECIMAL(15,2), f DOUBLE"
+
+
+def _averages_circuit():
+    from dbsp_pipeline import Circuit
+
+    c = Circuit("averages")
+    c.output("totals", c.input("t", AVERAGES).group_by("k").agg(
+        a="avg(m)", s="sum(m)", af="avg(f)", n="count(*)"))
+    return c
+
+
+def _average_rows(r: int) -> list[tuple]:
+    from decimal import Decimal
+
+    return [(i % 3, Decimal(r * 7_919 + i * 104_729).scaleb(-2), (r * 31 + i) / 7)
+            for i in range(6)]
+
+
+def _play_averages(p: Pipeline, r: int) -> list:
+    p.push("t", _average_rows(r))
+    if r >= 2:
+        p.push("t", _average_rows(r - 2)[:2], weight=-1)
+    p.step()
+    return sorted(map(str, p.view_arrow("totals").to_pylist()))
+
+
+def _as_format_5(root: str, spark) -> tuple[str, str]:
+    """Make the newest checkpoint look as the format-5 engine wrote it: the groups trace
+    ``X_groups_exact_wide`` becomes ``X_groups_exact`` with the decimal average's sum
+    ``_s0`` in the average's own type, DECIMAL(19,6). Returns (old name, new name)."""
+    import json
+    import os
+
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from dbsp_pipeline.storage.delta_table import SparkDeltaTable
+
+    db = state_db.StateDatabase(spark, root, _averages_circuit().fingerprint())
+    db.open()
+    for name in db._base["traces"]:
+        db.table(name, _spark_schema(root, name))
+    db.commit(fold_all=True)
+    traces = dict(db._base["traces"])
+    (wide,) = [n for n in traces if n.endswith("_groups_exact_wide")]
+    table = SparkDeltaTable(spark, os.path.join(root, "state", wide), _spark_schema(root, wide))
+    rows = table.read_arrow(table.files(traces[wide]))
+    assert str(rows.schema.field("_s0").type) == "decimal128(25, 2)"
+    rows = rows.set_column(rows.schema.get_field_index("_s0"), "_s0",
+                           rows.column("_s0").cast(pa.decimal128(19, 6)))
+    narrow = wide[: -len("_wide")]
+    old = SparkDeltaTable(spark, os.path.join(root, "state", narrow),
+                          from_arrow_schema(rows.schema))
+    traces[narrow] = old.commit(old.write_arrow(rows))
+    del traces[wide]
+    entry = dict(db._base, traces=traces, state_format=5, engine_version="0.1.0-format5")
+    entry.pop(state_db.STAGED_KEY, None)
+    db._write_entry(json.loads(json.dumps(entry)))
+    return narrow, wide
+
+
+@pytest.mark.parametrize("crash", [None, "before", "after"])
+def test_format_5_decimal_average_sums_are_widened_once_and_run_on(spark, tmp_path,
+                                                                   monkeypatch, crash):
+    """State of the engine that kept a decimal average's sum in the average's type: opening
+    copies its groups trace to ``..._wide`` with the sum in Spark's ``AVG`` sum type, commits
+    the copy as a checkpoint (a crash just before that commit copies again at the next open;
+    one after it does not), retires the old trace, and runs on to the very views of a root
+    that never was format 5."""
+    from dbsp_pipeline.runtime import upgrade as engine_upgrade
+    from dbsp_pipeline.testing import InjectedCrash, arm, reset
+
+    with Pipeline(_averages_circuit(), str(tmp_path / "reference"), spark) as p:
+        expected = [_play_averages(p, r) for r in range(6)]
+    root = str(tmp_path / "old")
+    with Pipeline(_averages_circuit(), root, spark) as p:
+        assert [_play_averages(p, r) for r in range(3)] == expected[:3]
+    narrow, wide = _as_format_5(root, spark)
+    if crash is not None:
+        copy = engine_upgrade.widen_decimal_average_sums
+
+        def copy_then_crash(*args):
+            copied = copy(*args)
+            arm(f"manifest.commit.{crash}", 1)  # the commit of the copy
+            return copied
+        monkeypatch.setattr(engine_upgrade, "widen_decimal_average_sums", copy_then_crash)
+        with pytest.raises(InjectedCrash):
+            Pipeline(_averages_circuit(), root, spark)
+        reset()
+        monkeypatch.undo()
+    with Pipeline(_averages_circuit(), root, spark) as p:
+        info = p.upgrade_info
+        assert info.migrations == ([(5, 6)] if crash is None else [])
+        assert info.widened == ([] if crash == "after" else [wide])
+        recorded = p.engine.db.recorded_traces()
+        assert wide in recorded and narrow not in recorded
+        assert narrow in p.engine.db._base.get(state_db.RETIRED_TABLES_KEY, [])
+        assert p.recovered_steps == []
+        assert [_play_averages(p, r) for r in range(3, 6)] == expected[3:]
+    with Pipeline(_averages_circuit(), root, spark) as p:
+        assert p.upgrade_info.migrations == [] and p.upgrade_info.widened == []
