@@ -85,6 +85,19 @@ def test_the_budget_is_half_the_available_memory_capped_by_driver_memory():
     assert "available" in budget(10**18).source  # a cap above the machine's budget: no effect
 
 
+def test_the_available_memory_is_read_at_most_once_a_second(monkeypatch):
+    """Steps in quick succession share a reading (five files, ~2 ms); an older one is read
+    again."""
+    from dbsp_pipeline.runtime import path_choice
+
+    readings = iter([8 * GIB, 2 * GIB])
+    monkeypatch.setattr(path_choice, "available_memory", lambda: next(readings))
+    monkeypatch.setattr(path_choice, "_reading", None)
+    assert budget(None).bytes == budget(None).bytes == 4 * GIB
+    monkeypatch.setattr(path_choice, "MEMORY_READING_SECONDS", 0.0)
+    assert budget(None).bytes == GIB
+
+
 def test_a_background_merge_runs_on_the_driver_as_far_as_its_memory_fits(tmp_path):
     """``merge_rows_on_driver``: the rows whose estimated memory fits half the driver budget
     (``driver_memory`` caps it as it caps a step), never fewer than ``DRIVER_MERGE_ROWS``."""
