@@ -40,6 +40,7 @@ from __future__ import annotations
 import decimal
 from decimal import ROUND_HALF_UP, Decimal
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -121,11 +122,69 @@ def average(total: Decimal, count: int, avg_type: tuple[int, int]) -> Decimal:
 def averages(totals: pa.Array | pa.ChunkedArray, counts: pa.Array | pa.ChunkedArray,
              avg_type: pa.Decimal128Type) -> pa.Array:
     """Per row, ``average`` of a decimal sum (``totals``, NULL for none) and its count (NULL
-    where the count is NULL or not positive, or the sum NULL), as ``avg_type``."""
-    out_type = (avg_type.precision, avg_type.scale)
-    values = [None if t is None or c is None or c <= 0 else average(t, c, out_type)
-              for t, c in zip(totals.to_pylist(), counts.to_pylist())]
-    return pa.array(values, avg_type)
+    where the count is NULL or not positive, or the sum NULL), as ``avg_type``; the first
+    average that leaves ``avg_type`` is ``ArithmeticError``.
+
+    On the unscaled integers, without a ``Decimal``: a half-up rounding of the exact quotient
+    to ``S`` digits (``average``'s cut to 39 digits first never changes it: for ``S < 39``,
+    ``floor((floor(a) + h) / D) == floor((a + h) / D)``) is ``(|T| * 10**(S + 1 - s) + 5 * c)
+    // (10 * c)`` for a sum ``T`` of scale ``s <= S``, with ``T``'s sign: in numpy's int64
+    where that fits (sums up to about 9e13 units a row: money), in Python's integers else."""
+    totals, counts = _one_chunk(totals), _one_chunk(counts).cast(pa.int64())
+    t_type = totals.type
+    if not pa.types.is_decimal128(t_type) or t_type.scale > avg_type.scale:
+        out_type = (avg_type.precision, avg_type.scale)  # (not a sum's and average's types)
+        return pa.array([None if t is None or c is None or c <= 0 else average(t, c, out_type)
+                         for t, c in zip(totals.to_pylist(), counts.to_pylist())], avg_type)
+    n = len(totals)
+    shift = 10 ** (avg_type.scale + 1 - t_type.scale)  # at most 10**39
+    count = counts.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    valid = (count > 0) & totals.is_valid().to_numpy(zero_copy_only=False)
+    words = np.frombuffer(totals.buffers()[1], dtype=np.int64,
+                          count=2 * (totals.offset + n))[2 * totals.offset:].reshape(n, 2)
+    low, high = words[:, 0], words[:, 1]
+    largest = np.iinfo(np.int64).max
+    # the unscaled sum fits 64 bits (not -2**63, whose magnitude does not), 10 * count does
+    small = valid & (high == (low >> 63)) & (low != -largest - 1) & (count <= largest // 10)
+    magnitude = np.where(small, np.abs(np.where(small, low, 0)), 0)
+    safe_count = np.where(small, count, 1)
+    fast = small & (shift <= 10 ** 18) & (
+        magnitude <= (largest - 5 * safe_count) // min(shift, 10 ** 18))
+    safe_count = np.where(fast, count, 1)
+    out = np.zeros((n, 2), dtype=np.int64)
+    result = (magnitude * np.int64(shift if shift <= 10 ** 18 else 1) + 5 * safe_count) \
+        // (10 * safe_count)
+    result = np.where(fast, np.where(low < 0, -result, result), 0)
+    out[:, 0], out[:, 1] = result, result >> 63
+    limit = 10 ** avg_type.precision
+    if avg_type.precision <= 18 and np.any(fast & (np.abs(result) >= limit)):
+        row = int(np.argmax(fast & (np.abs(result) >= limit)))
+        _overflow(int(result[row]), int(count[row]), avg_type)
+    for row in np.flatnonzero(valid & ~fast):  # wide sums, one at a time
+        unscaled = (int(high[row]) << 64) | (int(low[row]) & ((1 << 64) - 1))
+        c = int(count[row])
+        value = (abs(unscaled) * shift + 5 * c) // (10 * c)
+        value = -value if unscaled < 0 else value
+        if abs(value) >= limit:
+            _overflow(value, c, avg_type)
+        low_word = value & ((1 << 64) - 1)  # two's complement, as two 64-bit words
+        out[row, 0] = low_word - (1 << 64) if low_word >> 63 else low_word
+        out[row, 1] = value >> 64
+    validity = pa.array(valid).buffers()[1] if not valid.all() else None
+    return pa.Array.from_buffers(avg_type, n, [validity, pa.py_buffer(out.tobytes())],
+                                 null_count=int(n - valid.sum()))
+
+
+def _one_chunk(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    if isinstance(values, pa.ChunkedArray):
+        return values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
+    return values
+
+
+def _overflow(unscaled: int, count: int, avg_type: pa.Decimal128Type) -> None:
+    value = Decimal(unscaled).scaleb(-avg_type.scale, context=_WIDE_CONTEXT)
+    raise ArithmeticError(f"the average {value} of {count} values does not fit "
+                          f"DECIMAL({avg_type.precision}, {avg_type.scale})")
 
 
 def exact_products(values: pa.Array, weights: pa.Array) -> pa.Array:

@@ -22,6 +22,7 @@ from pyspark.sql import SparkSession
 
 from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.runtime import step_protocol, upkeep
+from dbsp_pipeline.runtime import upgrade as engine_upgrade
 from dbsp_pipeline.runtime.division_log import CARRIED_RECORDS_KEY, DivisionLog
 from dbsp_pipeline.runtime.engine_state import EngineState
 from dbsp_pipeline.runtime.layout import LAYOUT_KEY, Layout
@@ -60,6 +61,10 @@ def restore(state: EngineState, version: int) -> list[StepResult]:
     state.db.open(version, retained=state.retain_checkpoints,
                   from_step=state.divisions.compacted_below)  # else UsageError, by name
     state.load_opened()  # operators over the rolled-back traces
+    # a checkpoint from before state format 6 records the narrow sums of decimal averages
+    if engine_upgrade.widen_decimal_average_sums(state.db, state.plan, state.sql):
+        state.db.wait_for_writes()
+        state.db.commit()  # the copies, as a checkpoint of the same step
     step_protocol.load_pending(state)
     replayed = step_protocol.recover(state)
     if state.uncommitted_steps:

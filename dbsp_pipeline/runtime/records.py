@@ -158,7 +158,9 @@ def _plain_rows(rows: list[Any], names: list[str], arrow: pa.Schema) -> pa.Table
     for j, values in enumerate(columns):
         field = arrow.field(j)
         value_types = set(map(type, values))
-        if field.nullable:
+        if type(None) in value_types:
+            if not field.nullable:
+                return None
             value_types.discard(type(None))
         plain = _plain_types(field.type)
         if plain is not None and not value_types <= plain:

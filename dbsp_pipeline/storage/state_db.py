@@ -185,15 +185,21 @@ class StateDatabase:
         return int(entry["version"])
 
     def retire_tables(self, names: Iterable[str]) -> None:
-        """Leave the state tables ``names`` (not opened in this process) out of the entries from
-        the next commit on: an upgrade retires its retired operators' tables. The tables stay
-        on disk, as the older entries that record them left them, and the entries list them
-        (``RETIRED_TABLES_KEY``: what ``verify`` does not check, since no plan opens them
-        again) until garbage collection has deleted them, once no retained entry records
-        them."""
-        opened = sorted(set(names) & set(self._tables))
-        if opened:
-            raise UsageError(f"state tables {opened} are in use: they cannot be retired")
+        """Leave the state tables ``names`` out of the entries from the next commit on: an
+        upgrade retires its retired operators' tables, a state migration the tables it copied.
+        A table opened in this process is closed, if the open version records all of it (else
+        ``UsageError``: it is in use). The tables stay on disk, as the older entries that
+        record them left them, and the entries list them (``RETIRED_TABLES_KEY``: what
+        ``verify`` does not check, since no plan opens them again) until garbage collection
+        has deleted them, once no retained entry records them."""
+        opened = set(names) & set(self._tables)
+        in_use = sorted(n for n in opened
+                        if self._tables[n].record() != self.recorded_staged(n)
+                        or self._tables[n].delta.loaded_version() != self.recorded_version(n))
+        if in_use:
+            raise UsageError(f"state tables {in_use} are in use: they cannot be retired")
+        for name in opened:
+            del self._tables[name]
         self._retired |= set(names)
 
     @property

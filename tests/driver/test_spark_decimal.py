@@ -158,3 +158,46 @@ def test_averages_of_a_column_take_nulls_and_counts_of_none():
     empty = spark_decimal.averages(pa.array([], pa.decimal128(19, 6)), pa.array([], pa.int64()),
                                    pa.decimal128(19, 6))
     assert len(empty) == 0
+
+
+@pytest.mark.parametrize("sum_type,avg_type", [((25, 2), (19, 6)), ((38, 18), (38, 22)),
+                                               ((38, 0), (38, 4)), ((22, 4), (16, 8)),
+                                               ((19, 6), (13, 10)), ((38, 4), (32, 8))])
+def test_averages_of_a_column_equal_the_average_of_each_row(sum_type, avg_type):
+    """The vectorized ``averages`` (int64 where the sum fits, Python's integers else) equals
+    ``average`` row by row: small and wide sums, negative ones, exact ties, counts up to
+    2**62, NULL sums and counts of 0, a sliced chunked column."""
+    rng = random.Random(sum(sum_type + avg_type))
+    p, s = sum_type
+    rows: list[tuple[Decimal | None, int | None]] = []
+    for i in range(3000):
+        total = (_random_sum(rng, p, s) if i % 4 else
+                 Decimal(rng.randint(-10**13, 10**13)).scaleb(-s))
+        count = rng.choice([1, 2, 3, 7, 10, 40, 10 ** rng.randint(1, 18), rng.randint(1, 2**62)])
+        rows.append((total, count))
+    rows += [(Decimal(5).scaleb(-s) * k, 10 ** j) for k in (1, -1, 3) for j in range(1, 9)]
+    rows += [(None, 3), (Decimal(1), 0), (Decimal(1), None), (Decimal(0), 5)]
+    expected = []
+    for total, count in rows:
+        if total is None or count is None or count <= 0:
+            expected.append(None)
+            continue
+        try:
+            expected.append(spark_decimal.average(total, count, avg_type))
+        except ArithmeticError:
+            expected.append("overflow")
+    keep = [i for i, e in enumerate(expected) if e != "overflow"]
+    totals = pa.array([rows[i][0] for i in keep], pa.decimal128(*sum_type))
+    counts = pa.array([rows[i][1] for i in keep], pa.int64())
+    half = len(keep) // 2
+    chunked = (pa.chunked_array([totals.slice(0, half), totals.slice(half)]),
+               pa.chunked_array([counts.slice(0, half), counts.slice(half)]))
+    for t, c in ((totals, counts), chunked, (totals.slice(5), counts.slice(5))):
+        got = spark_decimal.averages(t, c, pa.decimal128(*avg_type))
+        offset = 5 if len(t) == len(keep) - 5 else 0
+        assert got.type == pa.decimal128(*avg_type)
+        assert got.to_pylist() == [expected[i] for i in keep[offset:]]
+    for i in [i for i, e in enumerate(expected) if e == "overflow"][:3]:
+        with pytest.raises(ArithmeticError, match="does not fit"):
+            spark_decimal.averages(pa.array([rows[i][0]], pa.decimal128(*sum_type)),
+                                   pa.array([rows[i][1]], pa.int64()), pa.decimal128(*avg_type))

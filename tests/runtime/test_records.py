@@ -11,6 +11,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark.sql.types import (
+    BinaryType,
     BooleanType,
     DateType,
     DecimalType,
@@ -36,6 +37,7 @@ SCHEMA = StructType([
     StructField("b", BooleanType()),
     StructField("t", TimestampType()),
     StructField("day", DateType()),
+    StructField("raw", BinaryType(), nullable=False),
 ])
 ARROW = spark_to_arrow_schema(SCHEMA)
 
@@ -50,27 +52,44 @@ PLAIN = {
     "x": [0.5, -1.0, 3, float("inf"), None], "d": [decimal.Decimal("1.25"), 12, None],
     "s": ["", "north", "é", None], "b": [True, False, None],
     "t": [dt.datetime(2026, 11, 29, 17, 0, 1, 5), None], "day": [dt.date(2026, 1, 1), None],
+    "raw": [b"", b"\x00ab"],
 }
 ODD = [True, 1.5, "1", None, 2**40, 2**70, np.int64(3), Count(4), decimal.Decimal("1.005"),
        dt.datetime(2026, 1, 1), dt.date(2026, 1, 2), b"x", 10**9]
 
 
-def _row(draw: st.DrawFn, odd: bool) -> tuple[object, ...]:
-    return tuple(draw(st.sampled_from(PLAIN[f.name] + (ODD if odd else [])))
+def _row(draw: st.DrawFn, odd: str | None) -> tuple[object, ...]:
+    """A row whose column ``odd`` (if any) may hold any of ``ODD``."""
+    return tuple(draw(st.sampled_from(PLAIN[f.name] + (ODD if f.name == odd else [])))
                  for f in SCHEMA.fields)
 
 
 @st.composite
 def batches(draw: st.DrawFn) -> list[object]:
-    odd = draw(st.booleans())
+    odd = draw(st.sampled_from([None, *SCHEMA.fieldNames()]))
     rows: list[object] = [_row(draw, odd) for _ in range(draw(st.integers(0, 6)))]
-    shape = draw(st.sampled_from(["tuple", "list", "dict", "mixed"]))
+    shape = draw(st.sampled_from(["tuple", "list", "dict", "mixed", "lists and tuples",
+                                  "short", "long", "extra key", "missing key"]))
+    names = SCHEMA.fieldNames()
     if shape == "list":
         rows = [list(r) for r in rows]  # type: ignore[arg-type]
-    elif shape == "dict":
-        rows = [dict(zip(SCHEMA.fieldNames(), r)) for r in rows]  # type: ignore[arg-type]
-    elif shape == "mixed" and rows:
-        rows[0] = dict(zip(SCHEMA.fieldNames(), rows[0]))  # type: ignore[arg-type]
+    elif shape in ("dict", "extra key", "missing key"):
+        rows = [dict(zip(names, r)) for r in rows]  # type: ignore[arg-type]
+    if rows and shape != "tuple":
+        i = draw(st.integers(0, len(rows) - 1))
+        row = rows[i]
+        if shape == "mixed":
+            rows[i] = dict(zip(names, row))  # type: ignore[arg-type]
+        elif shape == "lists and tuples":
+            rows[i] = list(row)  # type: ignore[arg-type]
+        elif shape == "short":
+            rows[i] = tuple(row)[:-1]  # type: ignore[arg-type]
+        elif shape == "long":
+            rows[i] = (*tuple(row), 1)  # type: ignore[arg-type]
+        elif shape == "extra key":
+            rows[i] = {**row, "other": 1}  # type: ignore[dict-item]
+        elif shape == "missing key":
+            rows[i] = {k: v for k, v in row.items() if k != "s"}  # type: ignore[union-attr]
     return rows
 
 
@@ -94,6 +113,16 @@ def test_a_batch_of_plain_tuples_or_dicts_takes_the_quick_path():
         quick = records._plain_rows(batch, SCHEMA.fieldNames(), ARROW)
         assert quick is not None and quick.num_rows == 1000
         assert quick.equals(records._checked_rows("t", batch, SCHEMA, ARROW))
+    # a NULL in a NOT NULL column of a type whose values are not checked (BINARY) too
+    nulls = list(rows)
+    nulls[3] = (*nulls[3][:-1], None)
+    assert records._plain_rows(nulls, SCHEMA.fieldNames(), ARROW) is None
+    try:
+        records.to_arrow("orders", nulls, SCHEMA, ARROW, 1)
+    except InputError as e:
+        assert e.record_index == 3 and "column 'raw'" in str(e) and "NOT NULL" in str(e)
+    else:
+        raise AssertionError("a NULL in a NOT NULL column was accepted")
     # one odd value anywhere sends the batch to the checked path, which names it
     bad = list(rows)
     bad[617] = bad[617][:1] + (True,) + bad[617][2:]

@@ -343,16 +343,18 @@ def _play_averages(p: Pipeline, r: int) -> list:
     return sorted(map(str, p.view_arrow("totals").to_pylist()))
 
 
-def _as_format_5(root: str, spark) -> tuple[str, str]:
-    """Make the newest checkpoint look as the format-5 engine wrote it: the groups trace
-    ``X_groups_exact_wide`` becomes ``X_groups_exact`` with the decimal average's sum
-    ``_s0`` in the average's own type, DECIMAL(19,6). Returns (old name, new name)."""
+def _as_older_format(root: str, spark, fmt: int) -> tuple[str, str]:
+    """Make the newest checkpoint look as the format-``fmt`` engine (5 or 2) wrote it: the
+    groups trace ``X_groups_exact_wide`` becomes ``X_groups_exact`` (format 2: ``X_groups``,
+    its exact sums as DOUBLE columns) with the decimal average's sum ``_s0`` in the average's
+    own type, DECIMAL(19,6). Returns (the narrow trace the new engine copies, the new one)."""
     import json
     import os
 
     import pyarrow as pa
     from pyspark.sql.pandas.types import from_arrow_schema
 
+    from dbsp_pipeline import exact_sum
     from dbsp_pipeline.storage.delta_table import SparkDeltaTable
 
     db = state_db.StateDatabase(spark, root, _averages_circuit().fingerprint())
@@ -368,24 +370,33 @@ def _as_format_5(root: str, spark) -> tuple[str, str]:
     rows = rows.set_column(rows.schema.get_field_index("_s0"), "_s0",
                            rows.column("_s0").cast(pa.decimal128(19, 6)))
     narrow = wide[: -len("_wide")]
-    old = SparkDeltaTable(spark, os.path.join(root, "state", narrow),
+    stored = narrow
+    if fmt == 2:  # the exact sum of the DOUBLE average as the DOUBLE it was
+        stored = narrow[: -len("_exact")]
+        values = [exact_sum.decode(v).value() for v in rows.column("_s2").to_pylist()]
+        rows = rows.set_column(rows.schema.get_field_index("_s2"), "_s2",
+                               pa.array(values, pa.float64()))
+    old = SparkDeltaTable(spark, os.path.join(root, "state", stored),
                           from_arrow_schema(rows.schema))
-    traces[narrow] = old.commit(old.write_arrow(rows))
+    traces[stored] = old.commit(old.write_arrow(rows))
     del traces[wide]
-    entry = dict(db._base, traces=traces, state_format=5, engine_version="0.1.0-format5")
+    entry = dict(db._base, traces=traces, state_format=fmt, engine_version=f"0.1.0-format{fmt}")
     entry.pop(state_db.STAGED_KEY, None)
     db._write_entry(json.loads(json.dumps(entry)))
     return narrow, wide
 
 
-@pytest.mark.parametrize("crash", [None, "before", "after"])
-def test_format_5_decimal_average_sums_are_widened_once_and_run_on(spark, tmp_path,
-                                                                   monkeypatch, crash):
-    """State of the engine that kept a decimal average's sum in the average's type: opening
-    copies its groups trace to ``..._wide`` with the sum in Spark's ``AVG`` sum type, commits
-    the copy as a checkpoint (a crash just before that commit copies again at the next open;
-    one after it does not), retires the old trace, and runs on to the very views of a root
-    that never was format 5."""
+@pytest.mark.parametrize("fmt, crash", [(5, None), (5, "before"), (5, "after"), (5, "restore"),
+                                        (2, None)])
+def test_older_decimal_average_sums_are_widened_once_and_run_on(spark, tmp_path, monkeypatch,
+                                                                 fmt, crash):
+    """State of an engine that kept a decimal average's sum in the average's type (format 5,
+    and format 2, whose DOUBLE sums are migrated to exact ones first): opening copies its
+    groups trace to ``..._wide`` with the sum in Spark's ``AVG`` sum type, commits the copy as
+    a checkpoint (a crash just before that commit copies again at the next open; one after it
+    does not; restoring the checkpoint before the copy copies again), retires the old trace,
+    and runs on to the very views of a root that never was older (format 2: but for the
+    DOUBLE average's last digits)."""
     from dbsp_pipeline.runtime import upgrade as engine_upgrade
     from dbsp_pipeline.testing import InjectedCrash, arm, reset
 
@@ -394,8 +405,8 @@ def test_format_5_decimal_average_sums_are_widened_once_and_run_on(spark, tmp_pa
     root = str(tmp_path / "old")
     with Pipeline(_averages_circuit(), root, spark) as p:
         assert [_play_averages(p, r) for r in range(3)] == expected[:3]
-    narrow, wide = _as_format_5(root, spark)
-    if crash is not None:
+    narrow, wide = _as_older_format(root, spark, fmt)
+    if crash in ("before", "after"):
         copy = engine_upgrade.widen_decimal_average_sums
 
         def copy_then_crash(*args):
@@ -409,12 +420,20 @@ def test_format_5_decimal_average_sums_are_widened_once_and_run_on(spark, tmp_pa
         monkeypatch.undo()
     with Pipeline(_averages_circuit(), root, spark) as p:
         info = p.upgrade_info
-        assert info.migrations == ([(5, 6)] if crash is None else [])
+        assert info.migrations == ([] if crash in ("before", "after") else
+                                   [(k, k + 1) for k in range(fmt, state_db.STATE_FORMAT)])
         assert info.widened == ([] if crash == "after" else [wide])
+        if crash == "restore":  # the checkpoint of the migration, which records the old trace
+            (before_copy,) = [c for c in p.checkpoints() if c.version == p.state_version - 1]
+            p.restore(before_copy.version)
         recorded = p.engine.db.recorded_traces()
         assert wide in recorded and narrow not in recorded
         assert narrow in p.engine.db._base.get(state_db.RETIRED_TABLES_KEY, [])
         assert p.recovered_steps == []
-        assert [_play_averages(p, r) for r in range(3, 6)] == expected[3:]
+        views = [_play_averages(p, r) for r in range(3, 6)]
+    if fmt == 2:  # the DOUBLE average carries the old engine's rounding: compare the rest
+        views, expected = ([[row.split("'af'")[0] for row in v] for v in vs]
+                           for vs in (views, expected))
+    assert views == expected[3:]
     with Pipeline(_averages_circuit(), root, spark) as p:
         assert p.upgrade_info.migrations == [] and p.upgrade_info.widened == []
