@@ -8,6 +8,7 @@ import decimal
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark.sql.types import (
@@ -113,26 +114,18 @@ def test_a_batch_of_plain_tuples_or_dicts_takes_the_quick_path():
         quick = records._plain_rows(batch, SCHEMA.fieldNames(), ARROW)
         assert quick is not None and quick.num_rows == 1000
         assert quick.equals(records._checked_rows("t", batch, SCHEMA, ARROW))
-    # a NULL in a NOT NULL column of a type whose values are not checked (BINARY) too
-    nulls = list(rows)
-    nulls[3] = (*nulls[3][:-1], None)
-    assert records._plain_rows(nulls, SCHEMA.fieldNames(), ARROW) is None
-    try:
-        records.to_arrow("orders", nulls, SCHEMA, ARROW, 1)
-    except InputError as e:
-        assert e.record_index == 3 and "column 'raw'" in str(e) and "NOT NULL" in str(e)
-    else:
-        raise AssertionError("a NULL in a NOT NULL column was accepted")
-    # one odd value anywhere sends the batch to the checked path, which names it
-    bad = list(rows)
-    bad[617] = bad[617][:1] + (True,) + bad[617][2:]
-    assert records._plain_rows(bad, SCHEMA.fieldNames(), ARROW) is None
-    try:
-        records.to_arrow("orders", bad, SCHEMA, ARROW, 1)
-    except InputError as e:
-        assert e.record_index == 617 and "column 'n'" in str(e) and "is bool" in str(e)
-    else:
-        raise AssertionError("a bool in a BIGINT column was accepted")
+    # one odd value anywhere sends the batch to the checked path, which names it: a bool in
+    # a BIGINT column, a NULL in a NOT NULL column of a type whose values are not checked
+    for row, column, value, problem in ((617, 1, True, "is bool"), (3, -1, None, "NOT NULL")):
+        bad = list(rows)
+        values = list(bad[row])
+        values[column] = value
+        bad[row] = tuple(values)
+        assert records._plain_rows(bad, SCHEMA.fieldNames(), ARROW) is None
+        with pytest.raises(InputError, match=problem) as e:
+            records.to_arrow("orders", bad, SCHEMA, ARROW, 1)
+        assert e.value.record_index == row and f"column '{SCHEMA.fieldNames()[column]}'" in str(
+            e.value)
     table = records.to_arrow("orders", rows, SCHEMA, ARROW, -1)
     assert table.column("_weight").to_pylist() == [-1] * 1000
     assert pa.types.is_int64(table.schema.field("n").type)
