@@ -122,8 +122,8 @@ def average(total: Decimal, count: int, avg_type: tuple[int, int]) -> Decimal:
 def averages(totals: pa.Array | pa.ChunkedArray, counts: pa.Array | pa.ChunkedArray,
              avg_type: pa.Decimal128Type) -> pa.Array:
     """Per row, ``average`` of a decimal sum (``totals``, NULL for none) and its count (NULL
-    where the count is NULL or not positive, or the sum NULL), as ``avg_type``; the first
-    average that leaves ``avg_type`` is ``ArithmeticError``.
+    where the count is NULL or not positive, or the sum NULL), as ``avg_type``; an average
+    that leaves ``avg_type`` is ``ArithmeticError`` (naming one such average).
 
     On the unscaled integers, without a ``Decimal``: a half-up rounding of the exact quotient
     to ``S`` digits (``average``'s cut to 39 digits first never changes it: for ``S < 39``,

@@ -21,13 +21,14 @@ import logging
 from pyspark.sql import SparkSession
 
 from dbsp_pipeline import root as root_layout
+from dbsp_pipeline.errors import UsageError
 from dbsp_pipeline.runtime import step_protocol, upkeep
 from dbsp_pipeline.runtime import upgrade as engine_upgrade
 from dbsp_pipeline.runtime.division_log import CARRIED_RECORDS_KEY, DivisionLog
 from dbsp_pipeline.runtime.engine_state import EngineState
 from dbsp_pipeline.runtime.layout import LAYOUT_KEY, Layout
 from dbsp_pipeline.runtime.results import Checkpoint, StepResult
-from dbsp_pipeline.storage.state_db import CIRCUIT_CHANGE_KEY, StateDatabase
+from dbsp_pipeline.storage.state_db import CIRCUIT_CHANGE_KEY, STATE_FORMAT, StateDatabase
 from dbsp_pipeline.storage.verify import prepare_open
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,12 @@ def restore(state: EngineState, version: int) -> list[StepResult]:
     first (so their outputs are verified too); damaged commits after ``version`` are set aside
     (``storage/set_aside.py``). Durable when it returns: the replayed steps are committed."""
     state.require_no_migration("restore")
+    written = {c.version: c.state_format or 1 for c in retained(state)}
+    if written.get(version, STATE_FORMAT) < 3:  # (its migration rewrites traces in place)
+        raise UsageError(
+            f"checkpoint {version} of the pipeline at {state.root} was written by an engine "
+            f"of state format {written[version]}: close the pipeline and open it at that "
+            f"checkpoint (Pipeline(..., checkpoint={version})), which migrates it")
     if state.uncommitted_steps:
         step_protocol.commit(state, compact=False)
     state.compactor.apply_finished(wait=True)
@@ -60,11 +67,17 @@ def restore(state: EngineState, version: int) -> list[StepResult]:
         state.db = StateDatabase(state.spark, state.root, state.circuit.fingerprint())
     state.db.open(version, retained=state.retain_checkpoints,
                   from_step=state.divisions.compacted_below)  # else UsageError, by name
-    state.load_opened()  # operators over the rolled-back traces
-    # a checkpoint from before state format 6 records the narrow sums of decimal averages
-    if engine_upgrade.widen_decimal_average_sums(state.db, state.plan, state.sql):
-        state.db.wait_for_writes()
-        state.db.commit()  # the copies, as a checkpoint of the same step
+    try:  # a checkpoint an older engine wrote (format 3 or later: nothing rewritten before
+        # the plan opens its tables), migrated as an open migrates it, in one commit
+        migrated = engine_upgrade.migrate(state.db).migrations
+        state.load_opened()  # operators over the rolled-back traces
+        if engine_upgrade.widen_decimal_average_sums(state.db, state.plan, state.sql) \
+                or migrated:
+            state.db.wait_for_writes()
+            state.db.commit()  # the copies, as a checkpoint of the same step
+    except BaseException:  # half migrated: reopening the root starts over
+        state.abandon()
+        raise
     step_protocol.load_pending(state)
     replayed = step_protocol.recover(state)
     if state.uncommitted_steps:

@@ -32,7 +32,7 @@ records per state table the actions staged since its Delta version (``storage/st
 aggregate keeps the sum of a decimal average in Spark's ``AVG`` sum type, ``DECIMAL(min(38,
 p + 10), s)`` for a ``DECIMAL(p, s)`` column, in ``<name>_groups_wide`` (or
 ``<name>_groups_exact_wide``), not in the average's own type ``DECIMAL(p + 4, s + 4)``,
-whose 10 integer digits fewer made a step fail where Spark's ``AVG`` does not
+whose up to 10 integer digits fewer made a step fail where Spark's ``AVG`` does not
 (``widen_decimal_average_sums``: at open, and when a checkpoint from before is restored).
 """
 

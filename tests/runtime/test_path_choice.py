@@ -76,7 +76,10 @@ def test_an_operator_with_only_a_spark_implementation_forces_spark():
         assert choice == (False, "Spark: operator #2 aggregate has no driver implementation", False)
 
 
-def test_the_budget_is_half_the_available_memory_capped_by_driver_memory():
+def test_the_budget_is_half_the_available_memory_capped_by_driver_memory(monkeypatch):
+    from dbsp_pipeline.runtime import path_choice
+
+    monkeypatch.setattr(path_choice, "_reading", None)  # (no reading of another test's)
     available = available_memory()
     assert available is not None and available > 0  # Linux: /proc/meminfo
     machine = budget(None)

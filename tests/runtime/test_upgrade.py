@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from dbsp_pipeline import CircuitChangedError, Pipeline, StateFormatError
+from dbsp_pipeline import CircuitChangedError, Pipeline, StateFormatError, UsageError
 from dbsp_pipeline.circuit import node_collection
 from dbsp_pipeline.runtime.layout import LAYOUT_KEY, Layout
 from dbsp_pipeline.storage import state_db
@@ -387,14 +387,15 @@ def _as_older_format(root: str, spark, fmt: int) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("fmt, crash", [(5, None), (5, "before"), (5, "after"), (5, "restore"),
-                                        (2, None)])
+                                        (2, None), (2, "restore")])
 def test_older_decimal_average_sums_are_widened_once_and_run_on(spark, tmp_path, monkeypatch,
                                                                  fmt, crash):
     """State of an engine that kept a decimal average's sum in the average's type (format 5,
     and format 2, whose DOUBLE sums are migrated to exact ones first): opening copies its
     groups trace to ``..._wide`` with the sum in Spark's ``AVG`` sum type, commits the copy as
     a checkpoint (a crash just before that commit copies again at the next open; one after it
-    does not; restoring the checkpoint before the copy copies again), retires the old trace,
+    does not; restoring the older engine's checkpoint migrates and copies again), retires the
+    old trace,
     and runs on to the very views of a root that never was older (format 2: but for the
     DOUBLE average's last digits)."""
     from dbsp_pipeline.runtime import upgrade as engine_upgrade
@@ -418,14 +419,20 @@ def test_older_decimal_average_sums_are_widened_once_and_run_on(spark, tmp_path,
             Pipeline(_averages_circuit(), root, spark)
         reset()
         monkeypatch.undo()
-    with Pipeline(_averages_circuit(), root, spark) as p:
+    with Pipeline(_averages_circuit(), root, spark, retain_checkpoints=3) as p:
         info = p.upgrade_info
         assert info.migrations == ([] if crash in ("before", "after") else
                                    [(k, k + 1) for k in range(fmt, state_db.STATE_FORMAT)])
         assert info.widened == ([] if crash == "after" else [wide])
-        if crash == "restore":  # the checkpoint of the migration, which records the old trace
-            (before_copy,) = [c for c in p.checkpoints() if c.version == p.state_version - 1]
-            p.restore(before_copy.version)
+        if crash == "restore":  # the older engine's checkpoint, before the migration
+            oldest = p.checkpoints()[-1]
+            assert oldest.state_format == fmt
+            if fmt < 3:  # its migration rewrites traces: only an open does it
+                with pytest.raises(UsageError, match=f"state format {fmt}.*checkpoint="):
+                    p.restore(oldest.version)
+            else:
+                p.restore(oldest.version)
+                assert p.checkpoints()[0].state_format == state_db.STATE_FORMAT
         recorded = p.engine.db.recorded_traces()
         assert wide in recorded and narrow not in recorded
         assert narrow in p.engine.db._base.get(state_db.RETIRED_TABLES_KEY, [])
