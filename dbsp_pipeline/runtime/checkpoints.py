@@ -53,7 +53,8 @@ def restore(state: EngineState, version: int) -> list[StepResult]:
     first (so their outputs are verified too); damaged commits after ``version`` are set aside
     (``storage/set_aside.py``). Durable when it returns: the replayed steps are committed."""
     state.require_no_migration("restore")
-    written = {c.version: c.state_format or 1 for c in retained(state)}
+    written = {c.version: c.state_format or (STATE_FORMAT if c.version == 0 else 1)
+               for c in retained(state)}  # (version 0, no state, records no format)
     if written.get(version, STATE_FORMAT) < 3:  # (its migration rewrites traces in place)
         raise UsageError(
             f"checkpoint {version} of the pipeline at {state.root} was written by an engine "
