@@ -146,15 +146,15 @@ def averages(totals: pa.Array | pa.ChunkedArray, counts: pa.Array | pa.ChunkedAr
     largest = np.iinfo(np.int64).max
     # the unscaled sum fits 64 bits (not -2**63, whose magnitude does not), 10 * count does
     small = valid & (high == (low >> 63)) & (low != -largest - 1) & (count <= largest // 10)
-    magnitude = np.where(small, np.abs(np.where(small, low, 0)), 0)
-    safe_count = np.where(small, count, 1)
-    fast = small & (shift <= 10 ** 18) & (
-        magnitude <= (largest - 5 * safe_count) // min(shift, 10 ** 18))
-    safe_count = np.where(fast, count, 1)
-    out = np.zeros((n, 2), dtype=np.int64)
-    result = (magnitude * np.int64(shift if shift <= 10 ** 18 else 1) + 5 * safe_count) \
-        // (10 * safe_count)
+    magnitude = np.abs(np.where(small, low, 0))
+    # ... and so does |T| * shift + 5 * count: those rows are computed here
+    fast = (small & (magnitude <= (largest - 5 * np.where(small, count, 0)) // shift)
+            if shift <= 10 ** 18 else np.zeros(n, dtype=bool))
+    magnitude, fast_count = np.where(fast, magnitude, 0), np.where(fast, count, 1)
+    result = (magnitude * np.int64(shift if shift <= 10 ** 18 else 1) + 5 * fast_count) \
+        // (10 * fast_count)
     result = np.where(fast, np.where(low < 0, -result, result), 0)
+    out = np.zeros((n, 2), dtype=np.int64)
     out[:, 0], out[:, 1] = result, result >> 63
     limit = 10 ** avg_type.precision
     if avg_type.precision <= 18 and np.any(fast & (np.abs(result) >= limit)):

@@ -28,7 +28,12 @@ from dbsp_pipeline.runtime.division_log import CARRIED_RECORDS_KEY, DivisionLog
 from dbsp_pipeline.runtime.engine_state import EngineState
 from dbsp_pipeline.runtime.layout import LAYOUT_KEY, Layout
 from dbsp_pipeline.runtime.results import Checkpoint, StepResult
-from dbsp_pipeline.storage.state_db import CIRCUIT_CHANGE_KEY, STATE_FORMAT, StateDatabase
+from dbsp_pipeline.storage.state_db import (
+    CIRCUIT_CHANGE_KEY,
+    STATE_FORMAT,
+    StateDatabase,
+    state_format_of,
+)
 from dbsp_pipeline.storage.verify import prepare_open
 
 log = logging.getLogger(__name__)
@@ -53,8 +58,8 @@ def restore(state: EngineState, version: int) -> list[StepResult]:
     first (so their outputs are verified too); damaged commits after ``version`` are set aside
     (``storage/set_aside.py``). Durable when it returns: the replayed steps are committed."""
     state.require_no_migration("restore")
-    written = {c.version: c.state_format or (STATE_FORMAT if c.version == 0 else 1)
-               for c in retained(state)}  # (version 0, no state, records no format)
+    written = {int(e["version"]): state_format_of(e) for e in state.db.checkpoints(
+        state.retain_checkpoints, state.divisions.compacted_below)}
     if written.get(version, STATE_FORMAT) < 3:  # (its migration rewrites traces in place)
         raise UsageError(
             f"checkpoint {version} of the pipeline at {state.root} was written by an engine "

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+from deltalake import DeltaTable
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from dbsp_pipeline import exact_sum
@@ -80,13 +81,7 @@ def _exact_float_sums(db: StateDatabase) -> None:
     for name, version in db.recorded_traces().items():
         if not name.endswith("_groups") or f"{name}_exact" in db.recorded_traces():
             continue
-        uri = root_layout.state_table(db.root, name)
-        old = delta_log(uri, version)
-        if old is None:
-            raise StateFormatError(f"the pipeline at {db.root} records trace {name} at version "
-                                   f"{version}, but there is no table at {uri}")
-        schema = old.schema().to_arrow()
-        schema = pa.schema(schema) if not isinstance(schema, pa.Schema) else schema
+        old, schema = _recorded_table(db, name, version)
         sums = [f.name for f in schema if _FLOAT_SUM.fullmatch(f.name)
                 and pa.types.is_floating(f.type)]
         if not sums:
@@ -101,6 +96,18 @@ def _exact_float_sums(db: StateDatabase) -> None:
             rows = rows.set_column(rows.schema.get_field_index(column), column,
                                    pa.array(encoded, pa.string()))
         table.stage(table.write_arrow(rows.select(new_schema.names)))
+
+
+def _recorded_table(db: StateDatabase, name: str, version: int) -> tuple[DeltaTable, pa.Schema]:
+    """The Delta table of trace ``name`` at the recorded ``version``, and its Arrow schema;
+    ``StateFormatError`` when the table is not there."""
+    uri = root_layout.state_table(db.root, name)
+    table = delta_log(uri, version)
+    if table is None:
+        raise StateFormatError(f"the pipeline at {db.root} records trace {name} at version "
+                               f"{version}, but there is no table at {uri}")
+    schema = table.schema().to_arrow()
+    return table, pa.schema(schema) if not isinstance(schema, pa.Schema) else schema
 
 
 def _staged_state_changes(db: StateDatabase) -> None:
@@ -155,13 +162,7 @@ def widen_decimal_average_sums(db: StateDatabase, plan: Plan, sql: LocalSQL) -> 
         old, new = op.narrow_groups_name, op.groups.name
         if new == old or new in recorded or old not in recorded:
             continue
-        uri = root_layout.state_table(db.root, old)
-        log = delta_log(uri, recorded[old])
-        if log is None:
-            raise StateFormatError(f"the pipeline at {db.root} records trace {old} at version "
-                                   f"{recorded[old]}, but there is no table at {uri}")
-        schema = log.schema().to_arrow()
-        schema = pa.schema(schema) if not isinstance(schema, pa.Schema) else schema
+        _, schema = _recorded_table(db, old, recorded[old])
         rows = db.read_recorded(old, from_arrow_schema(schema))
         for column, t in op.decimal_average_sums().items():
             try:

@@ -347,8 +347,7 @@ class StateDatabase:
     def recorded_format(self) -> int:
         """The state format the opened version was written in (the empty version 0 counts as
         the current format)."""
-        entry = self._require_open()
-        return int(entry.get("state_format", STATE_FORMAT if entry["version"] == 0 else 1))
+        return state_format_of(self._require_open())
 
     @property
     def recorded_engine(self) -> str | None:
@@ -494,6 +493,12 @@ class StateDatabase:
         adds = self._manifest.write_arrow(data)
         self._manifest.commit(adds, self._manifest_files)
         self._manifest_files = [os.path.join(self._manifest.uri, a.path) for a in adds]
+
+
+def state_format_of(entry: Mapping[str, Any]) -> int:
+    """The state format a manifest entry was written in (the empty version 0, which records
+    none, counts as the current format; any other entry without one is format 1)."""
+    return int(entry.get("state_format", STATE_FORMAT if entry["version"] == 0 else 1))
 
 
 def _empty_entry() -> dict[str, Any]:
