@@ -32,8 +32,18 @@ Contract:
   ``(a < b) OR (NOT is_nan(a) AND is_nan(b))``, the others from these two (a literal is never
   NaN: its terms drop). A NULL operand gives NULL through all of them, as in SQL. ``-0.0`` equals
   ``0.0`` in both.
-* ``arrow_projection(exprs, schema, names)``: for each output column the input column it is,
-  when every expression is a bare column reference (possibly aliased), or None.
+  - ``+ - *`` of two numbers at least one of which is a double column or such a sum (an
+    integer becomes a double, as Spark casts it; a decimal literal the double Spark casts it
+    to), and ``-`` of a double: IEEE arithmetic in both (NaN and infinities propagate alike;
+    Java's doubles are IEEE 754). Integer arithmetic is refused (ANSI Spark raises on
+    overflow), as are division (Spark raises on a zero divisor) and arithmetic of literals
+    alone.
+* ``arrow_projection(exprs, schema, names)``: for each output column a function of a table
+  giving its values (an array, or a scalar for a literal) as Spark's ``F.expr`` gives them
+  before its output types are applied (``sql.conform`` casts them): a bare column reference of
+  any type (possibly aliased), a literal integer, double, string or boolean, or an expression
+  of the predicates' operands above (a sum of doubles, a comparison); None unless every
+  expression is one of these.
 
 Tested against Spark on the edge rows of ``tests/driver/test_expressions.py`` (NULL, NaN, ±inf,
 -0.0, integers near the limits, doubles past 2**53, non-ASCII strings).
@@ -77,13 +87,19 @@ from dbsp_pipeline.driver.expressions import (
     translate_projection,
 )
 
-__all__ = ["ArrowPredicate", "arrow_predicate", "arrow_projection"]
+__all__ = ["ArrowColumn", "ArrowPredicate", "arrow_predicate", "arrow_projection"]
 
 #: a predicate evaluated over a table: one boolean value per row (NULL: not TRUE)
 ArrowPredicate = Callable[[pa.Table], Any]
+#: an output column of a projection evaluated over a table: an array, or a scalar (a literal)
+ArrowColumn = Callable[[pa.Table], Any]
 
 _INTEGERS = {INT, BIGINT}
 _COLUMN_TYPES = {INT, BIGINT, DOUBLE, STRING, BOOLEAN, DATE}
+#: the types of the computed columns and literals a projection takes
+_PROJECTED_TYPES = {INT, BIGINT, DOUBLE, STRING, BOOLEAN}
+_ARITHMETIC: dict[type[exp.Expression], Callable[[Any, Any], Any]] = {
+    exp.Add: pc.add, exp.Sub: pc.subtract, exp.Mul: pc.multiply}
 #: the most items of an ``IN`` list taken: it is evaluated as ``x = a OR x = b ...``, two
 #: pyarrow calls an item, and beyond a few dozen items DuckDB's one query costs less
 IN_ITEMS = 32
@@ -121,27 +137,35 @@ def arrow_predicate(text: str, schema: StructType) -> ArrowPredicate | None:
 
 
 def arrow_projection(exprs: Sequence[str], schema: StructType,
-                     names: Sequence[str]) -> list[str] | None:
-    """For each of ``exprs`` (output column ``names[k]``), the input column it is; None unless
-    every expression is a bare column reference, possibly aliased."""
+                     names: Sequence[str]) -> list[ArrowColumn] | None:
+    """For each of ``exprs`` (output column ``names[k]``), its values as a function of a table
+    (see the module docstring); None unless pyarrow computes every one as Spark does."""
     if translate_projection(exprs, schema, names) is None:
         return None
     columns = _columns(schema)
     if columns is None:
         return None
-    picked = []
+    out: list[ArrowColumn] = []
     try:
         for text in exprs:
             node = _parse(text)
             if type(node) is exp.Alias:
                 node = node.this
             node = _unparen(node)
-            if type(node) is not exp.Column:
+            if type(node) is exp.Column:  # any type, as it is
+                out.append(_picked(_column_name(node, columns)[0]))
+                continue
+            operand = _walk(node, columns)
+            if operand.typ not in _PROJECTED_TYPES:  # (a decimal literal is a decimal)
                 return None
-            picked.append(_column_name(node, columns)[0])
-    except Exception:  # noqa: BLE001 (as above: not a plain projection)
+            out.append(operand.value)
+    except Exception:  # noqa: BLE001 (as above: not a projection pyarrow takes)
         return None
-    return picked
+    return out
+
+
+def _picked(name: str) -> ArrowColumn:
+    return lambda table: table.column(name)
 
 
 # --- the walk ----------------------------------------------------------------------------------
@@ -187,6 +211,16 @@ def _walk(node: exp.Expression, columns: Columns) -> _Operand:
             raise _Refuse("IS TRUE / IS FALSE / IS <expr>")
         a = _walk(node.this, columns)
         return _Operand(lambda table: pc.is_null(a.value(table)), BOOLEAN, a.literal)
+    if t in _ARITHMETIC:
+        _only(node, "this", "expression")
+        return _arithmetic(_ARITHMETIC[t], _walk(node.this, columns),
+                           _walk(node.expression, columns))
+    if t is exp.Neg:  # (a negated number literal is a literal, above)
+        _only(node, "this")
+        a = _walk(node.this, columns)
+        if a.typ != DOUBLE or a.literal:
+            raise _Refuse(f"negation of {a.typ}")
+        return _Operand(lambda table: pc.negate(a.value(table)), DOUBLE, False)
     if t is exp.Between:
         _only(node, "this", "low", "high")
         x = _walk(node.this, columns)
@@ -262,6 +296,17 @@ def _compare(kind: str, a: _Operand, b: _Operand) -> _Operand:
     if DOUBLE in kinds and kinds <= {INT, BIGINT, DOUBLE, DECIMAL_LIT}:
         return _Operand(_doubles(kind, _as_double(a), _as_double(b)), BOOLEAN, literal)
     raise _Refuse(f"comparison {a.typ} vs {b.typ}")
+
+
+def _arithmetic(fn: Callable[[Any, Any], Any], a: _Operand, b: _Operand) -> _Operand:
+    """``fn`` (IEEE ``+ - *``) of two numbers as Spark computes them when one is a double: both
+    as doubles. Refused for integers alone (Spark raises on overflow) and literals alone."""
+    kinds = {a.typ, b.typ}
+    if DOUBLE not in kinds or not kinds <= {INT, BIGINT, DOUBLE, DECIMAL_LIT} or (
+            a.literal and b.literal):
+        raise _Refuse(f"arithmetic of {a.typ} and {b.typ}")
+    x, y = _as_double(a), _as_double(b)
+    return _Operand(lambda table: fn(x.value(table), y.value(table)), DOUBLE, False)
 
 
 def _as_double(a: _Operand) -> _Operand:

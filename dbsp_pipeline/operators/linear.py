@@ -90,14 +90,16 @@ class Select(_UserSQL):
         projection = translate_projection(self.exprs, input_schema, schema.fieldNames())
         self.local_sql = (None if projection is None
                           else f"SELECT {projection}, {ident(WEIGHT)} FROM d")
-        #: the input column of each output column, when every expression is a bare column
-        self.picked = arrow_projection(self.exprs, input_schema, schema.fieldNames())
+        #: each output column as pyarrow computes it, when pyarrow computes them all as Spark
+        self.arrow_columns = arrow_projection(self.exprs, input_schema, schema.fieldNames())
 
     def _arrow(self, d: pa.Table) -> pa.Table | None:
-        if self.picked is None:
+        if self.arrow_columns is None:
             return None
-        return pa.Table.from_arrays([*(d.column(c) for c in self.picked), d.column(WEIGHT)],
-                                    names=[*self.schema.fieldNames(), WEIGHT])
+        values = [column(d) for column in self.arrow_columns]
+        return pa.Table.from_arrays(
+            [*(pa.repeat(v, d.num_rows) if isinstance(v, pa.Scalar) else v for v in values),
+             d.column(WEIGHT)], names=[*self.schema.fieldNames(), WEIGHT])
 
     def _spark(self, d: DataFrame) -> DataFrame:
         return canonical_floats(d.select(*[F.expr(e) for e in self.exprs], F.col(WEIGHT)))

@@ -19,7 +19,15 @@ from dbsp_pipeline.driver.sql import LocalSQL
 from dbsp_pipeline.operators.base import StepContext
 from dbsp_pipeline.operators.linear import Filter, Select
 from dbsp_pipeline.zset import WEIGHT
-from tests.driver.test_expressions import PREDICATES, REFUSED, ROWS, SCHEMA, _arrow, _query
+from tests.driver.test_expressions import (
+    PREDICATES,
+    REFUSED,
+    ROWS,
+    SCHEMA,
+    _arrow,
+    _norm,
+    _query,
+)
 
 #: predicates pyarrow takes, beyond those of ``test_expressions.PREDICATES`` it takes: doubles
 #: against integers and decimals, NaN and infinities against each other and literals, literals
@@ -93,11 +101,55 @@ def test_what_expressions_refuses_arrow_refuses(expr):
     assert arrow_projection([expr], SCHEMA, ["o"]) is None
 
 
+#: projections pyarrow takes: bare columns of any type, literals, arithmetic of doubles (with
+#: integers and decimal literals as Spark casts them), comparisons
+ARROW_PROJECTIONS = [
+    "i", "`S`", "d AS x", "(l) y", "dec", "f", "bin", "ts", "1", "-2147483648", "3000000000",
+    "'x'", "true", "1e3", "-1e-3", "d * 2", "d + e", "d - e", "-d", "-(d)", "d * 1.5", "i + d",
+    "l + d", "d - l", "i * 0.5e0", "d * (1 - 0.25)", "d * 1.1 * 1.1", "d * (1 - e)",
+    "(d + 1) * (e - 2)", "l - d * d", "2.5 - d", "-d * e", "1 - d", "d > 1.0", "d * 2 >= e",
+    "s = 'a'", "i IS NULL",
+]
+
+
+def test_arrow_projections_match_spark(frames):
+    """Through ``Select`` as a driver step runs it (no query; floats canonical, Spark's output
+    types), each projection gives Spark's values on the edge rows."""
+    df, table = frames
+    exprs = ["rid", *ARROW_PROJECTIONS]
+    assert [e for e in exprs if arrow_projection([e], SCHEMA, ["o"]) is None] == []
+    spark_frame = df.select(*[F.expr(e).alias(f"c{k}") for k, e in enumerate(exprs)])
+    want = sorted(spark_frame.toArrow().to_pylist(), key=lambda r: r["c0"])
+    d = table.append_column(WEIGHT, pa.array([1] * table.num_rows, pa.int64()))
+    got = Select(exprs, SCHEMA, spark_frame.schema).step_local(
+        StepContext(None, 0, sql=_NoQueries()), [d])
+    assert [f.name for f in got.schema][:-1] == spark_frame.schema.fieldNames()
+    assert got.schema.remove(got.schema.get_field_index(WEIGHT)) == spark_frame.toArrow().schema
+    rows = sorted(got.drop_columns([WEIGHT]).to_pylist(), key=lambda r: r["c0"])
+    for k, e in enumerate(exprs):
+        column = f"c{k}"
+        assert [_norm(r[column]) for r in rows] == [_norm(r[column]) for r in want], e
+
+
+@pytest.mark.parametrize("expr", [
+    # integer arithmetic (ANSI Spark raises on overflow), division, literals alone, floats,
+    # decimals (Spark's decimal types), NULL
+    "i + 1", "-i", "i * j", "l - 1", "d / 2", "i / 7", "1e0 * 2e0", "f * 2", "f + d",
+    "dec * d", "100.00", "d + NULL", "CASE WHEN d > 0 THEN d END", "abs(d)", "d * dec",
+])
+def test_refused_projections(expr):
+    assert arrow_projection([expr], SCHEMA, ["o"]) is None
+
+
 def test_projection_of_bare_columns():
-    assert arrow_projection(["i", "`S`", "d AS x", "(l) y", "dec", "f"], SCHEMA,
-                            ["i", "S", "x", "y", "dec", "f"]) == ["i", "s", "d", "l", "dec", "f"]
+    picked = arrow_projection(["i", "`S`", "d AS x", "(l) y", "dec", "f"], SCHEMA,
+                              ["i", "S", "x", "y", "dec", "f"])
+    assert picked is not None
+    table = _arrow(ROWS, SCHEMA)
+    for column, name in zip(picked, ["i", "s", "d", "l", "dec", "f"], strict=True):
+        assert ([_norm(v) for v in column(table).to_pylist()]
+                == [_norm(v) for v in table.column(name).to_pylist()]), name
     assert arrow_projection(["i", "i + 1"], SCHEMA, ["i", "o"]) is None
-    assert arrow_projection(["1"], SCHEMA, ["o"]) is None
     assert arrow_projection(["i"], SCHEMA, ["i", "j"]) is None
 
 
