@@ -1,4 +1,4 @@
-"""Spark SQL filter predicates and plain projections evaluated by pyarrow compute, where the two
+"""Spark SQL filter predicates and simple projections evaluated by pyarrow compute, where the two
 agree exactly: the driver path's way around a DuckDB query for the commonest small forms.
 
 A DuckDB query costs about 2 ms here whatever its size (parsing, binding, planning, the Arrow
@@ -24,7 +24,13 @@ Contract:
     becomes a double, as Spark casts it), between strings (bytewise in both), between booleans,
     between dates; ``BETWEEN`` (``x >= lo AND x <= hi``, as Spark defines it); ``x [NOT] IN``
     a list of at most ``IN_ITEMS`` literals, none NULL (``x = a OR x = b ...``); ``AND OR NOT``
-    (three-valued: pyarrow's Kleene kernels); ``IS [NOT] NULL`` of any of these.
+    (three-valued: pyarrow's Kleene kernels); ``IS [NOT] NULL`` of any of these;
+  - ``+ - *`` of two numbers at least one of which is a double column or such a sum (an
+    integer becomes a double, as Spark casts it; a decimal literal the double Spark casts it
+    to), and ``-`` of a double: IEEE arithmetic in both (NaN and infinities propagate alike;
+    Java's doubles are IEEE 754). Integer arithmetic is refused (ANSI Spark raises on
+    overflow), as are division (Spark raises on a zero divisor) and arithmetic of literals
+    alone.
 
   Spark orders NaN above every other double and equal to itself, where an IEEE comparison (as
   pyarrow's) is false whenever NaN is an operand. So a comparison of doubles is built from IEEE
@@ -32,12 +38,6 @@ Contract:
   ``(a < b) OR (NOT is_nan(a) AND is_nan(b))``, the others from these two (a literal is never
   NaN: its terms drop). A NULL operand gives NULL through all of them, as in SQL. ``-0.0`` equals
   ``0.0`` in both.
-  - ``+ - *`` of two numbers at least one of which is a double column or such a sum (an
-    integer becomes a double, as Spark casts it; a decimal literal the double Spark casts it
-    to), and ``-`` of a double: IEEE arithmetic in both (NaN and infinities propagate alike;
-    Java's doubles are IEEE 754). Integer arithmetic is refused (ANSI Spark raises on
-    overflow), as are division (Spark raises on a zero divisor) and arithmetic of literals
-    alone.
 * ``arrow_projection(exprs, schema, names)``: for each output column a function of a table
   giving its values (an array, or a scalar for a literal) as Spark's ``F.expr`` gives them
   before its output types are applied (``sql.conform`` casts them): a bare column reference of
@@ -254,7 +254,10 @@ def _literal_operand(node: exp.Expression) -> _Operand:
         negative = type(node) is exp.Neg
         text = str((node.this if negative else node).this)
         number = float(Decimal(text)) if typ == DECIMAL_LIT else float(text)
-        scalar = pa.scalar(-number if negative else number, pa.float64())
+        number = -number if negative else number
+        if typ == DECIMAL_LIT:  # a decimal has no negative zero: -0.0 is the double 0.0
+            number += 0.0
+        scalar = pa.scalar(number, pa.float64())
     else:
         raise _Refuse(f"literal of type {typ}")
     return _Operand(lambda table: scalar, typ, True)
@@ -310,7 +313,8 @@ def _arithmetic(fn: Callable[[Any, Any], Any], a: _Operand, b: _Operand) -> _Ope
 
 
 def _as_double(a: _Operand) -> _Operand:
-    """``a`` as a double, as Spark casts an integer compared with a double (to the nearest)."""
+    """``a`` as a double, as Spark casts an integer compared with, added to, subtracted from or
+    multiplied by a double (to the nearest)."""
     if a.typ in (DOUBLE, DECIMAL_LIT):
         return a
     return _Operand(lambda table: pc.cast(a.value(table), pa.float64(), safe=False), DOUBLE,

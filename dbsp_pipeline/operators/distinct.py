@@ -6,8 +6,8 @@ row), adds the change and emits +1 for rows that became positive and -1 for rows
 being positive. Rows compare NULL-safely (NULL equals NULL, as in SQL DISTINCT).
 
 On the driver the flips are computed in pyarrow for a small step (``_flips_arrow``: a DuckDB
-query's fixed cost, several milliseconds, was most of a distinct's step in TPC-H's q21 and
-q22), or as one DuckDB query; both give the same rows, bit for bit.
+query's fixed cost, 2 ms and more with its joins and groupings, was most of a distinct's step
+in TPC-H's q21 and q22), or as one DuckDB query; both give the same rows, bit for bit.
 """
 
 from __future__ import annotations
@@ -98,7 +98,8 @@ class Distinct(Operator):
         None where pyarrow might differ from the query: a change or a lookup of more than
         ``FAST_PATH_ROWS`` rows, rows pyarrow compares otherwise than DuckDB
         (``arrow_groups_like_duckdb``), weights whose sums could leave int64 (the query's
-        sums do not wrap)."""
+        sums do not wrap), rows too wide for ``match_distinct`` to number (many columns of
+        many distinct values)."""
         limit = local_sql.FAST_PATH_ROWS
         if (new.num_rows > limit or old.num_rows > limit or not self.columns
                 or not arrow_groups_like_duckdb(new, self.columns)

@@ -6,9 +6,9 @@ count column of its own (dropped); ``conform`` reshapes a collection to another'
 ones become typed NULLs), used by the composite joins.
 
 On the driver, ``select`` and ``filter`` run the user's Spark SQL in pyarrow when
-``driver.arrow_expressions`` can evaluate it exactly (a plain projection, a simple predicate:
-no DuckDB query's fixed cost), else in DuckDB when ``driver.expressions`` can translate it
-exactly; otherwise (or when DuckDB raises where Spark
+``driver.arrow_expressions`` can evaluate it exactly (a projection of columns, literals and
+double arithmetic, a simple predicate: no DuckDB query's fixed cost), else in DuckDB when
+``driver.expressions`` can translate it exactly; otherwise (or when DuckDB raises where Spark
 might not, e.g. an overflow in a branch Spark short-circuits) that one operator runs its Spark
 expression over the (small) change as a Spark job, so the result is always Spark's.
 """

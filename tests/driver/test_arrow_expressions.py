@@ -1,5 +1,5 @@
 """``driver.arrow_expressions``: a predicate pyarrow evaluates keeps exactly Spark's rows, and a
-plain projection picks Spark's columns; anything else is refused (None).
+projection it evaluates gives Spark's values; anything else is refused (None).
 
 Checked on the edge rows of ``test_expressions`` (NULL, NaN, ±inf, -0.0, integers near the
 limits, doubles past 2**53, non-ASCII strings), against Spark itself (one job for all
@@ -47,6 +47,10 @@ ARROW_PREDICATES = [
     f"d IN ({', '.join(f'{k}.0' for k in range(-5, 27))})",
     f"i NOT IN ({', '.join(map(str, range(32)))})",
     "d NOT IN (100, 5)", "i NOT IN (7, 3)", "l IN (5, -1)", "d > 0.06 - 0.01", "b IN (true)",
+    # arithmetic of doubles (NaN and infinities propagate; an integer or a decimal literal
+    # becomes the double Spark casts it to)
+    "d * 2 > e", "-d < e", "d - e IN (0, 1.5)", "d * 2 BETWEEN e AND 3", "d + e IS NULL",
+    "d + 9007199254740993 > l", "l - d = 0", "d * (1 - 0.25) >= i", "e - -1 <= d * -0.5",
 ]
 
 
@@ -108,7 +112,7 @@ ARROW_PROJECTIONS = [
     "'x'", "true", "1e3", "-1e-3", "d * 2", "d + e", "d - e", "-d", "-(d)", "d * 1.5", "i + d",
     "l + d", "d - l", "i * 0.5e0", "d * (1 - 0.25)", "d * 1.1 * 1.1", "d * (1 - e)",
     "(d + 1) * (e - 2)", "l - d * d", "2.5 - d", "-d * e", "1 - d", "d > 1.0", "d * 2 >= e",
-    "s = 'a'", "i IS NULL",
+    "s = 'a'", "i IS NULL", "d - -1", "d * -0.5", "d * -0.0", "1 = 1", "d * 2 IS NULL",
 ]
 
 

@@ -51,6 +51,15 @@ def _view(p: Pipeline, name: str) -> list[str]:
 
 def test_pyarrow_and_duckdb_flips_give_identical_views(spark, tmp_path, monkeypatch):
     rng = random.Random(2026)
+    computed = []  # the steps whose flips pyarrow computed (not None)
+    flips = Distinct._flips_arrow
+
+    def counted(self: Distinct, new: pa.Table, old: pa.Table) -> pa.Table | None:
+        out = flips(self, new, old)
+        computed.append(out is not None)
+        return out
+
+    monkeypatch.setattr(Distinct, "_flips_arrow", counted)
     fast = Pipeline(_circuit(), str(tmp_path / "fast"), spark, driver_step_rows=10**9)
     slow = Pipeline(_circuit(), str(tmp_path / "slow"), spark, driver_step_rows=10**9)
     live: collections.Counter[tuple] = collections.Counter()
@@ -85,6 +94,7 @@ def test_pyarrow_and_duckdb_flips_give_identical_views(spark, tmp_path, monkeypa
             assert got == sorted(repr((k, d, t, _bits(f if f is None else f + 0.0)))
                                  for k, d, t, f in {r[:4] for r in live}), step
         assert len(_view(fast, "rows")) > 10
+    assert sum(computed) >= 20 and not all(computed)  # (the slow pipeline's are None)
 
 
 def _distinct() -> Distinct:
