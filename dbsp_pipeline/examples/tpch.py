@@ -301,11 +301,12 @@ class Refreshes:
     """The tables split into an initial load and RF1/RF2 batches: a slice of orders (and their
     lineitems) is held back for RF1; RF2 deletes random loaded orders (and their lineitems)."""
 
-    def __init__(self, tables: dict[str, pa.Table], fraction: float, seed: int) -> None:
+    def __init__(self, tables: dict[str, pa.Table], fraction: float, seed: int,
+                 rounds: int = 2) -> None:
         self.rng = random.Random(seed)
         keys = tables["orders"].column("o_orderkey").to_pylist()
         self.rng.shuffle(keys)
-        held = int(len(keys) * fraction * 2)  # room for a few RF1s
+        held = int(len(keys) * fraction * rounds)  # room for ``rounds`` RF1s
         self.held_back = keys[:held]
         self.per_refresh = max(1, int(len(keys) * fraction))
         held_set = pa.array(self.held_back)

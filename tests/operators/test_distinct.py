@@ -10,7 +10,6 @@ import datetime
 import decimal
 import math
 import random
-import struct
 
 import pyarrow as pa
 import pytest
@@ -19,6 +18,7 @@ from dbsp_pipeline import Circuit, Pipeline
 from dbsp_pipeline.driver import sql as local_sql
 from dbsp_pipeline.operators.distinct import Distinct
 from dbsp_pipeline.zset import WEIGHT
+from tests.operators.test_aggregate import _bits, _view
 
 FACTS = "k STRING, d DECIMAL(10,2), t TIMESTAMP, f DOUBLE, i BIGINT"
 
@@ -37,16 +37,6 @@ def _fact(rng: random.Random) -> tuple:
     return (maybe(["a", "b", ""]), maybe([decimal.Decimal("1.10"), decimal.Decimal("-2.00")]),
             maybe([datetime.datetime(2026, 1, 1), datetime.datetime(2026, 1, 2, 3)]),
             maybe([0.5, 0.0, 2.0]), rng.randint(0, 3))
-
-
-def _bits(value: object) -> object:
-    """A float as its IEEE bits (tells -0.0 from 0.0, NaN from all numbers)."""
-    return struct.pack(">d", value).hex() if isinstance(value, float) else value
-
-
-def _view(p: Pipeline, name: str) -> list[str]:
-    return sorted(repr([(k, _bits(v)) for k, v in sorted(r.items())])
-                  for r in p.view_arrow(name).to_pylist())
 
 
 def test_pyarrow_and_duckdb_flips_give_identical_views(spark, tmp_path, monkeypatch):
