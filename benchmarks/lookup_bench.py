@@ -11,6 +11,9 @@ access patterns, each a circuit built with the public ``Circuit`` API:
     100 customers, so the aggregate must re-read those customers' orders;
 (d) ``lines``: orders joined with ``lines`` (4 rows per order), sum(qty) and count per customer;
     each step pushes 10k line changes (10% deletes);
+(e) ``top``: the 10 orders of the largest amounts (``ORDER BY amount DESC LIMIT 10``: a top-k
+    over the whole input, one partition); each step pushes 10k order changes (10% deletes of the
+    oldest) and deletes the 10 current leaders, so the top 10 is read past them;
 (a) and (b) again as ``moves_eager`` and ``orders_eager``: the shop circuit declared with
     ``eager_aggregation=True`` (partial aggregates per customer, joined and merged per region:
     ``dbsp_pipeline/eager_aggregation.py``), the plan a user picks when dimensions change.
@@ -39,7 +42,7 @@ a commit each (steps/s). The shop workload at 1M orders with 10k changes per ste
 drifts, so do the step seconds.
 
     python benchmarks/lookup_bench.py [--sizes 1000000 4000000 16000000] [--steps 15]
-        [--patterns moves orders max lines moves_eager orders_eager]
+        [--patterns moves orders max lines moves_eager orders_eager top]
         [--spark-change 1000000] [--spark-steps 5]
         [--spark-workers 2] [--no-spark-steps] [--no-small-steps] [--no-spark-recompute]
         [--plot PATH]
@@ -81,6 +84,9 @@ Change = Callable[[], dict[str, pa.Table]]
 SHOP_QUERY = """SELECT region, sum(amount) AS total, count(*) AS n, max(amount) AS top
   FROM orders JOIN customers USING (customer_id) WHERE amount > 10 GROUP BY region"""
 MAX_QUERY = "SELECT customer_id, max(amount) AS top, count(*) AS n FROM orders GROUP BY customer_id"
+#: (ties in amount broken by every column ascending, as ``top_k`` breaks them)
+TOP_QUERY = ("SELECT order_id, customer_id, amount FROM orders "
+             "ORDER BY amount DESC, order_id, customer_id LIMIT 10")
 LINES_QUERY = """SELECT customer_id, sum(qty) AS qty, count(*) AS n
   FROM orders JOIN lines USING (order_id) GROUP BY customer_id"""
 
@@ -149,6 +155,13 @@ def lines_circuit() -> Circuit:
     lines = c.input("lines", "order_id BIGINT, line_no BIGINT, qty BIGINT")
     c.output("view", orders.join(lines, on="order_id").group_by("customer_id")
              .agg(qty="sum(qty)", n="count(*)"))
+    return c
+
+
+def top_circuit() -> Circuit:
+    c = Circuit("top_orders")
+    orders = c.input("orders", "order_id BIGINT, customer_id BIGINT, amount DOUBLE")
+    c.output("view", orders.top_k(10, ["amount DESC"]))
     return c
 
 
@@ -320,7 +333,44 @@ class Lines:
         return change
 
 
-Workload = Shop | MaxDeletes | Lines
+class TopDeletes:
+    """(e)'s data at ``size`` orders: the orders ``alive`` among ids ``[0, next)``; each step
+    deletes the oldest live ones and the current leaders, and adds new ones."""
+
+    query, view, columns = TOP_QUERY, "view", ["order_id", "customer_id", "amount"]
+    float_columns: set[int] = set()
+
+    def __init__(self, size: int) -> None:
+        self.alive = np.ones(size, dtype=bool)
+        self.first = 0  # every id below is dead
+
+    def tables(self) -> dict[str, pa.Table]:
+        return {"orders": orders_of(np.flatnonzero(self.alive))}
+
+    def leaders(self, n: int) -> np.ndarray:
+        """The ``n`` live orders of the largest amounts, ties by the smallest id."""
+        ids = np.arange(len(self.alive), dtype=np.int64)
+        # amount = code / 100: the largest code first, then the smallest id
+        key = np.where(self.alive, (ids * 104729 % 19997) * (1 << 40) - ids, np.iinfo(np.int64).min)
+        top = np.argpartition(key, len(key) - n)[len(key) - n:]
+        return top[self.alive[top]]
+
+    def changes(self, n: int, leaders: int = 10) -> Change:
+        def change() -> dict[str, pa.Table]:
+            n_del = n // 10
+            live = np.flatnonzero(self.alive[self.first:self.first + 2 * n_del]) + self.first
+            oldest = live[:n_del]
+            self.alive[oldest] = False
+            self.first = int(oldest[-1]) + 1 if len(oldest) else self.first
+            gone = self.leaders(leaders)
+            self.alive[gone] = False
+            new = np.arange(len(self.alive), len(self.alive) + n - n_del)
+            self.alive = np.concatenate([self.alive, np.ones(len(new), dtype=bool)])
+            return {"orders": zset(orders_of(new), orders_of(np.concatenate([oldest, gone])))}
+        return change
+
+
+Workload = Shop | MaxDeletes | Lines | TopDeletes
 
 
 def check(p: Pipeline, w: Workload, record: dict[str, Any], medians: dict[str, float],
@@ -561,6 +611,15 @@ def lines_pattern(args: argparse.Namespace) -> Pattern:
                    lambda w: cast(Lines, w).changes(args.spark_change))
 
 
+def top_pattern(args: argparse.Namespace) -> Pattern:
+    """(e): the top 10 orders by amount; each step changes ``--change`` orders and deletes the
+    10 leaders; on Spark, ``--spark-change`` orders and the leaders."""
+    return Pattern("top", "(e) top 10 under order changes and deletes of the leaders",
+                   f"(e) top 10 under {args.spark_change:,} order changes", top_circuit,
+                   TopDeletes, args.change, lambda w: cast(TopDeletes, w).changes(args.change),
+                   args.spark_change, lambda w: cast(TopDeletes, w).changes(args.spark_change))
+
+
 def run_pattern(spark: Any, sizes: list[int], pattern: Pattern, args: argparse.Namespace,
                 rc: Recompute, emit: Emit) -> list[dict[str, Any]]:
     """``pattern``'s driver steps in blocks across the sizes; then (with ``--spark-steps``) at
@@ -625,11 +684,14 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
     from matplotlib import ticker
 
     patterns = [p for p in ("moves", "moves_eager", "orders", "orders_eager", "max", "lines",
-                            "moves_on_spark", "moves_eager_on_spark", "orders_on_spark",
-                            "orders_eager_on_spark", "max_on_spark", "lines_on_spark")
+                            "top", "moves_on_spark", "moves_eager_on_spark", "orders_on_spark",
+                            "orders_eager_on_spark", "max_on_spark", "lines_on_spark",
+                            "top_on_spark")
                 if any(r["pattern"] == p for r in rows)]
     titles = {"moves": "(a) move {:,} customers", "orders": "(b) {:,} order changes",
               "max": "(c) delete the max of {:,} customers", "lines": "(d) {:,} line changes",
+              "top": "(e) top 10: {:,} order changes", "top_on_spark":
+              "(e) on Spark: top 10, {:,} order changes",
               "moves_on_spark": "(a) on Spark: moves changing {:,} orders",
               "orders_on_spark": "(b) on Spark: {:,} order changes",
               "max_on_spark": "(c) on Spark: delete the max of {:,} customers",
@@ -688,7 +750,7 @@ def _summaries(path: str) -> list[dict[str, Any]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000, 16_000_000])
-    every = ["moves", "orders", "max", "lines", "moves_eager", "orders_eager"]
+    every = ["moves", "orders", "max", "lines", "moves_eager", "orders_eager", "top"]
     ap.add_argument("--patterns", nargs="+", default=every, choices=every)
     ap.add_argument("--steps", type=int, default=30,
                     help="timed driver steps after a warm-up step")
@@ -739,7 +801,9 @@ def main() -> None:
                           ({"max"}, lambda: run_pattern(spark, sizes, max_pattern(args), args,
                                                         rc, emit)),
                           ({"lines"}, lambda: run_pattern(spark, sizes, lines_pattern(args),
-                                                          args, rc, emit))):
+                                                          args, rc, emit)),
+                          ({"top"}, lambda: run_pattern(spark, sizes, top_pattern(args), args,
+                                                        rc, emit))):
         if patterns & set(args.patterns):
             rows += run()
             print(f"# {', '.join(sorted(patterns & set(args.patterns)))} done, "

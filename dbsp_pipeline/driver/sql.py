@@ -27,7 +27,19 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.types import LongType, StructField, StructType
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    DataType,
+    DateType,
+    LongType,
+    NumericType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
 
 from dbsp_pipeline.zset import WEIGHT, spark_to_arrow_schema
 
@@ -63,6 +75,19 @@ def arrow_groups_like_duckdb(table: pa.Table, columns: Sequence[str]) -> bool:
                   or pa.types.is_decimal(kind) or pa.types.is_temporal(kind)):
             return False
     return True
+
+
+def arrow_orders_like_duckdb(value_type: DataType) -> bool:
+    """Whether Arrow sorts values of the Spark type ``value_type`` as DuckDB and Spark order
+    them (so a trace's runs may be sorted by such a column: a min/max aggregate's values,
+    ``Trace.lookup_extreme_rows``; a top-k's first order key, ``Trace.lookup_leading_rows``):
+    numbers (NaN above every number in all three, ``-0.0`` equal to ``0.0``), strings of the
+    binary collation and binaries (byte order), booleans, decimals, dates and timestamps; not
+    nested types."""
+    if isinstance(value_type, StringType):
+        return getattr(value_type, "collation", "UTF8_BINARY") == "UTF8_BINARY"
+    return isinstance(value_type, (NumericType, BinaryType, BooleanType, DateType,
+                                   TimestampType, TimestampNTZType))
 
 
 def equal_as_grouped(a: pa.Table, b: pa.Table, columns: Sequence[str]) -> np.ndarray | None:

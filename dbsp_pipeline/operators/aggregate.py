@@ -45,19 +45,13 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.functions import arrow_udf
 from pyspark.sql.types import (
-    BinaryType,
-    BooleanType,
     DataType,
-    DateType,
     DecimalType,
     DoubleType,
     LongType,
-    NumericType,
     StringType,
     StructField,
     StructType,
-    TimestampNTZType,
-    TimestampType,
 )
 
 from dbsp_pipeline.driver import spark_decimal
@@ -65,6 +59,7 @@ from dbsp_pipeline.driver import sql as local_sql
 from dbsp_pipeline.driver.sql import (
     LocalSQL,
     arrow_groups_like_duckdb,
+    arrow_orders_like_duckdb,
     conform,
     consolidate_arrow,
     ident,
@@ -138,7 +133,7 @@ class Aggregate(Operator):
                                      + [StructField("_v", value_type)])
                 self.values[a["i"]] = Trace(
                     db, f"{name}_values{a['i']}", vschema, self.keys,
-                    order_by="_v" if _ordered_like_duckdb(value_type) else None)
+                    order_by="_v" if arrow_orders_like_duckdb(value_type) else None)
 
     def decimal_average_sums(self) -> dict[str, DecimalType]:
         """The state columns (``_s<i>``) holding the sums of decimal averages, with their type:
@@ -783,17 +778,6 @@ def _left_join_rows(left: pa.Table, right: pa.Table, keys: Sequence[str]
                   "_ri": np.arange(right.num_rows, dtype=np.int64)}),
         keys=ids, join_type="left outer", use_threads=False).sort_by("_li")
     return pairs.column("_li"), pairs.column("_ri")
-
-
-def _ordered_like_duckdb(value_type: DataType) -> bool:
-    """Whether Arrow sorts values of ``value_type`` as DuckDB's ``min``/``max`` rank them (so a
-    values trace may be read by its extremes, ``Trace.lookup_extreme_rows``): numbers (NaN above
-    every number in both), strings of the binary collation and binaries (byte order), booleans,
-    decimals, dates and timestamps; not nested types."""
-    if isinstance(value_type, StringType):
-        return getattr(value_type, "collation", "UTF8_BINARY") == "UTF8_BINARY"
-    return isinstance(value_type, (NumericType, BinaryType, BooleanType, DateType,
-                                   TimestampType, TimestampNTZType))
 
 
 def _fold_exact_spark(g: DataFrame, specs: Sequence[FoldSpec]) -> DataFrame:

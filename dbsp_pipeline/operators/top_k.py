@@ -16,8 +16,15 @@ rows that tie on the order keys share a place (the places of the rows before the
 for ``dense_rank`` the number of distinct order keys before them, plus one), and the top k keeps
 every row whose place is at most k, with all its copies: ties at place k are all kept.
 
-Work per step follows the size of the touched partitions, not the input: a top-k over the whole
-input (one partition) reads it all when it changes.
+Work per step follows the change and k, not the input. When the first order key's type sorts in
+Arrow as in Spark (``driver.sql.arrow_orders_like_duckdb``; ROW_NUMBER and RANK numberings, k
+up to ``LEADING_MAX_K``), the
+trace's keyed runs are sorted by that key within a partition, its NULLs placed as the ranking
+places them, and a step reads from each big file only about k leading rows of each touched
+partition (``Trace.lookup_leading_rows``), deeper only where the rows read do not settle both
+the old and the new top k (``_unsettled``): a top-k over the whole input (one partition, as
+``ORDER BY ... LIMIT k``) costs about k rows a file, not the input. Otherwise a step reads
+every row of the touched partitions.
 """
 
 from __future__ import annotations
@@ -26,15 +33,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, StructField, StructType
 
-from dbsp_pipeline.driver.sql import conform, ident, idents
+from dbsp_pipeline.driver.sql import (
+    arrow_orders_like_duckdb,
+    conform,
+    ident,
+    idents,
+    null_safe_on,
+)
 from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContext
 from dbsp_pipeline.operators.lookup import touched_shards
 from dbsp_pipeline.storage.state_db import StateDatabase
-from dbsp_pipeline.storage.trace import Trace
+from dbsp_pipeline.storage.trace import EXTREME_ROWS, Trace
 from dbsp_pipeline.zset import WEIGHT, quote
 
 
@@ -58,6 +73,11 @@ class OrderKey:
     def of(cls, d: dict[str, Any]) -> OrderKey:
         return cls(d["column"], bool(d["descending"]), d["nulls_first"])
 
+
+#: A top-k of at most this many places reads the leading rows of its partitions
+#: (``Trace.lookup_leading_rows``); one of more (SQL's numbering of every row of a partition,
+#: ``sql/catalog.py``'s ``EVERY_PLACE``) reads them whole, as does a DENSE_RANK
+LEADING_MAX_K = 65_536
 
 #: how rows are numbered: SQL's ROW_NUMBER(), RANK() and DENSE_RANK()
 NUMBERINGS = ("row_number", "rank", "dense_rank")
@@ -87,7 +107,17 @@ class TopK(Operator):
         self.order = list(order)
         self.k = k
         self.rank = rank
-        self.trace = Trace(db, name, schema, self.partition)
+        first = self.order[0]
+        #: whether the trace's runs are sorted by the first order key (``lookup_leading_rows``),
+        #: its NULLs where the ranking puts them: first in an ascending run when the ranking
+        #: puts them first ascending, or last descending (a descending ranking reads the run
+        #: from its end)
+        self.ordered = (numbering != "dense_rank" and k <= LEADING_MAX_K
+                        and first.column in self.columns
+                        and arrow_orders_like_duckdb(schema[first.column].dataType))
+        self.trace = Trace(db, name, schema, self.partition,
+                           order_by=first.column if self.ordered else None,
+                           nulls_first=first.nulls_go_first != first.descending)
 
     # -- the ranking, in DuckDB and in Spark -----------------------------------------------
     def _order_sql(self, ties: bool = True) -> str:
@@ -189,8 +219,14 @@ class TopK(Operator):
         new = self.trace.append_arrow(ctx.local, d)
         if new is None:
             return None
-        old = (self.trace.lookup_arrow(ctx.local, new, old_files) if self.partition
-               else self.trace.read_arrow(old_files))  # one partition: every row
+        if self.ordered:  # the touched partitions' leading rows
+            old = self.trace.lookup_leading_rows(
+                ctx.local, new, self.order[0].descending,
+                lambda rows, cut_keys: self._unsettled(ctx, new, rows, cut_keys),
+                count=self._rows_a_file(new), files=old_files)
+        else:
+            old = (self.trace.lookup_arrow(ctx.local, new, old_files) if self.partition
+                   else self.trace.read_arrow(old_files))  # one partition: every row
         cols, w = idents(self.columns), ident(WEIGHT)
         out_cols = idents(self.out_columns)
         out = ctx.local.query(f"""
@@ -204,6 +240,70 @@ class TopK(Operator):
             SELECT {out_cols}, sum({w}) AS {w} FROM t GROUP BY ALL HAVING sum({w}) <> 0""",
             n=new, old=old)
         return conform(out, self.schema)
+
+    def _rows_a_file(self, change: pa.Table) -> int:
+        """How many leading rows of each touched partition a step reads from each file at
+        first: k and a few, and as many again where the change deletes rows (those may be
+        leaders, and the rows after them then count). Deeper where that does not settle."""
+        deletes = pc.sum(pc.less(change.column(WEIGHT), 0).cast(pa.int64())).as_py() or 0
+        return self.k + EXTREME_ROWS + min(self.k, deletes)
+
+    def _unsettled(self, ctx: StepContext, change: pa.Table, rows: pa.Table,
+                   cut_keys: pa.Table) -> pa.Table:
+        """The partitions of ``cut_keys`` whose leading rows ``rows`` (of the trace before the
+        step, consolidated: every row whose first order key is strictly beyond some value B,
+        and none other) do not decide both the old and the new top k.
+
+        Old: the rows given lead every other row, so they decide the old top k when their
+        live weights (those above zero) sum to k or more (a row of multiplicity m takes m
+        places; RANK places a row after all the weight before it). New (the old rows plus
+        ``change``): every row, old or changed, whose first order key ranks with or before the
+        last live old row given (V, beyond B) is in hand, and those rows lead every other; so
+        they decide the new top k when their new live weights sum to k or more."""
+        first = self.order[0]
+        part = f"PARTITION BY {idents(self.partition)}" if self.partition else ""
+        by = (f"{ident(first.column)} {'DESC' if first.descending else 'ASC'} NULLS "
+              f"{'FIRST' if first.nulls_go_first else 'LAST'}")
+        cols, w = idents(self.columns), ident(WEIGHT)
+        ranked = f"""
+            WITH u AS (SELECT {cols}, {w} AS _w, {w} AS _wo FROM old
+                       UNION ALL SELECT {cols}, {w}, 0 FROM n),
+                 c AS (SELECT {cols}, sum(_w) AS _w, sum(_wo) AS _wo FROM u GROUP BY ALL),
+                 r AS (SELECT *, rank() OVER ({part} ORDER BY {by}) AS _pos FROM c),
+                 b AS (SELECT *, max(CASE WHEN _wo > 0 THEN _pos END) OVER ({part}) AS _v
+                       FROM r)"""
+        settled = (f"sum(greatest(_wo, 0)) >= {self.k} AND "
+                   f"sum(CASE WHEN _pos <= _v THEN greatest(_w, 0) ELSE 0 END) >= {self.k}")
+        if not self.partition:  # one partition: settled or not
+            return cut_keys.slice(0, 0) if self._settled(ctx, change, rows) else cut_keys
+        keys = idents(self.partition)
+        out = ctx.local.query(
+            f"""{ranked}, s AS (SELECT {keys} FROM b GROUP BY {keys} HAVING {settled})
+                SELECT k.* FROM k ANTI JOIN s ON {null_safe_on('k', 's', self.partition)}""",
+            old=rows, n=change, k=cut_keys)
+        return out.cast(cut_keys.schema)
+
+    def _settled(self, ctx: StepContext, change: pa.Table, rows: pa.Table) -> bool:
+        """``_unsettled`` of a top-k over one partition, without ranking the change: the old
+        rows decide the new top k when the sum of their weights (some may be below zero) and
+        of the weights of the changed rows whose first order key ranks with or before V is k
+        or more (at most the live weights of the new rows with or before V)."""
+        first = self.order[0]
+        x, w = ident(first.column), ident(WEIGHT)
+        worst = (f"{x} {'ASC' if first.descending else 'DESC'} NULLS "
+                 f"{'LAST' if first.nulls_go_first else 'FIRST'}")
+        at_or_before = f"n.{x} {'>=' if first.descending else '<='} v.{x}"
+        if first.nulls_go_first:
+            at_or_before = f"(n.{x} IS NULL OR (v.{x} IS NOT NULL AND {at_or_before}))"
+        else:
+            at_or_before = f"(n.{x} IS NOT NULL AND (v.{x} IS NULL OR {at_or_before}))"
+        ok = ctx.local.query(f"""
+            WITH v AS (SELECT {x} FROM old WHERE {w} > 0 ORDER BY {worst} LIMIT 1)
+            SELECT coalesce((SELECT sum(greatest({w}, 0)) FROM old), 0) >= {self.k}
+               AND coalesce((SELECT sum({w}) FROM old), 0)
+                   + coalesce((SELECT sum({w}) FROM n, v WHERE {at_or_before}), 0) >= {self.k}
+               AS ok""", old=rows, n=change)
+        return bool(ok.column("ok")[0].as_py())
 
     def step(self, ctx: StepContext, changes: Sequence[Delta]) -> Delta:
         (d,) = changes

@@ -177,7 +177,7 @@ class _OpenRun:
         if total == 0:
             return none, none, none
         which = np.repeat(np.arange(len(hashes)), spans)
-        batch_of = _concat_ranges(lo_batch, spans)
+        batch_of = concat_ranges(lo_batch, spans)
         order = np.argsort(batch_of, kind="stable")  # by batch; hashes stay ascending
         batch_of, which = batch_of[order], which[order]
         cuts = np.flatnonzero(np.diff(batch_of)) + 1
@@ -325,6 +325,26 @@ def orderable_numpy(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return out
 
 
+def value_order(hashes: pa.Array | pa.ChunkedArray, values: pa.Array | pa.ChunkedArray,
+                nulls_first: bool, then: tuple[pa.Array, str] | None = None) -> np.ndarray:
+    """The indices that sort rows by key hash, then by value in a run's order (Arrow's: NaN
+    above every number, ``-0.0`` equal to ``0.0``), NULL values last (above NaN) or, with
+    ``nulls_first``, first (below every value: Arrow's own ``null_placement`` would move NaN
+    with them), then by ``then`` (a column and its direction), if given."""
+    columns: dict[str, pa.Array | pa.ChunkedArray] = {"h": hashes}
+    keys = [("h", "ascending")]
+    if nulls_first:
+        columns["n"] = pc.is_valid(values)  # (False, a NULL, sorts first)
+        keys.append(("n", "ascending"))
+    columns["v"] = values
+    keys.append(("v", "ascending"))
+    if then is not None:
+        columns["t"] = then[0]
+        keys.append(("t", then[1]))
+    order: np.ndarray = pc.sort_indices(pa.table(columns), sort_keys=keys).to_numpy()
+    return order
+
+
 def beyond_bound(values: np.ndarray, bounds: np.ndarray, largest: bool) -> np.ndarray:
     """Per value (``orderable_numpy``'s), whether it is strictly beyond its bound as the runs
     order values: above it (``largest``; NaN above every number, nothing above a NaN bound),
@@ -356,7 +376,25 @@ def _merged_positions(column: np.ndarray, wanted: np.ndarray, side: str) -> np.n
     return positions
 
 
-def _concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def ends_of_ranges(lo: np.ndarray, hi: np.ndarray, count: int | np.ndarray, largest: bool
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Per range ``[lo, hi)`` of rows sorted by value (disjoint, ascending), its ``count``
+    (one count for all, or one per range) last rows (``largest``) or first ones: their
+    positions, one range after another, and a mask over them that is True on the least extreme
+    row taken of each range that has more rows than its count (its cut: every row of the range
+    strictly beyond the cut row's value is taken; ties with it may not all be)."""
+    first = np.maximum(lo, hi - count) if largest else lo
+    last = hi if largest else np.minimum(hi, lo + count)
+    taken = last - first
+    rows = concat_ranges(first, taken)
+    cut = np.zeros(len(rows), dtype=bool)
+    more = np.flatnonzero(hi - lo > count)
+    ends = np.cumsum(taken)
+    cut[(ends - taken)[more] if largest else ends[more] - 1] = True
+    return rows, cut
+
+
+def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """The integers ``starts[i] .. starts[i] + lengths[i] - 1`` for each i, one after another."""
     ranges: np.ndarray = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
     ranges += np.arange(len(ranges))
@@ -451,11 +489,15 @@ class KeyedRuns:
     def __init__(self, folder: str, schema: pa.Schema, key: Sequence[str],
                  hash_of: Callable[[pa.Table], np.ndarray], *, build_on_miss: bool = True,
                  read_data_file: Callable[[DataFile], pa.Table] | None = None,
-                 order_by: str | None = None) -> None:
+                 order_by: str | None = None, nulls_first: bool = False) -> None:
         self.folder = folder
         #: the column a run's rows of one hash are sorted by, if any (``lookup_ends``)
         self.order_by = order_by
-        self._format = RUN_FORMAT if order_by is None else f"{RUN_FORMAT};then:{order_by}"
+        #: whether that column's NULLs come first in a run, below every value (else last, above
+        #: NaN): ``value_order``
+        self.nulls_first = nulls_first
+        self._format = (RUN_FORMAT if order_by is None else
+                        f"{RUN_FORMAT};then:{order_by}{';nulls_first' if nulls_first else ''}")
         #: whether a lookup builds a missing run from its data file first; off in a Spark task
         #: (``runtime/owner_exec.py``), which reads the file's rows it needs instead and has the
         #: run built in the background (``build_later``), so the next step finds it
@@ -534,9 +576,8 @@ class KeyedRuns:
         if self.order_by is None:
             order = np.argsort(hashes, kind="stable")
         else:  # Arrow's order of the values: NaN above every number, as DuckDB's min/max
-            order = pc.sort_indices(
-                pa.table({"h": hashes, "v": run.column(self.order_by)}),
-                sort_keys=[("h", "ascending"), ("v", "ascending")]).to_numpy()
+            order = value_order(pa.array(hashes, pa.uint64()), run.column(self.order_by),
+                                self.nulls_first)
         run = run.take(pa.array(order)).append_column(
             self.run_schema.field(HASH), pa.array(hashes[order], pa.uint64()))
         schema = self.run_schema.with_metadata(self._metadata(data_file))
@@ -581,7 +622,7 @@ class KeyedRuns:
         total = int(count.sum())
         if total == 0:
             return self.schema.empty_table()
-        return reader.take(_concat_ranges(lo, count)).drop_columns([HASH])
+        return reader.take(concat_ranges(lo, count)).drop_columns([HASH])
 
     def lookup_ends(self, data_file: DataFile, hashes: np.ndarray, count: int | np.ndarray,
                     largest: bool, read_file: Callable[[DataFile], pa.Table],
@@ -608,18 +649,10 @@ class KeyedRuns:
             else:
                 lo = lo + skipped
         wanted = count[hit] if isinstance(count, np.ndarray) else count
-        first = np.maximum(lo, hi - wanted) if largest else lo
-        last = hi if largest else np.minimum(hi, lo + wanted)
-        taken = last - first
-        total = int(taken.sum())
+        rows, cut = ends_of_ranges(lo, hi, wanted, largest)
         cut_schema = self.run_schema.append(pa.field(CUT, pa.bool_(), False))
-        if total == 0:
+        if len(rows) == 0:
             return cut_schema.empty_table()
-        rows = _concat_ranges(first, taken)
-        cut = np.zeros(total, dtype=bool)
-        more = np.flatnonzero(hi - lo > wanted)  # the least extreme row taken of each
-        ends = np.cumsum(taken)
-        cut[(ends - taken)[more] if largest else ends[more] - 1] = True
         return reader.take(rows).append_column(cut_schema.field(CUT), pa.array(cut))
 
     def _usable(self, data_file: DataFile,

@@ -57,7 +57,10 @@ from dbsp_pipeline.storage.keyed_runs import (
     HASH,
     KeyedRuns,
     beyond_bound,
+    concat_ranges,
+    ends_of_ranges,
     orderable_numpy,
+    value_order,
 )
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.trace_replica import Piece, TraceReplica, within_budget
@@ -156,15 +159,15 @@ def _beyond_every_cut(hashes: np.ndarray, values: pa.ChunkedArray, is_cut: np.nd
     return keep
 
 
-def _beyond_every_cut_sorted(rows: pa.Table, order_by: str, largest: bool) -> np.ndarray:
-    """``_beyond_every_cut`` for any value type, in Arrow's order: with ``rows`` sorted by
-    (hash, value, cut), a cut row comes after the rows of its value (``largest``) or before
-    them (smallest), so the rows kept are those past the hash's last cut row (before its
-    first): their values are strictly beyond every cut of the hash. The mask is in
-    ``rows``' own order."""
-    order = pc.sort_indices(rows, sort_keys=[
-        (HASH, "ascending"), (order_by, "ascending"),
-        (CUT, "ascending" if largest else "descending")]).to_numpy()
+def _beyond_every_cut_sorted(rows: pa.Table, order_by: str, largest: bool,
+                             nulls_first: bool = False) -> np.ndarray:
+    """``_beyond_every_cut`` for any value type, in the runs' order (``value_order``: Arrow's,
+    NULLs last or ``nulls_first``): with ``rows`` sorted by (hash, value, cut), a cut row comes
+    after the rows of its value (``largest``) or before them (smallest), so the rows kept are
+    those past the hash's last cut row (before its first): their values are strictly beyond
+    every cut of the hash. The mask is in ``rows``' own order."""
+    order = value_order(rows.column(HASH), rows.column(order_by), nulls_first,
+                        (rows.column(CUT), "ascending" if largest else "descending"))
     h = rows.column(HASH).to_numpy()[order]
     is_cut = rows.column(CUT).to_numpy(zero_copy_only=False)[order]
     group = np.concatenate(([0], np.cumsum(h[1:] != h[:-1])))
@@ -267,17 +270,19 @@ DRIVER_MERGE_ROWS = 2_000_000
 
 class Trace:
     """The trace ``name`` of one operator: payload ``schema`` keyed (sharded) by ``key``; with
-    ``order_by`` (a payload column), its keyed runs are sorted by that column within a key, for
-    ``lookup_extreme_rows`` (a min/max aggregate's values). ``updated_in_place``: its keys'
-    rows are replaced, a retraction and an insertion per changed key a step (an aggregate's
-    groups), so its compaction also bounds size amplification (``MAX_SIZE_AMPLIFICATION``)."""
+    ``order_by`` (a payload column), its keyed runs are sorted by that column within a key
+    (NULLs last, or first with ``nulls_first``), for ``lookup_extreme_rows`` (a min/max
+    aggregate's values) and ``lookup_leading_rows`` (a top-k's rows). ``updated_in_place``:
+    its keys' rows are replaced, a retraction and an insertion per changed key a step (an
+    aggregate's groups), so its compaction also bounds size amplification
+    (``MAX_SIZE_AMPLIFICATION``)."""
 
     updated_in_place = False
     retraction_reads = 0
 
     def __init__(self, db: StateDatabase, name: str, schema: StructType,
                  key: Sequence[str], order_by: str | None = None,
-                 updated_in_place: bool = False) -> None:
+                 updated_in_place: bool = False, nulls_first: bool = False) -> None:
         self.name = name
         self.updated_in_place = updated_in_place
         self.key = list(key)
@@ -291,10 +296,13 @@ class Trace:
         self.runs = KeyedRuns(root_layout.keyed_runs(db.root, name), self.table.arrow_schema,
                               self.key, self._key_hashes,
                               read_data_file=lambda f: self.table.read_arrow([f]),
-                              order_by=order_by)
+                              order_by=order_by, nulls_first=nulls_first)
         #: the rows of small files written by ``append_arrow`` or an applied driver merge, by
         #: path (``RECENT_FILE_ROWS``)
         self._recent = KeptRows()
+        #: for an ordered trace, the rows of its small files (no keyed run) sorted as a run
+        #: (with ``_hash``), by path: ``_small_run``
+        self._small_runs = KeptRows()
         #: the rows of small files a background merge wrote, by path, until the merge is
         #: applied (``apply_merge``, on the step's thread, moves them to ``_recent``)
         self._merged: dict[str, pa.Table] = {}
@@ -573,7 +581,10 @@ class Trace:
         are found by a gallop from its end and skipped unread). A bound is used for numbers,
         dates and timestamps; for other value types, or a NULL bound, all rows count.
 
-        Reads small files whole, as ``lookup_arrow`` does, then the big files smallest first
+        Reads small files whole, as ``lookup_arrow`` does, keeping of each key their
+        ``EXTREME_ROWS`` most extreme rows, cut as a run's (``_ends_in_memory``: a step's
+        lookup reads up to ``COMPACT_FILE_THRESHOLD`` small files again each round, and a
+        top-k over one partition took all their rows), then the big files smallest first
         (``KeyedRuns.lookup_ends``), about ``EXTREME_ROWS`` rows per key from each plus one per
         retraction of the key found in the files read before it (up to
         ``EXTREME_RETRACTED_ROWS``): the values those deleted may be a bigger file's most
@@ -582,6 +593,32 @@ class Trace:
         of them than counted) is read again with ``EXTREME_GROWTH`` times as many, until a live
         value or all its rows are in hand. So a min/max re-read costs about the rows deleted
         beyond the new extreme, not the group's size. The rows read count in ``rows_read``."""
+        def live(rows: pa.Table) -> pa.Table:
+            return local_sql.filtered(rows, pc.greater(rows.column(WEIGHT), 0))
+
+        def unsettled(rows: pa.Table, cut_keys: pa.Table) -> pa.Table:
+            return self._matching(sql, cut_keys, live(rows).select(self.key), negate=True)
+
+        return live(self.lookup_leading_rows(sql, keys, largest, unsettled, bound=bound))
+
+    def lookup_leading_rows(self, sql: LocalSQL, keys: pa.Table, largest: bool,
+                            unsettled: Callable[[pa.Table, pa.Table], pa.Table],
+                            count: int = EXTREME_ROWS,
+                            files: Sequence[DataFile] | None = None,
+                            bound: str | None = None) -> pa.Table:
+        """For a trace ordered by a value (``order_by``): per key of ``keys``, the rows
+        (consolidated: each once, its weight not zero) of its leading values, in ``files``
+        (default: all): either all the key's rows, or (a key cut) every row of the key whose
+        value is strictly beyond some value, largest (``largest``) or smallest first in the
+        runs' order, and none other. So the rows given lead all the key's other rows, and a
+        key's rows whose value ties with or is beyond a row given are all given.
+
+        Rounds as ``lookup_extreme_rows`` describes, starting at ``count`` rows a key from each
+        big file: after each, ``unsettled(rows, cut_keys)`` (the round's rows, the keys of the
+        round that were cut, in the key types) names the cut keys whose rows do not
+        settle the caller (a subset of ``cut_keys``, in its schema); those are read again with
+        ``EXTREME_GROWTH`` times as many rows, their rows of this round dropped. ``bound`` as
+        for ``lookup_extreme_rows``."""
         if self.runs.order_by is None:
             raise ValueError(f"trace {self.name} is not ordered by a value")
         empty = self.table.arrow_schema.empty_table().select([*self.payload, WEIGHT])
@@ -589,22 +626,21 @@ class Trace:
             return empty
         wanted = self._wanted(sql, keys)
         bounds = self._bounds(keys, bound, largest) if bound is not None else None
-        count, found = EXTREME_ROWS, []
+        first_count, found = count, []
         while wanted.num_rows:
             read_before = self.rows_read
-            rows, cut = self._beyond_cuts(sql, wanted, count, largest, bounds)
-            if count > EXTREME_ROWS:  # a round after the first: its extremes were deleted
+            rows, cut = self._beyond_cuts(sql, wanted, count, largest, bounds, files)
+            if count > first_count:  # a round after the first: its leading rows were deleted
                 self.retraction_reads += self.rows_read - read_before
-            live = sql.consolidate(rows, self.payload)
-            live = local_sql.filtered(live, pc.greater(live.column(WEIGHT), 0))
+            held = sql.consolidate(rows, self.payload)
             if cut.size == 0:
-                found.append(live)
+                found.append(held)
                 break
-            # keys with a cut whose rows taken hold no live value: read again, deeper
-            again = self._matching(sql, wanted, live.select(self.key), negate=True)
-            again = again.filter(pa.array(np.isin(self._key_hashes(again), cut)))
-            # (the keys read again have no live row here: the live rows are all of keys done)
-            found.append(live)
+            cut_keys = wanted.filter(pa.array(np.isin(self._key_hashes(wanted), cut)))
+            again = unsettled(held, cut_keys)
+            if again.num_rows and held.num_rows:  # their rows are read again, deeper
+                held = self._matching(sql, held, again, negate=True)
+            found.append(held)
             wanted, count = again, count * EXTREME_GROWTH
         found = [t for t in found if t.num_rows]
         return pa.concat_tables(found) if len(found) > 1 else (found[0] if found else empty)
@@ -634,12 +670,13 @@ class Trace:
         return h[starts], loosest.reduceat(values, starts)
 
     def _beyond_cuts(self, sql: LocalSQL, wanted_keys: pa.Table, count: int, largest: bool,
-                     bounds: tuple[np.ndarray, np.ndarray] | None = None
-                     ) -> tuple[pa.Table, np.ndarray]:
-        """One round of ``lookup_extreme_rows``: the rows of ``wanted_keys`` (distinct, in the
-        key types) strictly beyond every cut of their hash, and the hashes cut (uint64); with
-        ``bounds`` (``_bounds``), of the rows not strictly beyond their hash's bound."""
-        hashes, shards, candidates = self._candidates(wanted_keys, None)
+                     bounds: tuple[np.ndarray, np.ndarray] | None = None,
+                     files: Sequence[DataFile] | None = None) -> tuple[pa.Table, np.ndarray]:
+        """One round of ``lookup_leading_rows``: the rows of ``wanted_keys`` (distinct, in the
+        key types) in ``files`` (default: all) strictly beyond every cut of their hash, and the
+        hashes cut (uint64); with ``bounds`` (``_bounds``), of the rows not strictly beyond
+        their hash's bound."""
+        hashes, shards, candidates = self._candidates(wanted_keys, files)
         if not candidates:
             return self.table.arrow_schema.empty_table(), np.zeros(0, dtype=np.uint64)
         order_by = cast(str, self.runs.order_by)  # (checked by lookup_extreme_rows)
@@ -650,7 +687,7 @@ class Trace:
         retracted = np.zeros(len(hashes), dtype=np.int64)
         parts: list[pa.Table] = []
 
-        def read_whole(files: list[DataFile]) -> None:  # every row of these: none cut
+        def read_whole(files: list[DataFile]) -> None:  # big files without a usable run
             for rows in self._read_shards(files, shards):
                 h = self._key_hashes(rows)
                 if bound is not None:  # the rows beyond their hash's bound left out
@@ -664,12 +701,36 @@ class Trace:
                 negative = h[rows.column(WEIGHT).to_numpy() < 0]
                 at = np.minimum(np.searchsorted(hashes, negative), len(hashes) - 1)
                 np.add.at(retracted, at[hashes[at] == negative], 1)
+                rows, h, is_cut = self._ends_in_memory(rows, h, count, largest)
                 parts.append(rows.append_column(self.runs.run_schema.field(HASH),
                                                 pa.array(h, pa.uint64()))
                              .append_column(pa.field(CUT, pa.bool_(), False),
-                                            pa.array(np.zeros(rows.num_rows, dtype=bool))))
+                                            pa.array(is_cut)))
 
-        read_whole([f for f in candidates if not self.runs.covers(f)])
+        for f in candidates:  # the small files: their rows of the wanted hashes, as from runs
+            if self.runs.covers(f):
+                continue
+            run = self._small_run(f)
+            sorted_h = run.column(HASH).to_numpy()
+            lo = np.searchsorted(sorted_h, hashes, "left")
+            hi = np.searchsorted(sorted_h, hashes, "right")
+            at = np.flatnonzero(hi > lo)
+            if len(at) == 0:
+                continue
+            lo, hi = lo[at], hi[at]
+            if bound is not None:  # the rows beyond their hash's bound (at one end) left out
+                values = orderable_numpy(run.column(order_by).take(
+                    pa.array(concat_ranges(lo, hi - lo))))
+                over = beyond_bound(values, np.repeat(bound[at], hi - lo), largest)
+                skipped = np.bincount(np.repeat(np.arange(len(at)), hi - lo), weights=over,
+                                      minlength=len(at)).astype(np.int64)
+                hi, lo = (hi - skipped, lo) if largest else (hi, lo + skipped)
+            retractions = run.column(WEIGHT).to_numpy()[concat_ranges(lo, hi - lo)] < 0
+            retracted[at] += np.bincount(np.repeat(np.arange(len(at)), hi - lo),
+                                         weights=retractions, minlength=len(at)).astype(np.int64)
+            taken, is_cut = ends_of_ranges(lo, hi, count, largest)
+            parts.append(run.take(pa.array(taken)).append_column(
+                pa.field(CUT, pa.bool_(), False), pa.array(is_cut)))
         for f in sorted((f for f in candidates if self.runs.covers(f)), key=lambda f: f.rows):
             part = self._hashes_of(hashes, f)
             deeper = np.minimum(retracted[part], EXTREME_RETRACTED_ROWS)
@@ -694,9 +755,47 @@ class Trace:
         cut = _distinct_hashes(h[is_cut])
         keep = _beyond_every_cut(h, rows.column(order_by), is_cut, cut, largest)
         if keep is None:
-            keep = _beyond_every_cut_sorted(rows, order_by, largest)
+            keep = _beyond_every_cut_sorted(rows, order_by, largest, self.runs.nulls_first)
         rows = rows.filter(pa.array(keep)).drop_columns([HASH, CUT])
         return self._matching(sql, rows, wanted_keys), cut
+
+    def _small_run(self, f: DataFile) -> pa.Table:
+        """The rows of the small file ``f`` of an ordered trace sorted as a run, with their
+        ``_hash`` (``keyed_runs.value_order``), sorted once and kept (``RECENT_FILE_ROWS``):
+        from the rows kept of a file this process wrote, else read whole (counted in
+        ``rows_read``). Data files are immutable, so the rows kept are the file's."""
+        run = self._small_runs.get(f.path)
+        if run is None:
+            rows = self._recent.get(f.path)
+            if rows is None:
+                rows = self.table.read_arrow([f])
+                self.rows_read += rows.num_rows
+            h = self._key_hashes(rows)
+            order = value_order(pa.array(h, pa.uint64()),
+                                rows.column(cast(str, self.runs.order_by)), self.runs.nulls_first)
+            run = rows.take(pa.array(order)).append_column(self.runs.run_schema.field(HASH),
+                                                           pa.array(h[order], pa.uint64()))
+            self._small_runs.keep(f.path, run, RECENT_FILE_ROWS, RECENT_FILE_BYTES)
+        return run
+
+    def _ends_in_memory(self, rows: pa.Table, h: np.ndarray, count: int, largest: bool
+                        ) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+        """Of ``rows`` (of small files, read whole; ``h`` their key hashes), as ``lookup_ends``
+        takes them from a run: per hash, its ``count`` most extreme rows in the runs' order,
+        their hashes and their cut mask (a multiset's rows are cut as one run's). Rows of at
+        most ``count`` a hash are all kept as they are, with no cut."""
+        uncut = rows, h, np.zeros(rows.num_rows, dtype=bool)
+        if rows.num_rows <= count:
+            return uncut
+        order = value_order(pa.array(h, pa.uint64()), rows.column(cast(str, self.runs.order_by)),
+                            self.runs.nulls_first)
+        sorted_h = h[order]
+        lo = np.flatnonzero(np.concatenate(([True], sorted_h[1:] != sorted_h[:-1])))
+        hi = np.append(lo[1:], len(sorted_h))
+        if (hi - lo).max() <= count:
+            return uncut
+        taken, is_cut = ends_of_ranges(lo, hi, count, largest)
+        return rows.take(pa.array(order[taken])), sorted_h[taken], is_cut
 
     def _wanted(self, sql: LocalSQL, keys: pa.Table) -> pa.Table:
         """The distinct keys of ``keys`` (a table holding the key columns), in the key types."""

@@ -5,6 +5,7 @@ the declaration's checks."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 
@@ -156,3 +157,147 @@ def test_declaring_a_top_k_checks_its_arguments(spark, tmp_path):
     clash.output("ranked", clash.input("rows", SCHEMA).top_k(3, ["v"], rank="ID"))
     with pytest.raises(CircuitError, match="rank column 'ID' is already a column"):
         Pipeline(clash, str(tmp_path / "clash"), spark)
+
+
+NAN = "NaN"  # a NaN as the test's rows hold it (a float NaN is not equal to itself)
+ABSENT = (None, 0, NAN, None)  # deleted before it is inserted; first of the largest values
+
+
+def _canon(row: tuple) -> tuple:
+    return tuple(NAN if isinstance(x, float) and math.isnan(x) else x for x in row)
+
+
+def _value_key(x: object) -> tuple:
+    """Spark's order of a non-NULL value: NaN above every number, strings by their bytes."""
+    if x == NAN:
+        return (1, 0.0)
+    return (0, x.encode() if isinstance(x, str) else x)
+
+
+def _leading(bag: Counter, k: int, column: int, descending: bool, nulls_first: bool,
+             partition: bool, numbering: str = "row_number") -> Counter:
+    """The top ``k`` rows of ``bag`` (canonical rows) by column ``column`` (then every column
+    ascending, NULLs first), per ``g`` when ``partition``, each with its place last."""
+    present = sorted({_value_key(r[column]) for r in bag if r[column] is not None})
+    index = {v: i for i, v in enumerate(present)}
+
+    def order(row: tuple) -> tuple:
+        v = row[column]
+        if v is None:
+            return (0,) if nulls_first else (2,)
+        i = index[_value_key(v)]
+        return (1, -i if descending else i)
+
+    def key(row: tuple) -> tuple:
+        return (order(row), *[(c is not None, _value_key(c) if c is not None else 0)
+                              for c in row])
+
+    groups: dict[object, list[tuple]] = {}
+    for row, m in bag.items():
+        groups.setdefault(row[0] if partition else None, []).extend([row] * m)
+    out: Counter = Counter()
+    for rows in groups.values():
+        rows.sort(key=key)
+        first = 0  # RANK: the place of the first row of the current tie group, less one
+        for i, row in enumerate(rows):
+            if i and order(rows[i - 1]) != order(row):
+                first = i
+            place = i + 1 if numbering == "row_number" else first + 1
+            if place <= k:
+                out[(*row, place)] += 1
+    return out
+
+
+@pytest.mark.parametrize("first_rows", [None, 1], ids=["k-and-a-few", "one-row-a-file"])
+def test_top_k_reads_a_few_leading_rows_a_file(spark, tmp_path, monkeypatch, first_rows):
+    """With keyed runs sorted by the first order key (``Trace.lookup_leading_rows``), a step
+    reads about k rows a file of each touched partition, deeper where the rows read do not
+    decide the old and the new top k (deletes of the leading rows, by the step or by later
+    files): after every step of inserts and of deletes of the current leaders, on one worker
+    and on two, each view equals a ranking from scratch (NULLs first and last, NaN and
+    infinities, strings, ties of many rows, RANK, a row of weight below zero), and the steps
+    read less than the trace. With one row a file at first, nearly every partition is read
+    again deeper (``TopK._unsettled`` decides each round)."""
+    from dbsp_pipeline.operators import top_k
+    from dbsp_pipeline.storage import keyed_runs
+    from dbsp_pipeline.storage import trace as trace_module
+
+    monkeypatch.setattr(keyed_runs, "MIN_ROWS", 64)  # most files get an ordered run
+    monkeypatch.setattr(top_k, "EXTREME_ROWS", 1)
+    if first_rows is not None:
+        monkeypatch.setattr(top_k.TopK, "_rows_a_file", lambda self, change: first_rows)
+    rounds: list[int] = []  # rows taken per file and key, each round
+    beyond = trace_module.Trace._beyond_cuts
+
+    def spy(self, sql, wanted, count, largest, *rest):
+        rounds.append(count)
+        return beyond(self, sql, wanted, count, largest, *rest)
+
+    monkeypatch.setattr(trace_module.Trace, "_beyond_cuts", spy)
+    c = Circuit("leading")
+    rows = c.input("rows", SCHEMA)
+    #: name: (k, order column, descending, NULLs first, partitioned, numbering)
+    views = {"top5": (5, 2, True, False, False, "row_number"),
+             "low4_nulls_first": (4, 2, False, True, False, "row_number"),
+             "top3_by_g_nulls_first": (3, 2, True, True, True, "row_number"),
+             "top4_rank": (4, 2, True, False, False, "rank"),
+             "top3_s": (3, 3, True, False, False, "row_number"),
+             "top4_id": (4, 1, True, False, False, "row_number"),  # (few ties)
+             "low2_id_by_g_rank": (2, 1, False, False, True, "rank")}
+    for name, (k, col, desc, nulls_first, part, numbering) in views.items():
+        key = f"{['g', 'id', 'v', 's'][col]}{' DESC' if desc else ''}" + (
+            " NULLS FIRST" if nulls_first else " NULLS LAST")
+        c.output(name, rows.top_k(k, [key], partition_by=["g"] if part else None,
+                                  rank="place", numbering=numbering))
+    rng = random.Random(7)
+    values = [math.nan, math.inf, -math.inf, None, 2.5, 7.0]
+    words = ["", "a", "ab", "b", "z", "ä", None]
+    weights: Counter = Counter()  # the input's rows and weights (one below zero for a while)
+    bag: Counter = Counter()  # the rows of weight above zero
+
+    def row() -> tuple:
+        v = rng.choice(values) if rng.random() < 0.2 else float(rng.randint(-30, 30))
+        return (rng.choice([None, 1, 2, 3]), rng.randint(1, 10**6), v, rng.choice(words))
+
+    read: list[int] = []  # state rows read a step
+    whole: list[int] = []  # rows of the views' traces before each step
+    with Pipeline(c, str(tmp_path), spark, driver_step_rows=10**9) as p:
+        for step in range(12):
+            if step == 6:
+                p.rescale(2)
+            inserts = [row() for _ in range(1_500 if step == 0 else rng.choice([10, 80]))]
+            deletes: list[tuple] = []
+            if step:  # the current leaders of some views, and some random rows
+                for name in rng.sample(sorted(views), 3):
+                    want = _leading(bag, *views[name])
+                    deletes += [r[:-1] for r in rng.sample(sorted(want, key=repr),
+                                                           min(len(want), 4))]
+                deletes += rng.sample(sorted(bag.elements(), key=repr), 5)
+                deletes = [r for r in dict.fromkeys(deletes) if bag[r] > 0]
+            if step in (8, 10):  # (a row whose weight was below zero: none, then one)
+                inserts.append(ABSENT)
+            if step == 3:  # the delete of a row not there, leading every value: weight -1
+                deletes.append(ABSENT)
+            p.push("rows", [tuple(math.nan if x == NAN else x for x in r) for r in inserts])
+            if deletes:
+                p.push("rows", [tuple(math.nan if x == NAN else x for x in r)
+                                for r in deletes], weight=-1)
+            weights.update(_canon(r) for r in inserts)
+            weights.subtract(deletes)
+            bag = +weights
+            whole.append(sum(f.rows for t in p.engine.plan.state_traces() for f in t.files()))
+            result = p.step()
+            assert result.on_driver
+            if step == 0:
+                keyed_runs.wait_for_writes()
+            for name, spec in views.items():
+                got = Counter({_canon(r): m for r, m in view_rows(p, name).items()})
+                assert got == _leading(bag, *spec), (step, name)
+            if step:
+                read.append(result.state_rows_read)
+        traces = [t for t in p.engine.plan.state_traces() if t.runs.order_by is not None]
+        assert len(traces) == len(views)
+        assert all(any(t.runs.covers(f) for f in t.files()) for t in traces)
+    assert any(count > min(rounds) for count in rounds)  # some partitions were read deeper
+    # reading every touched partition whole read every trace whole (every g is touched)
+    assert sum(read) < sum(whole[1:]) / 2, (read, whole)
