@@ -581,10 +581,11 @@ class Trace:
         are found by a gallop from its end and skipped unread). A bound is used for numbers,
         dates and timestamps; for other value types, or a NULL bound, all rows count.
 
-        Reads small files whole, as ``lookup_arrow`` does, keeping of each key their
-        ``EXTREME_ROWS`` most extreme rows, cut as a run's (``_ends_in_memory``: a step's
-        lookup reads up to ``COMPACT_FILE_THRESHOLD`` small files again each round, and a
-        top-k over one partition took all their rows), then the big files smallest first
+        Reads the small files (no keyed run) first, each sorted once as a run in memory
+        (``_small_run``) and read by its ends as a run is, about ``EXTREME_ROWS`` rows per key
+        (a step's lookup reads up to ``COMPACT_FILE_THRESHOLD`` small files, again each round:
+        a top-k over one partition took all their rows when they were read whole), then the
+        big files smallest first
         (``KeyedRuns.lookup_ends``), about ``EXTREME_ROWS`` rows per key from each plus one per
         retraction of the key found in the files read before it (up to
         ``EXTREME_RETRACTED_ROWS``): the values those deleted may be a bigger file's most
@@ -614,7 +615,7 @@ class Trace:
         key's rows whose value ties with or is beyond a row given are all given.
 
         Rounds as ``lookup_extreme_rows`` describes, starting at ``count`` rows a key from each
-        big file: after each, ``unsettled(rows, cut_keys)`` (the round's rows, the keys of the
+        file: after each, ``unsettled(rows, cut_keys)`` (the round's rows, the keys of the
         round that were cut, in the key types) names the cut keys whose rows do not
         settle the caller (a subset of ``cut_keys``, in its schema); those are read again with
         ``EXTREME_GROWTH`` times as many rows, their rows of this round dropped. ``bound`` as
@@ -679,7 +680,7 @@ class Trace:
         hashes, shards, candidates = self._candidates(wanted_keys, files)
         if not candidates:
             return self.table.arrow_schema.empty_table(), np.zeros(0, dtype=np.uint64)
-        order_by = cast(str, self.runs.order_by)  # (checked by lookup_extreme_rows)
+        order_by = cast(str, self.runs.order_by)  # (checked by lookup_leading_rows)
         # per wanted hash, its bound (every wanted hash is one of the bounds' hashes)
         bound = None if bounds is None else bounds[1][np.searchsorted(bounds[0], hashes)]
         # per wanted hash, the retractions found so far: a bigger file may hold their values
@@ -746,6 +747,8 @@ class Trace:
             # every column)
             negative = found.column(HASH).to_numpy()[found.column(WEIGHT).to_numpy() < 0]
             np.add.at(retracted, np.searchsorted(hashes, negative), 1)
+        if not parts:  # (small files whose shard range holds a wanted hash, but not the hash)
+            return self.table.arrow_schema.empty_table(), np.zeros(0, dtype=np.uint64)
         rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
         self.rows_read += rows.num_rows
         if rows.num_rows == 0:
@@ -763,7 +766,9 @@ class Trace:
         """The rows of the small file ``f`` of an ordered trace sorted as a run, with their
         ``_hash`` (``keyed_runs.value_order``), sorted once and kept (``RECENT_FILE_ROWS``):
         from the rows kept of a file this process wrote, else read whole (counted in
-        ``rows_read``). Data files are immutable, so the rows kept are the file's."""
+        ``rows_read``, as are the rows a lookup then takes). Data files are immutable, so the
+        rows kept are the file's. (Kept beside ``_recent``, up to as many rows again, for
+        ordered traces only: a top-k's, a min/max aggregate's values.)"""
         run = self._small_runs.get(f.path)
         if run is None:
             rows = self._recent.get(f.path)
@@ -780,10 +785,10 @@ class Trace:
 
     def _ends_in_memory(self, rows: pa.Table, h: np.ndarray, count: int, largest: bool
                         ) -> tuple[pa.Table, np.ndarray, np.ndarray]:
-        """Of ``rows`` (of small files, read whole; ``h`` their key hashes), as ``lookup_ends``
-        takes them from a run: per hash, its ``count`` most extreme rows in the runs' order,
-        their hashes and their cut mask (a multiset's rows are cut as one run's). Rows of at
-        most ``count`` a hash are all kept as they are, with no cut."""
+        """Of ``rows`` (a big file read whole, its run not usable; ``h`` their key hashes), as
+        ``lookup_ends`` takes them from a run: per hash, its ``count`` most extreme rows in
+        the runs' order, their hashes and their cut mask (a multiset's rows are cut as one
+        run's). Rows of at most ``count`` a hash are all kept as they are, with no cut."""
         uncut = rows, h, np.zeros(rows.num_rows, dtype=bool)
         if rows.num_rows <= count:
             return uncut

@@ -451,3 +451,18 @@ def test_the_small_files_due_for_a_merge_are_re_read_from_memory(tmp_path, monke
     found = sorted(repr(r) for r in got.group_by("g").aggregate([("_v", "max")])
                    .rename_columns(["g", "e"]).select(["g", "e"]).to_pylist())
     assert found == _extremes(sql, pa.concat_tables(every), keys, ["g"], largest=True)
+
+
+def test_keys_a_small_files_shard_range_holds_but_not_its_rows_find_nothing(spark, tmp_path):
+    """A small file is a candidate for every key whose shard is within its ``_shard`` range;
+    a lookup of new keys only (a top-k's step that touches new partitions) finds no row in
+    it, and gives none."""
+    db = StateDatabase(spark, str(tmp_path), "fp")
+    sql = LocalSQL()
+    trace = _values_trace(db, sql, groups=100, per_group=3)  # a small file: 300 rows
+    new_keys = pa.table({"g": pa.array(range(1_000, 1_050), pa.int64())})
+    assert trace._candidates(trace._wanted(sql, new_keys), None)[2]  # (the file, by its range)
+    for largest in (True, False):
+        assert trace.lookup_extreme_rows(sql, new_keys, largest).num_rows == 0
+        got = trace.lookup_leading_rows(sql, new_keys, largest, lambda rows, cut: cut, count=1)
+        assert got.num_rows == 0
