@@ -260,8 +260,10 @@ class TopK(Operator):
         ``change``): every row, old or changed, whose first order key ranks with or before the
         last live old row given (V, beyond B) is in hand, and those rows lead every other; so
         they decide the new top k when their new live weights sum to k or more."""
+        if not self.partition:  # one partition: settled or not
+            return cut_keys.slice(0, 0) if self._settled(ctx, change, rows) else cut_keys
         first = self.order[0]
-        part = f"PARTITION BY {idents(self.partition)}" if self.partition else ""
+        part = f"PARTITION BY {idents(self.partition)}"
         by = (f"{ident(first.column)} {'DESC' if first.descending else 'ASC'} NULLS "
               f"{'FIRST' if first.nulls_go_first else 'LAST'}")
         cols, w = idents(self.columns), ident(WEIGHT)
@@ -274,8 +276,6 @@ class TopK(Operator):
                        FROM r)"""
         settled = (f"sum(greatest(_wo, 0)) >= {self.k} AND "
                    f"sum(CASE WHEN _pos <= _v THEN greatest(_w, 0) ELSE 0 END) >= {self.k}")
-        if not self.partition:  # one partition: settled or not
-            return cut_keys.slice(0, 0) if self._settled(ctx, change, rows) else cut_keys
         keys = idents(self.partition)
         out = ctx.local.query(
             f"""{ranked}, s AS (SELECT {keys} FROM b GROUP BY {keys} HAVING {settled})

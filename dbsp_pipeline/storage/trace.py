@@ -688,36 +688,13 @@ class Trace:
         retracted = np.zeros(len(hashes), dtype=np.int64)
         parts: list[pa.Table] = []
 
-        def read_whole(files: list[DataFile]) -> None:  # big files without a usable run
-            for rows in self._read_shards(files, shards):
-                h = self._key_hashes(rows)
-                if bound is not None:  # the rows beyond their hash's bound left out
-                    at = np.minimum(np.searchsorted(hashes, h), len(hashes) - 1)
-                    of_wanted = hashes[at] == h  # (other keys' rows of the shards read too)
-                    over = beyond_bound(orderable_numpy(rows.column(order_by)), bound[at],
-                                        largest)
-                    keep = ~(of_wanted & over)
-                    if not keep.all():
-                        rows, h = rows.filter(pa.array(keep)), h[keep]
-                negative = h[rows.column(WEIGHT).to_numpy() < 0]
-                at = np.minimum(np.searchsorted(hashes, negative), len(hashes) - 1)
-                np.add.at(retracted, at[hashes[at] == negative], 1)
-                rows, h, is_cut = self._ends_in_memory(rows, h, count, largest)
-                parts.append(rows.append_column(self.runs.run_schema.field(HASH),
-                                                pa.array(h, pa.uint64()))
-                             .append_column(pa.field(CUT, pa.bool_(), False),
-                                            pa.array(is_cut)))
-
-        for f in candidates:  # the small files: their rows of the wanted hashes, as from runs
-            if self.runs.covers(f):
-                continue
-            run = self._small_run(f)
+        def take_ends(run: pa.Table) -> None:  # a run's rows of the wanted hashes, its ends
             sorted_h = run.column(HASH).to_numpy()
             lo = np.searchsorted(sorted_h, hashes, "left")
             hi = np.searchsorted(sorted_h, hashes, "right")
             at = np.flatnonzero(hi > lo)
             if len(at) == 0:
-                continue
+                return
             lo, hi = lo[at], hi[at]
             if bound is not None:  # the rows beyond their hash's bound (at one end) left out
                 values = orderable_numpy(run.column(order_by).take(
@@ -732,6 +709,14 @@ class Trace:
             taken, is_cut = ends_of_ranges(lo, hi, count, largest)
             parts.append(run.take(pa.array(taken)).append_column(
                 pa.field(CUT, pa.bool_(), False), pa.array(is_cut)))
+
+        def read_whole(files: list[DataFile]) -> None:  # big files without a usable run
+            for rows in self._read_shards(files, shards):
+                take_ends(self._as_run(rows))
+
+        for f in candidates:  # the small files, each sorted once as a run in memory
+            if not self.runs.covers(f):
+                take_ends(self._small_run(f))
         for f in sorted((f for f in candidates if self.runs.covers(f)), key=lambda f: f.rows):
             part = self._hashes_of(hashes, f)
             deeper = np.minimum(retracted[part], EXTREME_RETRACTED_ROWS)
@@ -775,32 +760,18 @@ class Trace:
             if rows is None:
                 rows = self.table.read_arrow([f])
                 self.rows_read += rows.num_rows
-            h = self._key_hashes(rows)
-            order = value_order(pa.array(h, pa.uint64()),
-                                rows.column(cast(str, self.runs.order_by)), self.runs.nulls_first)
-            run = rows.take(pa.array(order)).append_column(self.runs.run_schema.field(HASH),
-                                                           pa.array(h[order], pa.uint64()))
+            run = self._as_run(rows)
             self._small_runs.keep(f.path, run, RECENT_FILE_ROWS, RECENT_FILE_BYTES)
         return run
 
-    def _ends_in_memory(self, rows: pa.Table, h: np.ndarray, count: int, largest: bool
-                        ) -> tuple[pa.Table, np.ndarray, np.ndarray]:
-        """Of ``rows`` (a big file read whole, its run not usable; ``h`` their key hashes), as
-        ``lookup_ends`` takes them from a run: per hash, its ``count`` most extreme rows in
-        the runs' order, their hashes and their cut mask (a multiset's rows are cut as one
-        run's). Rows of at most ``count`` a hash are all kept as they are, with no cut."""
-        uncut = rows, h, np.zeros(rows.num_rows, dtype=bool)
-        if rows.num_rows <= count:
-            return uncut
+    def _as_run(self, rows: pa.Table) -> pa.Table:
+        """``rows`` (of an ordered trace, in its row schema) sorted as a run
+        (``keyed_runs.value_order``), with their ``_hash``."""
+        h = self._key_hashes(rows)
         order = value_order(pa.array(h, pa.uint64()), rows.column(cast(str, self.runs.order_by)),
                             self.runs.nulls_first)
-        sorted_h = h[order]
-        lo = np.flatnonzero(np.concatenate(([True], sorted_h[1:] != sorted_h[:-1])))
-        hi = np.append(lo[1:], len(sorted_h))
-        if (hi - lo).max() <= count:
-            return uncut
-        taken, is_cut = ends_of_ranges(lo, hi, count, largest)
-        return rows.take(pa.array(order[taken])), sorted_h[taken], is_cut
+        return rows.take(pa.array(order)).append_column(self.runs.run_schema.field(HASH),
+                                                        pa.array(h[order], pa.uint64()))
 
     def _wanted(self, sql: LocalSQL, keys: pa.Table) -> pa.Table:
         """The distinct keys of ``keys`` (a table holding the key columns), in the key types."""
