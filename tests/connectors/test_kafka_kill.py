@@ -5,14 +5,15 @@ step by step), the side topic has each step once, and the views equal their reco
 exactly the records produced (none lost, none counted twice).
 
 The children never start a JVM: the root is created here first (caching the circuit's schemas)
-and every step is small enough for the driver."""
+and every step is small enough for the driver. They are forked from a fork server that imported
+the package once (``tests/forked_children.py``), so the test's time goes to the workload, not to
+imports."""
 
 from __future__ import annotations
 
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -21,7 +22,9 @@ from collections import Counter, defaultdict
 from dbsp_pipeline import Pipeline
 from dbsp_pipeline.connectors.kafka import STEPS_SUFFIX
 from dbsp_pipeline.runtime.recompute import check_views
+from tests.connectors import kafka_child
 from tests.connectors.test_kafka import shop
+from tests.forked_children import PROCESSES
 from tests.kafka_helpers import consume_all, new_topic, produce
 
 KILLS = 15
@@ -71,21 +74,34 @@ def log_steps(p, view) -> dict[int, Counter]:
     return out
 
 
-def run_child(root, broker, topics, env, crash_at=None, kill_after=None):
-    env = dict(env, **({"DBSP_CRASH_AT": crash_at} if crash_at else {}))
-    child = subprocess.Popen([sys.executable, "-m", "tests.connectors.kafka_child", root,
-                              broker["bootstrap.servers"], *topics], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=env)
-    line = child.stdout.readline()
-    if kill_after is None:
-        out, err = child.communicate(timeout=300)
-        return child.returncode, line + out, err
-    time.sleep(kill_after)
-    killed = child.poll() is None
-    if killed:
-        child.send_signal(signal.SIGKILL)
-    child.communicate()
-    return ("killed" if killed else child.returncode), line, ""
+def run_child(root, broker, topics, crash_at=None, kill_after=None):
+    """One child on ``root``: run to its end (exit code, what it sent, its error if any), or
+    SIGKILL it ``kill_after`` seconds after it opened (``"killed"`` if it was still running)."""
+    reports, report = PROCESSES.Pipe(duplex=False)
+    child = PROCESSES.Process(target=kafka_child.main, args=(
+        report, crash_at, root, broker["bootstrap.servers"], *topics))
+    child.start()
+    report.close()  # the child holds its end: a child that dies closes the pipe
+    said = []
+    try:
+        if kill_after is not None and reports.poll(300):
+            said.append(reports.recv())
+            time.sleep(kill_after)
+            if child.is_alive():
+                child.kill()  # SIGKILL
+                child.join()
+                return "killed", said, ""
+        while True:  # until the child closes its end: it has ended
+            if not reports.poll(300):
+                raise TimeoutError(f"the child sent nothing for 300 s: {said}")
+            said.append(reports.recv())
+    except EOFError:
+        pass
+    finally:
+        reports.close()
+    child.join(60)
+    errors = [message[1] for message in said if message[0] == "error"]
+    return child.exitcode, said, "".join(errors)
 
 
 def test_kill_9_and_crashes_mid_transaction_keep_output_exactly_once(spark, tmp_path, broker):
@@ -94,22 +110,21 @@ def test_kill_9_and_crashes_mid_transaction_keep_output_exactly_once(spark, tmp_
     expected_orders = produce_workload(broker, orders, customers)
     root = str(tmp_path / "pipeline")
     Pipeline(shop(), root, spark).close()  # created here: the schema cache spares the JVM
-    env = {**os.environ, "PYTHONPATH": os.getcwd(), "SPARK_LOCAL_IP": "127.0.0.1"}
     topics = (orders, customers, out)
 
     # Crashes inside output transactions (before and after their commit), at chosen points.
     for point in ("kafka.transaction.before_commit:2", "kafka.transaction.after_commit:3"):
-        rc, _, _ = run_child(root, broker, topics, env, crash_at=point)
+        rc, _, _ = run_child(root, broker, topics, crash_at=point)
         assert rc == 77, f"the child did not crash at {point}"
     # Then SIGKILL at random moments.
     rng = random.Random(99)
     kills = 0
     for _ in range(KILLS):
-        rc, line, _ = run_child(root, broker, topics, env, kill_after=rng.uniform(0.2, 2.5))
-        assert line.startswith("open"), line
+        rc, said, _ = run_child(root, broker, topics, kill_after=rng.uniform(0.2, 2.5))
+        assert said[:1] == [("open",)], said
         kills += rc == "killed"
-    rc, outp, err = run_child(root, broker, topics, env)
-    assert rc == 0 and "done" in outp, err[-2000:]
+    rc, said, err = run_child(root, broker, topics)
+    assert rc == 0 and said == [("open",), ("done",)], err[-2000:]
     assert kills >= KILLS // 2
 
     with Pipeline(shop(), root, spark) as p:
@@ -148,7 +163,7 @@ def test_a_second_process_on_the_same_pipeline_is_fenced(spark, tmp_path, broker
     # (Both may stop: the second fences the first's Kafka producer while the first has
     # divided a step the second's view of the state predates. Never neither.)
     # Whatever each did before the fence, the output is exactly once.
-    rc, outp, err = run_child(root, broker, (orders, customers, out), env)
+    rc, _, err = run_child(root, broker, (orders, customers, out))
     assert rc == 0, err[-2000:]
     with Pipeline(shop(), root, spark) as p:
         for view, topic in (("orders_copy", f"{out}-copy"), ("by_region", f"{out}-region")):

@@ -1,29 +1,26 @@
-"""A child process that plays the crash workload at ROOT until it is killed or done.
+"""The child process of ``test_kill_recovery``: it plays the crash workload at a root until it is
+killed or done.
 
-    python -m tests.runtime.kill_child ROOT ROUNDS
-
-Prints ``open`` once the pipeline is open (recovery done), then plays the rounds from the one
-the pipeline is at, and prints ``done`` after closing. Killed with SIGKILL at any moment, it is
-restarted by the test and picks up where the durable state says it is.
+The test starts each child from a fork server that has imported this module (and so the whole
+package) once, so a child starts in milliseconds rather than the seconds an import takes; each
+child is still its own process, killed with SIGKILL at any moment, and opens (recovers) the
+pipeline itself. It sends ``("open", step)`` once the pipeline is open (recovery done), then
+plays the rounds from the one the pipeline is at, and sends ``("done", step)`` after closing.
+Restarted by the test, it picks up where the durable state says it is.
 """
 
 from __future__ import annotations
 
-import sys
+from multiprocessing.connection import Connection
 
 from tests.runtime.workload import open_pipeline, play_round, rounds
 
 
-def main(root: str, n: int) -> int:
+def main(root: str, n: int, report: Connection) -> None:
     p = open_pipeline(root)
-    print("open", p.next_step, flush=True)
+    report.send(("open", p.next_step))
     work = rounds(n)
     for r in range(p.next_step, n):
         play_round(p, r, work[r])
     p.close()
-    print("done", flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], int(sys.argv[2])))
+    report.send(("done", n))

@@ -4,22 +4,25 @@ in the end a consumer of the output logs sees exactly the no-kill output and eve
 exactly the no-kill state.
 
 The children never start a JVM: the root is created here (which caches the circuit's analysed
-schemas in it) and every step of the workload is small enough to run on the driver.
+schemas in it) and every step of the workload is small enough to run on the driver. They are
+forked from a fork server that imported the package once (``tests/forked_children.py``), so the
+test's time goes to the workload and its recoveries, not to 60 imports of pyarrow, DuckDB and
+Delta.
 """
 
 from __future__ import annotations
 
-import os
 import random
-import signal
-import subprocess
-import sys
 import time
 
+from tests.forked_children import PROCESSES
+from tests.runtime import kill_child
 from tests.runtime.workload import consumer_view, open_pipeline, play_round, rounds
 
 ROUNDS = 24
 KILLS = 50
+#: seconds a child may take to open (recover) or to finish its rounds
+PATIENCE = 120
 
 
 def test_kill_9_at_random_moments(spark, tmp_path):
@@ -29,7 +32,6 @@ def test_kill_9_at_random_moments(spark, tmp_path):
             play_round(p, r, pushes)
     expected = consumer_view(spark, reference_root)
 
-    env = {**os.environ, "PYTHONPATH": os.getcwd(), "SPARK_LOCAL_IP": "127.0.0.1"}
     rng = random.Random(1234)
     kills, runs, roots = 0, 0, 0
     while kills < KILLS:
@@ -38,22 +40,25 @@ def test_kill_9_at_random_moments(spark, tmp_path):
         open_pipeline(root, spark).close()  # created here: the schema cache spares the JVM
         done = False
         while not done:
-            child = subprocess.Popen([sys.executable, "-m", "tests.runtime.kill_child", root,
-                                      str(ROUNDS)], stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True, env=env)
+            reports, report = PROCESSES.Pipe(duplex=False)
+            child = PROCESSES.Process(target=kill_child.main, args=(root, ROUNDS, report))
+            child.start()
+            report.close()  # the child holds its end: a child that dies closes the pipe
             runs += 1
-            line = child.stdout.readline()  # "open <step>": opened and recovered
-            assert line.startswith("open"), f"child did not open: {line!r}"
-            finishing = int(line.split()[1]) >= ROUNDS  # only the close is left: let it be
+            assert reports.poll(PATIENCE), f"child did not open (exit code {child.exitcode})"
+            kind, step = reports.recv()  # opened and recovered
+            assert kind == "open", kind
+            finishing = step >= ROUNDS  # only the close is left: let it be
             time.sleep(rng.uniform(0.0, 0.4))
-            if child.poll() is None and not finishing:
-                child.send_signal(signal.SIGKILL)
-                child.wait()
+            if child.is_alive() and not finishing:
+                child.kill()  # SIGKILL
+                child.join()
                 kills += 1
-                continue
-            out = child.stdout.read()
-            child.wait()
-            assert child.returncode == 0 and "done" in out, (child.returncode, out)
-            done = True
+            else:
+                child.join(PATIENCE)
+                assert child.exitcode == 0, child.exitcode
+                assert reports.recv() == ("done", ROUNDS)
+                done = True
+            reports.close()
         assert consumer_view(spark, root) == expected, f"root {root} differs after kills"
     assert kills >= KILLS and runs > kills
