@@ -34,8 +34,8 @@ each pattern again with big steps forced onto Spark (``driver_step_rows=0``, at 
 W, default 2, after a rescale) against Spark's recompute: (a) moves of as many customers as have
 ``--spark-change`` (1M) of the live orders between them (run before (b)'s, which add 0.8M orders a
 step), (b) ``--spark-change`` order changes, (c) deletes of the maximum order of every customer
-(100k: the most (c) can change at once), (d) ``--spark-change`` line changes, (e) (only with
-``--top-on-spark``) ``--spark-change`` order changes; and 100-row steps with a commit each
+(100k: the most (c) can change at once), (d) ``--spark-change`` line changes, (e)
+``--spark-change`` order changes and the 10 leaders; and 100-row steps with a commit each
 (steps/s). The shop workload at 1M orders with 10k changes per step is pattern (b) at
 1M. Prints one JSON line per figure, a table at the end, and writes a plot (``--plot``, default
 ``docs/bench/lookup.png``). Creating an empty file is timed at the start and the end
@@ -45,7 +45,7 @@ drifts, so do the step seconds.
     python benchmarks/lookup_bench.py [--sizes 1000000 4000000 16000000] [--steps 15]
         [--patterns moves orders max lines moves_eager orders_eager top]
         [--spark-change 1000000] [--spark-steps 5]
-        [--spark-workers 2] [--no-spark-steps] [--top-on-spark] [--no-small-steps]
+        [--spark-workers 2] [--no-spark-steps] [--no-small-steps]
         [--no-spark-recompute]
         [--plot PATH]
     python benchmarks/lookup_bench.py --from-json docs/bench/lookup.jsonl   # table + plot again
@@ -590,8 +590,6 @@ class Pattern:
     change: Callable[[Any], Change]
     spark_rows: int
     spark_change: Callable[[Any], Change]
-    #: whether ``--spark-steps`` runs its Spark steps (else only with ``--top-on-spark``)
-    spark_by_default: bool = True
 
 
 def max_pattern(args: argparse.Namespace) -> Pattern:
@@ -617,14 +615,12 @@ def lines_pattern(args: argparse.Namespace) -> Pattern:
 
 def top_pattern(args: argparse.Namespace) -> Pattern:
     """(e): the top 10 orders by amount; each step changes ``--change`` orders and deletes the
-    10 leaders; on Spark (only with ``--top-on-spark``: a top-k's Spark step reads and ranks
-    its whole trace, 25 to 40 s a step at 1M orders), ``--spark-change`` orders and the
-    leaders."""
+    10 leaders; on Spark, ``--spark-change`` orders and the leaders (the top-k runs as one
+    task: one partition, one owner)."""
     return Pattern("top", "(e) top 10 under order changes and deletes of the leaders",
                    f"(e) top 10 under {args.spark_change:,} order changes", top_circuit,
                    TopDeletes, args.change, lambda w: cast(TopDeletes, w).changes(args.change),
-                   args.spark_change, lambda w: cast(TopDeletes, w).changes(args.spark_change),
-                   spark_by_default=args.top_on_spark)
+                   args.spark_change, lambda w: cast(TopDeletes, w).changes(args.spark_change))
 
 
 def run_pattern(spark: Any, sizes: list[int], pattern: Pattern, args: argparse.Namespace,
@@ -638,7 +634,7 @@ def run_pattern(spark: Any, sizes: list[int], pattern: Pattern, args: argparse.N
         print(f"# {pattern.title}, in blocks at {', '.join(f'{s:,}' for s in sizes)} orders",
               flush=True)
         out += driver_steps(opened, pattern.name, pattern.rows, pattern.change, args, rc, emit)
-        for size, w, p in opened if args.spark_steps and pattern.spark_by_default else []:
+        for size, w, p in opened if args.spark_steps else []:
             settle([p for _, _, p in opened])
             record = {"pattern": f"{pattern.name}_on_spark", "size": size,
                       "change": pattern.spark_rows, "workers": args.spark_workers}
@@ -770,9 +766,6 @@ def main() -> None:
     ap.add_argument("--spark-steps", type=int, default=5,
                     help="timed Spark steps after a warm-up (0: none)")
     ap.add_argument("--no-spark-steps", dest="spark_steps", action="store_const", const=0)
-    ap.add_argument("--top-on-spark", action="store_true",
-                    help="(e)'s steps forced onto Spark too (a top-k's Spark step reads its "
-                         "whole trace: 25 to 40 s a step at 1M orders)")
     ap.add_argument("--spark-workers", type=int, default=2,
                     help="W of the Spark steps (the pipeline is rescaled to it before them): "
                          "each stateful operator runs as one task per owner")

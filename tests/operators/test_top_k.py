@@ -17,7 +17,6 @@ from dbsp_pipeline import Circuit, Pipeline, check_views
 from dbsp_pipeline.errors import CircuitError
 from tests.conftest import view_rows
 
-ENGINES = pytest.mark.parametrize("driver_step_rows", [0, 10**9], ids=["spark", "driver"])
 SCHEMA = "g BIGINT, id BIGINT, v DOUBLE, s STRING"
 
 
@@ -87,12 +86,21 @@ VIEWS = {"top3": (3, False, True, False, False), "low2_by_g": (2, True, False, T
          "low1_by_g_dense": (1, True, False, True, True, "dense_rank")}
 
 
-@ENGINES
-def test_top_k_equals_a_ranking_from_scratch_after_every_step(spark, tmp_path, driver_step_rows):
+@pytest.mark.parametrize(("driver_step_rows", "workers", "per_owner", "steps"),
+                         [(0, 2, True, 5), (0, 1, False, 2), (10**9, 1, False, 5)],
+                         ids=["spark-per-owner-W2", "spark-jobs", "driver"])
+def test_top_k_equals_a_ranking_from_scratch_after_every_step(spark, tmp_path, driver_step_rows,
+                                                              workers, per_owner, steps):
+    """On the driver, on Spark as one task per owner (``step_local`` over each owner's
+    partitions; a top-k over one partition in one task) and on Spark as DataFrame jobs (what
+    a step takes with ``spark_per_owner`` off: two steps, the second with deletes, for each
+    of those steps is a dozen seconds of Spark jobs)."""
     rng = random.Random(4)
     bag: Counter = Counter()
     with Pipeline(_circuit(), str(tmp_path), spark, driver_step_rows=driver_step_rows) as p:
-        for step in range(5):
+        p.rescale(workers)
+        p.spark_per_owner = per_owner
+        for step in range(steps):
             inserts = [(rng.choice([None, 1, 2]), rng.randint(1, 4),
                         rng.choice([None, 1.0, 2.0, 3.0, -0.5]), rng.choice(["a", "b", None]))
                        for _ in range(10)]
@@ -104,7 +112,9 @@ def test_top_k_equals_a_ranking_from_scratch_after_every_step(spark, tmp_path, d
             bag.update(inserts)
             bag.subtract(deletes)
             bag = +bag
-            assert p.step().on_driver == bool(driver_step_rows)
+            result = p.step()
+            assert result.on_driver == bool(driver_step_rows)
+            assert ("per owner" in result.path_reason) == per_owner, result.path_reason
             for name, spec in VIEWS.items():
                 want = expected(bag, *spec)
                 assert view_rows(p, name) == want, (step, name)
@@ -119,10 +129,18 @@ steps = st.lists(st.tuples(st.lists(row, max_size=8), st.lists(st.integers(0, 40
                  min_size=1, max_size=4)
 
 
+@pytest.mark.parametrize("candidates_from", [None, 0], ids=["as-set", "change-always-cut"])
 @settings(max_examples=10, deadline=None, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=list(HealthCheck))
 @given(steps)
-def test_top_k_on_the_driver_equals_a_ranking_from_scratch(spark, tmp_path_factory, workload):
+def test_top_k_on_the_driver_equals_a_ranking_from_scratch(spark, tmp_path_factory, monkeypatch,
+                                                           candidates_from, workload):
+    """With a change to a top-k over one partition cut to its candidate rows
+    (``TopK._candidates``) only when it is big, as set, and at every step."""
+    from dbsp_pipeline.operators import top_k
+
+    if candidates_from is not None:
+        monkeypatch.setattr(top_k, "CANDIDATES_FROM", candidates_from)
     bag: Counter = Counter()
     root = str(tmp_path_factory.mktemp("top"))
     with Pipeline(_circuit(), root, spark) as p:
@@ -227,6 +245,7 @@ def test_top_k_reads_a_few_leading_rows_a_file(spark, tmp_path, monkeypatch, fir
 
     monkeypatch.setattr(keyed_runs, "MIN_ROWS", 64)  # most files get an ordered run
     monkeypatch.setattr(top_k, "EXTREME_ROWS", 1)
+    monkeypatch.setattr(top_k, "CANDIDATES_FROM", 100)  # the 1,500 rows of the first step
     if first_rows is not None:
         monkeypatch.setattr(top_k.TopK, "_rows_a_file", lambda self, change: first_rows)
     rounds: list[int] = []  # per lookup, its rounds (1: no partition read again, deeper)
