@@ -29,6 +29,7 @@ every row of the touched partitions.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -291,7 +292,7 @@ class TopK(Operator):
         last live old row given (V, beyond B) is in hand, and those rows lead every other; so
         they decide the new top k when their new live weights sum to k or more."""
         if not self.partition:  # one partition: settled or not
-            return cut_keys.slice(0, 0) if self._settled(ctx, change, rows) else cut_keys
+            return cut_keys.slice(0, 0) if self._settled(change, rows) else cut_keys
         first = self.order[0]
         part = f"PARTITION BY {idents(self.partition)}"
         by = (f"{ident(first.column)} {'DESC' if first.descending else 'ASC'} NULLS "
@@ -313,27 +314,58 @@ class TopK(Operator):
             old=rows, n=change, k=cut_keys)
         return out.cast(cut_keys.schema)
 
-    def _settled(self, ctx: StepContext, change: pa.Table, rows: pa.Table) -> bool:
+    def _settled(self, change: pa.Table, rows: pa.Table) -> bool:
         """``_unsettled`` of a top-k over one partition, without ranking the change: the old
         rows decide the new top k when the sum of their weights (some may be below zero) and
         of the weights of the changed rows whose first order key ranks with or before V is k
-        or more (at most the live weights of the new rows with or before V)."""
+        or more (at most the live weights of the new rows with or before V). In Arrow (a
+        DuckDB query costs 8 ms here, twice a step): the first order key's type sorts in Arrow
+        as in DuckDB (``self.ordered``), NaN aside, which ranks above every number and equal
+        to itself in DuckDB and Spark and is taken apart here."""
+        weights = rows.column(WEIGHT)
+        live = pc.greater(weights, 0)
+        if (pc.sum(pc.if_else(live, weights, 0)).as_py() or 0) < self.k:
+            return False
+        column = self.order[0].column
+        before = self._at_or_before(change.column(column),
+                                    self._last_placed(rows.column(column).filter(live)))
+        at_or_before = pc.sum(change.column(WEIGHT).filter(before)).as_py() or 0
+        return (pc.sum(weights).as_py() or 0) + at_or_before >= self.k
+
+    def _last_placed(self, keys: pa.ChunkedArray) -> pa.Scalar | None:
+        """The first order key of the row the ranking places last among ``keys`` (some):
+        None for NULL."""
         first = self.order[0]
-        x, w = ident(first.column), ident(WEIGHT)
-        worst = (f"{x} {'ASC' if first.descending else 'DESC'} NULLS "
-                 f"{'LAST' if first.nulls_go_first else 'FIRST'}")
-        at_or_before = f"n.{x} {'>=' if first.descending else '<='} v.{x}"
-        if first.nulls_go_first:
-            at_or_before = f"(n.{x} IS NULL OR (v.{x} IS NOT NULL AND {at_or_before}))"
-        else:
-            at_or_before = f"(n.{x} IS NOT NULL AND (v.{x} IS NULL OR {at_or_before}))"
-        ok = ctx.local.query(f"""
-            WITH v AS (SELECT {x} FROM old WHERE {w} > 0 ORDER BY {worst} LIMIT 1)
-            SELECT coalesce((SELECT sum(greatest({w}, 0)) FROM old), 0) >= {self.k}
-               AND coalesce((SELECT sum({w}) FROM old), 0)
-                   + coalesce((SELECT sum({w}) FROM n, v WHERE {at_or_before}), 0) >= {self.k}
-               AS ok""", old=rows, n=change)
-        return bool(ok.column("ok")[0].as_py())
+        if keys.null_count and not first.nulls_go_first:
+            return None  # NULLs are placed last
+        present = keys.drop_null()
+        if len(present) == 0:
+            return None
+        if pa.types.is_floating(present.type):
+            nan = pc.is_nan(present)
+            if not first.descending and pc.any(nan).as_py():
+                return pa.scalar(math.nan, present.type)  # the largest, placed last ascending
+            present = present.filter(pc.invert(nan))
+            if len(present) == 0:  # every one NaN
+                return pa.scalar(math.nan, keys.type)
+        return pc.min_max(present)["min" if first.descending else "max"]
+
+    def _at_or_before(self, x: pa.ChunkedArray, v: pa.Scalar | None) -> pa.ChunkedArray:
+        """Per value of ``x`` (a first order key), whether the ranking places it with or
+        before ``v`` (None: NULL), with NaN above every number and equal to itself."""
+        first = self.order[0]
+        null = pc.is_null(x)
+        if v is None:  # every value ranks before a NULL placed last, none before one first
+            return null if first.nulls_go_first else pc.invert(null)
+        compared = (pc.greater_equal if first.descending else pc.less_equal)(x, v)
+        if pa.types.is_floating(x.type):
+            nan, v_nan = pc.is_nan(x), math.isnan(v.as_py())
+            if first.descending:  # NaN first: only NaN ranks with a NaN, and NaN before all
+                compared = nan if v_nan else pc.or_(nan, compared)
+            elif v_nan:  # ascending: every value ranks with or before NaN
+                compared = pc.invert(null)
+        compared = compared.fill_null(False)
+        return pc.or_(null, compared) if first.nulls_go_first else compared
 
     def step(self, ctx: StepContext, changes: Sequence[Delta]) -> Delta:
         (d,) = changes

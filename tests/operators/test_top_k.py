@@ -9,6 +9,8 @@ import math
 import random
 from collections import Counter
 
+import duckdb
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -328,3 +330,56 @@ def test_top_k_reads_a_few_leading_rows_a_file(spark, tmp_path, monkeypatch, fir
     assert any(n > 1 for n in rounds)  # some partitions were read again, deeper
     # reading every touched partition whole read every trace whole (every g is touched)
     assert sum(read) < sum(whole[1:]) / 2, (read, whole)
+
+
+def _settled_by_duckdb(con: duckdb.DuckDBPyConnection, rows: pa.Table, change: pa.Table,
+                       k: int, descending: bool, nulls_first: bool) -> bool:
+    """``TopK._settled``'s definition in SQL, as DuckDB orders (NaN above every number)."""
+    worst = (f"x {'ASC' if descending else 'DESC'} NULLS "
+             f"{'LAST' if nulls_first else 'FIRST'}")
+    at_or_before = f"n.x {'>=' if descending else '<='} v.x"
+    if nulls_first:
+        at_or_before = f"(n.x IS NULL OR (v.x IS NOT NULL AND {at_or_before}))"
+    else:
+        at_or_before = f"(n.x IS NOT NULL AND (v.x IS NULL OR {at_or_before}))"
+    con.register("old", rows)
+    con.register("n", change)
+    ((ok,),) = con.sql(f"""
+        WITH v AS (SELECT x FROM old WHERE _weight > 0 ORDER BY {worst} LIMIT 1)
+        SELECT coalesce((SELECT sum(greatest(_weight, 0)) FROM old), 0) >= {k}
+           AND coalesce((SELECT sum(_weight) FROM old), 0)
+               + coalesce((SELECT sum(_weight) FROM n, v WHERE {at_or_before}), 0) >= {k}
+        """).fetchall()
+    return bool(ok)
+
+
+@pytest.mark.parametrize("kind", ["double", "string"])
+def test_settled_in_arrow_equals_its_definition_in_sql(kind):
+    """``TopK._settled`` (Arrow) against the query it replaced, on random rows with NULLs,
+    NaN, infinities, -0.0, weights below zero, both directions and both NULL placements."""
+    from dbsp_pipeline.operators.top_k import OrderKey, TopK
+
+    rng = random.Random(11)
+    doubles = [None, math.nan, math.inf, -math.inf, -0.0, 0.0, 1.5, -2.0, 3.0]
+    words = [None, "", "a", "ab", "b", "ä"]
+    values = doubles if kind == "double" else words
+    arrow_type = pa.float64() if kind == "double" else pa.string()
+    differ: Counter = Counter()
+    con = duckdb.connect()
+    for _ in range(400):
+        descending, nulls_first = rng.random() < 0.5, rng.random() < 0.5
+        k = rng.randint(1, 4)
+
+        def table(n: int, low: int) -> pa.Table:
+            return pa.table({"x": pa.array([rng.choice(values) for _ in range(n)], arrow_type),
+                             "_weight": pa.array([rng.randint(low, 3) or 1 for _ in range(n)],
+                                                 pa.int64())})
+        rows, change = table(rng.randint(0, 6), -1), table(rng.randint(0, 6), -2)
+        op = object.__new__(TopK)  # (only its order and k: no trace)
+        op.order = [OrderKey("x", descending, nulls_first)]
+        op.k = k
+        want = _settled_by_duckdb(con, rows, change, k, descending, nulls_first)
+        assert op._settled(change, rows) == want, (rows.to_pylist(), change.to_pylist(), k,
+                                                   descending, nulls_first)
+        differ[want] += 1
+    assert differ[True] > 40 and differ[False] > 40  # both answers, many times
