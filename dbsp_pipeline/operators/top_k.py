@@ -256,21 +256,27 @@ class TopK(Operator):
     def _candidates(self, ctx: StepContext, change: pa.Table, old: pa.Table) -> pa.Table:
         """The rows of a big consolidated ``change`` to a top-k over one partition numbered
         by ROW_NUMBER that can alter it, given ``old``, the rows of the trace that decide the
-        old and new top k: the first k rows of the change with a weight above zero, in the
-        ranking's total order (DuckDB's top-N: no sort of the change), and the rows with a
-        weight below zero that are among ``old``'s. Exact: each row above zero left out has k
-        rows before it that are live after the step (a row added to a multiset of live rows
-        is live), so places 1 to k go to rows before it, whose weights are all kept; a row
-        deleted that is not among ``old``'s is beyond the rows that decide."""
+        old and new top k (every row ranked strictly before some value B, or all): every
+        changed row among ``old``'s, whatever its weight, and the first k of the others with
+        a weight above zero, in the ranking's total order (DuckDB's top-N: no sort of the
+        change).
+
+        Exact: a row of the second kind left out has k rows of the second kind before it.
+        If they all rank with or before V, the last live row of ``old`` (``_unsettled``), the
+        trace holds none of them (it holds every row before B in ``old``, and V is before
+        B), so each is live after the step with its change's weight, and places 1 to k go to
+        rows before the one left out, whose weights are all kept. Otherwise it ranks after
+        V, where the settled rows leave no place. (The rows of ``old`` are kept whole: the
+        trace may hold a row with a weight below zero, a delete that came before its insert,
+        and an insert of it is not live then.)"""
         cols, w = idents(self.columns), ident(WEIGHT)
-        out = ctx.local.query(f"""
-            (SELECT {cols}, {w} FROM n WHERE {w} > 0 ORDER BY {self._order_sql()}
-             LIMIT {self.k})
+        held = f"EXISTS (SELECT 1 FROM old WHERE {null_safe_on('n', 'old', self.columns)})"
+        return ctx.local.query(f"""
+            (SELECT {cols}, {w} FROM n WHERE {w} > 0 AND NOT {held}
+             ORDER BY {self._order_sql()} LIMIT {self.k})
             UNION ALL
-            (SELECT {cols}, {w} FROM n WHERE {w} < 0 AND EXISTS (
-                SELECT 1 FROM old WHERE {null_safe_on('n', 'old', self.columns)}))""",
+            (SELECT {cols}, {w} FROM n WHERE {held})""",
             n=change, old=old.select(self.columns))
-        return out
 
     def _rows_a_file(self, change: pa.Table) -> int:
         """How many leading rows of each touched partition a step reads from each file at

@@ -32,8 +32,8 @@ the driver hashes its key types: ``Plan.owner_capable``) becomes one *owner stag
    when the operator's tasks' outputs together are: ``Operator.owner_outputs_consolidated``,
    ``StepContext.consolidated_changes``), or read by Spark (``OwnedChange.to_frame``) for a
    Spark operator or a big view. A view's change whose tasks' outputs together are
-   consolidated (an aggregate's, a distinct's) is written by the tasks instead, as the view
-   log's data files, each part with its digest (``output_log.write_part``,
+   consolidated (an aggregate's, a distinct's, a top-k's) is written by the tasks instead, as
+   the view log's data files, each part with its digest (``output_log.write_part``,
    ``StepContext.view_files``): the driver reads none of it, sums the digests, and the step's
    record commits the files.
 

@@ -34,7 +34,9 @@ A step chosen for Spark then runs its stateful operators that can (``Plan.owner_
 one task per owner (``runtime/owner_exec.py``; ``choose_spark_execution``) when the pipeline's
 ``spark_per_owner`` is on (the default) and a task's share of the step fits a task's budget: the
 step's estimated driver memory over the W owners (a task holds its owner's change and the state
-rows it looks up, as the driver would hold the whole step's), within ``task_budget``. Otherwise
+rows it looks up, as the driver would hold the whole step's; not divided when an operator has
+no key, a global aggregate or a top-k over one partition, whose one task takes all of its),
+within ``task_budget``. Otherwise
 they run as DataFrame jobs, which spill and never hold a change in one process; so a step of W=1
 too big for the driver is too big for its one task, and runs as DataFrame jobs.
 
@@ -196,11 +198,14 @@ def choose_spark_execution(choice: PathChoice, plan: Plan,
     """``choice`` (a step's path), with ``per_owner`` set when it is a Spark step whose stateful
     operators run as one task per owner: the pipeline's ``per_owner`` setting is on, ``plan``
     has an operator that can, and the step's estimated driver memory (``estimate``) over the
-    ``workers`` owners is within ``task_budget()`` (called only then). The reason gains a clause
-    saying which, with the figures."""
+    ``workers`` owners is within ``task_budget()`` (called only then); not divided among them
+    when an operator that runs per owner has no key (a global aggregate, a top-k over one
+    partition): one task takes all its change and state. The reason gains a clause saying
+    which, with the figures."""
     if choice.on_driver or not per_owner or not plan.owner_capable:
         return choice
-    per_task = estimate(plan, files).driver_bytes / max(1, workers)
+    keyless = any(not any(plan.operators[n].owner_keys() or []) for n in plan.owner_capable)
+    per_task = estimate(plan, files).driver_bytes / (1 if keyless else max(1, workers))
     limit = task_budget()
     operators = f"{len(plan.owner_capable)} stateful operator(s)"
     if per_task <= limit.bytes:

@@ -206,8 +206,9 @@ class Pipeline:
     retain_steps: _EngineSetting[int | None] = _EngineSetting(_at_least(0))
     #: how many state versions (checkpoints) stay readable
     retain_checkpoints: _EngineSetting[int] = _EngineSetting(_at_least(2))
-    #: a Spark step runs Join, Aggregate and Distinct as one task per owner (W tasks at most) when
-    #: a task's share of the step fits its budget (on by default; ``runtime/path_choice.py``)
+    #: a Spark step runs Join, Aggregate, Distinct and TopK as one task per owner (W tasks at
+    #: most) when a task's share of the step fits its budget (on by default;
+    #: ``runtime/path_choice.py``)
     spark_per_owner: _EngineSetting[bool] = _EngineSetting(_boolean)
     #: a per-owner Spark step runs a chain of owner stages, each reading the one before, as one
     #: job (its W tasks start together and meet between the stages) in local mode with W task

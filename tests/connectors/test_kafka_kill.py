@@ -82,7 +82,7 @@ def run_child(root, broker, topics, crash_at=None, kill_after=None):
         report, crash_at, root, broker["bootstrap.servers"], *topics))
     child.start()
     report.close()  # the child holds its end: a child that dies closes the pipe
-    said = []
+    said, ended = [], False
     try:
         if kill_after is not None and reports.poll(300):
             said.append(reports.recv())
@@ -96,9 +96,12 @@ def run_child(root, broker, topics, crash_at=None, kill_after=None):
                 raise TimeoutError(f"the child sent nothing for 300 s: {said}")
             said.append(reports.recv())
     except EOFError:
-        pass
+        ended = True
     finally:
         reports.close()
+        if not ended and child.is_alive():  # (a failure here: leave no child on the root)
+            child.kill()
+            child.join()
     child.join(60)
     errors = [message[1] for message in said if message[0] == "error"]
     return child.exitcode, said, "".join(errors)

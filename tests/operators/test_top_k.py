@@ -247,7 +247,7 @@ def test_top_k_reads_a_few_leading_rows_a_file(spark, tmp_path, monkeypatch, fir
 
     monkeypatch.setattr(keyed_runs, "MIN_ROWS", 64)  # most files get an ordered run
     monkeypatch.setattr(top_k, "EXTREME_ROWS", 1)
-    monkeypatch.setattr(top_k, "CANDIDATES_FROM", 100)  # the 1,500 rows of the first step
+    monkeypatch.setattr(top_k, "CANDIDATES_FROM", 0)  # every change cut (ABSENT: weight -1)
     if first_rows is not None:
         monkeypatch.setattr(top_k.TopK, "_rows_a_file", lambda self, change: first_rows)
     rounds: list[int] = []  # per lookup, its rounds (1: no partition read again, deeper)
@@ -383,3 +383,27 @@ def test_settled_in_arrow_equals_its_definition_in_sql(kind):
                                                    descending, nulls_first)
         differ[want] += 1
     assert differ[True] > 40 and differ[False] > 40  # both answers, many times
+
+
+def test_a_cut_change_ranks_by_the_weights_after_the_step(spark, tmp_path, monkeypatch):
+    """``TopK._candidates`` keeps every changed row the trace holds (whatever its weight) and
+    the first k of the others: an insert that cancels a row held with a weight below zero (a
+    delete that came before its insert) is not live after the step, so it does not take one
+    of the k places the cut keeps (the top 1 here is B, not the row behind it)."""
+    from dbsp_pipeline.operators import top_k
+
+    monkeypatch.setattr(top_k, "CANDIDATES_FROM", 0)
+    c = Circuit("cut")
+    c.output("low1", c.input("rows", SCHEMA).top_k(1, ["v"]))
+    a, b, x = (1, 1, 1.0, "a"), (1, 2, 2.0, "b"), (1, 3, 5.0, "x")
+    with Pipeline(c, str(tmp_path), spark, driver_step_rows=10**9) as p:
+        p.push("rows", [x])
+        p.push("rows", [a], weight=-1)  # deleted before it is inserted: weight -1
+        p.step()
+        assert view_rows(p, "low1") == Counter({x: 1})
+        p.push("rows", [a, b])
+        p.step()
+        assert view_rows(p, "low1") == Counter({b: 1})
+        p.push("rows", [a])
+        p.step()
+        assert view_rows(p, "low1") == Counter({a: 1})

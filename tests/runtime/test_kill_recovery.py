@@ -45,20 +45,27 @@ def test_kill_9_at_random_moments(spark, tmp_path):
             child.start()
             report.close()  # the child holds its end: a child that dies closes the pipe
             runs += 1
-            assert reports.poll(PATIENCE), f"child did not open (exit code {child.exitcode})"
-            kind, step = reports.recv()  # opened and recovered
-            assert kind == "open", kind
-            finishing = step >= ROUNDS  # only the close is left: let it be
-            time.sleep(rng.uniform(0.0, 0.4))
-            if child.is_alive() and not finishing:
-                child.kill()  # SIGKILL
-                child.join()
-                kills += 1
-            else:
-                child.join(PATIENCE)
-                assert child.exitcode == 0, child.exitcode
-                assert reports.recv() == ("done", ROUNDS)
-                done = True
-            reports.close()
+            try:
+                assert reports.poll(PATIENCE), "child did not open"
+                said = reports.recv()  # ("open", step): opened and recovered
+                assert said[0] == "open", said
+                finishing = said[1] >= ROUNDS  # only the close is left: let it be
+                time.sleep(rng.uniform(0.0, 0.4))
+                if child.is_alive() and not finishing:
+                    child.kill()  # SIGKILL
+                    child.join()
+                    kills += 1
+                else:
+                    child.join(PATIENCE)
+                    assert child.exitcode == 0, child.exitcode
+                    assert reports.recv() == ("done", ROUNDS)
+                    done = True
+            except EOFError:  # it ended without a word more
+                raise AssertionError(f"child ended early (exit code {child.exitcode})") from None
+            finally:
+                if child.is_alive():  # (a failed assertion: leave no child on the root)
+                    child.kill()
+                    child.join()
+                reports.close()
         assert consumer_view(spark, root) == expected, f"root {root} differs after kills"
     assert kills >= KILLS and runs > kills

@@ -259,6 +259,27 @@ def test_a_spark_step_runs_per_owner_when_a_task_share_fits_its_budget(spark, tm
         assert p.view_arrow("joined").num_rows == 2_000
 
 
+def test_an_operator_without_keys_is_one_task_s_whole_share(spark, tmp_path):
+    """A top-k over one partition (like a global aggregate) runs per owner as one task that
+    takes all its change and state: the step's estimate is not divided among the W owners."""
+    c = Circuit("top")
+    c.output("top", c.input("orders", "order_id BIGINT, amount DOUBLE").top_k(3, ["amount"]))
+    with Pipeline(c, root=str(tmp_path), spark=spark) as p:
+        p.rescale(2)
+        p.push("orders", pa.table({"order_id": np.arange(2_000), "amount": np.full(2_000, 2.5)}))
+        files = _change_files(p, {"orders": 0})
+        whole = estimate(p.engine.plan, files).driver_bytes
+        spark_step = choose(work(2_000, 0), driver_step_rows=0, spark_only=None,
+                            budget=Budget(0, "not used"))
+
+        def choice(limit: int):
+            return choose_spark_execution(spark_step, p.engine.plan, files, per_owner=True,
+                                          workers=2, task_budget=lambda: Budget(limit, "test"))
+
+        assert choice(int(whole)).per_owner
+        assert not choice(int(whole) - 1).per_owner  # (half of it would fit two tasks)
+
+
 def test_the_task_budget_in_local_mode_is_the_driver_budget_over_the_tasks_at_once(spark):
     """Local tasks share this machine: the driver's budget over min(W, cores) tasks, cores
     being the N of the session's ``local[N]``."""
