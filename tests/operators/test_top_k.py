@@ -5,6 +5,8 @@ the declaration's checks."""
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import math
 import random
 from collections import Counter
@@ -353,20 +355,31 @@ def _settled_by_duckdb(con: duckdb.DuckDBPyConnection, rows: pa.Table, change: p
     return bool(ok)
 
 
-@pytest.mark.parametrize("kind", ["double", "string"])
+DOUBLES = [None, math.nan, math.inf, -math.inf, -0.0, 0.0, 1.5, -2.0, 3.0]
+#: per first order key type: its values (with NULL) and its Arrow type
+SETTLED_KINDS = {
+    "double": (DOUBLES, pa.float64()),
+    "float": (DOUBLES, pa.float32()),
+    "string": ([None, "", "a", "ab", "b", "ä"], pa.string()),
+    "decimal": ([None, *(decimal.Decimal(v) for v in ("-1.50", "0.00", "2.25", "10.00"))],
+                pa.decimal128(15, 2)),
+    "timestamp": ([None, *(datetime.datetime(2026, 1, d, tzinfo=datetime.UTC)
+                           for d in (1, 2, 9))], pa.timestamp("us", tz="UTC")),
+    "boolean": ([None, False, True], pa.bool_())}
+
+
+@pytest.mark.parametrize("kind", sorted(SETTLED_KINDS))
 def test_settled_in_arrow_equals_its_definition_in_sql(kind):
     """``TopK._settled`` (Arrow) against the query it replaced, on random rows with NULLs,
-    NaN, infinities, -0.0, weights below zero, both directions and both NULL placements."""
+    NaN, infinities, -0.0, weights below zero, both directions and both NULL placements, for
+    each kind of first order key it meets."""
     from dbsp_pipeline.operators.top_k import OrderKey, TopK
 
     rng = random.Random(11)
-    doubles = [None, math.nan, math.inf, -math.inf, -0.0, 0.0, 1.5, -2.0, 3.0]
-    words = [None, "", "a", "ab", "b", "ä"]
-    values = doubles if kind == "double" else words
-    arrow_type = pa.float64() if kind == "double" else pa.string()
+    values, arrow_type = SETTLED_KINDS[kind]
     differ: Counter = Counter()
     con = duckdb.connect()
-    for _ in range(400):
+    for _ in range(300):
         descending, nulls_first = rng.random() < 0.5, rng.random() < 0.5
         k = rng.randint(1, 4)
 
@@ -382,7 +395,7 @@ def test_settled_in_arrow_equals_its_definition_in_sql(kind):
         assert op._settled(change, rows) == want, (rows.to_pylist(), change.to_pylist(), k,
                                                    descending, nulls_first)
         differ[want] += 1
-    assert differ[True] > 40 and differ[False] > 40  # both answers, many times
+    assert differ[True] > 30 and differ[False] > 30  # both answers, many times
 
 
 def test_a_cut_change_ranks_by_the_weights_after_the_step(spark, tmp_path, monkeypatch):
