@@ -11,7 +11,28 @@ point with ``os._exit``.
 from __future__ import annotations
 
 import multiprocessing
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
 
-#: start children with ``PROCESSES.Process``; talk to them over ``PROCESSES.Pipe``
 PROCESSES = multiprocessing.get_context("forkserver")
 PROCESSES.set_forkserver_preload(["tests.runtime.kill_child", "tests.connectors.kafka_child"])
+
+
+def start(target: Callable[..., None], *args: Any) -> tuple[BaseProcess, Connection]:
+    """``target(report, *args)`` in a child forked from the server; returns the child and the
+    end of the pipe it reports on with ``report.send``. The child holds the other end alone,
+    so once it has ended, reading past what it sent raises ``EOFError``."""
+    reports, report = PROCESSES.Pipe(duplex=False)
+    child = PROCESSES.Process(target=target, args=(report, *args))
+    child.start()
+    report.close()
+    return child, reports
+
+
+def kill(child: BaseProcess) -> None:
+    """SIGKILL ``child`` if it still runs, and wait for it."""
+    if child.is_alive():
+        child.kill()
+        child.join()

@@ -22,9 +22,9 @@ from collections import Counter, defaultdict
 from dbsp_pipeline import Pipeline
 from dbsp_pipeline.connectors.kafka import STEPS_SUFFIX
 from dbsp_pipeline.runtime.recompute import check_views
+from tests import forked_children
 from tests.connectors import kafka_child
 from tests.connectors.test_kafka import shop
-from tests.forked_children import PROCESSES
 from tests.kafka_helpers import consume_all, new_topic, produce
 
 KILLS = 15
@@ -77,19 +77,15 @@ def log_steps(p, view) -> dict[int, Counter]:
 def run_child(root, broker, topics, crash_at=None, kill_after=None):
     """One child on ``root``: run to its end (exit code, what it sent, its error if any), or
     SIGKILL it ``kill_after`` seconds after it opened (``"killed"`` if it was still running)."""
-    reports, report = PROCESSES.Pipe(duplex=False)
-    child = PROCESSES.Process(target=kafka_child.main, args=(
-        report, crash_at, root, broker["bootstrap.servers"], *topics))
-    child.start()
-    report.close()  # the child holds its end: a child that dies closes the pipe
+    child, reports = forked_children.start(kafka_child.main, crash_at, root,
+                                           broker["bootstrap.servers"], *topics)
     said, ended = [], False
     try:
         if kill_after is not None and reports.poll(300):
             said.append(reports.recv())
             time.sleep(kill_after)
             if child.is_alive():
-                child.kill()  # SIGKILL
-                child.join()
+                forked_children.kill(child)
                 return "killed", said, ""
         while True:  # until the child closes its end: it has ended
             if not reports.poll(300):
@@ -99,9 +95,8 @@ def run_child(root, broker, topics, crash_at=None, kill_after=None):
         ended = True
     finally:
         reports.close()
-        if not ended and child.is_alive():  # (a failure here: leave no child on the root)
-            child.kill()
-            child.join()
+        if not ended:  # (a failure here: leave no child on the root)
+            forked_children.kill(child)
     child.join(60)
     errors = [message[1] for message in said if message[0] == "error"]
     return child.exitcode, said, "".join(errors)

@@ -18,7 +18,7 @@ from multiprocessing.connection import Connection
 from tests.runtime.workload import open_pipeline, play_round, rounds
 
 
-def main(root: str, n: int, report: Connection) -> None:
+def main(report: Connection, root: str, n: int) -> None:
     try:
         p = open_pipeline(root)
         report.send(("open", p.next_step))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 import time
 
-from tests.forked_children import PROCESSES
+from tests import forked_children
 from tests.runtime import kill_child
 from tests.runtime.workload import consumer_view, open_pipeline, play_round, rounds
 
@@ -40,10 +40,7 @@ def test_kill_9_at_random_moments(spark, tmp_path):
         open_pipeline(root, spark).close()  # created here: the schema cache spares the JVM
         done = False
         while not done:
-            reports, report = PROCESSES.Pipe(duplex=False)
-            child = PROCESSES.Process(target=kill_child.main, args=(root, ROUNDS, report))
-            child.start()
-            report.close()  # the child holds its end: a child that dies closes the pipe
+            child, reports = forked_children.start(kill_child.main, root, ROUNDS)
             runs += 1
             try:
                 assert reports.poll(PATIENCE), "child did not open"
@@ -52,8 +49,7 @@ def test_kill_9_at_random_moments(spark, tmp_path):
                 finishing = said[1] >= ROUNDS  # only the close is left: let it be
                 time.sleep(rng.uniform(0.0, 0.4))
                 if child.is_alive() and not finishing:
-                    child.kill()  # SIGKILL
-                    child.join()
+                    forked_children.kill(child)
                     kills += 1
                 else:
                     child.join(PATIENCE)
@@ -63,9 +59,7 @@ def test_kill_9_at_random_moments(spark, tmp_path):
             except EOFError:  # it ended without a word more
                 raise AssertionError(f"child ended early (exit code {child.exitcode})") from None
             finally:
-                if child.is_alive():  # (a failed assertion: leave no child on the root)
-                    child.kill()
-                    child.join()
+                forked_children.kill(child)  # (a failed assertion: leave no child on the root)
                 reports.close()
         assert consumer_view(spark, root) == expected, f"root {root} differs after kills"
     assert kills >= KILLS and runs > kills
