@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Window
@@ -127,6 +128,12 @@ class TopK(Operator):
         self.trace = Trace(db, name, schema, self.partition,
                            order_by=first.column if self.ordered else None,
                            nulls_first=first.nulls_go_first != first.descending)
+        #: whether a driver step ranks in Arrow (``_change_in_arrow``): a top-k over one
+        #: partition numbered by ROW_NUMBER, whose columns (the order keys and the ties'
+        #: order, every column) Arrow sorts as DuckDB and Spark order them
+        self.ranks_in_arrow = (not self.partition and numbering == "row_number"
+                               and all(arrow_orders_like_duckdb(f.dataType)
+                                       for f in schema.fields))
 
     # -- the ranking, in DuckDB and in Spark -----------------------------------------------
     def _order_sql(self, ties: bool = True) -> str:
@@ -239,6 +246,14 @@ class TopK(Operator):
         if (not self.partition and self.numbering == "row_number"
                 and new.num_rows > CANDIDATES_FROM):
             new = self._candidates(ctx, new, old)
+        if self.ranks_in_arrow:
+            return self._change_in_arrow(ctx, old, new)
+        return self._change_in_duckdb(ctx, old, new)
+
+    def _change_in_duckdb(self, ctx: StepContext, old: pa.Table, new: pa.Table) -> pa.Table:
+        """The step's output, the new top k of ``old`` (the trace's rows that decide the old
+        and the new top k) plus ``new`` (the change, or its candidates) minus the old top k
+        of ``old``, consolidated: one DuckDB query."""
         cols, w = idents(self.columns), ident(WEIGHT)
         out_cols = idents(self.out_columns)
         out = ctx.local.query(f"""
@@ -252,6 +267,70 @@ class TopK(Operator):
             SELECT {out_cols}, sum({w}) AS {w} FROM t GROUP BY ALL HAVING sum({w}) <> 0""",
             n=new, old=old)
         return conform(out, self.schema)
+
+    def _change_in_arrow(self, ctx: StepContext, old: pa.Table, change: pa.Table) -> pa.Table:
+        """``_change_in_duckdb`` ranked in Arrow, for ``ranks_in_arrow`` only: the same
+        rows (``tests/operators/test_top_k.py`` compares them), from a few consolidations of
+        the rows in hand and two top-k selections (the query cost 8 to 10 ms here)."""
+        rows = ctx.local.consolidate(old.select([*self.columns, WEIGHT]), self.columns)
+        both = pa.concat_tables([rows, change.select(rows.column_names).cast(rows.schema)])
+        after = ctx.local.consolidate(both, self.columns)
+        placed_before = self._top_arrow(rows.filter(pc.greater(rows.column(WEIGHT), 0)))
+        placed_after = self._top_arrow(after.filter(pc.greater(after.column(WEIGHT), 0)))
+        retracted = placed_before.set_column(
+            placed_before.schema.get_field_index(WEIGHT), WEIGHT,
+            pc.negate(placed_before.column(WEIGHT)))
+        out = ctx.local.consolidate(pa.concat_tables([placed_after, retracted]),
+                                    self.out_columns)
+        return conform(out, self.schema)
+
+    def _top_arrow(self, rows: pa.Table) -> pa.Table:
+        """``_top_sql`` of ``rows`` (live rows: consolidated, every weight above zero) for
+        ``ranks_in_arrow``: the first rows in the ranking's total order (each order key, its
+        NULLs first or last as it says, then every column ascending, NULLs first) whose
+        weights before them sum below k, each with the places left (its weight, at most k
+        minus the weight before it); with a rank column, one row of weight 1 per place,
+        numbered. Every live row takes a place at least, so the k first rows hold the top k:
+        Arrow's top-k selection (``select_k_unstable``: unstable only among rows equal on
+        every column, which a consolidated table has none of) of a key per order key and
+        column, each led by a key of its NULLs (so NULLs go where the ranking puts them, as
+        Arrow takes one NULL placement for all keys) and, for a floating-point column, one of
+        its NaNs (above every number in DuckDB and Spark; Arrow places them with the
+        NULLs)."""
+        keyed, sort_keys = {}, []
+        ranking = [(o.column, o.descending, o.nulls_go_first) for o in self.order]
+        ranking += [(c, False, True) for c in self.columns]
+        for i, (column, descending, nulls_first) in enumerate(ranking):
+            values = rows.column(column)
+            if values.null_count:
+                keyed[f"n{i}"] = pc.is_null(values)  # (True after False: first, descending)
+                sort_keys.append((f"n{i}", "descending" if nulls_first else "ascending"))
+            if pa.types.is_floating(values.type):  # NaN above every number (Arrow puts it
+                nan = pc.is_nan(values).fill_null(False)  # where it puts the NULLs)
+                if pc.any(nan).as_py():
+                    keyed[f"f{i}"] = nan
+                    sort_keys.append((f"f{i}", "descending" if descending else "ascending"))
+            keyed[f"v{i}"] = values
+            sort_keys.append((f"v{i}", "descending" if descending else "ascending"))
+        taken = min(self.k, rows.num_rows)
+        if taken == 0:
+            top = rows
+        else:
+            top = rows.take(pc.select_k_unstable(pa.table(keyed), k=taken, sort_keys=sort_keys))
+        weights = top.column(WEIGHT).to_numpy()
+        before = np.cumsum(weights) - weights
+        kept = before < self.k
+        places = np.minimum(weights, self.k - before)[kept]
+        top, before = top.filter(pa.array(kept)), before[kept]
+        if self.rank is None:
+            return top.set_column(top.schema.get_field_index(WEIGHT), WEIGHT,
+                                  pa.array(places, pa.int64()))
+        one_per_place = np.repeat(np.arange(top.num_rows), places)
+        first = np.repeat(np.cumsum(places) - places, places)
+        rank = np.repeat(before, places) + (np.arange(len(one_per_place)) - first) + 1
+        return top.take(pa.array(one_per_place)).drop_columns([WEIGHT]).append_column(
+            self.rank, pa.array(rank, pa.int32())).append_column(
+            WEIGHT, pa.array(np.ones(len(rank), dtype=np.int64)))
 
     def _candidates(self, ctx: StepContext, change: pa.Table, old: pa.Table) -> pa.Table:
         """The rows of a big consolidated ``change`` to a top-k over one partition numbered
