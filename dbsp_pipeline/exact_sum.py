@@ -24,6 +24,7 @@ bit by construction.
 
 from __future__ import annotations
 
+import binascii
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -229,8 +230,6 @@ _LONG_BITS = 4 * _LONG_DIGITS
 #: a finite state's text: an optional sign, the odd mantissa in hex, ``p``, the exponent
 _FINITE_TEXT = r"^(?P<sign>-?)(?P<mantissa>[0-9a-f]+)p(?P<exponent>-?[0-9]+)$"
 _HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
-_HEX_VALUE = np.zeros(256, dtype=np.uint8)
-_HEX_VALUE[_HEX_DIGITS] = np.arange(16, dtype=np.uint8)
 #: each byte's two hex digits, as the bytes of one uint16
 _HEX_PAIRS = np.stack([_HEX_DIGITS[np.arange(256) >> 4], _HEX_DIGITS[np.arange(256) & 15]],
                       axis=1).copy().view(np.uint16)[:, 0]
@@ -322,10 +321,12 @@ def _old_pieces(rows: np.ndarray, digits: pa.Array, exponent: np.ndarray, negati
     _, offset_buffer, data_buffer = padded.buffers()
     start = int(np.frombuffer(offset_buffer, dtype=np.int32)[padded.offset])
     data = np.frombuffer(data_buffer, dtype=np.uint8)[start:start + len(rows) * width]
-    nibbles = _HEX_VALUE[data].reshape(len(rows), pieces, _CHUNK_DIGITS)
-    whole = np.zeros((len(rows), pieces), dtype=np.uint64)
-    for j in range(_CHUNK_DIGITS):
-        whole = (whole << np.uint64(4)) | nibbles[:, :, j].astype(np.uint64)
+    # each piece's 13 digits behind three '0's: 16 hex digits, the 8 bytes of a big-endian
+    # uint64, decoded in C
+    wide = np.full((len(rows), pieces, 16), ord("0"), dtype=np.uint8)
+    wide[:, :, 16 - _CHUNK_DIGITS:] = data.reshape(len(rows), pieces, _CHUNK_DIGITS)
+    whole = np.frombuffer(binascii.unhexlify(wide.tobytes()), dtype=">u8").reshape(
+        len(rows), pieces)
     piece = whole.astype(np.float64)  # exact: below 2**52
     scale = exponent[:, None] + 4 * _CHUNK_DIGITS * np.arange(pieces - 1, -1, -1)
     doubles = np.ldexp(piece, scale)  # exact: see _fold_column

@@ -94,9 +94,20 @@ class Piece:
         slice of one) and of its hashes, counted once."""
         return int(self.rows.get_total_buffer_size() + self.hashes.nbytes)
 
+    @cached_property
+    def distinct(self) -> bool:
+        """Whether no two rows share a hash (a settled piece of an aggregate's groups, one
+        row a key): then one search finds a hash's row."""
+        return not bool((self.hashes[1:] == self.hashes[:-1]).any())
+
     def take(self, wanted: np.ndarray) -> pa.Table:
         """The rows whose hash is one of ``wanted`` (sorted, distinct)."""
+        if len(self.hashes) == 0:
+            return self.rows
         lo = np.searchsorted(self.hashes, wanted, "left")
+        if self.distinct:  # a hash's row, if any, is at lo
+            found = self.hashes[np.minimum(lo, len(self.hashes) - 1)] == wanted
+            return self.rows.take(pa.array(lo[found]))
         hi = np.searchsorted(self.hashes, wanted, "right")
         count = hi - lo
         found = count > 0
