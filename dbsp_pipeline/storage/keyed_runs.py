@@ -61,6 +61,7 @@ and the trace's compaction merges them into big ones soon.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import logging
@@ -100,6 +101,8 @@ TMP_GRACE_SECONDS = 3600.0
 PENDING_WRITES = 4
 #: runs the background writer is to build from their data files (holding no rows), per process
 PENDING_BUILDS = 256
+#: the background writer waits this long for another run before its thread ends
+IDLE_SECONDS = 5.0
 #: A batch searched for at least ``FENCE_MIN_HASHES`` hashes at once, and at most one per
 #: ``FENCE_ROWS_PER_HASH`` of its rows, is searched through a *fence*: every
 #: ``FENCE_STRIDE``-th hash of it, built at the first such search and kept while the run is
@@ -758,8 +761,10 @@ class KeyedRuns:
 
 class _RunWriter:
     """The process's background writer of runs: one thread at a time, started when a run is
-    handed over and ending when none waits; at most ``PENDING_WRITES`` runs wait (more are
-    dropped: built at first lookup)."""
+    handed over and ending when none has waited for ``IDLE_SECONDS`` (so a stream of steps,
+    each handing over a run or two, starts it once, not a step); at most ``PENDING_WRITES``
+    runs wait (more are dropped: built at first lookup). The thread is a daemon: the process
+    waits at exit for the runs handed over (``_flush_at_exit``), not for the idle time."""
 
     def __init__(self) -> None:
         self._lock = threading.Condition()
@@ -790,8 +795,10 @@ class _RunWriter:
                 return False
             self._jobs[key] = (runs, data_file, rows)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="keyed-run-writer")
+                self._thread = threading.Thread(target=self._run, name="keyed-run-writer",
+                                                daemon=True)
                 self._thread.start()
+            self._lock.notify_all()
             return True
 
     def pending(self, run_path: str) -> bool:
@@ -822,9 +829,13 @@ class _RunWriter:
                 while self.held and self._jobs:
                     self._lock.wait()
                 if not self._jobs:
+                    self._lock.wait(IDLE_SECONDS)
+                if not self._jobs:  # none came: the thread ends
                     self._thread = None
                     self._lock.notify_all()
                     return
+                if self.held:
+                    continue
                 key, (runs, data_file, rows) = next(iter(self._jobs.items()))
             try:
                 if not callable(rows):
@@ -841,6 +852,24 @@ class _RunWriter:
 
 
 _WRITER = _RunWriter()
+
+
+def _flush_at_exit() -> None:
+    """At exit, the runs handed over are written first (the thread is a daemon); a process
+    that holds writes leaves them."""
+    if not _WRITER.held:
+        _WRITER.flush()
+
+
+def _forget_after_fork() -> None:
+    """A forked child has no writer thread (nor the parent's runs to write): it starts its
+    own at its first run."""
+    global _WRITER
+    _WRITER = _RunWriter()
+
+
+atexit.register(_flush_at_exit)
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def held_writes() -> contextlib.AbstractContextManager[None]:
