@@ -25,6 +25,12 @@ partition (``Trace.lookup_leading_rows``), deeper only where the rows read do no
 the old and the new top k (``_unsettled``): a top-k over the whole input (one partition, as
 ``ORDER BY ... LIMIT k``) costs about k rows a file, not the input. Otherwise a step reads
 every row of the touched partitions.
+
+A driver step ranks with one DuckDB query (``_change_in_duckdb``), or, for a top-k over one
+partition numbered by ROW_NUMBER whose columns Arrow sorts as DuckDB and Spark order them
+(``ranks_in_arrow``), with Arrow's top-k selection (``_change_in_arrow``: the same rows, with
+no query's fixed cost); a Spark step with Spark's window functions (``step``), or per owner
+with the driver's code.
 """
 
 from __future__ import annotations
@@ -274,7 +280,8 @@ class TopK(Operator):
         the rows in hand and two top-k selections (the query cost 8 to 10 ms here)."""
         rows = ctx.local.consolidate(old.select([*self.columns, WEIGHT]), self.columns)
         both = pa.concat_tables([rows, change.select(rows.column_names).cast(rows.schema)])
-        after = ctx.local.consolidate(both, self.columns)
+        # (in the types of ``rows``: a consolidation in DuckDB names a time zone its own way)
+        after = ctx.local.consolidate(both, self.columns).cast(rows.schema)
         placed_before = self._top_arrow(rows.filter(pc.greater(rows.column(WEIGHT), 0)))
         placed_after = self._top_arrow(after.filter(pc.greater(after.column(WEIGHT), 0)))
         retracted = placed_before.set_column(
@@ -295,8 +302,8 @@ class TopK(Operator):
         every column, which a consolidated table has none of) of a key per order key and
         column, each led by a key of its NULLs (so NULLs go where the ranking puts them, as
         Arrow takes one NULL placement for all keys) and, for a floating-point column, one of
-        its NaNs (above every number in DuckDB and Spark; Arrow places them with the
-        NULLs)."""
+        its NaNs (above every number in DuckDB and Spark; Arrow places them after the numbers,
+        before the NULLs, in either direction)."""
         keyed, sort_keys = {}, []
         ranking = [(o.column, o.descending, o.nulls_go_first) for o in self.order]
         ranking += [(c, False, True) for c in self.columns]
@@ -317,7 +324,8 @@ class TopK(Operator):
             top = rows
         else:
             top = rows.take(pc.select_k_unstable(pa.table(keyed), k=taken, sort_keys=sort_keys))
-        weights = top.column(WEIGHT).to_numpy()
+        # (a weight beyond k takes the places left, as k would: no int64 sum can wrap)
+        weights = np.minimum(top.column(WEIGHT).to_numpy(), self.k)
         before = np.cumsum(weights) - weights
         kept = before < self.k
         places = np.minimum(weights, self.k - before)[kept]

@@ -42,9 +42,10 @@ lookup instead, as the run of a file Spark wrote is. A file whose rows are not i
 pieces of a layout change, a file a lookup in a Spark task found without a run) gets its run
 built the same way from the data file (``build_later``: the thread reads the file; up to
 ``PENDING_BUILDS`` wait, holding no rows). ``flush`` waits until the runs handed over are
-written (tests, benchmarks, closing). The thread lives while it has work and is not a
-daemon: a process that exits lets it finish the run in hand (a killed one leaves a temporary
-file that ``retain`` removes).
+written (tests, benchmarks, closing). The thread lives while it has work and ``IDLE_SECONDS``
+after (a stream of steps starts it once); it is a daemon, and a process that exits first
+writes the runs handed over (``_flush_at_exit``, unless writes are held; a killed one leaves a
+temporary file that ``retain`` removes).
 
 A cache must not stop the engine: a run that cannot be written (a full or read-only local disk)
 is skipped with a warning, and a lookup in a file whose run cannot be built or read reads the
@@ -829,7 +830,7 @@ class _RunWriter:
                 while self.held and self._jobs:
                     self._lock.wait()
                 if not self._jobs:
-                    self._lock.wait(IDLE_SECONDS)
+                    self._lock.wait_for(lambda: bool(self._jobs), IDLE_SECONDS)
                 if not self._jobs:  # none came: the thread ends
                     self._thread = None
                     self._lock.notify_all()
