@@ -408,3 +408,54 @@ def test_the_files_a_layout_change_writes_get_runs(big_trace, monkeypatch, worke
     got = trace.lookup_arrow(sql, keys)
     assert trace.rows_read < ROWS // 5 and trace.runs.built == 0  # through the runs
     assert sorted(got.to_pylist(), key=repr) == _scan(trace, keys)
+
+
+_EXIT_RIGHT_AFTER_A_RUN = """
+import sys, time
+import numpy as np, pyarrow as pa
+from dbsp_pipeline.storage import keyed_runs
+from dbsp_pipeline.storage.table_store import DataFile
+
+write = keyed_runs.KeyedRuns.write_now
+def slow(self, data_file, rows):  # (the run is still being written when the process exits)
+    time.sleep(0.5)
+    write(self, data_file, rows)
+keyed_runs.KeyedRuns.write_now = slow
+schema = pa.schema([("k", pa.int64()), ("_weight", pa.int64())])
+runs = keyed_runs.KeyedRuns(sys.argv[1], schema, ["k"],
+                            lambda t: t.column("k").to_numpy().astype(np.uint64))
+n = keyed_runs.MIN_ROWS
+rows = pa.table({"k": np.arange(n), "_weight": np.ones(n, dtype=np.int64)})
+runs.add(DataFile(sys.argv[2], n), rows)
+"""
+
+
+def test_the_run_writer_waits_for_the_next_run_and_a_process_writes_its_runs_before_it_exits(
+        tmp_path):
+    """The writer's thread outlives a flush (the next run finds it running: a stream of steps
+    starts it once), and it is a daemon, yet a process that exits right after handing a run
+    over writes the run first (``_flush_at_exit``)."""
+    import subprocess
+    import sys
+
+    from dbsp_pipeline.storage.table_store import DataFile
+
+    schema = pa.schema([("k", pa.int64()), ("_weight", pa.int64())])
+    runs = keyed_runs.KeyedRuns(str(tmp_path / "here"), schema, ["k"],
+                                lambda t: t.column("k").to_numpy().astype(np.uint64))
+    n = keyed_runs.MIN_ROWS
+    rows = pa.table({"k": np.arange(n), "_weight": np.ones(n, dtype=np.int64)})
+    threads = []
+    for i in range(2):
+        runs.add(DataFile(str(tmp_path / f"data-{i}.parquet"), n), rows)
+        keyed_runs.wait_for_writes()
+        threads.append(keyed_runs._WRITER._thread)
+        assert runs.exists(DataFile(str(tmp_path / f"data-{i}.parquet"), n))
+    assert threads[0] is not None and threads[0] is threads[1] and threads[0].daemon
+
+    folder, data = str(tmp_path / "child"), str(tmp_path / "child-data.parquet")
+    subprocess.run([sys.executable, "-c", _EXIT_RIGHT_AFTER_A_RUN, folder, data], check=True,
+                   timeout=120)
+    child = keyed_runs.KeyedRuns(folder, schema, ["k"],
+                                 lambda t: t.column("k").to_numpy().astype(np.uint64))
+    assert child.exists(DataFile(data, n))
