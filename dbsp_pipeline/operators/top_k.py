@@ -52,6 +52,7 @@ from dbsp_pipeline.driver.sql import (
     conform,
     ident,
     idents,
+    negate,
     null_safe_on,
 )
 from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContext
@@ -284,10 +285,7 @@ class TopK(Operator):
         after = ctx.local.consolidate(both, self.columns).cast(rows.schema)
         placed_before = self._top_arrow(rows.filter(pc.greater(rows.column(WEIGHT), 0)))
         placed_after = self._top_arrow(after.filter(pc.greater(after.column(WEIGHT), 0)))
-        retracted = placed_before.set_column(
-            placed_before.schema.get_field_index(WEIGHT), WEIGHT,
-            pc.negate(placed_before.column(WEIGHT)))
-        out = ctx.local.consolidate(pa.concat_tables([placed_after, retracted]),
+        out = ctx.local.consolidate(pa.concat_tables([placed_after, negate(placed_before)]),
                                     self.out_columns)
         return conform(out, self.schema)
 
