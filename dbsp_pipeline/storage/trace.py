@@ -53,13 +53,16 @@ from dbsp_pipeline.storage.data_files import new_sorted_run, sorted_run_of
 from dbsp_pipeline.storage.delta_table import DataFile
 from dbsp_pipeline.storage.kept_rows import KeptRows
 from dbsp_pipeline.storage.keyed_runs import (
+    CLOSED,
     CUT,
     HASH,
     KeyedRuns,
     beyond_bound,
     concat_ranges,
     ends_of_ranges,
+    orderable,
     orderable_numpy,
+    tie_closed_counts,
     value_order,
 )
 from dbsp_pipeline.storage.state_db import StateDatabase
@@ -129,17 +132,20 @@ def _by_shard(rows: pa.Table) -> pa.Table:
 
 
 def _beyond_every_cut(hashes: np.ndarray, values: pa.ChunkedArray, is_cut: np.ndarray,
-                      cut_hashes: np.ndarray, largest: bool) -> np.ndarray | None:
+                      cut_hashes: np.ndarray, largest: bool,
+                      closed: np.ndarray | None = None) -> np.ndarray | None:
     """Per row (of key hash ``hashes``, value ``values``, ``is_cut`` on a file's cut row;
     ``cut_hashes`` the distinct hashes of the cut rows, ascending): is its value strictly
-    beyond (above for ``largest``, else below) every cut value of its hash? The rows
-    ``_beyond_every_cut_sorted`` keeps, for numbers without NULL or NaN only (None for
-    others): a hash's bound is its cuts' most extreme value (``np.maximum.at`` or
-    ``np.minimum.at``), with no sort of the rows."""
-    kind = values.type
-    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)) or values.null_count:
+    beyond (above for ``largest``, else below) every cut value of its hash, or (``closed``,
+    per row: True on a tie-closed cut, ``keyed_runs.tie_closed_counts``) at or beyond it when
+    every cut of its hash is tie-closed? (Every file then gave all its rows of the hash at or
+    beyond its own cut, so all the rows at or beyond the most extreme cut are in hand.) The
+    rows ``_beyond_every_cut_sorted`` keeps (strictly beyond), for numbers, dates and
+    timestamps without NULL or NaN only (None for others): a hash's bound is its cuts' most
+    extreme value (``np.maximum.at`` or ``np.minimum.at``), with no sort of the rows."""
+    if not orderable(values.type) or values.null_count:
         return None
-    v = values.to_numpy()
+    v = orderable_numpy(values)
     if v.dtype.kind == "f" and np.isnan(v).any():
         return None  # NaN is above every number in the runs' (Arrow's) order
     cuts = np.flatnonzero(is_cut)
@@ -152,10 +158,14 @@ def _beyond_every_cut(hashes: np.ndarray, values: pa.ChunkedArray, is_cut: np.nd
         bound[:] = v[cuts].min()
         np.maximum.at(bound, at[cuts], v[cuts])
         keep: np.ndarray = ~has_cut | (v > bound[at])
-        return keep
-    bound[:] = v[cuts].max()
-    np.minimum.at(bound, at[cuts], v[cuts])
-    keep = ~has_cut | (v < bound[at])
+    else:
+        bound[:] = v[cuts].max()
+        np.minimum.at(bound, at[cuts], v[cuts])
+        keep = ~has_cut | (v < bound[at])
+    if closed is not None:
+        open_cut = np.zeros(len(cut_hashes), dtype=bool)
+        np.logical_or.at(open_cut, at[cuts], ~closed[cuts])
+        keep |= has_cut & ~open_cut[at] & (v == bound[at])
     return keep
 
 
@@ -610,9 +620,11 @@ class Trace:
         """For a trace ordered by a value (``order_by``): per key of ``keys``, the rows
         (consolidated: each once, its weight not zero) of its leading values, in ``files``
         (default: all): either all the key's rows, or (a key cut) every row of the key whose
-        value is strictly beyond some value, largest (``largest``) or smallest first in the
-        runs' order, and none other. So the rows given lead all the key's other rows, and a
-        key's rows whose value ties with or is beyond a row given are all given.
+        value is strictly beyond some value (or at or beyond it, where every file's cut took
+        its ties: a top-k's rows of numbers, dates or timestamps, ``_beyond_cuts``), largest
+        (``largest``) or smallest first in the runs' order, and none other. So the rows given
+        lead all the key's other rows, and a key's rows whose value ties with or is beyond a
+        row given are all given.
 
         Rounds as ``lookup_extreme_rows`` describes, starting at ``count`` rows a key from each
         file: after each, ``unsettled(rows, cut_keys)`` (the round's rows, the keys of the
@@ -674,13 +686,19 @@ class Trace:
                      bounds: tuple[np.ndarray, np.ndarray] | None = None,
                      files: Sequence[DataFile] | None = None) -> tuple[pa.Table, np.ndarray]:
         """One round of ``lookup_leading_rows``: the rows of ``wanted_keys`` (distinct, in the
-        key types) in ``files`` (default: all) strictly beyond every cut of their hash, and the
-        hashes cut (uint64); with ``bounds`` (``_bounds``), of the rows not strictly beyond
-        their hash's bound."""
+        key types) in ``files`` (default: all) strictly beyond every cut of their hash (at or
+        beyond, for a hash whose every cut took its ties), and the hashes cut (uint64); with
+        ``bounds`` (``_bounds``), of the rows not strictly beyond their hash's bound."""
         hashes, shards, candidates = self._candidates(wanted_keys, files)
         if not candidates:
             return self.table.arrow_schema.empty_table(), np.zeros(0, dtype=np.uint64)
         order_by = cast(str, self.runs.order_by)  # (checked by lookup_leading_rows)
+        # a cut takes the rows that tie with it too (``keyed_runs.tie_closed_counts``) where
+        # the values are numbers, dates or timestamps (and a file's have no NULL), and the rows
+        # hold more than key and value (a top-k's): a file's rows of a (key, value) multiset
+        # (a min/max aggregate's) are consolidated, so no two of a key tie
+        close_ties = (orderable(self.table.arrow_schema.field(order_by).type)
+                      and len(self.payload) > len(self.key) + 1)
         # per wanted hash, its bound (every wanted hash is one of the bounds' hashes)
         bound = None if bounds is None else bounds[1][np.searchsorted(bounds[0], hashes)]
         # per wanted hash, the retractions found so far: a bigger file may hold their values
@@ -706,9 +724,19 @@ class Trace:
             retractions = run.column(WEIGHT).to_numpy()[concat_ranges(lo, hi - lo)] < 0
             retracted[at] += np.bincount(np.repeat(np.arange(len(at)), hi - lo),
                                          weights=retractions, minlength=len(at)).astype(np.int64)
-            taken, is_cut = ends_of_ranges(lo, hi, count, largest)
-            parts.append(run.take(pa.array(taken)).append_column(
-                pa.field(CUT, pa.bool_(), False), pa.array(is_cut)))
+            counts: int | np.ndarray = count
+            closed = close_ties and run.column(order_by).null_count == 0
+            if closed and bool((hi - lo > count).any()):
+                column = orderable_numpy(run.column(order_by))
+                counts = tie_closed_counts(lambda rows: column[rows], lo, hi, count, largest,
+                                           lambda a, b: column[a:b])
+            taken, is_cut = ends_of_ranges(lo, hi, counts, largest)
+            part = run.take(pa.array(taken)).append_column(
+                pa.field(CUT, pa.bool_(), False), pa.array(is_cut))
+            if close_ties:
+                part = part.append_column(pa.field(CLOSED, pa.bool_(), False),
+                                          pa.array(np.full(len(taken), closed)))
+            parts.append(part)
 
         def read_whole(files: list[DataFile]) -> None:  # big files without a usable run
             for rows in self._read_shards(files, shards):
@@ -722,7 +750,8 @@ class Trace:
             deeper = np.minimum(retracted[part], EXTREME_RETRACTED_ROWS)
             found = self.runs.lookup_ends(f, hashes[part], count + deeper, largest,
                                           self._read_to_build_run,
-                                          None if bound is None else bound[part])
+                                          None if bound is None else bound[part],
+                                          close_ties=close_ties)
             if found is None:  # no usable run: read the file as a small one
                 read_whole([f])
                 continue
@@ -741,10 +770,12 @@ class Trace:
         h = rows.column(HASH).to_numpy()
         is_cut = rows.column(CUT).to_numpy(zero_copy_only=False)
         cut = _distinct_hashes(h[is_cut])
-        keep = _beyond_every_cut(h, rows.column(order_by), is_cut, cut, largest)
-        if keep is None:
+        closed = rows.column(CLOSED).to_numpy(zero_copy_only=False) if close_ties else None
+        keep = _beyond_every_cut(h, rows.column(order_by), is_cut, cut, largest, closed)
+        if keep is None:  # (strictly beyond: right whether the cuts are tie-closed or not)
             keep = _beyond_every_cut_sorted(rows, order_by, largest, self.runs.nulls_first)
-        rows = rows.filter(pa.array(keep)).drop_columns([HASH, CUT])
+        rows = rows.filter(pa.array(keep)).drop_columns(
+            [HASH, CUT, CLOSED] if close_ties else [HASH, CUT])
         return self._matching(sql, rows, wanted_keys), cut
 
     def _small_run(self, f: DataFile) -> pa.Table:

@@ -202,6 +202,136 @@ def test_a_re_read_goes_as_deep_as_the_retractions_found_before(spark, tmp_path,
         (f.rows, trace.runs.covers(f)) for f in trace.files()]
 
 
+def _tied_rows(rng: np.random.Generator, n: int, groups: int, live: dict, kind: pa.DataType,
+               values: int) -> pa.Table:
+    """``n`` changes of (group, value, id) rows whose values tie many ways (``values`` distinct
+    ones): inserts of new ids, and deletes of live rows at a group's largest or smallest value
+    (the tied rows a re-read must see all of)."""
+    g, v, ids, w = [], [], [], []
+    for _ in range(n):
+        group = int(rng.integers(0, groups))
+        rows = live.setdefault(group, {})
+        if rows and rng.random() < 0.45:
+            top = (max if rng.random() < 0.5 else min)(rows.values())
+            row_id = next(i for i, x in rows.items() if x == top)
+            del rows[row_id]
+            g.append(group), v.append(top), ids.append(row_id), w.append(-1)
+        else:
+            row_id, value = len(ids) + 1_000_000 * int(rng.integers(1, 10**6)), \
+                int(rng.integers(0, values))
+            rows[row_id] = value
+            g.append(group), v.append(value), ids.append(row_id), w.append(1)
+    value_type = pa.int64() if pa.types.is_date32(kind) or pa.types.is_timestamp(kind) \
+        else kind
+    values_array = pa.array(v, pa.int64()).cast(value_type)
+    if pa.types.is_date32(kind):
+        values_array = pa.array(v, pa.int32()).cast(pa.date32())
+    elif pa.types.is_timestamp(kind):
+        values_array = values_array.cast(kind)
+    return pa.table({"g": pa.array(g, pa.int64()), "_v": values_array,
+                     "id": pa.array(ids, pa.int64()), "_weight": pa.array(w, pa.int64())})
+
+
+@pytest.mark.parametrize("largest", [True, False], ids=["max", "min"])
+@pytest.mark.parametrize("batch_rows", [keyed_runs.BATCH_ROWS, 7], ids=["batch", "7-row-batches"])
+@pytest.mark.parametrize("kind", [pa.float64(), pa.int64(), pa.date32(), pa.timestamp("us", "UTC")],
+                         ids=["double", "bigint", "date", "timestamp"])
+def test_leading_rows_of_values_tied_many_ways_take_every_tie(spark, tmp_path, monkeypatch,
+                                                               largest, batch_rows, kind):
+    """A trace of whole rows (a top-k's: group, value, id) whose values tie many ways, and
+    whose files delete some of the tied rows: a cut takes the rows that tie with it too
+    (``keyed_runs.tie_closed_counts``), in runs and in small files alike, and the rows kept at
+    the most extreme cut are all of its ties, so every group gets its live extreme (a cut
+    that kept its ties without taking them all would find deleted rows live)."""
+    from pyspark.sql.types import DateType, TimestampType
+
+    monkeypatch.setattr(keyed_runs, "BATCH_ROWS", batch_rows)
+    monkeypatch.setattr(keyed_runs, "MIN_ROWS", 300)  # most appends get a run
+    monkeypatch.setattr(trace_module, "EXTREME_ROWS", 2)
+    value_type = {pa.float64(): DoubleType(), pa.int64(): LongType(), pa.date32(): DateType()
+                  }.get(kind, TimestampType())
+    db = StateDatabase(spark, str(tmp_path), "fp")
+    db.open()
+    schema = StructType([StructField("g", LongType()), StructField("_v", value_type),
+                         StructField("id", LongType())])
+    trace = Trace(db, "rows", schema, ["g"], order_by="_v")
+    sql, rng, live = LocalSQL(), np.random.default_rng(21 + largest), {}
+    for step in range(7):
+        trace.append_arrow(sql, _tied_rows(rng, 2_000 if step == 0 else 400, 30, live, kind,
+                                           values=4))
+        keyed_runs.wait_for_writes()
+        keys = pa.table({"g": pa.array(range(-1, 30), pa.int64())})
+        got = trace.lookup_extreme_rows(sql, keys, largest)
+        _assert_live(sql, got, ["g", "id"])
+        assert _extremes(sql, got, keys, ["g"], largest) == _extremes(
+            sql, trace.read_arrow(), keys, ["g"], largest)
+
+
+@pytest.mark.parametrize("largest", [True, False], ids=["max", "min"])
+def test_a_group_whose_values_all_tie_is_read_in_one_round(spark, tmp_path, monkeypatch,
+                                                           largest):
+    """A group of 2,000 rows of one value, under deletes of some of them: its leading rows
+    are its ties, taken whole in the first round (read deeper round by round, 8x a round,
+    they took five)."""
+    monkeypatch.setattr(keyed_runs, "MIN_ROWS", 300)
+    db = StateDatabase(spark, str(tmp_path), "fp")
+    db.open()
+    schema = StructType([StructField("g", LongType()), StructField("_v", DoubleType()),
+                         StructField("id", LongType())])
+    trace = Trace(db, "rows", schema, ["g"], order_by="_v")
+    sql = LocalSQL()
+    trace.append_arrow(sql, pa.table({"g": np.zeros(2_000, np.int64),
+                                      "_v": np.full(2_000, 7.0), "id": np.arange(2_000),
+                                      "_weight": np.ones(2_000, np.int64)}))
+    trace.append_arrow(sql, pa.table({"g": np.zeros(500, np.int64), "_v": np.full(500, 7.0),
+                                      "id": np.arange(0, 2_000, 4),
+                                      "_weight": np.full(500, -1, np.int64)}))
+    keyed_runs.wait_for_writes()
+    assert all(trace.runs.covers(f) for f in trace.files())
+    rounds = []
+    beyond = Trace._beyond_cuts
+    monkeypatch.setattr(Trace, "_beyond_cuts", lambda self, *a: rounds.append(a[2]) or beyond(
+        self, *a))
+    got = trace.lookup_extreme_rows(sql, pa.table({"g": pa.array([0], pa.int64())}), largest)
+    assert rounds == [trace_module.EXTREME_ROWS]
+    assert sorted(got.column("id").to_pylist()) == [i for i in range(2_000) if i % 4]
+
+
+@pytest.mark.parametrize("largest", [True, False], ids=["max", "min"])
+@pytest.mark.parametrize("way", ["searched", "galloped", "mixed"])
+def test_tie_closed_counts_take_every_tie_of_the_cut(largest, way):
+    """``tie_closed_counts`` against counting by hand: per range, ``count`` rows from its end,
+    and then every row that ties with the last of them (NaN ties with NaN and sits above every
+    number); ranges of ``count`` rows or fewer keep ``count``. Found by searching each range's
+    values, by a gallop (no slices, or more ranges than ``SEARCHED_RANGES``), or by a gallop
+    where a slice is missing."""
+    rng = np.random.default_rng(8 + largest)
+    for _ in range(200):
+        ranges_count = int(rng.integers(1, 6)) if way != "galloped" or rng.random() < 0.5 \
+            else keyed_runs.SEARCHED_RANGES + int(rng.integers(1, 10))
+        sizes = rng.integers(0, 12, ranges_count)
+        pool = np.array([-1.0, 0.0, 2.0, 2.5, math.inf, math.nan])
+        ranges = [np.sort(rng.choice(pool[: int(rng.integers(1, 7))], size)) for size in sizes]
+        values = np.concatenate(ranges) if ranges else np.zeros(0)  # (np.sort: NaN last)
+        hi = np.cumsum(sizes)
+        lo = hi - sizes
+        count = rng.integers(1, 5, len(sizes))
+        slices = {"searched": lambda a, b, v=values: v[a:b],
+                  "galloped": None,
+                  "mixed": lambda a, b, v=values: v[a:b] if a % 2 else None}[way]
+        got = keyed_runs.tie_closed_counts(lambda rows, v=values: v[rows], lo, hi, count,
+                                           largest, slices)
+        for r, c, n in zip(ranges, count, got):
+            if len(r) <= c:
+                assert n == c
+                continue
+            cut = r[len(r) - c] if largest else r[c - 1]
+            same = [x == cut or (math.isnan(x) and math.isnan(cut)) for x in r]
+            beyond = [x > cut or (math.isnan(x) and not math.isnan(cut)) if largest
+                      else x < cut or (math.isnan(cut) and not math.isnan(x)) for x in r]
+            assert n == sum(same) + sum(beyond), (r, c, n)
+
+
 def _beyond(v: float, bound: float, largest: bool) -> bool:
     """Whether ``v`` is strictly beyond ``bound`` as a bounded re-read takes it: above it (NaN
     above every number; nothing above a NaN bound), or below it (NaN below nothing)."""
@@ -331,6 +461,17 @@ def test_the_bound_of_every_cut_keeps_what_the_order_keeps(largest, kind):
                         else v < values[(hashes == h) & is_cut].min())
                     for h, v in zip(hashes, values)]
         assert fast.tolist() == expected
+        # tie-closed cuts: a hash whose cuts are all closed keeps its ties with the bound too
+        closed = rng.random(rows) < 0.7
+        with_ties = trace_module._beyond_every_cut(hashes, table.column("_v"), is_cut, cut,
+                                                   largest, closed)
+        bound = {h: (values[(hashes == h) & is_cut].max() if largest
+                     else values[(hashes == h) & is_cut].min())
+                 for h in set(hashes[is_cut].tolist())}
+        all_closed = {h: bool(closed[(hashes == h) & is_cut].all()) for h in bound}
+        assert with_ties is not None and with_ties.tolist() == [
+            keep or (h in bound and all_closed[h] and v == bound[h])
+            for keep, h, v in zip(expected, hashes.tolist(), values)]
 
 
 def test_the_bound_of_every_cut_leaves_nan_null_and_other_types_to_the_sort():
