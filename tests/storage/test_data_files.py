@@ -93,3 +93,19 @@ def test_the_sorted_run_of_a_file_is_told_by_its_path() -> None:
     # any other name is a run of its own: a dash alone does not make a run
     for path in (f"{table}/data/part-00000-{other}.parquet", "f1", "/t/x/y.parquet"):
         assert sorted_run_of(path) == path
+
+
+def test_files_are_written_with_lz4_and_spark_reads_them(tmp_path: Path, spark) -> None:
+    """Data files are LZ4-compressed (Parquet's ``LZ4_RAW``: ``COMPRESSION``), which Spark
+    reads back as written."""
+    import pyarrow.parquet as pq
+
+    files = DataFiles.for_uri(str(tmp_path), SCHEMA)
+    rows = pa.table({"key": [f"k{i % 13}" for i in range(500)], "_shard": list(range(500))})
+    (add,) = files.write_arrow(rows)
+    path = files.fs_path(files.path(add.path))
+    meta = pq.ParquetFile(path).metadata
+    assert {meta.row_group(0).column(c).compression for c in range(meta.num_columns)} == {"LZ4"}
+    back = spark.read.parquet(path).orderBy("_shard").collect()
+    assert [(r["key"], r["_shard"]) for r in back] == list(zip(rows.column("key").to_pylist(),
+                                                               rows.column("_shard").to_pylist()))
