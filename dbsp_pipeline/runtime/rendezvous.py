@@ -25,9 +25,13 @@ from dbsp_pipeline.storage import small_files
 #: how long a task waits for the others before failing (they start together, so this is only
 #: reached when one hangs: Spark kills the waiting tasks itself when one fails)
 WAIT_SECONDS = 900.0
-#: the first and the longest pause between two looks at the folder
+#: the first and the longest pause between two looks at the folder: a look at a local folder
+#: costs a few file opens, so a task looks every 5 ms at most (a 20-ms pause kept a task of a
+#: 0.4-s step waiting 10 ms past the last post on average); at an object store, a few requests
+#: a look, every 20 ms at most
 FIRST_PAUSE_SECONDS = 0.0005
-LONGEST_PAUSE_SECONDS = 0.02
+LONGEST_PAUSE_SECONDS = 0.005
+LONGEST_REMOTE_PAUSE_SECONDS = 0.02
 
 
 def post(folder: str, index: int, text: str) -> None:
@@ -41,6 +45,8 @@ def gather(folder: str, count: int, wait_seconds: float = WAIT_SECONDS) -> list[
     have. ``TimeoutError`` naming the tasks still missing after ``wait_seconds``."""
     texts: dict[int, str] = {}
     pause, deadline = FIRST_PAUSE_SECONDS, time.monotonic() + wait_seconds
+    longest = LONGEST_REMOTE_PAUSE_SECONDS if small_files.is_remote(folder) \
+        else LONGEST_PAUSE_SECONDS
     while True:
         for i in range(count):
             if i not in texts and (text := small_files.read_text(f"{folder}/{i}.json")) \
@@ -52,4 +58,4 @@ def gather(folder: str, count: int, wait_seconds: float = WAIT_SECONDS) -> list[
             raise TimeoutError(f"meeting {folder}: tasks {sorted(set(range(count)) - set(texts))}"
                                f" of {count} posted nothing in {wait_seconds:.0f} s")
         time.sleep(pause)
-        pause = min(pause * 2, LONGEST_PAUSE_SECONDS)
+        pause = min(pause * 2, longest)
