@@ -140,8 +140,9 @@ class FaultInjectingTableStore:
         return self.inner.path(relative)
 
     def write_arrow(self, table: pa.Table, run: str | None = None, *,
-                    relative: str | None = None) -> list[AddAction]:
-        return self.inner.write_arrow(table, run, relative=relative)
+                    relative: str | None = None,
+                    compression: str | None = None) -> list[AddAction]:
+        return self.inner.write_arrow(table, run, relative=relative, compression=compression)
 
     def describe_folder(self, relative: str) -> list[AddAction]:
         return self.inner.describe_folder(relative)

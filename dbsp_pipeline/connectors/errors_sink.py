@@ -32,6 +32,7 @@ from pyspark.sql.types import (
 )
 
 from dbsp_pipeline import root as root_layout
+from dbsp_pipeline.storage.data_files import PORTABLE_COMPRESSION
 from dbsp_pipeline.storage.delta_table import SparkDeltaTable
 
 if TYPE_CHECKING:
@@ -76,7 +77,8 @@ class ErrorsSink:
         rows = [{**r, "record": None if r.get("record") is None else r["record"][:RECORD_LIMIT],
                  "rejected_at": now} for r in fresh]
         table = pa.Table.from_pylist(rows, schema=self.table.arrow_schema)
-        self.table.commit(self.table.write_arrow(table), app_id="errors/" + producer,
+        self.table.commit(self.table.write_arrow(table, compression=PORTABLE_COMPRESSION),
+                          app_id="errors/" + producer,
                           app_version=upto)
         return len(rows)
 
@@ -103,7 +105,8 @@ class ErrorsSink:
         done = self.recorded_upto(producer)
         if done is not None and upto <= done:
             return 0
-        adds = [a for t in tables if t.num_rows for a in self.table.write_arrow(t)]
+        adds = [a for t in tables if t.num_rows
+                for a in self.table.write_arrow(t, compression=PORTABLE_COMPRESSION)]
         if not adds:
             return 0
         self.table.commit(adds, app_id="errors/" + producer, app_version=upto)

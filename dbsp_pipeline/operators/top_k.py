@@ -374,13 +374,14 @@ class TopK(Operator):
                    cut_keys: pa.Table) -> pa.Table:
         """The partitions of ``cut_keys`` whose leading rows ``rows`` (of the trace before the
         step, consolidated: every row whose first order key is strictly beyond some value B,
-        and none other) do not decide both the old and the new top k.
+        or at or beyond it where the lookup took B's ties, and none other) do not decide both
+        the old and the new top k.
 
         Old: the rows given lead every other row, so they decide the old top k when their
         live weights (those above zero) sum to k or more (a row of multiplicity m takes m
         places; RANK places a row after all the weight before it). New (the old rows plus
         ``change``): every row, old or changed, whose first order key ranks with or before the
-        last live old row given (V, beyond B) is in hand, and those rows lead every other; so
+        last live old row given (V, at or beyond B) is in hand, and those rows lead every other; so
         they decide the new top k when their new live weights sum to k or more."""
         if not self.partition:  # one partition: settled or not
             return cut_keys.slice(0, 0) if self._settled(change, rows) else cut_keys

@@ -43,7 +43,7 @@ from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.driver import hashing
 from dbsp_pipeline.driver.sql import LocalSQL, zset_arrow_schema
 from dbsp_pipeline.errors import ConcurrentWriterError, NonDeterminismError, UsageError
-from dbsp_pipeline.storage.data_files import DataFiles, new_file_path
+from dbsp_pipeline.storage.data_files import PORTABLE_COMPRESSION, DataFiles, new_file_path
 from dbsp_pipeline.storage.delta_table import DataFile, SparkDeltaTable
 from dbsp_pipeline.storage.small_files import read_text, write_atomically
 from dbsp_pipeline.storage.staged_table import add_from_record, add_record
@@ -129,7 +129,8 @@ def write_part(target: ViewFiles, step: int, rows: pa.Table | None, run: str) ->
         return {"adds": [], "rows": 0, "digest": content_digest(None, target.schema)}
     stored = _stamped(rows, step, target.arrow_schema)
     files = DataFiles.for_uri(target.uri, target.arrow_schema)
-    adds = files.write_arrow(stored, relative=new_file_path(run))
+    adds = files.write_arrow(stored, relative=new_file_path(run),
+                             compression=PORTABLE_COMPRESSION)
     return {"adds": [add_record(a) for a in adds], "rows": int(rows.num_rows),
             "digest": content_digest(stored, target.schema)}
 
@@ -305,7 +306,8 @@ class OutputLog:
             return None
         adds = []
         if isinstance(rows, pa.Table):
-            adds = self.table.write_arrow(rows) if rows.num_rows else []
+            adds = self.table.write_arrow(rows, compression=PORTABLE_COMPRESSION) \
+                if rows.num_rows else []
             digest = content_digest(rows, self.schema)
         elif rows is not None:
             adds = self.table.write_files(rows)
@@ -372,7 +374,8 @@ class OutputLog:
         if len(files) <= 1 and all(f.step_min == through for f in files):
             return False
         merged = sql.consolidate(self.table.read_arrow(files), self.schema.fieldNames())
-        adds = self.table.write_arrow(_stamped(merged, through, self.table.arrow_schema))
+        adds = self.table.write_arrow(_stamped(merged, through, self.table.arrow_schema),
+                                      compression=PORTABLE_COMPRESSION)
         self.table.commit(adds, [f.path for f in files], data_change=False)
         return True
 

@@ -38,10 +38,13 @@ from dbsp_pipeline.errors import StorageError
 from dbsp_pipeline.storage.table_store import DATA_DIR
 
 _STATS_STRING_LIMIT = 32
-#: the codec of the Parquet files written here: LZ4 (Parquet's ``LZ4_RAW``, which Spark,
-#: DuckDB and delta-rs read) reads back 2.5x faster than snappy for the same size and write
-#: time (1M rows of keys, amounts and weights: 8 ms against 22 to read, 13 MB against 14)
+#: the codec of the Parquet files written here by default (the state's: traces, input logs):
+#: LZ4 (Parquet's ``LZ4_RAW``, which Spark 3.4 and later, DuckDB and delta-rs read) reads back
+#: 2.5x faster than snappy for the same size and write time (1M rows of keys, amounts and
+#: weights: 8 ms against 22 to read, 13 MB against 14)
 COMPRESSION = "lz4"
+#: the codec of files every Parquet reader must read (a view's log: ``output_log.py``)
+PORTABLE_COMPRESSION = "snappy"
 
 
 class DataFiles:
@@ -54,7 +57,7 @@ class DataFiles:
         self.filesystem = filesystem
         #: the columns written dictionary-encoded: the text and binary ones (few distinct values
         #: in the rows that repeat them); numbers are written plain, which for keys, weights and
-        #: measures is 40% faster to write and read and no bigger (snappy compresses both)
+        #: measures is 40% faster to write and read and no bigger (the codec compresses both)
         self._dictionary_columns = [
             f.name for f in schema
             if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
@@ -96,13 +99,14 @@ class DataFiles:
 
     # -- files -------------------------------------------------------------------------------
     def write_arrow(self, table: pa.Table, run: str | None = None, *,
-                    relative: str | None = None) -> list[AddAction]:
+                    relative: str | None = None,
+                    compression: str | None = None) -> list[AddAction]:
         """Write ``table`` (cast to the schema) as one new file ``data/<uuid4>.parquet``, or
         ``data/<run>-<uuid4>.parquet`` as a piece of the sorted run ``run`` (``new_sorted_run``;
         a fresh name either way, so a retried writer never overwrites a file), or at
         ``relative`` (a fresh name ``new_file_path`` chose before); its add action (none for no
-        rows). Nothing is committed. A ``StorageError`` (definitely failed) naming the file when
-        the write fails."""
+        rows). ``compression``: the Parquet codec (default ``COMPRESSION``). Nothing is committed.
+        A ``StorageError`` (definitely failed) naming the file when the write fails."""
         if table.num_rows == 0:
             return []
         relative = relative or new_file_path(run)
@@ -110,11 +114,11 @@ class DataFiles:
         footer: list[pq.FileMetaData] = []
         try:
             try:
-                self._write(table, target, footer)
+                self._write(table, target, footer, compression or COMPRESSION)
             except FileNotFoundError:  # a local table's data folder does not exist yet
                 self.make_folder(self.fs_path(self.path(DATA_DIR)))
                 footer.clear()
-                self._write(table, target, footer)
+                self._write(table, target, footer, compression or COMPRESSION)
             info = self.filesystem.get_file_info(target)
         except OSError as e:
             raise StorageError(f"writing a data file to {self.path(relative)} failed: {e}",
@@ -123,10 +127,11 @@ class DataFiles:
         # the file is not listed and read back
         return [add_action(relative, info, footer[0])]
 
-    def _write(self, table: pa.Table, target: str, footer: list[pq.FileMetaData]) -> None:
+    def _write(self, table: pa.Table, target: str, footer: list[pq.FileMetaData],
+               compression: str) -> None:
         pq.write_table(table.cast(self.schema), target, filesystem=self.filesystem,
                        metadata_collector=footer, use_dictionary=self._dictionary_columns,
-                       compression=COMPRESSION)
+                       compression=compression)
 
     def describe_folder(self, relative: str) -> list[AddAction]:
         """The add actions of the Parquet files in the folder ``relative`` (with Delta

@@ -228,8 +228,9 @@ class DeltaTableStore:
         return self.data.path(relative)
 
     def write_arrow(self, table: pa.Table, run: str | None = None, *,
-                    relative: str | None = None) -> list[AddAction]:
-        return self.data.write_arrow(table, run, relative=relative)
+                    relative: str | None = None,
+                    compression: str | None = None) -> list[AddAction]:
+        return self.data.write_arrow(table, run, relative=relative, compression=compression)
 
     def describe_folder(self, relative: str) -> list[AddAction]:
         return self.data.describe_folder(relative)

@@ -159,11 +159,13 @@ class SparkDeltaTable:
         return self.store.describe_folder(folder_rel)
 
     def write_arrow(self, table: pa.Table, run: str | None = None, *,
-                    relative: str | None = None) -> list[AddAction]:
+                    relative: str | None = None,
+                    compression: str | None = None) -> list[AddAction]:
         """Write a small Arrow table (already in table schema) as one new, uncommitted file (a
         piece of ``run``, if given: ``data_files.sorted_run_of``; at ``relative``, a fresh path
-        from ``data_files.new_file_path``, if given)."""
-        return self.store.write_arrow(table, run, relative=relative)
+        from ``data_files.new_file_path``, if given), with the Parquet codec ``compression``
+        (default ``data_files.COMPRESSION``)."""
+        return self.store.write_arrow(table, run, relative=relative, compression=compression)
 
     def commit(self, adds: Sequence[AddAction] = (), removes: Sequence[str] = (), *,
                app_id: str | None = None, app_version: int | None = None,

@@ -436,41 +436,58 @@ def rows_at_end(values_at: Callable[[np.ndarray], np.ndarray], lo: np.ndarray, h
 #: ``tie_closed_counts`` searches each range's values on its own (a binary search of a slice)
 #: for up to this many ranges to close, and gallops over all of them at once beyond
 SEARCHED_RANGES = 16
+#: a cut's ties are taken only while they are at most this many times the rows it was to take:
+#: a bigger tie group is left cut (its rows read round by round, 8x a round), so a file whose
+#: cut value ties with a whole block of its rows, and whose rows another file's more extreme
+#: values then outrank, costs at most this many times the rows the round asked of it
+TIE_ROWS_PER_COUNT = 64
 
 
 def tie_closed_counts(values_at: Callable[[np.ndarray], np.ndarray], lo: np.ndarray,
                       hi: np.ndarray, count: int | np.ndarray, largest: bool,
                       values_between: Callable[[int, int], np.ndarray | None] | None = None
-                      ) -> np.ndarray:
+                      ) -> tuple[np.ndarray, np.ndarray]:
     """Per range ``[lo, hi)`` of rows sorted by value (disjoint, ascending; values as
     ``values_at(rows)`` gives them for ascending rows), how many rows ``ends_of_ranges`` is to
     take from its top (``largest``) or bottom so that its cut is *tie-closed*: ``count`` (one
     for all, or one per range), or more, up to every row of the range that ties with the
-    ``count``-th row from that end. Taking a group's leading values with their ties settles a
-    group whose top values tie many ways (integer amounts, dates, prices: a top-k's) in one
-    read instead of reads ever deeper. Found by a binary search of the range's values
-    (``values_between(lo, hi)``: a numpy view of them, or None where there is none) for up to
-    ``SEARCHED_RANGES`` ranges, else by a gallop from the cut row (``rows_at_end``)."""
+    ``count``-th row from that end; and per range whether it is (True also for a range of
+    ``count`` rows or fewer, which is not cut). A range whose ties number more than
+    ``TIE_ROWS_PER_COUNT`` times its count keeps its count, not closed. Taking a group's
+    leading values with their ties settles a group whose top values tie many ways (integer
+    amounts, dates, prices: a top-k's) in one read instead of reads ever deeper. Found by a
+    binary search of the range's values (``values_between(lo, hi)``: a numpy view of them, or
+    None where there is none) for up to ``SEARCHED_RANGES`` ranges, else by a gallop from the
+    cut row (``rows_at_end``) over at most the rows the cap allows."""
     counts = count.astype(np.int64) if isinstance(count, np.ndarray) \
         else np.full(len(lo), count, dtype=np.int64)
+    closed = np.ones(len(lo), dtype=bool)
     more = np.flatnonzero(hi - lo > counts)
     if len(more) == 0:
-        return counts
+        return counts, closed
     lo_m, hi_m, c_m = lo[more], hi[more], counts[more]
+    cap = c_m * TIE_ROWS_PER_COUNT
     cut_values = values_at(hi_m - c_m if largest else lo_m + c_m - 1)
+    found: np.ndarray | None = None
     if values_between is not None and len(more) <= SEARCHED_RANGES:
         views = [values_between(int(a), int(b)) for a, b in zip(lo_m, hi_m)]
         if all(v is not None for v in views):
             # numpy's searches order NaN above every number, as the runs do
-            counts[more] = [len(v) - np.searchsorted(v, c, "left") if largest
-                            else np.searchsorted(v, c, "right")
-                            for v, c in zip(cast("list[np.ndarray]", views), cut_values)]
-            return counts
-    counts[more] = rows_at_end(
-        values_at, lo_m, hi_m,
-        lambda values, which: at_or_beyond(values, cut_values[which], largest), largest,
-        known=c_m)
-    return counts
+            found = np.array([len(v) - np.searchsorted(v, c, "left") if largest
+                              else np.searchsorted(v, c, "right")
+                              for v, c in zip(cast("list[np.ndarray]", views), cut_values)],
+                             dtype=np.int64)
+    if found is None:  # a gallop over at most cap + 1 rows from the range's end
+        lo_g, hi_g = (np.maximum(lo_m, hi_m - cap - 1), hi_m) if largest \
+            else (lo_m, np.minimum(hi_m, lo_m + cap + 1))
+        found = rows_at_end(
+            values_at, lo_g, hi_g,
+            lambda values, which: at_or_beyond(values, cut_values[which], largest), largest,
+            known=c_m)
+    within = found <= cap
+    counts[more] = np.where(within, found, c_m)
+    closed[more] = within
+    return counts, closed
 
 
 def _merged_positions(column: np.ndarray, wanted: np.ndarray, side: str) -> np.ndarray:
@@ -754,7 +771,8 @@ class KeyedRuns:
         beyond its bound count (``_OpenRun.beyond_at_ends``): those beyond are skipped, not
         read. With ``close_ties``, a cut takes the rows that tie with it too where the run's
         ``order_by`` values allow (``_OpenRun.closable``, ``tie_closed_counts``), and a column
-        ``_closed`` says whether they did. None as for ``lookup``."""
+        ``_closed`` says whether they did (a tie group beyond ``TIE_ROWS_PER_COUNT`` times the count
+        stays cut). None as for ``lookup``."""
         if self.order_by is None or np.min(count) < 1:
             raise ValueError("lookup_ends needs a run ordered by a column and a count")
         reader = self._usable(data_file, read_file)
@@ -768,12 +786,12 @@ class KeyedRuns:
             else:
                 lo = lo + skipped
         wanted = count[hit] if isinstance(count, np.ndarray) else count
-        closed = close_ties and reader.closable(self.order_by)
-        if closed:
+        closed = np.full(len(lo), close_ties and reader.closable(self.order_by))
+        if close_ties and closed.all():
             name = self.order_by
-            wanted = tie_closed_counts(lambda rows: reader.values_at(name, rows), lo, hi,
-                                       wanted, largest,
-                                       lambda a, b: reader.values_between(name, a, b))
+            wanted, closed = tie_closed_counts(
+                lambda rows: reader.values_at(name, rows), lo, hi, wanted, largest,
+                lambda a, b: reader.values_between(name, a, b))
         rows, cut = ends_of_ranges(lo, hi, wanted, largest)
         cut_schema = self.run_schema.append(pa.field(CUT, pa.bool_(), False))
         if close_ties:
@@ -781,9 +799,9 @@ class KeyedRuns:
         if len(rows) == 0:
             return cut_schema.empty_table()
         taken = reader.take(rows).append_column(cut_schema.field(CUT), pa.array(cut))
-        if close_ties:
-            taken = taken.append_column(cut_schema.field(CLOSED),
-                                        pa.array(np.full(len(rows), closed)))
+        if close_ties:  # (a range's flag on each of its rows taken)
+            taken = taken.append_column(cut_schema.field(CLOSED), pa.array(
+                np.repeat(closed, np.minimum(wanted, hi - lo))))
         return taken
 
     def _usable(self, data_file: DataFile,

@@ -149,11 +149,12 @@ class TableStore(Protocol):
         ...
 
     def write_arrow(self, table: pa.Table, run: str | None = None, *,
-                    relative: str | None = None) -> list[AddAction]:
+                    relative: str | None = None,
+                    compression: str | None = None) -> list[AddAction]:
         """Write ``table`` (in table schema) as one new, uncommitted data file, a piece of
         ``run`` if given (``data_files.sorted_run_of``), at ``relative`` if given (a fresh path
-        from ``data_files.new_file_path``); returns its add action (none for an empty
-        table)."""
+        from ``data_files.new_file_path``), with the Parquet codec ``compression`` (default
+        ``data_files.COMPRESSION``); returns its add action (none for an empty table)."""
         ...
 
     def describe_folder(self, relative: str) -> list[AddAction]:

@@ -578,8 +578,9 @@ class Trace:
         multiset): live rows of the keys in ``keys`` (consolidated, every weight above zero)
         whose most extreme value per key, largest (``largest``) or smallest, is the key's live
         extreme. For each key, the rows (from every file) whose value is strictly beyond some
-        cut, consolidated: the extreme value whose weights sum above zero over these rows is the
-        one over all the key's rows, and a key with no live value at all gets none.
+        cut (or at or beyond it: ``lookup_leading_rows``), consolidated: the extreme value
+        whose weights sum above zero over these rows is the one over all the key's rows, and a
+        key with no live value at all gets none.
 
         ``bound`` names a column of ``keys`` holding, per key, a value beyond which the caller
         holds the key's live values itself (a min/max aggregate: its old extreme, beyond which
@@ -725,17 +726,17 @@ class Trace:
             retracted[at] += np.bincount(np.repeat(np.arange(len(at)), hi - lo),
                                          weights=retractions, minlength=len(at)).astype(np.int64)
             counts: int | np.ndarray = count
-            closed = close_ties and run.column(order_by).null_count == 0
-            if closed and bool((hi - lo > count).any()):
+            closed = np.full(len(lo), close_ties and run.column(order_by).null_count == 0)
+            if close_ties and closed.all() and bool((hi - lo > count).any()):
                 column = orderable_numpy(run.column(order_by))
-                counts = tie_closed_counts(lambda rows: column[rows], lo, hi, count, largest,
-                                           lambda a, b: column[a:b])
+                counts, closed = tie_closed_counts(lambda rows: column[rows], lo, hi, count,
+                                                   largest, lambda a, b: column[a:b])
             taken, is_cut = ends_of_ranges(lo, hi, counts, largest)
             part = run.take(pa.array(taken)).append_column(
                 pa.field(CUT, pa.bool_(), False), pa.array(is_cut))
-            if close_ties:
-                part = part.append_column(pa.field(CLOSED, pa.bool_(), False),
-                                          pa.array(np.full(len(taken), closed)))
+            if close_ties:  # (a range's flag on each of its rows taken)
+                part = part.append_column(pa.field(CLOSED, pa.bool_(), False), pa.array(
+                    np.repeat(closed, np.minimum(counts, hi - lo))))
             parts.append(part)
 
         def read_whole(files: list[DataFile]) -> None:  # big files without a usable run
@@ -766,7 +767,8 @@ class Trace:
         rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
         self.rows_read += rows.num_rows
         if rows.num_rows == 0:
-            return rows.drop_columns([HASH, CUT]), np.zeros(0, dtype=np.uint64)
+            return rows.drop_columns([HASH, CUT, CLOSED] if close_ties else [HASH, CUT]), \
+                np.zeros(0, dtype=np.uint64)
         h = rows.column(HASH).to_numpy()
         is_cut = rows.column(CUT).to_numpy(zero_copy_only=False)
         cut = _distinct_hashes(h[is_cut])

@@ -169,3 +169,28 @@ def test_a_step_reports_the_rows_it_read_from_state(spark, tmp_path):
         assert r.on_driver and 0 < r.state_rows_read < 2_000
         assert view_counter(p.view("revenue_by_region")) == {
             ("eu", 20.0 * 49_980, 49_980, 20.0): 1, ("us", 400.0, 20, 20.0): 1}
+
+
+def test_views_logs_are_snappy_and_the_state_lz4(spark, tmp_path):
+    """A view's log (read by a user's Delta reader) is written in snappy, which every Parquet
+    reader reads; the state's tables (input logs, traces) in LZ4 (``data_files.COMPRESSION``)."""
+    import glob
+
+    import pyarrow.parquet as pq
+
+    from dbsp_pipeline import root as root_layout
+
+    def codecs(folder: str) -> set[str]:
+        files = glob.glob(f"{folder}/**/*.parquet", recursive=True)
+        assert files, folder
+        return {pq.ParquetFile(f).metadata.row_group(0).column(0).compression for f in files}
+
+    root = str(tmp_path)
+    with Pipeline(shop_circuit(extra_views=False), root=root, spark=spark) as p:
+        p.push("customers", [(7, "eu"), (8, "us")])
+        p.push("orders", [(1, 7, 12.5), (2, 8, 30.0)])
+        p.step()
+        p.commit()
+    assert codecs(root_layout.output_log(root, "revenue_by_region")) == {"SNAPPY"}
+    assert codecs(root_layout.input_log(root, "orders")) == {"LZ4"}
+    assert codecs(root_layout.state_tables(root)) == {"LZ4"}

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
 
@@ -233,19 +234,25 @@ def _tied_rows(rng: np.random.Generator, n: int, groups: int, live: dict, kind: 
 
 
 @pytest.mark.parametrize("largest", [True, False], ids=["max", "min"])
-@pytest.mark.parametrize("batch_rows", [keyed_runs.BATCH_ROWS, 7], ids=["batch", "7-row-batches"])
+@pytest.mark.parametrize("batch_rows", [keyed_runs.BATCH_ROWS, 256, 7],
+                         ids=["batch", "256-row-batches", "7-row-batches"])
 @pytest.mark.parametrize("kind", [pa.float64(), pa.int64(), pa.date32(), pa.timestamp("us", "UTC")],
                          ids=["double", "bigint", "date", "timestamp"])
 def test_leading_rows_of_values_tied_many_ways_take_every_tie(spark, tmp_path, monkeypatch,
                                                                largest, batch_rows, kind):
     """A trace of whole rows (a top-k's: group, value, id) whose values tie many ways, and
     whose files delete some of the tied rows: a cut takes the rows that tie with it too
-    (``keyed_runs.tie_closed_counts``), in runs and in small files alike, and the rows kept at
-    the most extreme cut are all of its ties, so every group gets its live extreme (a cut
-    that kept its ties without taking them all would find deleted rows live)."""
+    (``keyed_runs.tie_closed_counts``), in runs (one batch, batches of 256 rows whose ranges
+    mostly lie inside one, or of 7 that they straddle) and in small files alike, some runs
+    left open (as a run whose values hold a NULL is), and each group's rows given are exactly
+    its live rows at or beyond the least extreme value given (a cut that kept its ties
+    without taking them all would give deleted rows live, or miss live ones)."""
     from pyspark.sql.types import DateType, TimestampType
 
     monkeypatch.setattr(keyed_runs, "BATCH_ROWS", batch_rows)
+    closable = keyed_runs._OpenRun.closable
+    monkeypatch.setattr(keyed_runs._OpenRun, "closable",  # about a third of the runs left open
+                        lambda self, name: closable(self, name) and int(self.first[0]) % 3 != 0)
     monkeypatch.setattr(keyed_runs, "MIN_ROWS", 300)  # most appends get a run
     monkeypatch.setattr(trace_module, "EXTREME_ROWS", 2)
     value_type = {pa.float64(): DoubleType(), pa.int64(): LongType(), pa.date32(): DateType()
@@ -265,53 +272,74 @@ def test_leading_rows_of_values_tied_many_ways_take_every_tie(spark, tmp_path, m
         _assert_live(sql, got, ["g", "id"])
         assert _extremes(sql, got, keys, ["g"], largest) == _extremes(
             sql, trace.read_arrow(), keys, ["g"], largest)
+        live_rows = sql.query("SELECT g, _v, id FROM t GROUP BY g, _v, id HAVING sum(_weight) > 0",
+                         t=trace.read_arrow())
+        for group in range(30):
+            given = got.filter(pc.equal(got.column("g"), group))
+            if given.num_rows == 0:
+                continue
+            edge = (pc.min if largest else pc.max)(given.column("_v"))
+            rows = live_rows.filter(pc.and_(pc.equal(live_rows.column("g"), group),
+                                       (pc.greater_equal if largest else pc.less_equal)(
+                                           live_rows.column("_v"), edge)))
+            assert sorted(given.column("id").to_pylist()) == sorted(
+                rows.column("id").to_pylist()), (step, group)
 
 
 @pytest.mark.parametrize("largest", [True, False], ids=["max", "min"])
-def test_a_group_whose_values_all_tie_is_read_in_one_round(spark, tmp_path, monkeypatch,
-                                                           largest):
-    """A group of 2,000 rows of one value, under deletes of some of them: its leading rows
-    are its ties, taken whole in the first round (read deeper round by round, 8x a round,
-    they took five)."""
-    monkeypatch.setattr(keyed_runs, "MIN_ROWS", 300)
+@pytest.mark.parametrize(("rows", "deletes", "rounds"), [(150, 40, [3]), (2_000, 500, [3, 24])],
+                         ids=["ties-within-the-cap", "ties-beyond-the-cap"])
+def test_a_group_whose_values_all_tie_is_read_in_few_rounds(spark, tmp_path, monkeypatch,
+                                                             largest, rows, deletes, rounds):
+    """A group whose rows all hold one value, under deletes of some of them: its leading rows
+    are its ties, taken whole in the first round while they are at most
+    ``TIE_ROWS_PER_COUNT`` (64) times the rows a file was to give (3: 192 rows; read deeper
+    round by round, 8x a round, the 150 took three rounds); 2,000 ties are taken whole in the
+    second round (24 rows a file, and the deletes' 24 deeper in the base: 3,072), not five."""
+    monkeypatch.setattr(keyed_runs, "MIN_ROWS", 30)  # both files get runs
     db = StateDatabase(spark, str(tmp_path), "fp")
     db.open()
     schema = StructType([StructField("g", LongType()), StructField("_v", DoubleType()),
                          StructField("id", LongType())])
     trace = Trace(db, "rows", schema, ["g"], order_by="_v")
     sql = LocalSQL()
-    trace.append_arrow(sql, pa.table({"g": np.zeros(2_000, np.int64),
-                                      "_v": np.full(2_000, 7.0), "id": np.arange(2_000),
-                                      "_weight": np.ones(2_000, np.int64)}))
-    trace.append_arrow(sql, pa.table({"g": np.zeros(500, np.int64), "_v": np.full(500, 7.0),
-                                      "id": np.arange(0, 2_000, 4),
-                                      "_weight": np.full(500, -1, np.int64)}))
+    trace.append_arrow(sql, pa.table({"g": np.zeros(rows, np.int64),
+                                      "_v": np.full(rows, 7.0), "id": np.arange(rows),
+                                      "_weight": np.ones(rows, np.int64)}))
+    gone = np.arange(0, rows, rows // deletes)[:deletes]
+    trace.append_arrow(sql, pa.table({"g": np.zeros(deletes, np.int64),
+                                      "_v": np.full(deletes, 7.0), "id": gone,
+                                      "_weight": np.full(deletes, -1, np.int64)}))
     keyed_runs.wait_for_writes()
     assert all(trace.runs.covers(f) for f in trace.files())
-    rounds = []
+    seen = []
     beyond = Trace._beyond_cuts
-    monkeypatch.setattr(Trace, "_beyond_cuts", lambda self, *a: rounds.append(a[2]) or beyond(
+    monkeypatch.setattr(Trace, "_beyond_cuts", lambda self, *a: seen.append(a[2]) or beyond(
         self, *a))
     got = trace.lookup_extreme_rows(sql, pa.table({"g": pa.array([0], pa.int64())}), largest)
-    assert rounds == [trace_module.EXTREME_ROWS]
-    assert sorted(got.column("id").to_pylist()) == [i for i in range(2_000) if i % 4]
+    assert trace_module.EXTREME_ROWS == 3 and seen == rounds
+    assert sorted(got.column("id").to_pylist()) == sorted(set(range(rows)) - set(gone.tolist()))
 
 
 @pytest.mark.parametrize("largest", [True, False], ids=["max", "min"])
 @pytest.mark.parametrize("way", ["searched", "galloped", "mixed"])
-def test_tie_closed_counts_take_every_tie_of_the_cut(largest, way):
+@pytest.mark.parametrize("cap", [keyed_runs.TIE_ROWS_PER_COUNT, 2], ids=["cap", "cap-2"])
+def test_tie_closed_counts_take_every_tie_of_the_cut(monkeypatch, largest, way, cap):
     """``tie_closed_counts`` against counting by hand: per range, ``count`` rows from its end,
     and then every row that ties with the last of them (NaN ties with NaN and sits above every
-    number); ranges of ``count`` rows or fewer keep ``count``. Found by searching each range's
-    values, by a gallop (no slices, or more ranges than ``SEARCHED_RANGES``), or by a gallop
-    where a slice is missing."""
-    rng = np.random.default_rng(8 + largest)
+    number, -0.0 ties with 0.0), closed; ranges of ``count`` rows or fewer keep ``count``,
+    closed (not cut); a range whose closed count would pass ``TIE_ROWS_PER_COUNT`` times its
+    count keeps its count, not closed. Found by searching each range's values, by a gallop
+    (no slices, or more ranges than ``SEARCHED_RANGES``), or by a gallop where a slice is
+    missing."""
+    monkeypatch.setattr(keyed_runs, "TIE_ROWS_PER_COUNT", cap)
+    rng = np.random.default_rng(8 + largest + 2 * cap)
     for _ in range(200):
         ranges_count = int(rng.integers(1, 6)) if way != "galloped" or rng.random() < 0.5 \
             else keyed_runs.SEARCHED_RANGES + int(rng.integers(1, 10))
         sizes = rng.integers(0, 12, ranges_count)
-        pool = np.array([-1.0, 0.0, 2.0, 2.5, math.inf, math.nan])
-        ranges = [np.sort(rng.choice(pool[: int(rng.integers(1, 7))], size)) for size in sizes]
+        pool = np.array([-1.0, 0.0, -0.0, 2.0, 2.5, math.inf, math.nan])
+        ranges = [np.sort(rng.choice(pool[: int(rng.integers(1, 8))], size)) for size in sizes]
         values = np.concatenate(ranges) if ranges else np.zeros(0)  # (np.sort: NaN last)
         hi = np.cumsum(sizes)
         lo = hi - sizes
@@ -319,17 +347,18 @@ def test_tie_closed_counts_take_every_tie_of_the_cut(largest, way):
         slices = {"searched": lambda a, b, v=values: v[a:b],
                   "galloped": None,
                   "mixed": lambda a, b, v=values: v[a:b] if a % 2 else None}[way]
-        got = keyed_runs.tie_closed_counts(lambda rows, v=values: v[rows], lo, hi, count,
-                                           largest, slices)
-        for r, c, n in zip(ranges, count, got):
+        got, closed = keyed_runs.tie_closed_counts(lambda rows, v=values: v[rows], lo, hi,
+                                                   count, largest, slices)
+        for r, c, n, shut in zip(ranges, count, got, closed):
             if len(r) <= c:
-                assert n == c
+                assert n == c and shut
                 continue
             cut = r[len(r) - c] if largest else r[c - 1]
             same = [x == cut or (math.isnan(x) and math.isnan(cut)) for x in r]
             beyond = [x > cut or (math.isnan(x) and not math.isnan(cut)) if largest
                       else x < cut or (math.isnan(cut) and not math.isnan(x)) for x in r]
-            assert n == sum(same) + sum(beyond), (r, c, n)
+            ties = sum(same) + sum(beyond)
+            assert (n, shut) == ((ties, True) if ties <= cap * c else (c, False)), (r, c, n)
 
 
 def _beyond(v: float, bound: float, largest: bool) -> bool:
@@ -439,7 +468,8 @@ def test_retractions_far_from_the_extreme_deepen_a_read_only_so_far(spark, tmp_p
 
 
 @pytest.mark.parametrize("largest", [True, False], ids=["max", "min"])
-@pytest.mark.parametrize("kind", [pa.int64(), pa.float64(), pa.int32(), pa.uint64()])
+@pytest.mark.parametrize("kind", [pa.int64(), pa.float64(), pa.int32(), pa.uint64(), pa.date32(),
+                                  pa.timestamp("us", "UTC")])
 def test_the_bound_of_every_cut_keeps_what_the_order_keeps(largest, kind):
     """``_beyond_every_cut`` (each hash's most extreme cut value) keeps exactly the rows the
     sorted rule keeps (past the hash's last cut row in (hash, value, cut) order), with ties
@@ -450,7 +480,8 @@ def test_the_bound_of_every_cut_keeps_what_the_order_keeps(largest, kind):
         values = rng.integers(0, 12, rows)
         is_cut = rng.random(rows) < 0.2
         table = pa.table({trace_module.HASH: pa.array(hashes, pa.uint64()),
-                          "_v": pa.array(values).cast(kind),
+                          "_v": pa.array(values.astype(np.int32)).cast(kind)
+                          if pa.types.is_date32(kind) else pa.array(values).cast(kind),
                           trace_module.CUT: pa.array(is_cut)})
         cut = trace_module._distinct_hashes(hashes[is_cut])
         fast = trace_module._beyond_every_cut(hashes, table.column("_v"), is_cut, cut, largest)
