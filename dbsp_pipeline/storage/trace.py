@@ -667,8 +667,7 @@ class Trace:
         value type numpy does not order as Arrow does, or a NULL bound. Dates and timestamps
         are bounded as the integers they are stored as (``keyed_runs.orderable_numpy``)."""
         value_type = self.table.arrow_schema.field(cast(str, self.runs.order_by)).type
-        if not (pa.types.is_integer(value_type) or pa.types.is_floating(value_type)
-                or pa.types.is_date(value_type) or pa.types.is_timestamp(value_type)):
+        if not orderable(value_type):
             return None
         column = keys.column(bound)
         if column.null_count:
