@@ -42,10 +42,10 @@ class _HeldWrites:
         self.release = threading.Event()
         write = data_files.DataFiles._write
 
-        def held(files, table, target, footer):
+        def held(files, table, target, footer, *codec):
             if threading.current_thread().name.startswith("dbsp-write-behind"):
                 assert self.release.wait(30)
-            write(files, table, target, footer)
+            write(files, table, target, footer, *codec)
         monkeypatch.setattr(data_files.DataFiles, "_write", held)
 
 
@@ -89,10 +89,10 @@ def test_a_failed_write_raises_from_the_wait_and_a_rollback_forgets_it(tmp_path,
     table.wait_for_writes()
     write = data_files.DataFiles._write
 
-    def failing(files, t, target, footer):
+    def failing(files, t, target, footer, *codec):
         if threading.current_thread().name.startswith("dbsp-write-behind"):
             raise OSError("disk full")
-        write(files, t, target, footer)
+        write(files, t, target, footer, *codec)
     monkeypatch.setattr(data_files.DataFiles, "_write", failing)
     table.stage_new_file(rows(range(3, 6)))
     with pytest.raises(StorageError, match="disk full") as e:
@@ -119,11 +119,11 @@ def test_a_step_whose_trace_write_fails_commits_nothing_and_steps_again(spark, t
         write = data_files.DataFiles._write
         failures = []
 
-        def failing(files, t, target, footer):
+        def failing(files, t, target, footer, *codec):
             if threading.current_thread().name.startswith("dbsp-write-behind"):
                 failures.append(target)
                 raise OSError("disk full")
-            write(files, t, target, footer)
+            write(files, t, target, footer, *codec)
         monkeypatch.setattr(data_files.DataFiles, "_write", failing)
         p.push("x", [(3, "a"), (4, "c")])
         with pytest.raises(StepFailedError, match="disk full"):
