@@ -527,6 +527,29 @@ def ends_of_ranges(lo: np.ndarray, hi: np.ndarray, count: int | np.ndarray, larg
     return rows, cut
 
 
+#: a sorted range's values, for ``tie_closed_ends``: ``values_at(rows)`` (ascending rows) and
+#: ``values_between(lo, hi)`` (a numpy view, or None), as ``tie_closed_counts`` takes them
+RangeValues = tuple[Callable[[np.ndarray], np.ndarray],
+                    Callable[[int, int], np.ndarray | None]]
+
+
+def tie_closed_ends(lo: np.ndarray, hi: np.ndarray, count: int | np.ndarray, largest: bool,
+                    ties: RangeValues | None, columns: Callable[[np.ndarray], pa.Table]
+                    ) -> pa.Table:
+    """``ends_of_ranges``' rows of the ranges as ``columns(rows)`` gives them, with ``_cut``
+    and ``_closed``: with ``ties`` (the ranges' values), each cut taking the rows that tie
+    with it too (``tie_closed_counts``) and ``_closed`` True on the rows of a range that did;
+    without, the cuts as they fall and ``_closed`` False (``lookup_ends`` and the in-memory
+    runs of ``Trace._beyond_cuts`` alike)."""
+    closed = np.full(len(lo), ties is not None)
+    if ties is not None:
+        count, closed = tie_closed_counts(ties[0], lo, hi, count, largest, ties[1])
+    rows, cut = ends_of_ranges(lo, hi, count, largest)
+    return columns(rows).append_column(pa.field(CUT, pa.bool_(), False), pa.array(cut)) \
+        .append_column(pa.field(CLOSED, pa.bool_(), False),
+                       pa.array(np.repeat(closed, np.minimum(count, hi - lo))))
+
+
 def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """The integers ``starts[i] .. starts[i] + lengths[i] - 1`` for each i, one after another."""
     ranges: np.ndarray = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
@@ -770,9 +793,9 @@ class KeyedRuns:
         ``orderable_numpy`` gives the ``order_by`` column), only the hash's rows not strictly
         beyond its bound count (``_OpenRun.beyond_at_ends``): those beyond are skipped, not
         read. With ``close_ties``, a cut takes the rows that tie with it too where the run's
-        ``order_by`` values allow (``_OpenRun.closable``, ``tie_closed_counts``), and a column
-        ``_closed`` says whether they did (a tie group beyond ``TIE_ROWS_PER_COUNT`` times the count
-        stays cut). None as for ``lookup``."""
+        ``order_by`` values allow (``_OpenRun.closable``, ``tie_closed_ends``), and a column
+        ``_closed`` says whether it did (a tie group beyond ``TIE_ROWS_PER_COUNT`` times the
+        count stays cut). None as for ``lookup``."""
         if self.order_by is None or np.min(count) < 1:
             raise ValueError("lookup_ends needs a run ordered by a column and a count")
         reader = self._usable(data_file, read_file)
@@ -786,23 +809,14 @@ class KeyedRuns:
             else:
                 lo = lo + skipped
         wanted = count[hit] if isinstance(count, np.ndarray) else count
-        closed = np.full(len(lo), close_ties and reader.closable(self.order_by))
-        if close_ties and closed.all():
-            name = self.order_by
-            wanted, closed = tie_closed_counts(
-                lambda rows: reader.values_at(name, rows), lo, hi, wanted, largest,
-                lambda a, b: reader.values_between(name, a, b))
-        rows, cut = ends_of_ranges(lo, hi, wanted, largest)
-        cut_schema = self.run_schema.append(pa.field(CUT, pa.bool_(), False))
-        if close_ties:
-            cut_schema = cut_schema.append(pa.field(CLOSED, pa.bool_(), False))
-        if len(rows) == 0:
-            return cut_schema.empty_table()
-        taken = reader.take(rows).append_column(cut_schema.field(CUT), pa.array(cut))
-        if close_ties:  # (a range's flag on each of its rows taken)
-            taken = taken.append_column(cut_schema.field(CLOSED), pa.array(
-                np.repeat(closed, np.minimum(wanted, hi - lo))))
-        return taken
+        name = self.order_by
+        ties: RangeValues | None = (
+            (lambda rows: reader.values_at(name, rows),
+             lambda a, b: reader.values_between(name, a, b))
+            if close_ties and reader.closable(name) else None)
+        taken = tie_closed_ends(lo, hi, wanted, largest, ties, lambda rows: reader.take(rows)
+                                if len(rows) else self.run_schema.empty_table())
+        return taken if close_ties else taken.drop_columns([CLOSED])
 
     def _usable(self, data_file: DataFile,
                 read_file: Callable[[DataFile], pa.Table]) -> _OpenRun | None:

@@ -57,12 +57,12 @@ from dbsp_pipeline.storage.keyed_runs import (
     CUT,
     HASH,
     KeyedRuns,
+    RangeValues,
     beyond_bound,
     concat_ranges,
-    ends_of_ranges,
     orderable,
     orderable_numpy,
-    tie_closed_counts,
+    tie_closed_ends,
     value_order,
 )
 from dbsp_pipeline.storage.state_db import StateDatabase
@@ -724,19 +724,14 @@ class Trace:
             retractions = run.column(WEIGHT).to_numpy()[concat_ranges(lo, hi - lo)] < 0
             retracted[at] += np.bincount(np.repeat(np.arange(len(at)), hi - lo),
                                          weights=retractions, minlength=len(at)).astype(np.int64)
-            counts: int | np.ndarray = count
-            closed = np.full(len(lo), close_ties and run.column(order_by).null_count == 0)
-            if close_ties and closed.all() and bool((hi - lo > count).any()):
+            ties: RangeValues | None = None
+            if close_ties and run.column(order_by).null_count == 0 \
+                    and bool((hi - lo > count).any()):  # (else no cut: nothing to close)
                 column = orderable_numpy(run.column(order_by))
-                counts, closed = tie_closed_counts(lambda rows: column[rows], lo, hi, count,
-                                                   largest, lambda a, b: column[a:b])
-            taken, is_cut = ends_of_ranges(lo, hi, counts, largest)
-            part = run.take(pa.array(taken)).append_column(
-                pa.field(CUT, pa.bool_(), False), pa.array(is_cut))
-            if close_ties:  # (a range's flag on each of its rows taken)
-                part = part.append_column(pa.field(CLOSED, pa.bool_(), False), pa.array(
-                    np.repeat(closed, np.minimum(counts, hi - lo))))
-            parts.append(part)
+                ties = (lambda rows: column[rows], lambda a, b: column[a:b])
+            part = tie_closed_ends(lo, hi, count, largest, ties,
+                                   lambda rows: run.take(pa.array(rows)))
+            parts.append(part if close_ties else part.drop_columns([CLOSED]))
 
         def read_whole(files: list[DataFile]) -> None:  # big files without a usable run
             for rows in self._read_shards(files, shards):
