@@ -72,6 +72,7 @@ import pyarrow.parquet as pq
 
 from dbsp_pipeline import Circuit, Pipeline
 from dbsp_pipeline.examples.shop import shop_circuit
+from dbsp_pipeline.runtime.results import STEP_PHASES
 from dbsp_pipeline.spark_session import local_session
 from dbsp_pipeline.storage import keyed_runs
 
@@ -375,7 +376,7 @@ class TopDeletes:
 Workload = Shop | MaxDeletes | Lines | TopDeletes
 
 
-def check(p: Pipeline, w: Workload, record: dict[str, Any], medians: dict[str, float],
+def check(p: Pipeline, w: Workload, record: dict[str, Any], medians: dict[str, Any],
           rc: Recompute, emit: Emit, duckdb_too: bool = True) -> dict[str, Any]:
     """``p``'s view against the same query recomputed over ``w``'s data now, and the summary."""
     tables = w.tables()
@@ -390,7 +391,7 @@ def check(p: Pipeline, w: Workload, record: dict[str, Any], medians: dict[str, f
 Run = tuple[Pipeline, Change, dict[str, Any]]
 
 
-def timed_steps(runs: list[Run], steps: int, emit: Emit) -> list[dict[str, float]]:
+def timed_steps(runs: list[Run], steps: int, emit: Emit) -> list[dict[str, Any]]:
     """``steps`` steps of each run after a warm-up step, each ``p.step(changes)`` timed (the
     change built before; the step pushes it and executes, one call); each run's medians.
 
@@ -404,6 +405,7 @@ def timed_steps(runs: list[Run], steps: int, emit: Emit) -> list[dict[str, float
     merges run beside another's steps."""
     seconds: list[list[float]] = [[] for _ in runs]
     rows_read: list[list[int]] = [[] for _ in runs]
+    phases: list[list[dict[str, float]]] = [[] for _ in runs]
     order = list(range(len(runs)))
     blocks = ([(j, steps) for j in order] if len(runs) == 1 else
               [(j, steps // 2) for j in order] + [(j, steps - steps // 2) for j in order[::-1]])
@@ -418,12 +420,16 @@ def timed_steps(runs: list[Run], steps: int, emit: Emit) -> list[dict[str, float
             s = time.perf_counter() - t
             emit({**record, "figure": "step_seconds", "step": r.step, "warm_up": i == 0,
                   "value": round(s, 4), "on_driver": r.on_driver,
-                  "state_rows_read": r.state_rows_read})
+                  "state_rows_read": r.state_rows_read,
+                  "phase_ms": {k: round(v * 1000, 2) for k, v in r.phase_seconds.items()}})
             if i:
                 seconds[j].append(s)
                 rows_read[j].append(r.state_rows_read)
-    return [{"step": statistics.median(s), "rows_read": statistics.median(n)}
-            for s, n in zip(seconds, rows_read)]
+                phases[j].append(r.phase_seconds)
+    return [{"step": statistics.median(s), "rows_read": statistics.median(n),
+             "phases": {phase: statistics.median(p.get(phase, 0.0) for p in ps)
+                        for phase in STEP_PHASES if any(phase in p for p in ps)}}
+            for s, n, ps in zip(seconds, rows_read, phases)]
 
 
 def settle(pipelines: list[Pipeline]) -> None:
@@ -492,12 +498,16 @@ def spark_steps(p: Pipeline, w: Workload, record: dict[str, Any], change: Change
     return check(p, w, record, medians, rc, emit, duckdb_too=False)
 
 
-def summarize(record: dict[str, Any], medians: dict[str, float], duck: tuple[float, list],
+def summarize(record: dict[str, Any], medians: dict[str, Any], duck: tuple[float, list],
               spark: tuple[float, list], view: list[tuple], float_columns: set[int],
               emit: Emit) -> dict[str, Any]:
     step = medians["step"]
     summary = {**record, "figure": "summary", "step_median_seconds": round(step, 4),
                "state_rows_read_per_step": int(medians["rows_read"]),
+               # each phase's median over the steps (``StepResult.phase_seconds``): they need
+               # not sum to the step's median
+               "phase_median_ms": {k: round(v * 1000, 2)
+                                   for k, v in medians.get("phases", {}).items()},
                "duckdb_recompute_seconds": round(duck[0], 4) if duck[1] else None,
                "spark_recompute_seconds": round(spark[0], 4) if spark[1] else None,
                "step_over_duckdb": round(step / duck[0], 3) if duck[1] else None,
@@ -661,6 +671,14 @@ def table(rows: list[dict[str, Any]]) -> None:
               f"{_ratio(r['duckdb_recompute_seconds']):>9} "
               f"{_ratio(r['spark_recompute_seconds']):>8} "
               f"{_ratio(r['step_over_duckdb']):>8} {_ratio(r['step_over_spark']):>7} {equal}")
+    timed = [r for r in rows if r.get("phase_median_ms")]
+    if timed:  # where a step's time goes: each phase's median (StepResult.phase_seconds)
+        print()
+        print(f"{'step phases (ms)':>21} {'orders':>10} "
+              + " ".join(f"{phase:>9}" for phase in STEP_PHASES))
+        for r in timed:
+            print(f"{r['pattern']:>21} {r['size']:>10} " + " ".join(
+                f"{r['phase_median_ms'].get(phase, 0.0):>9.2f}" for phase in STEP_PHASES))
     print()
     for pattern in sorted({r["pattern"] for r in rows} - {"small_steps"}):
         mine = sorted((r for r in rows if r["pattern"] == pattern), key=lambda r: r["size"])

@@ -23,6 +23,7 @@ from pyspark.sql.types import StructType
 from dbsp_pipeline import Pipeline, StepResult
 from dbsp_pipeline.connectors import inbox
 from dbsp_pipeline.dagster.ref import PipelineRef
+from dbsp_pipeline.runtime.results import phase_summary
 from dbsp_pipeline.sql.catalog import ddl_column_types
 
 #: the metadata key under which Dagster shows an asset's columns
@@ -112,6 +113,8 @@ def views_asset(ref: PipelineRef) -> dg.AssetsDefinition:
                     "first_step": results[0].step,
                     "input_rows": sum(n for r in results for n in r.inputs.values()),
                     "seconds_per_step": round(sum(r.seconds for r in results) / len(results), 4),
+                    # where the steps' time went, phase by phase (StepResult.phase_seconds)
+                    "step_phases": phase_summary(results),
                     "steps_on_driver": sum(1 for r in results if r.on_driver),
                     # where the newest step ran and why (runtime/path_choice.py)
                     "last_step_path": results[-1].path_reason,

@@ -487,12 +487,18 @@ class Pipeline:
         again; ``quarantine_step`` executes it without its input instead.
         """
         with self._exclusive():
+            started = time.monotonic()
             engine = self._engine
             checked = {name: inputs.checked_zset(engine.input(name), table, producer, seq)
                        for name, table in (changes or {}).items()}  # all, before any write
             carried = {name: [engine.input(name).write_push(zset, producer, seq)]
                        for name, zset in checked.items() if zset is not None}
-            return step_protocol.execute_step(engine, carried)
+            pushed = time.monotonic() - started
+            result = step_protocol.execute_step(engine, carried)
+            if changes:
+                result.phase_seconds = {"push": pushed, **result.phase_seconds}
+                result.seconds += pushed
+            return result
 
     def write_push(self, name: str, table: pa.Table, *, producer: str | None = None,
                    seq: int | None = None, rejected: int = 0) -> WrittenPush | None:

@@ -4,6 +4,7 @@ keeps nothing open and nothing of the pipeline changes when one is dropped."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,19 @@ class StepInfo:
     offsets: dict[str, dict[str, tuple[int | None, int | None]]] = field(default_factory=dict)
 
 
+#: The phases of a step, in order, as ``StepResult.phase_seconds`` names them:
+#: ``push``: the pushes ``step(changes)`` carries checked and their files written;
+#: ``divide``: the division of input (a finished background merge applied first);
+#: ``read``: the engine path chosen and each input's change read from its log;
+#: ``operators``: the circuit evaluated (the traces' lookups, the operators' work, their
+#: appends staged); ``outputs``: every view's change written and the trace files written behind
+#: the operators waited for; ``commit``: the carried pushes landed and the step's one durable
+#: commit (its record, or the checkpoint); ``upkeep``: what runs after it (output folds,
+#: garbage collection, merges started). On Spark a phase holds the jobs it runs: the input is
+#: read where the operators' jobs read it.
+STEP_PHASES = ("push", "divide", "read", "operators", "outputs", "commit", "upkeep")
+
+
 @dataclass
 class StepResult:
     """What one step did."""
@@ -32,7 +46,13 @@ class StepResult:
     inputs: dict[str, int] = field(default_factory=dict)
     #: rows of each output's change (after consolidation); None when a replayed step was discarded
     outputs: dict[str, int | None] = field(default_factory=dict)
+    #: the step's wall-clock seconds (from the call of ``step`` to its return: the carried
+    #: pushes written, the step executed and its upkeep)
     seconds: float = 0.0
+    #: ``seconds`` by phase (``STEP_PHASES``; a phase the step did not go through is absent):
+    #: where a step's time goes, the fixed part (a durable commit) beside the part that grows
+    #: with the change and the state (the operators' lookups)
+    phase_seconds: dict[str, float] = field(default_factory=dict)
     #: the state version committed after this step, if the step ended with a commit
     committed_version: int | None = None
     #: whether the step ran on the driver (small change) rather than as Spark jobs
@@ -47,6 +67,17 @@ class StepResult:
     #: rows the step read from its operators' traces (whole files read, rows of small files
     #: and keyed runs' hash ranges looked up; a Spark read counts its files' rows)
     state_rows_read: int = 0
+
+
+def phase_summary(results: Sequence[StepResult]) -> str:
+    """The mean milliseconds a step of ``results`` spent in each phase, in ``STEP_PHASES``
+    order (those any step went through): ``"push 1.2 ms, divide 0.3 ms, ..."``; empty for no
+    results."""
+    def mean_ms(phase: str) -> float:
+        return 1000 * sum(r.phase_seconds.get(phase, 0.0) for r in results) / len(results)
+
+    return ", ".join(f"{phase} {mean_ms(phase):.1f} ms" for phase in STEP_PHASES
+                     if any(phase in r.phase_seconds for r in results))
 
 
 @dataclass(frozen=True)

@@ -157,6 +157,8 @@ def execute_step(state: EngineState,
             if push.producer is not None and push.producer in offsets.get(name, {}):
                 offsets[name][push.producer] = push.seq
 
+    _lap(result, "divide", started)
+
     # 3-5. Evaluate and write the files of every view's change. Nothing of a step that fails
     # here stays but its division: the state goes back to the newest checkpoint; a failure of
     # the computation is StepFailedError.
@@ -190,6 +192,7 @@ def execute_step(state: EngineState,
         raise
     # 5b. The record names the carried pushes' versions: every one has landed there, or the
     # step is undone and executes again over the pushes as they landed.
+    committing = time.monotonic()
     if landing and not _landed(state, landing):
         return _again_as_pushed(state, s, landing)
     state.failed_step = None
@@ -228,6 +231,7 @@ def execute_step(state: EngineState,
         result.outputs[name] = write.rows
     for name in prepared:
         result.outputs.setdefault(name, None)
+    upkeep_started = _lap(result, "commit", committing)
     try:
         upkeep.fold_if_due(state)
     except ConcurrentWriterError:
@@ -237,8 +241,16 @@ def execute_step(state: EngineState,
                     state.circuit.name, s, e)
     if result.committed_version is not None:
         upkeep.after_commit(state)
+    _lap(result, "upkeep", upkeep_started)
     result.seconds = time.monotonic() - started
     return result
+
+
+def _lap(result: StepResult, phase: str, since: float) -> float:
+    """Add the seconds from ``since`` to now to ``phase`` of ``result.phase_seconds``; now."""
+    now = time.monotonic()
+    result.phase_seconds[phase] = result.phase_seconds.get(phase, 0.0) + now - since
+    return now
 
 
 def _landed(state: EngineState, landing: list[LandingPush]) -> bool:
@@ -288,6 +300,7 @@ def _compute(state: EngineState, s: int, files: dict[str, list[DataFile]],
     the circuit's evaluation (stateful operators stage their trace changes), and every view's
     change written as data files (or, for a step written before, verified against its record:
     None)."""
+    started = time.monotonic()
     names = list(state.inputs)
     result.inputs = {n: sum(f.rows for f in fs) for n, fs in files.items()}
     result.on_driver, result.path_reason, per_owner = state.choose_path(files)
@@ -313,7 +326,9 @@ def _compute(state: EngineState, s: int, files: dict[str, list[DataFile]],
                           and (target := state.outputs[name].files_for_tasks(s)) is not None}
     recorded = state.divisions.outputs(s) or {}
     try:
+        evaluating = _lap(result, "read", started)
         node_changes = state.plan.evaluate(ctx, changes)
+        writing = _lap(result, "operators", evaluating)
         # (a Spark step's view change the owner stage collected is written on the driver,
         # not consolidated again when its tasks' outputs together are)
         for node_id in ctx.consolidated_changes:
@@ -327,6 +342,7 @@ def _compute(state: EngineState, s: int, files: dict[str, list[DataFile]],
         # the trace files written behind the computation are all written before anything of
         # the step is recorded; a failed one fails the step (``storage/write_behind.py``)
         state.db.wait_for_writes()
+        _lap(result, "outputs", writing)
         return prepared
     finally:
         ctx.release()

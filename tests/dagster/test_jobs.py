@@ -48,6 +48,8 @@ def test_step_ingests_steps_and_materializes_every_view(defs, root, instance, sp
     assert m["steps_executed"] == 1 and m["step"] == 0 and m["input_rows"] == 6
     assert m["rows"] == 1 and m["rows_changed"] == 1 and m["state_version"] >= 1
     assert m["lag_seconds"] > 0 and m["seconds_per_step"] > 0
+    phases = [part.split()[0] for part in m["step_phases"].split(", ")]
+    assert phases == ["divide", "read", "operators", "outputs", "commit", "upkeep"]
     assert m["steps_on_driver"] == 1 and m["last_step_path"].startswith("driver")
     columns = [(c.name, c.type) for c in m["dagster/column_schema"].columns]
     assert columns == [("region", "string"), ("total", "double"), ("n", "bigint"),

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import glob
 import random
+import time
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -204,3 +206,44 @@ def test_a_step_carries_several_pushes_to_one_input_in_order(spark, tmp_path):
         assert p.write_push("orders", zset(ORDERS, [(9, 1, 1.0, 1)]),
                             producer="part-0", seq=10) is None
         assert_oracle(p)
+
+
+@pytest.mark.parametrize("on_spark", [False, True], ids=["driver", "spark-W2"])
+def test_a_steps_seconds_are_told_by_phase(spark, tmp_path, monkeypatch, on_spark):
+    """``StepResult.phase_seconds``: every phase of ``STEP_PHASES`` a step goes through, in
+    order (``push`` only for a step carrying its pushes), summing to ``seconds`` but for the
+    few statements between phases; each phase holds the work done in it (a pause added to the
+    operators' evaluation, a view's write and the record's commit shows in that phase alone,
+    on the driver)."""
+    from dbsp_pipeline.runtime import output_log, plan
+    from dbsp_pipeline.runtime.results import STEP_PHASES
+
+    p = Pipeline(circuit(), str(tmp_path / "root"), spark,
+                 driver_step_rows=0 if on_spark else 10**9)
+    steps = random_steps(seed=3, steps=2)
+    plain = p.step()  # nothing carried: no push
+    assert list(plain.phase_seconds) == [s for s in STEP_PHASES if s != "push"]
+    pause = 0.2
+    for phase, owner, name in (("operators", plan.Plan, "evaluate"),
+                               ("outputs", output_log.OutputLog, "prepare"),
+                               ("commit", type(p.engine.db), "commit")):
+        with monkeypatch.context() as m:
+            m.setattr(owner, name, _paused(getattr(owner, name), pause))
+            r = p.step(steps.pop(0) if steps else {"orders": zset(ORDERS, [(99, 1, 5.0, 1)])})
+        assert list(r.phase_seconds) == list(STEP_PHASES), r.phase_seconds
+        assert r.phase_seconds[phase] >= pause, (phase, r.phase_seconds)
+        others = {k: v for k, v in r.phase_seconds.items() if k != phase}
+        assert all(0 <= v < (60 if on_spark else pause) for v in others.values()), (
+            phase, r.phase_seconds)  # (a Spark job may take longer than the pause)
+        total = sum(r.phase_seconds.values())
+        assert total <= r.seconds + 1e-6 and r.seconds - total < 0.02 + 0.05 * r.seconds
+        assert r.on_driver is not on_spark
+    p.close()
+
+
+def _paused(f: Any, seconds: float) -> Any:
+    """``f`` after a pause of ``seconds``."""
+    def paused(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(seconds)
+        return f(*args, **kwargs)
+    return paused
