@@ -406,6 +406,7 @@ def timed_steps(runs: list[Run], steps: int, emit: Emit) -> list[dict[str, Any]]
     seconds: list[list[float]] = [[] for _ in runs]
     rows_read: list[list[int]] = [[] for _ in runs]
     phases: list[list[dict[str, float]]] = [[] for _ in runs]
+    operators: list[list[dict[str, float]]] = [[] for _ in runs]
     order = list(range(len(runs)))
     blocks = ([(j, steps) for j in order] if len(runs) == 1 else
               [(j, steps // 2) for j in order] + [(j, steps - steps // 2) for j in order[::-1]])
@@ -421,15 +422,22 @@ def timed_steps(runs: list[Run], steps: int, emit: Emit) -> list[dict[str, Any]]
             emit({**record, "figure": "step_seconds", "step": r.step, "warm_up": i == 0,
                   "value": round(s, 4), "on_driver": r.on_driver,
                   "state_rows_read": r.state_rows_read,
-                  "phase_ms": {k: round(v * 1000, 2) for k, v in r.phase_seconds.items()}})
+                  "phase_ms": {k: round(v * 1000, 2) for k, v in r.phase_seconds.items()},
+                  "operator_ms": {k: round(v * 1000, 2) for k, v in r.operator_seconds.items()}})
             if i:
                 seconds[j].append(s)
                 rows_read[j].append(r.state_rows_read)
                 phases[j].append(r.phase_seconds)
+                operators[j].append(r.operator_seconds)
     return [{"step": statistics.median(s), "rows_read": statistics.median(n),
-             "phases": {phase: statistics.median(p.get(phase, 0.0) for p in ps)
-                        for phase in STEP_PHASES if any(phase in p for p in ps)}}
-            for s, n, ps in zip(seconds, rows_read, phases)]
+             "phases": _medians(ps, [p for p in STEP_PHASES if any(p in x for x in ps)]),
+             "operators": _medians(os_, sorted({o for x in os_ for o in x}))}
+            for s, n, ps, os_ in zip(seconds, rows_read, phases, operators)]
+
+
+def _medians(steps: list[dict[str, float]], names: list[str]) -> dict[str, float]:
+    """Per name, the median over ``steps`` of its seconds (0 in a step without it)."""
+    return {name: statistics.median(step.get(name, 0.0) for step in steps) for name in names}
 
 
 def settle(pipelines: list[Pipeline]) -> None:
@@ -508,6 +516,8 @@ def summarize(record: dict[str, Any], medians: dict[str, Any], duck: tuple[float
                # not sum to the step's median
                "phase_median_ms": {k: round(v * 1000, 2)
                                    for k, v in medians.get("phases", {}).items()},
+               "operator_median_ms": {k: round(v * 1000, 2)
+                                      for k, v in medians.get("operators", {}).items()},
                "duckdb_recompute_seconds": round(duck[0], 4) if duck[1] else None,
                "spark_recompute_seconds": round(spark[0], 4) if spark[1] else None,
                "step_over_duckdb": round(step / duck[0], 3) if duck[1] else None,
@@ -679,6 +689,9 @@ def table(rows: list[dict[str, Any]]) -> None:
         for r in timed:
             print(f"{r['pattern']:>21} {r['size']:>10} " + " ".join(
                 f"{r['phase_median_ms'].get(phase, 0.0):>9.2f}" for phase in STEP_PHASES))
+            spent = sorted(r.get("operator_median_ms", {}).items(), key=lambda kv: -kv[1])
+            if spent:  # the operators phase by operator, the three that took longest
+                print(f"{'':>32} operators: " + ", ".join(f"{k} {v:.2f}" for k, v in spent[:3]))
     print()
     for pattern in sorted({r["pattern"] for r in rows} - {"small_steps"}):
         mine = sorted((r for r in rows if r["pattern"] == pattern), key=lambda r: r["size"])

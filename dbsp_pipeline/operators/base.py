@@ -70,6 +70,9 @@ class StepContext:
     #: on a per-owner Spark step, the views' logs their owner stages' tasks may write the
     #: step's change to themselves, by node (``OutputLog.files_for_tasks``)
     view_files: dict[int, ViewFiles] = field(default_factory=dict)
+    #: the seconds each operator's evaluation took this step, by its label
+    #: (``Plan.operator_label``; ``StepResult.operator_seconds``)
+    operator_seconds: dict[str, float] = field(default_factory=dict)
     _cached: list[DataFrame] = field(default_factory=list)
     _scratch: list[str] = field(default_factory=list)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import cast
 
@@ -150,6 +151,8 @@ class Plan:
         for node in self.circuit.nodes:
             if node.id in done:
                 continue
+            started = time.monotonic()
+            label = self.operator_label(node)
             if node.op == "input":
                 change = input_changes.get(node.params["name"])
                 if isinstance(change, scatter.PushedChange):
@@ -163,6 +166,7 @@ class Plan:
                         chain, _ = self.scatter_chains[node.id]
                         done.update(chain)
                         changes[chain[-1] if chain else node.id] = handed
+                        _add_seconds(ctx, label, started)  # (a scatter stage's job, if any)
                         continue
                 changes[node.id] = change
                 continue
@@ -178,9 +182,19 @@ class Plan:
                 else:
                     changes.update({stage.id: change for stage, change in zip(stages, made)})
                     done.update(stage.id for stage in stages)
+                    label = "+".join(self.operator_label(stage) for stage in stages)
             else:  # (an exchanged change goes only to owner stages: ``exchange_keys``)
                 changes[node.id] = operator.step(ctx, [self._frame_of(ctx, c) for c in inputs])
+            _add_seconds(ctx, label, started)
         return changes
+
+    def operator_label(self, node: Node) -> str:
+        """How ``StepResult.operator_seconds`` names node ``node``: its state tables' name
+        (``state_names``: ``n<id>_<op>`` unless an upgrade kept another), or ``n<id>_<op>``
+        for a node without state; an input's scatter stage as ``input:<name>``."""
+        if node.op == "input":
+            return f"input:{node.params['name']}"
+        return self.state_names.get(node.id) or positional_state_name(node.id, node.op)
 
     def gang_chain(self, node: Node, changes: Mapping[int, object]) -> list[Node]:
         """``node`` and the owner stages after it that one gang job may run this step: each
@@ -617,3 +631,8 @@ def _by_name(schema: StructType) -> dict[str, str]:
 def _first_line(e: Exception) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def _add_seconds(ctx: StepContext, label: str, since: float) -> None:
+    """Add the seconds from ``since`` to now to ``label`` of ``ctx.operator_seconds``."""
+    ctx.operator_seconds[label] = ctx.operator_seconds.get(label, 0.0) + time.monotonic() - since

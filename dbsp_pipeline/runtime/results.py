@@ -53,6 +53,10 @@ class StepResult:
     #: where a step's time goes, the fixed part (a durable commit) beside the part that grows
     #: with the change and the state (the operators' lookups)
     phase_seconds: dict[str, float] = field(default_factory=dict)
+    #: the ``operators`` phase by operator: the seconds each took, by its state tables' name
+    #: (``n<id>_<op>``, as under ``state/``; ``Plan.operator_label``); on Spark, the stages one
+    #: job ran together as one (their names joined by ``+``)
+    operator_seconds: dict[str, float] = field(default_factory=dict)
     #: the state version committed after this step, if the step ended with a commit
     committed_version: int | None = None
     #: whether the step ran on the driver (small change) rather than as Spark jobs

@@ -247,3 +247,36 @@ def _paused(f: Any, seconds: float) -> Any:
         time.sleep(seconds)
         return f(*args, **kwargs)
     return paused
+
+
+@pytest.mark.parametrize("on_spark", [False, True], ids=["driver", "spark-W2"])
+def test_a_steps_operators_phase_is_told_by_operator(spark, tmp_path, monkeypatch, on_spark):
+    """``StepResult.operator_seconds``: the ``operators`` phase by operator, named as its state
+    tables are (``n<id>_<op>``), together at most the phase; on the driver every operator has
+    its own (a pause added to the join's shows in the join's alone), on Spark a gang job's
+    stages are one, their names joined by ``+``."""
+    from dbsp_pipeline.operators.join import Join
+
+    p = Pipeline(circuit(), str(tmp_path / "root"), spark,
+                 driver_step_rows=0 if on_spark else 10**9)
+    plan = p.engine.plan
+    names = {plan.operator_label(n) for n in p.circuit.nodes if n.op != "input"}
+    join = next(plan.operator_label(n) for n in p.circuit.nodes if n.op == "join")
+    assert join.endswith("_join") and join in set(plan.state_names.values())
+    if on_spark:
+        p.rescale(2)
+    pause = 0.2
+    for changes in random_steps(seed=5, steps=2):
+        with monkeypatch.context() as m:
+            if not on_spark:
+                m.setattr(Join, "step_local", _paused(Join.step_local, pause))
+            r = p.step(changes)
+        spent = r.operator_seconds
+        assert spent and all(v >= 0 for v in spent.values())
+        assert sum(spent.values()) <= r.phase_seconds["operators"] + 1e-6
+        labels = {part for label in spent for part in label.split("+")}
+        assert labels <= names | {f"input:{n}" for n in p.circuit.inputs}, spent
+        if not on_spark:
+            assert set(spent) <= names and spent[join] >= pause, spent
+            assert all(v < pause for label, v in spent.items() if label != join), spent
+    p.close()
