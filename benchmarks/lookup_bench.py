@@ -430,9 +430,11 @@ def timed_steps(runs: list[Run], steps: int, emit: Emit) -> list[dict[str, Any]]
                 phases[j].append(r.phase_seconds)
                 operators[j].append(r.operator_seconds)
     return [{"step": statistics.median(s), "rows_read": statistics.median(n),
-             "phases": _medians(ps, [p for p in STEP_PHASES if any(p in x for x in ps)]),
-             "operators": _medians(os_, sorted({o for x in os_ for o in x}))}
-            for s, n, ps, os_ in zip(seconds, rows_read, phases, operators)]
+             "phases": _medians(phase_steps, [phase for phase in STEP_PHASES
+                                              if any(phase in step for step in phase_steps)]),
+             "operators": _medians(operator_steps,
+                                   sorted({name for step in operator_steps for name in step}))}
+            for s, n, phase_steps, operator_steps in zip(seconds, rows_read, phases, operators)]
 
 
 def _medians(steps: list[dict[str, float]], names: list[str]) -> dict[str, float]:

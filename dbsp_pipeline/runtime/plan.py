@@ -191,7 +191,8 @@ class Plan:
     def operator_label(self, node: Node) -> str:
         """How ``StepResult.operator_seconds`` names node ``node``: its state tables' name
         (``state_names``: ``n<id>_<op>`` unless an upgrade kept another), or ``n<id>_<op>``
-        for a node without state; an input's scatter stage as ``input:<name>``."""
+        for a node without state; an input as ``input:<name>`` (timed only where its pushed
+        files are split by owner: a scatter stage's job, or the readers' tasks set up to)."""
         if node.op == "input":
             return f"input:{node.params['name']}"
         return self.state_names.get(node.id) or positional_state_name(node.id, node.op)

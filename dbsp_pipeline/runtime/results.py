@@ -26,14 +26,16 @@ class StepInfo:
 
 #: The phases of a step, in order, as ``StepResult.phase_seconds`` names them:
 #: ``push``: the pushes ``step(changes)`` carries checked and their files written;
-#: ``divide``: the division of input (a finished background merge applied first);
-#: ``read``: the engine path chosen and each input's change read from its log;
-#: ``operators``: the circuit evaluated (the traces' lookups, the operators' work, their
-#: appends staged); ``outputs``: every view's change written and the trace files written behind
-#: the operators waited for; ``commit``: the carried pushes landed and the step's one durable
-#: commit (its record, or the checkpoint); ``upkeep``: what runs after it (output folds,
-#: garbage collection, merges started). On Spark a phase holds the jobs it runs: the input is
-#: read where the operators' jobs read it.
+#: ``divide``: the division of input (a finished background merge applied first; a quarantined
+#: step's records moved to the errors table; a step divided before: the pushes it was given
+#: appended for the next step); ``read``: the engine path chosen and each input's change read
+#: from its log; ``operators``: the circuit evaluated (the traces' lookups, the operators' work,
+#: their appends staged); ``outputs``: every view's change written, the trace files written
+#: behind the operators waited for and the step's scratch files removed; ``commit``: the
+#: carried pushes landed and the step's one durable commit (its record, or the checkpoint);
+#: ``upkeep``: what runs after it (output folds, garbage collection, merges started). On Spark
+#: a phase holds the jobs it runs: the input is read where the operators' jobs read it, and an
+#: operator Spark evaluates lazily runs in the phase of the job that needs its change.
 STEP_PHASES = ("push", "divide", "read", "operators", "outputs", "commit", "upkeep")
 
 
@@ -46,16 +48,21 @@ class StepResult:
     inputs: dict[str, int] = field(default_factory=dict)
     #: rows of each output's change (after consolidation); None when a replayed step was discarded
     outputs: dict[str, int | None] = field(default_factory=dict)
-    #: the step's wall-clock seconds (from the call of ``step`` to its return: the carried
-    #: pushes written, the step executed and its upkeep)
+    #: the step's wall-clock seconds: from its division to the end of its upkeep, and with
+    #: ``step(changes)`` from the check of the pushes it carries (the wait for the pipeline's
+    #: lock not counted). A step undone and executed again (a push it carried lost its log
+    #: version to another writer) tells its second execution only, as its phases do.
     seconds: float = 0.0
     #: ``seconds`` by phase (``STEP_PHASES``; a phase the step did not go through is absent):
     #: where a step's time goes, the fixed part (a durable commit) beside the part that grows
     #: with the change and the state (the operators' lookups)
     phase_seconds: dict[str, float] = field(default_factory=dict)
     #: the ``operators`` phase by operator: the seconds each took, by its state tables' name
-    #: (``n<id>_<op>``, as under ``state/``; ``Plan.operator_label``); on Spark, the stages one
-    #: job ran together as one (their names joined by ``+``)
+    #: (``n<id>_<op>``, as under ``state/``; ``Plan.operator_label``). On Spark, the jobs each
+    #: ran (an operator Spark plans lazily counts little here, its job where it runs), and
+    #: the stages one job ran together as one (their names joined by ``+``); an input whose
+    #: pushed files the tasks split themselves (``runtime/scatter.py``) as ``input:<name>``,
+    #: with the row-wise operators after it counted in their reader's
     operator_seconds: dict[str, float] = field(default_factory=dict)
     #: the state version committed after this step, if the step ended with a commit
     committed_version: int | None = None

@@ -343,10 +343,10 @@ def _compute(state: EngineState, s: int, files: dict[str, list[DataFile]],
         # the trace files written behind the computation are all written before anything of
         # the step is recorded; a failed one fails the step (``storage/write_behind.py``)
         state.db.wait_for_writes()
-        _lap(result, "outputs", writing)
-        return prepared
     finally:
-        ctx.release()
+        ctx.release()  # (the step's scratch folders: a Spark step's exchange files)
+    _lap(result, "outputs", writing)
+    return prepared
 
 
 def commit(state: EngineState, compact: bool = True,
