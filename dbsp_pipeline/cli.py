@@ -20,6 +20,7 @@ from dbsp_pipeline.storage.small_files import remove_folder
 def demo(root: str, steps: int, batch: int, fresh: bool) -> None:
     from dbsp_pipeline import Pipeline
     from dbsp_pipeline.examples.shop import ShopData, shop_circuit
+    from dbsp_pipeline.runtime.results import operator_summary, phase_summary
 
     if fresh:
         remove_folder(root)
@@ -32,14 +33,19 @@ def demo(root: str, steps: int, batch: int, fresh: bool) -> None:
               f"next step {p.next_step}")
         if p.next_step == 0:
             p.push("customers", data.customers())
+        results = []
         for _ in range(steps):
             inserts, deletes = data.order_batch(batch)
             p.push("orders", inserts)
             if deletes:
                 p.push("orders", deletes, weight=-1)
             r = p.step()
+            results.append(r)
             print(f"step {r.step}: in {r.inputs} -> changed {r.outputs} ({r.seconds:.1f}s; "
                   f"{r.path_reason or ('driver' if r.on_driver else 'Spark')})")
+        if results:  # where the steps' time went (StepResult.phase_seconds, operator_seconds)
+            print(f"a step on average: {phase_summary(results)}; slowest operators: "
+                  f"{operator_summary(results)}")
         # read on the driver (no Spark read: a root in an object store needs no Hadoop S3A)
         print("\nrevenue_by_region:")
         _show(p.view_arrow("revenue_by_region").sort_by("region"))

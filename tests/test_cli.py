@@ -93,6 +93,7 @@ def test_demo_and_verify_find_an_s3_root(spark, object_store, monkeypatch, capsy
         assert main(args) == 0
         out = capsys.readouterr().out
         assert f"next step {next_step}\n" in out and "revenue_by_region:\nregion" in out
+        assert "a step on average: divide " in out and "slowest operators: n" in out
     assert main(["verify", "--root", root]) == 0
     assert "no pipeline root" not in capsys.readouterr().err
     assert os.listdir(tmp_path) == []

@@ -23,7 +23,7 @@ from pyspark.sql.types import StructType
 from dbsp_pipeline import Pipeline, StepResult
 from dbsp_pipeline.connectors import inbox
 from dbsp_pipeline.dagster.ref import PipelineRef
-from dbsp_pipeline.runtime.results import phase_summary
+from dbsp_pipeline.runtime.results import operator_summary, phase_summary
 from dbsp_pipeline.sql.catalog import ddl_column_types
 
 #: the metadata key under which Dagster shows an asset's columns
@@ -115,6 +115,7 @@ def views_asset(ref: PipelineRef) -> dg.AssetsDefinition:
                     "seconds_per_step": round(sum(r.seconds for r in results) / len(results), 4),
                     # where the steps' time went, phase by phase (StepResult.phase_seconds)
                     "step_phases": phase_summary(results),
+                    "slowest_operators": operator_summary(results),
                     "steps_on_driver": sum(1 for r in results if r.on_driver),
                     # where the newest step ran and why (runtime/path_choice.py)
                     "last_step_path": results[-1].path_reason,

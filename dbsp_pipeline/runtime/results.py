@@ -91,6 +91,20 @@ def phase_summary(results: Sequence[StepResult]) -> str:
                      if any(phase in r.phase_seconds for r in results))
 
 
+def operator_summary(results: Sequence[StepResult], top: int = 3) -> str:
+    """The ``top`` operators that took the most milliseconds a step of ``results``, on average,
+    most first (``StepResult.operator_seconds``): ``"n3_aggregate 21.9 ms, n4_join 5.5 ms"``;
+    empty for no results."""
+    if not results:
+        return ""
+    totals: dict[str, float] = {}
+    for r in results:
+        for name, seconds in r.operator_seconds.items():
+            totals[name] = totals.get(name, 0.0) + seconds
+    slowest = sorted(totals.items(), key=lambda item: -item[1])[:top]
+    return ", ".join(f"{name} {1000 * seconds / len(results):.1f} ms" for name, seconds in slowest)
+
+
 @dataclass(frozen=True)
 class FailedStep:
     """The next step, divided, whose execution failed: ``error`` says how (the exception's

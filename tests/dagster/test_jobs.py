@@ -50,6 +50,8 @@ def test_step_ingests_steps_and_materializes_every_view(defs, root, instance, sp
     assert m["lag_seconds"] > 0 and m["seconds_per_step"] > 0
     phases = [part.split()[0] for part in m["step_phases"].split(", ")]
     assert phases == ["divide", "read", "operators", "outputs", "commit", "upkeep"]
+    slowest = [part.split()[0] for part in m["slowest_operators"].split(", ")]
+    assert len(slowest) == 3 and all(name.startswith("n") for name in slowest)
     assert m["steps_on_driver"] == 1 and m["last_step_path"].startswith("driver")
     columns = [(c.name, c.type) for c in m["dagster/column_schema"].columns]
     assert columns == [("region", "string"), ("total", "double"), ("n", "bigint"),
