@@ -53,7 +53,8 @@ SCHEMA = StructType([
 
 class ErrorsSink:
     def __init__(self, spark: SparkSession, root: str) -> None:
-        self.table = SparkDeltaTable(spark, root_layout.errors(root), SCHEMA, role="errors")
+        self.table = SparkDeltaTable(spark, root_layout.errors(root), SCHEMA, role="errors",
+                                     compression=PORTABLE_COMPRESSION)
         #: one write at a time (the sources of a ``KafkaRunner``'s workers share one sink)
         self._lock = threading.Lock()
 
@@ -77,8 +78,7 @@ class ErrorsSink:
         rows = [{**r, "record": None if r.get("record") is None else r["record"][:RECORD_LIMIT],
                  "rejected_at": now} for r in fresh]
         table = pa.Table.from_pylist(rows, schema=self.table.arrow_schema)
-        self.table.commit(self.table.write_arrow(table, compression=PORTABLE_COMPRESSION),
-                          app_id="errors/" + producer,
+        self.table.commit(self.table.write_arrow(table), app_id="errors/" + producer,
                           app_version=upto)
         return len(rows)
 
@@ -105,8 +105,7 @@ class ErrorsSink:
         done = self.recorded_upto(producer)
         if done is not None and upto <= done:
             return 0
-        adds = [a for t in tables if t.num_rows
-                for a in self.table.write_arrow(t, compression=PORTABLE_COMPRESSION)]
+        adds = [a for t in tables if t.num_rows for a in self.table.write_arrow(t)]
         if not adds:
             return 0
         self.table.commit(adds, app_id="errors/" + producer, app_version=upto)

@@ -158,7 +158,7 @@ class OutputLog:
         full = StructType([*schema.fields, StructField(STEP, LongType(), False),
                            StructField(WEIGHT, LongType(), False)])
         self.table = SparkDeltaTable(spark, root_layout.output_log(root, name), full,
-                                     role="output")
+                                     role="output", compression=PORTABLE_COMPRESSION)
         self.spark = spark
         #: writes whose step record is durable but which are not folded yet, by step
         self._pending: dict[int, PreparedWrite] = {}
@@ -306,8 +306,7 @@ class OutputLog:
             return None
         adds = []
         if isinstance(rows, pa.Table):
-            adds = self.table.write_arrow(rows, compression=PORTABLE_COMPRESSION) \
-                if rows.num_rows else []
+            adds = self.table.write_arrow(rows) if rows.num_rows else []
             digest = content_digest(rows, self.schema)
         elif rows is not None:
             adds = self.table.write_files(rows)
@@ -374,8 +373,7 @@ class OutputLog:
         if len(files) <= 1 and all(f.step_min == through for f in files):
             return False
         merged = sql.consolidate(self.table.read_arrow(files), self.schema.fieldNames())
-        adds = self.table.write_arrow(_stamped(merged, through, self.table.arrow_schema),
-                                      compression=PORTABLE_COMPRESSION)
+        adds = self.table.write_arrow(_stamped(merged, through, self.table.arrow_schema))
         self.table.commit(adds, [f.path for f in files], data_change=False)
         return True
 

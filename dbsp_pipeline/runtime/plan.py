@@ -52,6 +52,7 @@ from dbsp_pipeline.runtime import scatter
 from dbsp_pipeline.runtime.circuit_diff import positional_state_name, positional_state_names
 from dbsp_pipeline.runtime.exchange import OwnedChange
 from dbsp_pipeline.runtime.owner_exec import gang_stages, owner_stage
+from dbsp_pipeline.runtime.results import add_seconds
 from dbsp_pipeline.spark_session import LazySession
 from dbsp_pipeline.storage.small_files import read_text, write_atomically
 from dbsp_pipeline.storage.state_db import StateDatabase
@@ -166,7 +167,7 @@ class Plan:
                         chain, _ = self.scatter_chains[node.id]
                         done.update(chain)
                         changes[chain[-1] if chain else node.id] = handed
-                        _add_seconds(ctx, label, started)  # (a scatter stage's job, if any)
+                        add_seconds(ctx.operator_seconds, label, started)  # (its job, if any)
                         continue
                 changes[node.id] = change
                 continue
@@ -185,7 +186,7 @@ class Plan:
                     label = "+".join(self.operator_label(stage) for stage in stages)
             else:  # (an exchanged change goes only to owner stages: ``exchange_keys``)
                 changes[node.id] = operator.step(ctx, [self._frame_of(ctx, c) for c in inputs])
-            _add_seconds(ctx, label, started)
+            add_seconds(ctx.operator_seconds, label, started)
         return changes
 
     def operator_label(self, node: Node) -> str:
@@ -632,8 +633,3 @@ def _by_name(schema: StructType) -> dict[str, str]:
 def _first_line(e: Exception) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
-
-
-def _add_seconds(ctx: StepContext, label: str, since: float) -> None:
-    """Add the seconds from ``since`` to now to ``label`` of ``ctx.operator_seconds``."""
-    ctx.operator_seconds[label] = ctx.operator_seconds.get(label, 0.0) + time.monotonic() - since

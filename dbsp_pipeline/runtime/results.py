@@ -4,6 +4,7 @@ keeps nothing open and nothing of the pipeline changes when one is dropped."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,6 +79,15 @@ class StepResult:
     #: rows the step read from its operators' traces (whole files read, rows of small files
     #: and keyed runs' hash ranges looked up; a Spark read counts its files' rows)
     state_rows_read: int = 0
+
+
+def add_seconds(seconds: dict[str, float], name: str, since: float) -> float:
+    """Add the seconds from ``since`` (``time.monotonic``) to now to ``seconds[name]``
+    (``StepResult.phase_seconds``, ``operator_seconds``); returns now, where the next part
+    starts."""
+    now = time.monotonic()
+    seconds[name] = seconds.get(name, 0.0) + now - since
+    return now
 
 
 def phase_summary(results: Sequence[StepResult]) -> str:

@@ -91,7 +91,13 @@ from dbsp_pipeline.runtime.division_log import CARRIED_RECORDS_KEY
 from dbsp_pipeline.runtime.engine_state import EngineState
 from dbsp_pipeline.runtime.input_log import LandingPush, WrittenPush
 from dbsp_pipeline.runtime.output_log import PreparedWrite
-from dbsp_pipeline.runtime.results import FailedStep, QuarantineResult, StepInfo, StepResult
+from dbsp_pipeline.runtime.results import (
+    FailedStep,
+    QuarantineResult,
+    StepInfo,
+    StepResult,
+    add_seconds,
+)
 from dbsp_pipeline.storage.delta_table import DataFile
 
 #: The errors-sink producer of a quarantined step's records of one input: ``quarantine/<input>``
@@ -157,7 +163,7 @@ def execute_step(state: EngineState,
             if push.producer is not None and push.producer in offsets.get(name, {}):
                 offsets[name][push.producer] = push.seq
 
-    _lap(result, "divide", started)
+    add_seconds(result.phase_seconds, "divide", started)
 
     # 3-5. Evaluate and write the files of every view's change. Nothing of a step that fails
     # here stays but its division: the state goes back to the newest checkpoint; a failure of
@@ -231,7 +237,7 @@ def execute_step(state: EngineState,
         result.outputs[name] = write.rows
     for name in prepared:
         result.outputs.setdefault(name, None)
-    upkeep_started = _lap(result, "commit", committing)
+    upkeep_started = add_seconds(result.phase_seconds, "commit", committing)
     try:
         upkeep.fold_if_due(state)
     except ConcurrentWriterError:
@@ -241,16 +247,9 @@ def execute_step(state: EngineState,
                     state.circuit.name, s, e)
     if result.committed_version is not None:
         upkeep.after_commit(state)
-    _lap(result, "upkeep", upkeep_started)
+    add_seconds(result.phase_seconds, "upkeep", upkeep_started)
     result.seconds = time.monotonic() - started
     return result
-
-
-def _lap(result: StepResult, phase: str, since: float) -> float:
-    """Add the seconds from ``since`` to now to ``phase`` of ``result.phase_seconds``; now."""
-    now = time.monotonic()
-    result.phase_seconds[phase] = result.phase_seconds.get(phase, 0.0) + now - since
-    return now
 
 
 def _landed(state: EngineState, landing: list[LandingPush]) -> bool:
@@ -326,9 +325,9 @@ def _compute(state: EngineState, s: int, files: dict[str, list[DataFile]],
                           and (target := state.outputs[name].files_for_tasks(s)) is not None}
     recorded = state.divisions.outputs(s) or {}
     try:
-        evaluating = _lap(result, "read", started)
+        evaluating = add_seconds(result.phase_seconds, "read", started)
         node_changes = state.plan.evaluate(ctx, changes)
-        writing = _lap(result, "operators", evaluating)
+        writing = add_seconds(result.phase_seconds, "operators", evaluating)
         result.operator_seconds = dict(ctx.operator_seconds)
         # (a Spark step's view change the owner stage collected is written on the driver,
         # not consolidated again when its tasks' outputs together are)
@@ -345,7 +344,7 @@ def _compute(state: EngineState, s: int, files: dict[str, list[DataFile]],
         state.db.wait_for_writes()
     finally:
         ctx.release()  # (the step's scratch folders: a Spark step's exchange files)
-    _lap(result, "outputs", writing)
+    add_seconds(result.phase_seconds, "outputs", writing)
     return prepared
 
 

@@ -69,10 +69,14 @@ class SparkDeltaTable:
     def __init__(self, spark: SparkSession, uri: str, schema: StructType,
                  configuration: dict[str, str] | None = None, *, role: str = "table",
                  single_writer: bool = False,
-                 storage_options: Mapping[str, str] | None = None) -> None:
+                 storage_options: Mapping[str, str] | None = None,
+                 compression: str | None = None) -> None:
         from dbsp_pipeline.testing import FaultInjectingTableStore
 
         self.spark = spark
+        #: the Parquet codec of the files ``write_arrow`` writes (default
+        #: ``data_files.COMPRESSION``; a table users read with any reader: ``PORTABLE_COMPRESSION``)
+        self.compression = compression
         #: the table's part in the step protocol, which names its crash points
         self.role = role
         #: only this handle may write: every commit is a compare-and-append at the version
@@ -159,13 +163,12 @@ class SparkDeltaTable:
         return self.store.describe_folder(folder_rel)
 
     def write_arrow(self, table: pa.Table, run: str | None = None, *,
-                    relative: str | None = None,
-                    compression: str | None = None) -> list[AddAction]:
+                    relative: str | None = None) -> list[AddAction]:
         """Write a small Arrow table (already in table schema) as one new, uncommitted file (a
         piece of ``run``, if given: ``data_files.sorted_run_of``; at ``relative``, a fresh path
-        from ``data_files.new_file_path``, if given), with the Parquet codec ``compression``
-        (default ``data_files.COMPRESSION``)."""
-        return self.store.write_arrow(table, run, relative=relative, compression=compression)
+        from ``data_files.new_file_path``, if given), with the table's codec (``compression``)."""
+        return self.store.write_arrow(table, run, relative=relative,
+                                      compression=self.compression)
 
     def commit(self, adds: Sequence[AddAction] = (), removes: Sequence[str] = (), *,
                app_id: str | None = None, app_version: int | None = None,
