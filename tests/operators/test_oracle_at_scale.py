@@ -12,8 +12,8 @@ maximum order (sometimes the two largest), duplicate rows, re-inserts of deleted
 moves of customers between regions. Amounts mix cents (many ties), full-precision doubles and
 values a million times bigger or smaller, so the sums are compared exactly with ``math.fsum``
 (the engine's exact sums round to it) and every other value exactly. Between some steps the
-pipeline is closed, local runs are deleted or cut short, and the root is reopened: the views
-go on equal to the oracle (a damaged run is rebuilt, never trusted).
+pipeline is closed, local runs are deleted, cut short or have bytes changed, and the root is
+reopened: the views go on equal to the oracle (a damaged run is rebuilt, never trusted).
 """
 
 from __future__ import annotations
@@ -185,18 +185,24 @@ def views(p: Pipeline) -> dict[str, Counter]:
 
 
 def damage_runs(root: str, rng: np.random.Generator) -> Counter:
-    """Delete some of the root's local keyed runs and cut others short (the pipeline closed)."""
+    """Delete some of the root's local keyed runs, cut others short and change 8 bytes of
+    others (the pipeline closed)."""
     done: Counter = Counter()
     for path in sorted(glob.glob(os.path.join(root_layout.keyed_runs(root), "**", "*.arrow"),
                                  recursive=True)):
         roll = rng.random()
-        if roll < 0.25:
+        if roll < 0.2:
             os.unlink(path)
             done["deleted"] += 1
-        elif roll < 0.5:
+        elif roll < 0.4:
             with open(path, "r+b") as f:
                 f.truncate(int(os.path.getsize(path) * rng.uniform(0.1, 0.9)))
             done["cut short"] += 1
+        elif roll < 0.6:
+            with open(path, "r+b") as f:
+                f.seek(int(rng.integers(0, os.path.getsize(path) - 8)))
+                f.write(rng.integers(0, 256, 8).astype(np.uint8).tobytes())
+            done["changed"] += 1
     return done
 
 
@@ -232,7 +238,7 @@ def run_workload(spark, root: str, *, eager: bool, seed: int, orders: int, steps
                 p = opened()
                 assert views(p) == w.expected()
         if reopen_every:
-            assert damaged["deleted"] and damaged["cut short"]  # (the reopenings damaged runs)
+            assert damaged["deleted"] and damaged["cut short"] and damaged["changed"]
     finally:
         p.close()
 
@@ -241,7 +247,8 @@ def run_workload(spark, root: str, *, eager: bool, seed: int, orders: int, steps
 def test_every_view_equals_the_oracle_at_scale_on_the_driver(spark, tmp_path, monkeypatch,
                                                               plan):
     """60k orders of 4k customers, 18 steps of every kind on the driver; without replicas
-    every lookup reads the files' keyed runs, damaged between some steps."""
+    every lookup reads the files' keyed runs, damaged between some steps (their bytes changed
+    too: found by their checksums)."""
     if plan.endswith("no-replicas"):
         monkeypatch.setattr(trace_replica, "MAX_ROWS", 0)
     run_workload(spark, str(tmp_path), eager=plan.startswith("eager"), seed=11, orders=60_000,

@@ -213,13 +213,24 @@ def test_a_run_checked_in_this_process_is_checked_again_only_when_its_file_chang
     assert path not in keyed_runs._CHECKED._runs
 
 
-@pytest.mark.parametrize("damage", ["cut", "empty", "other file", "other format", "garbage"])
+@pytest.mark.parametrize("damage", ["cut", "empty", "other file", "other format", "garbage",
+                                    "changed bytes", "no checksums"])
 def test_a_damaged_run_is_never_trusted(big_trace, damage):
     trace, sql, rng, db = big_trace
     (name,) = os.listdir(trace.runs.folder)
     path = os.path.join(trace.runs.folder, name)
     data = open(path, "rb").read()
-    if damage == "cut":
+    if damage == "changed bytes":  # whole and readable, 8 bytes of its rows changed
+        middle = len(data) // 2
+        data = data[:middle] + bytes(b ^ 0xFF for b in data[middle:middle + 8]) + \
+            data[middle + 8:]
+    elif damage == "no checksums":  # the same batches, without their checksums
+        run = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, run.schema) as w:
+            w.write_table(run)
+        data = sink.getvalue().to_pybytes()
+    elif damage == "cut":
         data = data[: len(data) // 2]
     elif damage == "empty":
         data = b""
@@ -243,6 +254,28 @@ def test_a_damaged_run_is_never_trusted(big_trace, damage):
     keys = _keys(rng, 300)
     assert sorted(again.lookup_arrow(sql, keys).to_pylist(), key=repr) == _scan(trace, keys)
     assert again.runs.built == 1
+
+
+def test_a_run_is_read_through_for_its_checksums_unless_this_process_wrote_it(
+        big_trace, monkeypatch):
+    """A run this process wrote, its file unchanged, is opened without reading its bytes
+    through; one another process wrote (here: forgotten as written) is checked batch by batch
+    against the checksums it carries, then used."""
+    trace, sql, rng, db = big_trace
+    sums: list[int] = []
+    checksum = keyed_runs._batch_checksum
+    monkeypatch.setattr(keyed_runs, "_batch_checksum",
+                        lambda batch: sums.append(batch.num_rows) or checksum(batch))
+    keys = _keys(rng, 200)
+    expected = _scan(trace, keys)
+    mine = Trace(db, "t", SCHEMA, ["c", "tag"])
+    assert sorted(mine.lookup_arrow(sql, keys).to_pylist(), key=repr) == expected
+    assert sums == [] and mine.runs.built == 0
+    (name,) = os.listdir(trace.runs.folder)
+    keyed_runs._WRITTEN.discard(os.path.join(trace.runs.folder, name))
+    other = Trace(db, "t", SCHEMA, ["c", "tag"])
+    assert sorted(other.lookup_arrow(sql, keys).to_pylist(), key=repr) == expected
+    assert sum(sums) == ROWS and other.runs.built == 0  # every row's bytes, once
 
 
 def test_runs_of_files_the_trace_no_longer_holds_are_collected(big_trace):
