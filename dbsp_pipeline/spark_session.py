@@ -3,7 +3,8 @@
 A JVM session takes 6-20 s to start, so there is one per process: ``local_session()`` returns the
 active session if there is one. The settings the engine relies on are applied to any session it is
 given (``configure``): Parquet timestamps as TIMESTAMP_MICROS (what Delta readers expect), no
-``_SUCCESS`` markers or ``.crc`` side files in table folders, UTC session time zone.
+``_SUCCESS`` markers or ``.crc`` side files in table folders, UTC session time zone, Parquet
+pages written with their CRC-32 and checked when read.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ RUNTIME_CONF = {
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.adaptive.enabled": "true",
+    # every Parquet page Spark writes carries its CRC-32, and Spark's reads check the pages
+    # that carry one, as the engine's pyarrow reads do (``storage/data_files.py``): bytes
+    # changed on disk fail a read instead of being read as other values
+    "parquet.page.write-checksum.enabled": "true",
+    "parquet.page.verify-checksum.enabled": "true",
 }
 
 

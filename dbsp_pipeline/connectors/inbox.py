@@ -61,6 +61,7 @@ from dbsp_pipeline.connectors import codec
 from dbsp_pipeline.connectors.errors_sink import ErrorsSink
 from dbsp_pipeline.errors import InputError
 from dbsp_pipeline.spark_session import as_session
+from dbsp_pipeline.storage.data_files import CHECKSUMS_READ
 from dbsp_pipeline.zset import WEIGHT
 
 if TYPE_CHECKING:
@@ -255,7 +256,7 @@ def parse_file(input_name: str, file: str, data: bytes, schema: StructType) -> p
             table = pa_csv.read_csv(buffer, convert_options=pa_csv.ConvertOptions(
                 column_types={**decimals, **texts}))
         else:
-            return pq.read_table(buffer)
+            return pq.read_table(buffer, **CHECKSUMS_READ)
     except (pa.ArrowException, OSError) as e:
         raise InputError(input_name, f"cannot be parsed as {os.path.splitext(file)[1][1:]}: "
                          f"{e}") from None

@@ -48,6 +48,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from dbsp_pipeline.errors import DivisionRecordError
+from dbsp_pipeline.storage.data_files import CHECKSUMS_READ
 from dbsp_pipeline.storage.delta_table import SparkDeltaTable, newest_rows
 
 _SCHEMA = StructType([StructField("step", LongType(), False),
@@ -81,7 +82,7 @@ class DivisionLog:
         self._compacted_below = 0
         for f in self.table.files():
             steps: list[int] = []
-            for row in pq.read_table(f.path).to_pylist():
+            for row in pq.read_table(f.path, **CHECKSUMS_READ).to_pylist():
                 step, text = int(row["step"]), str(row["uppers"])
                 steps.append(step)
                 self._load(step, text)
@@ -263,7 +264,8 @@ class DivisionLog:
         replaced = [path for path, (first, _) in self._file_steps.items() if first <= base]
         # a file of folded records may hold steps on both sides: those above stay, rewritten
         kept = [row for path in replaced if self._file_steps[path][1] > base
-                for row in pq.read_table(path).to_pylist() if int(row["step"]) > base]
+                for row in pq.read_table(path, **CHECKSUMS_READ).to_pylist()
+                if int(row["step"]) > base]
         text = json.dumps({"uppers": self._uppers[base], "offsets": self._offsets[base],
                            COMPACTED_KEY: step}, sort_keys=True)
         rows = [{"step": base, "uppers": text}, *sorted(kept, key=lambda r: int(r["step"]))]

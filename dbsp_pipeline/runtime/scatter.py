@@ -49,7 +49,7 @@ from dbsp_pipeline.runtime.exchange import NeedsSpark, OwnedChange
 from dbsp_pipeline.runtime.layout import Layout
 from dbsp_pipeline.runtime.owner_exec import task_memory, task_sql
 from dbsp_pipeline.spark_session import run_tasks, task_slots
-from dbsp_pipeline.storage.data_files import DataFiles
+from dbsp_pipeline.storage.data_files import CHECKSUMS_READ, DataFiles
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -109,7 +109,8 @@ def share_of_rows(files: DataFiles, paths: Sequence[str], index: int, tasks: int
     holds its share and at most two row groups more)."""
     groups: list[tuple[pq.ParquetFile, int, int]] = []  # (file, row group, rows)
     for path in paths:
-        parquet = pq.ParquetFile(files.filesystem.open_input_file(files.fs_path(path)))
+        parquet = pq.ParquetFile(files.filesystem.open_input_file(files.fs_path(path)),
+                                 **CHECKSUMS_READ)
         groups += [(parquet, g, parquet.metadata.row_group(g).num_rows)
                    for g in range(parquet.metadata.num_row_groups)]
     total = sum(rows for _, _, rows in groups)

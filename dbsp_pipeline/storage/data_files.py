@@ -8,6 +8,12 @@ owner's part of a step (``runtime/owner_exec.py``), write and read a table's fil
 the *current process's* ``AWS_*`` environment, ``storage/s3_store.py::s3_options``), never opens
 or creates the Delta table, and carries no credentials of its own.
 
+Integrity: every file written here carries a CRC-32 of each of its Parquet pages, and every read
+the engine makes of a Parquet file checks the pages that carry one (``CHECKSUMS_READ``; Spark's
+reads too, ``spark_session.py``): bytes changed on disk since a file was written fail the read
+(an ``OSError`` naming the page) instead of being read as other values. Spark's writes carry
+them as well.
+
 Durability: none. ``write_arrow`` writes one new file under a fresh name
 ``data/<uuid4>.parquet`` (so a retried writer never overwrites a file) and returns its add
 action. The files of one *sorted run* (the pieces of one merge, an owner stage's appends) are
@@ -38,6 +44,12 @@ from dbsp_pipeline.errors import StorageError
 from dbsp_pipeline.storage.table_store import DATA_DIR
 
 _STATS_STRING_LIMIT = 32
+#: how the engine reads a Parquet file (``pq.read_table(..., **CHECKSUMS_READ)``,
+#: ``pq.ParquetFile``): the pages that carry a CRC-32 (every page the engine writes) are checked
+CHECKSUMS_READ = {"page_checksum_verification": True}
+#: the file format of the engine's dataset reads, checking the pages' CRC-32 as ``CHECKSUMS_READ``
+PARQUET_CHECKED = ds.ParquetFileFormat(
+    default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True))
 #: the codec of the Parquet files written here by default (the state's: traces, input logs):
 #: LZ4 (Parquet's ``LZ4_RAW``, which Spark 3.4 and later, DuckDB and delta-rs read) reads back
 #: 2.5x faster than snappy for the same size and write time (1M rows of keys, amounts and
@@ -131,7 +143,7 @@ class DataFiles:
                compression: str) -> None:
         pq.write_table(table.cast(self.schema), target, filesystem=self.filesystem,
                        metadata_collector=footer, use_dictionary=self._dictionary_columns,
-                       compression=compression)
+                       compression=compression, write_page_checksum=True)
 
     def describe_folder(self, relative: str) -> list[AddAction]:
         """The add actions of the Parquet files in the folder ``relative`` (with Delta
@@ -157,7 +169,7 @@ class DataFiles:
             empty = self.schema.empty_table()
             return empty.select(list(columns)) if columns is not None else empty
         dataset = ds.dataset([self.fs_path(p) for p in paths], schema=self.schema,
-                             format="parquet", filesystem=self.filesystem)
+                             format=PARQUET_CHECKED, filesystem=self.filesystem)
         return dataset.to_table(filter=where, columns=list(columns) if columns else None)
 
 

@@ -48,6 +48,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.errors import CircuitChangedError, UsageError
 from dbsp_pipeline.storage import garbage
+from dbsp_pipeline.storage.data_files import CHECKSUMS_READ
 from dbsp_pipeline.storage.delta_store import PROPERTIES_OPERATION
 from dbsp_pipeline.storage.delta_table import SparkDeltaTable
 from dbsp_pipeline.storage.small_files import count_files, remove_folder
@@ -477,7 +478,7 @@ class StateDatabase:
             files = self._manifest.added_files(manifest_version - 1, manifest_version)
             if len(files) != 1:
                 return None
-            row = pq.read_table(files[0].path).to_pylist()[0]
+            row = pq.read_table(files[0].path, **CHECKSUMS_READ).to_pylist()[0]
             entry: dict[str, Any] = json.loads(row["entry"])
             return entry
         except (FileNotFoundError, DeltaError):

@@ -71,6 +71,7 @@ from dbsp_pipeline.errors import CorruptStateError
 from dbsp_pipeline.runtime import division_log
 from dbsp_pipeline.runtime.plan import SCHEMA_CACHE_FILE, read_schema_cache
 from dbsp_pipeline.storage import set_aside
+from dbsp_pipeline.storage.data_files import CHECKSUMS_READ
 from dbsp_pipeline.storage.delta_store import is_properties_commit
 from dbsp_pipeline.storage.delta_table import ACTIONS_KEY, storage_options
 from dbsp_pipeline.storage.small_files import (
@@ -1006,7 +1007,7 @@ def _parquet_metadata(path: str) -> pq.FileMetaData:
 def _parquet_table(path: str, columns: list[str] | None = None) -> pa.Table:
     """The Parquet file ``path`` (local or on S3), or its ``columns``."""
     fs, name = filesystem(path)
-    return pq.read_table(name, columns=columns, filesystem=fs)
+    return pq.read_table(name, columns=columns, filesystem=fs, **CHECKSUMS_READ)
 
 
 def _unique(damage: list[Damage]) -> list[Damage]:

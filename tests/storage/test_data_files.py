@@ -109,3 +109,30 @@ def test_files_are_written_with_lz4_and_spark_reads_them(tmp_path: Path, spark) 
     back = spark.read.parquet(path).orderBy("_shard").collect()
     assert [(r["key"], r["_shard"]) for r in back] == list(zip(rows.column("key").to_pylist(),
                                                                rows.column("_shard").to_pylist()))
+
+
+def test_changed_bytes_of_a_data_file_fail_its_reads(tmp_path: Path, spark) -> None:
+    """Every page of a data file carries its CRC-32, and the engine's reads (pyarrow's and
+    Spark's) check it: a file one byte of whose values changed on disk fails the read, where a
+    read that does not check returns other values."""
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([("x", pa.int64()), ("_shard", pa.int32())])
+    files = DataFiles.for_uri(str(tmp_path), schema)
+    rows = pa.table({"x": pa.array(range(1000), pa.int64()), "_shard": pa.array([1] * 1000,
+                                                                                  pa.int32())})
+    (add,) = files.write_arrow(rows)
+    path = files.fs_path(files.path(add.path))
+    column = pq.ParquetFile(path).metadata.row_group(0).column(0)
+    data = bytearray(open(path, "rb").read())
+    # the last byte of the column's (one) page: LZ4 ends a block with literal bytes, copied as
+    # they are, so the change reaches a value rather than the decompression
+    data[column.data_page_offset + column.total_compressed_size - 1] ^= 0x01
+    open(path, "wb").write(bytes(data))
+    assert pq.read_table(path).column("x").to_pylist() != rows.column("x").to_pylist()
+    with pytest.raises(OSError, match="CRC"):
+        files.read_arrow([files.path(add.path)])
+    with pytest.raises(OSError, match="CRC"):
+        pq.read_table(path, page_checksum_verification=True)
+    with pytest.raises(Exception, match="(?i)checksum|crc"):
+        spark.read.parquet(path).collect()
