@@ -66,8 +66,9 @@ def local_session(app_name: str = "dbsp-pipeline", cores: int | str = "*",
         .config(PYTHON_UNIX_SOCKETS, "true")
     )
     for k, v in RUNTIME_CONF.items():
-        builder = builder.config(k, v)
-    spark = builder.getOrCreate()
+        if k.startswith("spark."):  # (the launcher ignores others, with a warning)
+            builder = builder.config(k, v)
+    spark = configure(builder.getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -96,8 +97,9 @@ def cluster_session(master: str, app_name: str = "dbsp-pipeline",
         .config(PYTHON_UNIX_SOCKETS, "true")
     )
     for k, v in RUNTIME_CONF.items():
-        builder = builder.config(k, v)
-    spark = builder.getOrCreate()
+        if k.startswith("spark."):  # (the launcher ignores others, with a warning)
+            builder = builder.config(k, v)
+    spark = configure(builder.getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 

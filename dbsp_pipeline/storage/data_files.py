@@ -8,11 +8,12 @@ owner's part of a step (``runtime/owner_exec.py``), write and read a table's fil
 the *current process's* ``AWS_*`` environment, ``storage/s3_store.py::s3_options``), never opens
 or creates the Delta table, and carries no credentials of its own.
 
-Integrity: every file written here carries a CRC-32 of each of its Parquet pages, and every read
-the engine makes of a Parquet file checks the pages that carry one (``CHECKSUMS_READ``; Spark's
-reads too, ``spark_session.py``): bytes changed on disk since a file was written fail the read
-(an ``OSError`` naming the page) instead of being read as other values. Spark's writes carry
-them as well.
+Integrity: every file written here carries a CRC-32 of each of its Parquet pages, and the
+engine's reads of its tables' files (here, ``CHECKSUMS_READ`` where it reads them with pyarrow
+itself, and Spark's, ``spark_session.py``) check the pages that carry one: bytes changed on disk
+since a file was written fail the read (an ``OSError`` naming the page) instead of being read
+as other values. Spark's writes carry them as well; files written before carry none and read
+as before.
 
 Durability: none. ``write_arrow`` writes one new file under a fresh name
 ``data/<uuid4>.parquet`` (so a retried writer never overwrites a file) and returns its add

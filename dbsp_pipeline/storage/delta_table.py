@@ -34,6 +34,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from dbsp_pipeline.errors import ConcurrentWriterError, StorageError
+from dbsp_pipeline.storage.data_files import CHECKSUMS_READ
 from dbsp_pipeline.storage.delta_store import LOG_DIR
 from dbsp_pipeline.storage.s3_store import s3_options
 from dbsp_pipeline.storage.small_files import is_remote, read_bytes, read_text
@@ -319,7 +320,7 @@ def newest_rows(uri: str, attempts: int = 5) -> list[dict[str, Any]] | None:
             data = read_bytes(path.removeprefix("file://"))
             if data is None:
                 break
-            rows.extend(pq.read_table(pa.BufferReader(data)).to_pylist())
+            rows.extend(pq.read_table(pa.BufferReader(data), **CHECKSUMS_READ).to_pylist())
         else:
             return rows
         if table_version(uri) == log.version():

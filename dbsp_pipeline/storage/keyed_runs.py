@@ -25,14 +25,16 @@ by the data file's path (a hash of it) and, every time a process opens it, check
 what it must be: the trace's schema, the data file's row count and size, the key columns and
 the hash function it was sorted by (``RUN_FORMAT``, in the schema's metadata), and its first
 and last hash against the file's ``_shard`` range; and its bytes against the CRC-32 each
-record batch carries (``_batch_checksum``, in the batch's metadata), unless this process wrote
-the run and its file is still the one written (``_WRITTEN``): bytes changed on the local disk
-since the run was written are found before a lookup uses them (reading a run of 16M rows
-through once, about 0.1-0.2 s from the page cache, the first time a process opens it). (A
-Spark worker keeps the runs its tasks checked open, and takes one again only while its file is
-the very file checked: ``_CheckedRuns``.) A run that is missing, cut short, of another file or
-format, whose bytes changed, or otherwise unreadable is rebuilt from the data file, never
-trusted; deleting the whole folder loses nothing but the time to rebuild.
+record batch carries (``_batch_checksum``, in the batch's metadata): bytes changed on the
+local disk since the run was written are found before a lookup uses them (reading a run of 16M
+rows through once, about 0.1-0.2 s from the page cache, the first time a process opens it).
+A run this process wrote is trusted while its file's identity (device, inode, size,
+modification time) is the one written (``_WRITTEN``), and is not read through. (A Spark worker
+keeps the runs its tasks checked open, and takes one again only while its file is the very
+file checked: ``_CheckedRuns``.) A run that is missing, cut short, of another file or format,
+whose bytes changed, or otherwise unreadable is removed and rebuilt from the data file (on the
+driver at once, in a Spark task by the background writer, ``build_later``), never trusted;
+deleting the whole folder loses nothing but the time to rebuild.
 Runs are written to a temporary file, flushed to disk (``fsync``) and renamed into place, so a
 crash or a power loss leaves the old state (no run) or a whole run. Which files a lookup reads
 is decided by the trace's Delta version, as before, so crash rollback, restore and time travel
@@ -567,6 +569,11 @@ def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return ranges
 
 
+def _identity_of(st: os.stat_result) -> tuple[int, int, int, int]:
+    """A file's identity: device, inode, size and modification time (a rebuild is a new inode)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 class _CheckedRuns:
     """The runs this process opened and checked (``KeyedRuns._checked``) for ``KeyedRuns`` that
     share them (``share_checked``), by run path, with the run file's identity when checked
@@ -588,10 +595,9 @@ class _CheckedRuns:
     def identity(path: str) -> tuple[int, int, int, int] | None:
         """The identity of the file at ``path`` now; None when there is none."""
         try:
-            st = os.stat(path)
+            return _identity_of(os.stat(path))
         except OSError:
             return None
-        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
     def get(self, path: str, owner: str) -> _OpenRun | None:
         """The open run at ``path`` if it was checked against ``owner`` and its file is still
@@ -683,6 +689,16 @@ class _WrittenRuns:
 _WRITTEN = _WrittenRuns()
 
 
+def _remove_unusable(path: str) -> None:
+    """Remove the run file at ``path`` that failed its checks (``KeyedRuns._checked``), if any,
+    so it is built again (``build_later`` builds only missing runs); nothing if there is none or
+    it cannot be removed (the lookup reads the data file either way)."""
+    with contextlib.suppress(OSError):
+        os.remove(path)
+    _CHECKED.discard(path)
+    _WRITTEN.discard(path)
+
+
 def forget_changed_runs() -> int:
     """Have this process forget the checked runs whose files are gone or replaced
     (``_CheckedRuns.forget_changed``); for a Spark task, before it opens its traces."""
@@ -756,7 +772,7 @@ class KeyedRuns:
         job); an unwritable local disk is logged, not raised."""
         try:
             self._write(data_file, rows)
-        except OSError as e:  # a cache: the lookup reads the data file instead
+        except (OSError, pa.ArrowException) as e:  # a cache: lookups read the data file
             log.warning("keyed run of %s not written to %s: %s", data_file.path,
                         self.folder, e)
 
@@ -807,10 +823,9 @@ class KeyedRuns:
                             CHECKSUM_KEY: str(_batch_checksum(read_back)).encode()})
                 fh.flush()
                 os.fsync(fh.fileno())
+                written = _identity_of(os.fstat(fh.fileno()))  # (a rename keeps it)
             os.replace(tmp, path)
-            identity = _CheckedRuns.identity(path)
-            if identity is not None:
-                _WRITTEN.put(path, identity)
+            _WRITTEN.put(path, written)
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)
@@ -889,7 +904,7 @@ class KeyedRuns:
             return None  # its run is being written: read the data file meanwhile
         try:
             return self._reader(data_file, read_file)  # None: missing and not built here
-        except OSError as e:
+        except (OSError, pa.ArrowException) as e:
             log.warning("keyed run of %s unusable in %s (%s): reading the data file",
                         data_file.path, self.folder, e)
             return None
@@ -905,6 +920,8 @@ class KeyedRuns:
         if opened is None:
             identity = _CHECKED.identity(path)
             reader = self._checked(data_file)
+            if reader is None:
+                _remove_unusable(path)  # (a file there failed its checks: built again)
             if reader is None and not self.build_on_miss:
                 self.build_later(data_file)  # for the next lookups; this one reads the file
                 return None
@@ -935,8 +952,9 @@ class KeyedRuns:
         module docstring); None otherwise."""
         path = self._path(data_file)
         try:
-            identity = _CheckedRuns.identity(path)
-            reader = pa.ipc.open_file(pa.memory_map(path))
+            mapped = pa.memory_map(path)
+            identity = _identity_of(os.fstat(mapped.fileno()))  # (of the file opened)
+            reader = pa.ipc.open_file(mapped)
             if not reader.schema.equals(self.run_schema.with_metadata(
                     self._metadata(data_file)), check_metadata=True):
                 return None
@@ -944,7 +962,7 @@ class KeyedRuns:
                        for b in range(reader.num_record_batches)]
             if sum(batch.num_rows for batch, _ in batches) != data_file.rows:
                 return None
-            written_here = identity is not None and _WRITTEN.holds(path, identity)
+            written_here = _WRITTEN.holds(path, identity)
             for batch, metadata in batches:
                 recorded = None if metadata is None else metadata.get(CHECKSUM_KEY)
                 if recorded is None or (not written_here

@@ -184,31 +184,39 @@ def views(p: Pipeline) -> dict[str, Counter]:
             "top": top, "top3": top3}
 
 
-def damage_runs(root: str, rng: np.random.Generator) -> Counter:
-    """Delete some of the root's local keyed runs, cut others short and change 8 bytes of
-    others (the pipeline closed)."""
+def damage_runs(root: str, rng: np.random.Generator) -> tuple[Counter, dict[str, bytes]]:
+    """Of the root's local keyed runs (the pipeline closed), in turn from a random one: delete
+    one, cut the next short, change 8 bytes of the next, leave two; each damaged file written
+    anew, as another process's would be. What was done, and the changed runs' bytes by path."""
     done: Counter = Counter()
-    for path in sorted(glob.glob(os.path.join(root_layout.keyed_runs(root), "**", "*.arrow"),
-                                 recursive=True)):
-        roll = rng.random()
-        if roll < 0.2:
+    changed: dict[str, bytes] = {}
+    paths = sorted(glob.glob(os.path.join(root_layout.keyed_runs(root), "**", "*.arrow"),
+                             recursive=True))
+    first = int(rng.integers(0, 5))
+    for i, path in enumerate(paths):
+        kind = ("deleted", "cut short", "changed", None, None)[(first + i) % 5]
+        if kind is None:
+            continue
+        done[kind] += 1
+        if kind == "deleted":
             os.unlink(path)
-            done["deleted"] += 1
-        elif roll < 0.4:
-            with open(path, "r+b") as f:
-                f.truncate(int(os.path.getsize(path) * rng.uniform(0.1, 0.9)))
-            done["cut short"] += 1
-        elif roll < 0.6:
-            with open(path, "r+b") as f:
-                f.seek(int(rng.integers(0, os.path.getsize(path) - 8)))
-                f.write(rng.integers(0, 256, 8).astype(np.uint8).tobytes())
-            done["changed"] += 1
-    return done
+            continue
+        data = open(path, "rb").read()
+        if kind == "cut short":
+            data = data[:int(len(data) * rng.uniform(0.1, 0.9))]
+        else:
+            at = int(rng.integers(0, len(data) - 8))
+            data = data[:at] + bytes(b ^ 0xFF for b in data[at:at + 8]) + data[at + 8:]
+            changed[path] = data
+        open(path + ".damaged", "wb").write(data)
+        os.replace(path + ".damaged", path)
+    return done, changed
 
 
 def run_workload(spark, root: str, *, eager: bool, seed: int, orders: int, steps: int,
                  workers: int = 0, reopen_every: int = 0) -> None:
     w = Workload(seed, orders)
+    damage_rng = np.random.default_rng(seed + 1)  # (the files damaged vary with timing)
 
     def opened() -> Pipeline:
         p = Pipeline(build_circuit(eager), root, spark,
@@ -222,6 +230,7 @@ def run_workload(spark, root: str, *, eager: bool, seed: int, orders: int, steps
         if workers:
             p.rescale(workers)
         damaged: Counter = Counter()
+        changed: dict[str, bytes] = {}
         for i in range(steps):
             kind, changes = w.step()
             result = p.step(changes)
@@ -232,13 +241,19 @@ def run_workload(spark, root: str, *, eager: bool, seed: int, orders: int, steps
                     f"step {i} ({kind}), view {name}: missing "
                     f"{list((expected[name] - got[name]).items())[:4]}, extra "
                     f"{list((got[name] - expected[name]).items())[:4]}")
-            if reopen_every and i % reopen_every == reopen_every - 1:
+            if reopen_every and i % reopen_every == reopen_every - 1 and i < steps - 1:
                 p.close()
-                damaged += damage_runs(root, w.rng)
+                done, now_changed = damage_runs(root, damage_rng)
+                damaged += done
+                changed.update(now_changed)
                 p = opened()
                 assert views(p) == w.expected()
         if reopen_every:
             assert damaged["deleted"] and damaged["cut short"] and damaged["changed"]
+            # runs whose bytes were changed were found so by later lookups and built again
+            rebuilt = [path for path, data in changed.items()
+                       if os.path.exists(path) and open(path, "rb").read() != data]
+            assert rebuilt, "no run with changed bytes was looked up and built again"
     finally:
         p.close()
 

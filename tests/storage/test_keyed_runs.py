@@ -249,11 +249,43 @@ def test_a_damaged_run_is_never_trusted(big_trace, damage):
         with pa.ipc.new_file(sink, other.schema) as w:
             w.write_table(other)
         data = sink.getvalue().to_pybytes()
-    open(path, "wb").write(data)
+    open(path + ".damaged", "wb").write(data)
+    os.replace(path + ".damaged", path)  # (another file: what this process wrote is not it)
     again = Trace(db, "t", SCHEMA, ["c", "tag"])
     keys = _keys(rng, 300)
     assert sorted(again.lookup_arrow(sql, keys).to_pylist(), key=repr) == _scan(trace, keys)
     assert again.runs.built == 1
+
+
+@pytest.mark.parametrize("damage", ["changed bytes", "cut"])
+def test_a_damaged_run_a_task_finds_is_built_again_in_the_background(big_trace, damage):
+    """A Spark task's lookup (``build_on_miss`` off) that finds a damaged run reads the data
+    file, removes the run and has it built again in the background: the next lookup goes
+    through a run that passes its checks."""
+    trace, sql, rng, db = big_trace
+    (name,) = os.listdir(trace.runs.folder)
+    path = os.path.join(trace.runs.folder, name)
+    data = open(path, "rb").read()
+    middle = len(data) // 2
+    data = (data[:middle] + bytes(b ^ 0xFF for b in data[middle:middle + 8])
+            + data[middle + 8:]) if damage == "changed bytes" else data[:middle]
+    open(path + ".damaged", "wb").write(data)
+    os.replace(path + ".damaged", path)
+    task = Trace(db, "t", SCHEMA, ["c", "tag"])
+    task.runs.build_on_miss = False
+    task.replicated = False  # (as ``owner_exec.task_operator`` makes a task's traces)
+    keys = _keys(rng, 100)
+    expected = _scan(trace, keys)
+    with keyed_runs.held_writes():
+        assert sorted(task.lookup_arrow(sql, keys).to_pylist(), key=repr) == expected
+        assert not os.path.exists(path)  # the damaged run went
+    keyed_runs.wait_for_writes()
+    assert os.path.exists(path) and open(path, "rb").read() != data
+    again = Trace(db, "t", SCHEMA, ["c", "tag"])
+    again.runs.build_on_miss = False
+    again.reset_rows_read()
+    assert sorted(again.lookup_arrow(sql, keys).to_pylist(), key=repr) == expected
+    assert again.rows_read < ROWS // 10 and again.runs.built == 0  # through the new run
 
 
 def test_a_run_is_read_through_for_its_checksums_unless_this_process_wrote_it(
