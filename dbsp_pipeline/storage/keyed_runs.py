@@ -689,14 +689,15 @@ class _WrittenRuns:
 _WRITTEN = _WrittenRuns()
 
 
-def _remove_unusable(path: str) -> None:
-    """Remove the run file at ``path`` that failed its checks (``KeyedRuns._checked``), if any,
-    so it is built again (``build_later`` builds only missing runs); nothing if there is none or
-    it cannot be removed (the lookup reads the data file either way)."""
-    with contextlib.suppress(OSError):
-        os.remove(path)
-    _CHECKED.discard(path)
-    _WRITTEN.discard(path)
+def _reject(path: str, identity: tuple[int, int, int, int]) -> None:
+    """Remove the run file at ``path`` that failed its checks (``KeyedRuns._checked``), if it
+    is still the file of ``identity`` (not a run renamed into place since), so it is built
+    again; nothing if it cannot be removed (the lookup reads the data file either way)."""
+    if _CheckedRuns.identity(path) == identity:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+        _CHECKED.discard(path)
+        _WRITTEN.discard(path)
 
 
 def forget_changed_runs() -> int:
@@ -920,8 +921,6 @@ class KeyedRuns:
         if opened is None:
             identity = _CHECKED.identity(path)
             reader = self._checked(data_file)
-            if reader is None:
-                _remove_unusable(path)  # (a file there failed its checks: built again)
             if reader is None and not self.build_on_miss:
                 self.build_later(data_file)  # for the next lookups; this one reads the file
                 return None
@@ -949,31 +948,45 @@ class KeyedRuns:
 
     def _checked(self, data_file: DataFile) -> pa.ipc.RecordBatchFileReader | None:
         """The run of ``data_file`` if it is there, whole and of this file and format (see the
-        module docstring); None otherwise."""
+        module docstring); None otherwise. A run file that fails its checks is removed
+        (``_reject``), so it is built again (``build_later`` builds only missing runs); one that
+        cannot be opened or read now (a missing file, no file descriptor left, a read error)
+        is left as it is."""
         path = self._path(data_file)
         try:
             mapped = pa.memory_map(path)
             identity = _identity_of(os.fstat(mapped.fileno()))  # (of the file opened)
+        except OSError:
+            return None
+        try:
             reader = pa.ipc.open_file(mapped)
             if not reader.schema.equals(self.run_schema.with_metadata(
                     self._metadata(data_file)), check_metadata=True):
+                _reject(path, identity)
                 return None
             batches = [reader.get_batch_with_custom_metadata(b)
                        for b in range(reader.num_record_batches)]
             if sum(batch.num_rows for batch, _ in batches) != data_file.rows:
+                _reject(path, identity)
                 return None
             written_here = _WRITTEN.holds(path, identity)
             for batch, metadata in batches:
                 recorded = None if metadata is None else metadata.get(CHECKSUM_KEY)
                 if recorded is None or (not written_here
                                         and int(recorded) != _batch_checksum(batch)):
-                    return None  # a run of format 1, or bytes changed since it was written
+                    # a run of format 1, or bytes changed since it was written
+                    _reject(path, identity)
+                    return None
             if batches and data_file.shard_min is not None and data_file.shard_max is not None:
                 first = int(np.uint64(batches[0][0].column(HASH)[0].as_py()) >> _SHARD_SHIFT)
                 last = int(np.uint64(batches[-1][0].column(HASH)[-1].as_py()) >> _SHARD_SHIFT)
                 if first != data_file.shard_min or last != data_file.shard_max:
+                    _reject(path, identity)
                     return None
-        except (OSError, ValueError, pa.ArrowException):  # (ValueError: a checksum's text)
+        except (OSError, MemoryError):
+            return None  # (a read that failed, not a run found damaged)
+        except (ValueError, pa.ArrowException):  # not an Arrow file, or a checksum's text
+            _reject(path, identity)
             return None
         return reader
 

@@ -184,20 +184,24 @@ def views(p: Pipeline) -> dict[str, Counter]:
             "top": top, "top3": top3}
 
 
-def damage_runs(root: str, rng: np.random.Generator) -> tuple[Counter, dict[str, bytes]]:
-    """Of the root's local keyed runs (the pipeline closed), in turn from a random one: delete
-    one, cut the next short, change 8 bytes of the next, leave two; each damaged file written
-    anew, as another process's would be. What was done, and the changed runs' bytes by path."""
+def damage_runs(root: str, rng: np.random.Generator
+                ) -> tuple[Counter, dict[str, bytes | None]]:
+    """Of the root's local keyed runs (the pipeline closed), in a random order: delete the
+    first, cut the second short, change 8 bytes of the third, and do one of those or nothing
+    to each other; each damaged file written anew, as another process's would be. What was
+    done, and per damaged run its changed bytes (None: deleted or cut short)."""
     done: Counter = Counter()
-    changed: dict[str, bytes] = {}
+    changed: dict[str, bytes | None] = {}
     paths = sorted(glob.glob(os.path.join(root_layout.keyed_runs(root), "**", "*.arrow"),
                              recursive=True))
-    first = int(rng.integers(0, 5))
-    for i, path in enumerate(paths):
-        kind = ("deleted", "cut short", "changed", None, None)[(first + i) % 5]
+    kinds = ("deleted", "cut short", "changed", None, None)
+    for i, j in enumerate(rng.permutation(len(paths))):
+        path = paths[j]
+        kind = kinds[i] if i < 3 else kinds[int(rng.integers(0, len(kinds)))]
         if kind is None:
             continue
         done[kind] += 1
+        changed[path] = None
         if kind == "deleted":
             os.unlink(path)
             continue
@@ -230,7 +234,7 @@ def run_workload(spark, root: str, *, eager: bool, seed: int, orders: int, steps
         if workers:
             p.rescale(workers)
         damaged: Counter = Counter()
-        changed: dict[str, bytes] = {}
+        changed: dict[str, bytes] = {}  # the runs whose bytes changed last, as changed
         for i in range(steps):
             kind, changes = w.step()
             result = p.step(changes)
@@ -243,9 +247,12 @@ def run_workload(spark, root: str, *, eager: bool, seed: int, orders: int, steps
                     f"{list((got[name] - expected[name]).items())[:4]}")
             if reopen_every and i % reopen_every == reopen_every - 1 and i < steps - 1:
                 p.close()
-                done, now_changed = damage_runs(root, damage_rng)
+                done, now_damaged = damage_runs(root, damage_rng)
                 damaged += done
-                changed.update(now_changed)
+                for path, data in now_damaged.items():
+                    changed.pop(path, None)
+                    if data is not None:
+                        changed[path] = data
                 p = opened()
                 assert views(p) == w.expected()
         if reopen_every:
