@@ -50,7 +50,7 @@ _STATS_STRING_LIMIT = 32
 CHECKSUMS_READ = {"page_checksum_verification": True}
 #: the file format of the engine's dataset reads, checking the pages' CRC-32 as ``CHECKSUMS_READ``
 PARQUET_CHECKED = ds.ParquetFileFormat(
-    default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True))
+    default_fragment_scan_options=ds.ParquetFragmentScanOptions(**CHECKSUMS_READ))
 #: the codec of the Parquet files written here by default (the state's: traces, input logs):
 #: LZ4 (Parquet's ``LZ4_RAW``, which Spark 3.4 and later, DuckDB and delta-rs read) reads back
 #: 2.5x faster than snappy for the same size and write time (1M rows of keys, amounts and

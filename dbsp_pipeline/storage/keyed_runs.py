@@ -28,8 +28,9 @@ and last hash against the file's ``_shard`` range; and its bytes against the CRC
 record batch carries (``_batch_checksum``, in the batch's metadata): bytes changed on the
 local disk since the run was written are found before a lookup uses them (reading a run of 16M
 rows through once, about 0.1-0.2 s from the page cache, the first time a process opens it).
-A run this process wrote is trusted while its file's identity (device, inode, size,
-modification time) is the one written (``_WRITTEN``), and is not read through. (A Spark worker
+A run this process wrote, or read through once, is trusted while its file's identity (device,
+inode, size, modification time) is the one written or read (``_TRUSTED``), and is not read
+through again. (A Spark worker
 keeps the runs its tasks checked open, and takes one again only while its file is the very
 file checked: ``_CheckedRuns``.) A run that is missing, cut short, of another file or format,
 whose bytes changed, or otherwise unreadable is removed and rebuilt from the data file (on the
@@ -112,8 +113,9 @@ CLOSED = "_closed"
 OPEN_RUNS = 32
 #: runs kept open and checked per process (``_CheckedRuns``), least recently used out
 PROCESS_OPEN_RUNS = 256
-#: runs this process wrote that it opens without reading their bytes through (``_WrittenRuns``)
-PROCESS_WRITTEN_RUNS = 4096
+#: runs this process wrote or read through, opened again without reading their bytes through
+#: (``_TrustedRuns``)
+PROCESS_TRUSTED_RUNS = 4096
 #: temporary files younger than this are another writer's run in progress, not crash leftovers
 TMP_GRACE_SECONDS = 3600.0
 #: runs handed to the background writer with their rows and not yet written, per process
@@ -659,11 +661,12 @@ def _batch_checksum(batch: pa.RecordBatch) -> int:
     return crc
 
 
-class _WrittenRuns:
-    """The runs this process wrote (``KeyedRuns._write``), by path, with their files'
-    identities when written: such a run, while its file is still the one written, is opened
-    without reading its bytes through for their checksums (``KeyedRuns._checked``). At most
-    ``PROCESS_WRITTEN_RUNS``, the oldest out (its run is then checked as any other's).
+class _TrustedRuns:
+    """The runs this process wrote (``KeyedRuns._write``) or read through and found whole
+    (``KeyedRuns._checked``), by path, with their files' identities then: such a run, while its
+    file is still that one, is opened again without reading its bytes through for their
+    checksums (a trace opened anew, a run its trace's open runs had let go). At most
+    ``PROCESS_TRUSTED_RUNS``, the oldest out (its run is then checked as any other's).
     Thread-safe."""
 
     def __init__(self) -> None:
@@ -674,7 +677,7 @@ class _WrittenRuns:
         with self._lock:
             self._runs[path] = identity
             self._runs.move_to_end(path)
-            while len(self._runs) > PROCESS_WRITTEN_RUNS:
+            while len(self._runs) > PROCESS_TRUSTED_RUNS:
                 self._runs.popitem(last=False)
 
     def holds(self, path: str, identity: tuple[int, int, int, int]) -> bool:
@@ -686,7 +689,7 @@ class _WrittenRuns:
             self._runs.pop(path, None)
 
 
-_WRITTEN = _WrittenRuns()
+_TRUSTED = _TrustedRuns()
 
 
 def _reject(path: str, identity: tuple[int, int, int, int]) -> None:
@@ -697,7 +700,7 @@ def _reject(path: str, identity: tuple[int, int, int, int]) -> None:
         with contextlib.suppress(OSError):
             os.remove(path)
         _CHECKED.discard(path)
-        _WRITTEN.discard(path)
+        _TRUSTED.discard(path)
 
 
 def forget_changed_runs() -> int:
@@ -826,7 +829,7 @@ class KeyedRuns:
                 os.fsync(fh.fileno())
                 written = _identity_of(os.fstat(fh.fileno()))  # (a rename keeps it)
             os.replace(tmp, path)
-            _WRITTEN.put(path, written)
+            _TRUSTED.put(path, written)
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)
@@ -960,35 +963,39 @@ class KeyedRuns:
             return None
         try:
             reader = pa.ipc.open_file(mapped)
-            if not reader.schema.equals(self.run_schema.with_metadata(
-                    self._metadata(data_file)), check_metadata=True):
-                _reject(path, identity)
-                return None
-            batches = [reader.get_batch_with_custom_metadata(b)
-                       for b in range(reader.num_record_batches)]
-            if sum(batch.num_rows for batch, _ in batches) != data_file.rows:
-                _reject(path, identity)
-                return None
-            written_here = _WRITTEN.holds(path, identity)
-            for batch, metadata in batches:
-                recorded = None if metadata is None else metadata.get(CHECKSUM_KEY)
-                if recorded is None or (not written_here
-                                        and int(recorded) != _batch_checksum(batch)):
-                    # a run of format 1, or bytes changed since it was written
-                    _reject(path, identity)
-                    return None
-            if batches and data_file.shard_min is not None and data_file.shard_max is not None:
-                first = int(np.uint64(batches[0][0].column(HASH)[0].as_py()) >> _SHARD_SHIFT)
-                last = int(np.uint64(batches[-1][0].column(HASH)[-1].as_py()) >> _SHARD_SHIFT)
-                if first != data_file.shard_min or last != data_file.shard_max:
-                    _reject(path, identity)
-                    return None
+            whole = self._holds(reader, data_file, _TRUSTED.holds(path, identity))
         except (OSError, MemoryError):
             return None  # (a read that failed, not a run found damaged)
         except (ValueError, pa.ArrowException):  # not an Arrow file, or a checksum's text
+            whole = False
+        if not whole:
             _reject(path, identity)
             return None
+        _TRUSTED.put(path, identity)
         return reader
+
+    def _holds(self, reader: pa.ipc.RecordBatchFileReader, data_file: DataFile,
+                trusted: bool) -> bool:
+        """Whether the run ``reader`` opened is the run of ``data_file``: this trace's schema
+        and format, the file's row count and ``_shard`` range, and every batch's checksum
+        (only its presence when the run is ``trusted``: ``_TrustedRuns``)."""
+        if not reader.schema.equals(self.run_schema.with_metadata(
+                self._metadata(data_file)), check_metadata=True):
+            return False
+        batches = [reader.get_batch_with_custom_metadata(b)
+                   for b in range(reader.num_record_batches)]
+        if sum(batch.num_rows for batch, _ in batches) != data_file.rows:
+            return False
+        for batch, metadata in batches:
+            recorded = None if metadata is None else metadata.get(CHECKSUM_KEY)
+            if recorded is None or (not trusted and int(recorded) != _batch_checksum(batch)):
+                return False  # a run of format 1, or bytes changed since it was written
+        if batches and data_file.shard_min is not None and data_file.shard_max is not None:
+            first = int(np.uint64(batches[0][0].column(HASH)[0].as_py()) >> _SHARD_SHIFT)
+            last = int(np.uint64(batches[-1][0].column(HASH)[-1].as_py()) >> _SHARD_SHIFT)
+            if first != data_file.shard_min or last != data_file.shard_max:
+                return False
+        return True
 
     # -- upkeep -------------------------------------------------------------------------------
     def retain(self, data_files: Iterable[DataFile | str]) -> int:
@@ -1015,7 +1022,7 @@ class KeyedRuns:
             except FileNotFoundError:
                 pass  # renamed into place or removed meanwhile
             _CHECKED.discard(path)  # its memory map holds the removed file's disk space
-            _WRITTEN.discard(path)
+            _TRUSTED.discard(path)
         return gone
 
     def _path(self, data_file: DataFile | str) -> str:

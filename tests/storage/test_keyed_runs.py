@@ -288,11 +288,12 @@ def test_a_damaged_run_a_task_finds_is_built_again_in_the_background(big_trace, 
     assert again.rows_read < ROWS // 10 and again.runs.built == 0  # through the new run
 
 
-def test_a_run_is_read_through_for_its_checksums_unless_this_process_wrote_it(
+def test_a_run_is_read_through_for_its_checksums_once_unless_this_process_wrote_it(
         big_trace, monkeypatch):
     """A run this process wrote, its file unchanged, is opened without reading its bytes
     through; one another process wrote (here: forgotten as written) is checked batch by batch
-    against the checksums it carries, then used."""
+    against the checksums it carries, then used, and opened again without reading it through
+    while its file is unchanged."""
     trace, sql, rng, db = big_trace
     sums: list[int] = []
     checksum = keyed_runs._batch_checksum
@@ -304,10 +305,13 @@ def test_a_run_is_read_through_for_its_checksums_unless_this_process_wrote_it(
     assert sorted(mine.lookup_arrow(sql, keys).to_pylist(), key=repr) == expected
     assert sums == [] and mine.runs.built == 0
     (name,) = os.listdir(trace.runs.folder)
-    keyed_runs._WRITTEN.discard(os.path.join(trace.runs.folder, name))
+    keyed_runs._TRUSTED.discard(os.path.join(trace.runs.folder, name))
     other = Trace(db, "t", SCHEMA, ["c", "tag"])
     assert sorted(other.lookup_arrow(sql, keys).to_pylist(), key=repr) == expected
     assert sum(sums) == ROWS and other.runs.built == 0  # every row's bytes, once
+    third = Trace(db, "t", SCHEMA, ["c", "tag"])  # read through once: trusted as written
+    assert sorted(third.lookup_arrow(sql, keys).to_pylist(), key=repr) == expected
+    assert sum(sums) == ROWS and third.runs.built == 0
 
 
 def test_runs_of_files_the_trace_no_longer_holds_are_collected(big_trace):
