@@ -52,11 +52,11 @@ from dbsp_pipeline.storage import trace_replica
 from dbsp_pipeline.storage.data_files import new_sorted_run, sorted_run_of
 from dbsp_pipeline.storage.delta_table import DataFile
 from dbsp_pipeline.storage.kept_rows import KeptRows
-from dbsp_pipeline.storage.keyed_runs import (
+from dbsp_pipeline.storage.keyed_runs import KeyedRuns
+from dbsp_pipeline.storage.run_search import (
     CLOSED,
     CUT,
     HASH,
-    KeyedRuns,
     RangeValues,
     beyond_bound,
     concat_ranges,
@@ -137,7 +137,7 @@ def _beyond_every_cut(hashes: np.ndarray, values: pa.ChunkedArray, is_cut: np.nd
     """Per row (of key hash ``hashes``, value ``values``, ``is_cut`` on a file's cut row;
     ``cut_hashes`` the distinct hashes of the cut rows, ascending): is its value strictly
     beyond (above for ``largest``, else below) every cut value of its hash, or (``closed``,
-    per row: True on a tie-closed cut, ``keyed_runs.tie_closed_counts``) at or beyond it when
+    per row: True on a tie-closed cut, ``run_search.tie_closed_counts``) at or beyond it when
     every cut of its hash is tie-closed? (Every file then gave all its rows of the hash at or
     beyond its own cut, so all the rows at or beyond the most extreme cut are in hand.) The
     rows ``_beyond_every_cut_sorted`` keeps (strictly beyond), for numbers, dates and
@@ -665,7 +665,7 @@ class Trace:
         and per hash the bound of its keys (the least tight one, where two keys' hashes are
         equal), in the numpy type of the trace's ``order_by`` column; None (no bound) for a
         value type numpy does not order as Arrow does, or a NULL bound. Dates and timestamps
-        are bounded as the integers they are stored as (``keyed_runs.orderable_numpy``)."""
+        are bounded as the integers they are stored as (``run_search.orderable_numpy``)."""
         value_type = self.table.arrow_schema.field(cast(str, self.runs.order_by)).type
         if not orderable(value_type):
             return None
@@ -693,7 +693,7 @@ class Trace:
         if not candidates:
             return self.table.arrow_schema.empty_table(), np.zeros(0, dtype=np.uint64)
         order_by = cast(str, self.runs.order_by)  # (checked by lookup_leading_rows)
-        # a cut takes the rows that tie with it too (``keyed_runs.tie_closed_counts``) where
+        # a cut takes the rows that tie with it too (``run_search.tie_closed_counts``) where
         # the values are numbers, dates or timestamps (and a file's have no NULL), and the rows
         # hold more than key and value (a top-k's): a file's rows of a (key, value) multiset
         # (a min/max aggregate's) are consolidated, so no two of a key tie
@@ -776,7 +776,7 @@ class Trace:
 
     def _small_run(self, f: DataFile) -> pa.Table:
         """The rows of the small file ``f`` of an ordered trace sorted as a run, with their
-        ``_hash`` (``keyed_runs.value_order``), sorted once and kept (``RECENT_FILE_ROWS``):
+        ``_hash`` (``run_search.value_order``), sorted once and kept (``RECENT_FILE_ROWS``):
         from the rows kept of a file this process wrote, else read whole (counted in
         ``rows_read``, as are the rows a lookup then takes). Data files are immutable, so the
         rows kept are the file's. (Kept beside ``_recent``, up to as many rows again, for
@@ -793,7 +793,7 @@ class Trace:
 
     def _as_run(self, rows: pa.Table) -> pa.Table:
         """``rows`` (of an ordered trace, in its row schema) sorted as a run
-        (``keyed_runs.value_order``), with their ``_hash``."""
+        (``run_search.value_order``), with their ``_hash``."""
         h = self._key_hashes(rows)
         order = value_order(pa.array(h, pa.uint64()), rows.column(cast(str, self.runs.order_by)),
                             self.runs.nulls_first)

@@ -16,7 +16,7 @@ from pyspark.sql.types import DoubleType, LongType, StringType, StructField, Str
 
 from dbsp_pipeline.driver import hashing
 from dbsp_pipeline.driver.sql import LocalSQL
-from dbsp_pipeline.storage import keyed_runs
+from dbsp_pipeline.storage import keyed_runs, run_search
 from dbsp_pipeline.storage import trace as trace_module
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.trace import Trace
@@ -242,7 +242,7 @@ def test_leading_rows_of_values_tied_many_ways_take_every_tie(spark, tmp_path, m
                                                                largest, batch_rows, kind):
     """A trace of whole rows (a top-k's: group, value, id) whose values tie many ways, and
     whose files delete some of the tied rows: a cut takes the rows that tie with it too
-    (``keyed_runs.tie_closed_counts``), in runs (one batch, batches of 256 rows whose ranges
+    (``run_search.tie_closed_counts``), in runs (one batch, batches of 256 rows whose ranges
     mostly lie inside one, or of 7 that they straddle) and in small files alike, some runs
     left open (as a run whose values hold a NULL is), and each group's rows given are exactly
     its live rows at or beyond the least extreme value given (a cut that kept its ties
@@ -250,8 +250,8 @@ def test_leading_rows_of_values_tied_many_ways_take_every_tie(spark, tmp_path, m
     from pyspark.sql.types import DateType, TimestampType
 
     monkeypatch.setattr(keyed_runs, "BATCH_ROWS", batch_rows)
-    closable = keyed_runs._OpenRun.closable
-    monkeypatch.setattr(keyed_runs._OpenRun, "closable",  # about a third of the runs left open
+    closable = run_search.OpenRun.closable
+    monkeypatch.setattr(run_search.OpenRun, "closable",  # about a third of the runs left open
                         lambda self, name: closable(self, name) and int(self.first[0]) % 3 != 0)
     monkeypatch.setattr(keyed_runs, "MIN_ROWS", 300)  # most appends get a run
     monkeypatch.setattr(trace_module, "EXTREME_ROWS", 2)
@@ -323,7 +323,7 @@ def test_a_group_whose_values_all_tie_is_read_in_few_rounds(spark, tmp_path, mon
 
 @pytest.mark.parametrize("largest", [True, False], ids=["max", "min"])
 @pytest.mark.parametrize("way", ["searched", "galloped", "mixed"])
-@pytest.mark.parametrize("cap", [keyed_runs.TIE_ROWS_PER_COUNT, 2], ids=["cap", "cap-2"])
+@pytest.mark.parametrize("cap", [run_search.TIE_ROWS_PER_COUNT, 2], ids=["cap", "cap-2"])
 def test_tie_closed_counts_take_every_tie_of_the_cut(monkeypatch, largest, way, cap):
     """``tie_closed_counts`` against counting by hand: per range, ``count`` rows from its end,
     and then every row that ties with the last of them (NaN ties with NaN and sits above every
@@ -332,11 +332,11 @@ def test_tie_closed_counts_take_every_tie_of_the_cut(monkeypatch, largest, way, 
     count keeps its count, not closed. Found by searching each range's values, by a gallop
     (no slices, or more ranges than ``SEARCHED_RANGES``), or by a gallop where a slice is
     missing."""
-    monkeypatch.setattr(keyed_runs, "TIE_ROWS_PER_COUNT", cap)
+    monkeypatch.setattr(run_search, "TIE_ROWS_PER_COUNT", cap)
     rng = np.random.default_rng(8 + largest + 2 * cap)
     for _ in range(200):
         ranges_count = int(rng.integers(1, 6)) if way != "galloped" or rng.random() < 0.5 \
-            else keyed_runs.SEARCHED_RANGES + int(rng.integers(1, 10))
+            else run_search.SEARCHED_RANGES + int(rng.integers(1, 10))
         sizes = rng.integers(0, 12, ranges_count)
         pool = np.array([-1.0, 0.0, -0.0, 2.0, 2.5, math.inf, math.nan])
         ranges = [np.sort(rng.choice(pool[: int(rng.integers(1, 8))], size)) for size in sizes]
@@ -347,7 +347,7 @@ def test_tie_closed_counts_take_every_tie_of_the_cut(monkeypatch, largest, way, 
         slices = {"searched": lambda a, b, v=values: v[a:b],
                   "galloped": None,
                   "mixed": lambda a, b, v=values: v[a:b] if a % 2 else None}[way]
-        got, closed = keyed_runs.tie_closed_counts(lambda rows, v=values: v[rows], lo, hi,
+        got, closed = run_search.tie_closed_counts(lambda rows, v=values: v[rows], lo, hi,
                                                    count, largest, slices)
         for r, c, n, shut in zip(ranges, count, got, closed):
             if len(r) <= c:
