@@ -37,17 +37,18 @@ step), (b) ``--spark-change`` order changes, (c) deletes of the maximum order of
 (100k: the most (c) can change at once), (d) ``--spark-change`` line changes, (e)
 ``--spark-change`` order changes and the 10 leaders; and 100-row steps with a commit each
 (steps/s). The shop workload at 1M orders with 10k changes per step is pattern (b) at
-1M. Prints one JSON line per figure, a table at the end, and writes a plot (``--plot``, default
-``docs/bench/lookup.png``). Creating an empty file is timed at the start and the end
-(``file_creation_ms``): a driver step creates about seven files, and on a machine where that cost
-drifts, so do the step seconds.
+1M. Prints one JSON line per figure (also written to ``--json``, default
+``docs/bench/lookup.jsonl``), a table at the end, and writes a plot (``--plot``, default
+``docs/bench/lookup.png``); its progress (``# ...`` lines) goes to stderr. Creating an empty
+file is timed at the start and the end (``file_creation_ms``): a driver step creates about seven
+files, and on a machine where that cost drifts, so do the step seconds.
 
     python benchmarks/lookup_bench.py [--sizes 1000000 4000000 16000000] [--steps 15]
         [--patterns moves orders max lines moves_eager orders_eager top]
         [--spark-change 1000000] [--spark-steps 5]
         [--spark-workers 2] [--no-spark-steps] [--no-small-steps]
         [--no-spark-recompute]
-        [--plot PATH]
+        [--plot PATH] [--json PATH]
     python benchmarks/lookup_bench.py --from-json docs/bench/lookup.jsonl   # table + plot again
 """
 
@@ -59,6 +60,7 @@ import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -549,19 +551,20 @@ def run_shop(spark: Any, sizes: list[int], args: argparse.Namespace, rc: Recompu
         opened = loaded(stack, spark, sizes, "shop", circuit, Shop, emit)
         if moves in args.patterns:
             print(f"# (a) moves, in blocks at {', '.join(f'{s:,}' for s in sizes)} orders",
-                  flush=True)
+                  file=sys.stderr, flush=True)
             out += driver_steps(opened, moves, args.moved,
                                 lambda w: cast(Shop, w).mover(args.moved), args, rc, emit)
         if orders in args.patterns:
             print(f"# (b) order changes, in blocks at {', '.join(f'{s:,}' for s in sizes)} orders",
-                  flush=True)
+                  file=sys.stderr, flush=True)
             out += driver_steps(opened, orders, args.change,
                                 lambda w: cast(Shop, w).order_changes(args.change), args, rc,
                                 emit)
         if args.small_steps and not eager:
             size, w, p = opened[0]
             settle([p for _, _, p in opened])
-            print(f"# 100-row steps, a commit each, at {size:,} orders", flush=True)
+            print(f"# 100-row steps, a commit each, at {size:,} orders", file=sys.stderr,
+                  flush=True)
             p.checkpoint_every = 1
             change = cast(Shop, w).order_changes(100)
             t = time.perf_counter()
@@ -585,13 +588,15 @@ def run_shop(spark: Any, sizes: list[int], args: argparse.Namespace, rc: Recompu
                 record = {"pattern": f"{moves}_on_spark", "size": size, "change": changed,
                           "customers_moved": moved, "workers": args.spark_workers}
                 print(f"# (a) moves of {moved:,} customers ({changed:,} orders) forced onto "
-                      f"Spark at {size:,} orders, W={args.spark_workers}", flush=True)
+                      f"Spark at {size:,} orders, W={args.spark_workers}", file=sys.stderr,
+                      flush=True)
                 out.append(spark_steps(p, w, record, shop.mover(moved), args, rc, emit))
             if orders in args.patterns:
                 record = {"pattern": f"{orders}_on_spark", "size": size,
                           "change": args.spark_change, "workers": args.spark_workers}
                 print(f"# (b) {args.spark_change:,} order changes forced onto Spark at "
-                      f"{size:,} orders, W={args.spark_workers}", flush=True)
+                      f"{size:,} orders, W={args.spark_workers}", file=sys.stderr,
+                      flush=True)
                 out.append(spark_steps(p, w, record, shop.order_changes(args.spark_change),
                                        args, rc, emit))
     return out
@@ -654,31 +659,41 @@ def run_pattern(spark: Any, sizes: list[int], pattern: Pattern, args: argparse.N
         opened = loaded(stack, spark, sizes, pattern.name, pattern.circuit, pattern.workload,
                         emit)
         print(f"# {pattern.title}, in blocks at {', '.join(f'{s:,}' for s in sizes)} orders",
-              flush=True)
+              file=sys.stderr, flush=True)
         out += driver_steps(opened, pattern.name, pattern.rows, pattern.change, args, rc, emit)
         for size, w, p in opened if args.spark_steps else []:
             settle([p for _, _, p in opened])
             record = {"pattern": f"{pattern.name}_on_spark", "size": size,
                       "change": pattern.spark_rows, "workers": args.spark_workers}
             print(f"# {pattern.spark_title} forced onto Spark at {size:,} orders, "
-                  f"W={args.spark_workers}", flush=True)
+                  f"W={args.spark_workers}", file=sys.stderr, flush=True)
             out.append(spark_steps(p, w, record, pattern.spark_change(w), args, rc, emit))
     return out
 
 
 # -- report ---------------------------------------------------------------------------------------
+#: the letter of each pattern in issue 14 and README.md, before its name in the tables
+LETTERS = {"moves": "a", "orders": "b", "max": "c", "lines": "d", "top": "e"}
+
+
+def label(pattern: str) -> str:
+    """A pattern's name in the tables: its letter first (``(b) orders_eager_on_spark``)."""
+    base = pattern.removesuffix("_on_spark").removesuffix("_eager")
+    return f"({LETTERS[base]}) {pattern}" if base in LETTERS else pattern
+
+
 def table(rows: list[dict[str, Any]]) -> None:
     print()
-    print(f"{'pattern':>21} {'orders':>10} {'change':>8} {'step s':>8} {'rows read':>10} "
+    print(f"{'pattern':>26} {'orders':>10} {'change':>8} {'step s':>8} {'rows read':>10} "
           f"{'DuckDB s':>9} {'Spark s':>8} {'/DuckDB':>8} {'/Spark':>7} equal")
     for r in rows:
         if r["pattern"] == "small_steps":
-            print(f"{'small_steps':>21} {r['size']:>10} {100:>8} "
+            print(f"{'small_steps':>26} {r['size']:>10} {100:>8} "
                   f"{r['steps_per_second']:>8.2f} steps/s (100-row steps, a commit each)")
             continue
         equal = r["view_equals_spark"] if r["view_equals_duckdb"] is None else (
             r["view_equals_duckdb"] and r["view_equals_spark"] is not False)
-        print(f"{r['pattern']:>21} {r['size']:>10} {r['change']:>8} "
+        print(f"{label(r['pattern']):>26} {r['size']:>10} {r['change']:>8} "
               f"{r['step_median_seconds']:>8.3f} {r['state_rows_read_per_step']:>10} "
               f"{_ratio(r['duckdb_recompute_seconds']):>9} "
               f"{_ratio(r['spark_recompute_seconds']):>8} "
@@ -686,14 +701,14 @@ def table(rows: list[dict[str, Any]]) -> None:
     timed = [r for r in rows if r.get("phase_median_ms")]
     if timed:  # where a step's time goes: each phase's median (StepResult.phase_seconds)
         print()
-        print(f"{'step phases (ms)':>21} {'orders':>10} "
+        print(f"{'step phases (ms)':>26} {'orders':>10} "
               + " ".join(f"{phase:>9}" for phase in STEP_PHASES))
         for r in timed:
-            print(f"{r['pattern']:>21} {r['size']:>10} " + " ".join(
+            print(f"{label(r['pattern']):>26} {r['size']:>10} " + " ".join(
                 f"{r['phase_median_ms'].get(phase, 0.0):>9.2f}" for phase in STEP_PHASES))
             spent = sorted(r.get("operator_median_ms", {}).items(), key=lambda kv: -kv[1])
             if spent:  # the operators phase by operator, the three that took longest
-                print(f"{'':>32} operators: " + ", ".join(f"{k} {v:.2f}" for k, v in spent[:3]))
+                print(f"{'':>37} operators: " + ", ".join(f"{k} {v:.2f}" for k, v in spent[:3]))
     print()
     for pattern in sorted({r["pattern"] for r in rows} - {"small_steps"}):
         mine = sorted((r for r in rows if r["pattern"] == pattern), key=lambda r: r["size"])
@@ -810,6 +825,8 @@ def main() -> None:
     ap.add_argument("--no-spark-recompute", dest="spark_recompute_runs", action="store_const",
                     const=0)
     ap.add_argument("--plot", default="docs/bench/lookup.png")
+    ap.add_argument("--json", default="docs/bench/lookup.jsonl", metavar="PATH",
+                    help="also write the JSON lines to PATH ('' for none)")
     ap.add_argument("--from-json", metavar="FILE",
                     help="print the table and plot from the JSON lines of an earlier run "
                          "(its output) instead of running")
@@ -824,8 +841,14 @@ def main() -> None:
     rc = Recompute(spark, args.spark_recompute_runs)
     started = time.perf_counter()
 
+    lines = open(args.json, "w") if args.json else None  # noqa: SIM115 (open for the run)
+
     def emit(record: dict[str, Any]) -> None:
-        print(json.dumps(record), flush=True)
+        line = json.dumps(record)
+        print(line, flush=True)
+        if lines is not None:
+            lines.write(line + "\n")
+            lines.flush()
 
     creation = {"start": file_creation_ms()}
     emit({"figure": "file_creation_ms", "when": "start", "value": creation["start"]})
@@ -843,7 +866,8 @@ def main() -> None:
         if patterns & set(args.patterns):
             rows += run()
             print(f"# {', '.join(sorted(patterns & set(args.patterns)))} done, "
-                  f"{time.perf_counter() - started:.0f} s so far", flush=True)
+                  f"{time.perf_counter() - started:.0f} s so far", file=sys.stderr,
+                  flush=True)
     creation["end"] = file_creation_ms()
     emit({"figure": "file_creation_ms", "when": "end", "value": creation["end"]})
     table(rows)
@@ -851,6 +875,8 @@ def main() -> None:
           f"{creation['end']:.3f} ms at the end (a driver step creates about seven files)")
     if args.plot:
         plot(rows, args.plot)
+    if lines is not None:
+        lines.close()
 
 
 if __name__ == "__main__":

@@ -195,10 +195,12 @@ class PipelineStatus:
         return any(self.pending.values())
 
     def run_key(self, pipeline: str) -> str:
-        """A key naming the step range a run would cover: the next step and the input versions
-        it would read up to (equal keys: the same work)."""
+        """A key naming the step range a run would cover: the pipeline (its id's first 8
+        characters, ``new`` before its first open), the next step and the input versions it
+        would read up to (equal keys: the same work)."""
         versions = ",".join(f"{n}={v}" for n, v in sorted(self.versions.items()))
-        return f"{pipeline}@{self.pipeline_id[:8]}:from-step-{self.divided_steps}:{versions}"
+        state = self.pipeline_id[:8] or "new"
+        return f"{pipeline}@{state}:from-step-{self.divided_steps}:{versions}"
 
 
 def exists(root: str) -> bool:

@@ -102,8 +102,8 @@ def run_demo(args: argparse.Namespace, var: str, log: str, kafka: dict[str, str]
     cursor = None
     print(f"dbsp-pipeline demo through Dagster: pipeline at {store.root}, inbox "
           f"{store.inbox_folder}, instance {os.environ['DAGSTER_HOME']}\n")
-    print(f"{'batch':>5} | {'run key':<44} | {'steps':>5} | {'in rows':>7} | "
-          f"{'s/step':>6} | {'lag s':>6} | checks")
+    print(f"{'batch':>5} | {'steps':>5} | {'in rows':>7} | {'s/step':>6} | {'lag s':>6} | "
+          f"{'checks':<10} | run key (pipeline@state:from-step-N:input versions)")
     for _ in range(args.batches):
         feed.next_batch(args.batch, kafka=kafka)
         context = dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
@@ -121,10 +121,10 @@ def run_demo(args: argparse.Namespace, var: str, log: str, kafka: dict[str, str]
             m = {k: v.value for k, v in mats["shop/revenue_by_region"].metadata.items()}
             checks = result.get_asset_check_evaluations()
             passed = sum(c.passed for c in checks)
-            print(f"{feed.batch_no - 1:>5} | {request.run_key[:44]:<44} | "
-                  f"{m['steps_executed']:>5} | {m['input_rows']:>7} | "
-                  f"{m['seconds_per_step']:>6.3f} | {m['lag_seconds']:>6.2f} | "
-                  f"{passed}/{len(checks)} passed")
+            print(f"{feed.batch_no - 1:>5} | {m['steps_executed']:>5} | "
+                  f"{m['input_rows']:>7} | {m['seconds_per_step']:>6.3f} | "
+                  f"{m['lag_seconds']:>6.2f} | {f'{passed}/{len(checks)} passed':<10} | "
+                  f"{request.run_key}")
     with stderr_to(log):
         checkpoint = defs.resolve_job_def("shop_checkpoint").execute_in_process(
             instance=instance)

@@ -127,3 +127,14 @@ def test_division_compaction_bounds_what_status_reads_on_an_s3_root(
     status = read_status(root, ["x"])
     assert status.divided_steps == steps and not status.has_pending_input
     assert status.pending == {"x": 0} and status.divided["x"] <= status.versions["x"]
+
+
+def test_a_run_key_names_the_pipeline_the_step_and_the_input_versions():
+    status = PipelineStatus(root="r", pipeline_id="cf647a50-1234", divided_steps=3,
+                            versions={"orders": 7, "customers": 2}, divided={}, pending={},
+                            oldest_pending=None)
+    assert status.run_key("shop") == "shop@cf647a50:from-step-3:customers=2,orders=7"
+    before_the_first_open = PipelineStatus(root="r", pipeline_id="", divided_steps=0,
+                                           versions={"orders": 0}, divided={}, pending={},
+                                           oldest_pending=None)
+    assert before_the_first_open.run_key("shop") == "shop@new:from-step-0:orders=0"

@@ -10,15 +10,17 @@ is a topological order (a node can only read nodes declared before it).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import cast
 
 import pyarrow as pa
 import pyspark
 from pyspark.errors import PySparkException
+from pyspark.logger import PySparkLogger
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -343,10 +345,11 @@ class Plan:
             # every value converts exactly (the driver path casts with Arrow, which refuses a
             # lossy conversion where Spark would round)
             try:
-                widened = self._empty(src)
-                for other in inputs[1:]:
-                    widened = widened.unionByName(self._empty(other))
-                schema = widened.schema
+                with _quiet_query_context_logs():
+                    widened = self._empty(src)
+                    for other in inputs[1:]:
+                        widened = widened.unionByName(self._empty(other))
+                    schema = widened.schema
             except PySparkException:
                 raise CircuitError(f"{what}: schemas differ: {src.simpleString()} vs "
                                    f"{' vs '.join(o.simpleString() for o in inputs[1:])}: no type "
@@ -462,10 +465,35 @@ class Plan:
 
     def _analyse(self, what: str, build: Callable[[], DataFrame]) -> StructType:
         try:
-            schema: StructType = build().schema
+            with _quiet_query_context_logs():
+                schema: StructType = build().schema
             return schema
         except PySparkException as e:
             raise CircuitError(f"{what}: {_first_line(e)}") from None
+
+
+#: the loggers PySpark logs an analysis error to, with its Java stack trace, when the error is
+#: raised (``PySparkException._log_exception``), whoever catches it
+_QUERY_CONTEXT_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
+
+
+@contextlib.contextmanager
+def _quiet_query_context_logs() -> Iterator[None]:
+    """PySpark's logs of analysis errors off while a circuit is analysed: an error there is the
+    circuit's, raised as a ``CircuitError`` naming the operator, and the same error logged
+    before it (several KB of JSON and Java frames on stderr) only buries it. (Process-wide for
+    the moment; a circuit is analysed when a pipeline opens.)"""
+    # (made as PySpark makes them: a plain logger made first would be the one PySpark takes,
+    # and it refuses the fields PySpark logs with)
+    loggers = [PySparkLogger.getLogger(name) for name in _QUERY_CONTEXT_LOGGERS]
+    before = [logger.disabled for logger in loggers]
+    for logger in loggers:
+        logger.disabled = True
+    try:
+        yield
+    finally:
+        for logger, disabled in zip(loggers, before):
+            logger.disabled = disabled
 
 
 def make_operator(node: Node, schemas: Mapping[int, StructType],

@@ -3,9 +3,13 @@ pushed is lost."""
 
 from __future__ import annotations
 
+import logging
+
 import pandas as pd
 import pyarrow as pa
 import pytest
+from pyspark.errors import PySparkException
+from pyspark.logger import PySparkLogger
 
 from dbsp_pipeline import (
     Circuit,
@@ -134,3 +138,29 @@ def test_bad_circuits_fail_when_the_pipeline_opens(spark, tmp_path, build, match
     c.output("o", build(c))
     with pytest.raises(CircuitError, match=match):
         Pipeline(c, root=str(tmp_path), spark=spark)
+
+
+def test_a_bad_circuit_is_reported_once_and_spark_logs_nothing_of_it(spark, tmp_path):
+    """PySpark logs an analysis error (its message and Java frames, several KB on stderr) when
+    it is raised, whoever catches it: a circuit analysed at open reports its error as the
+    ``CircuitError`` alone, and PySpark's loggers work as before afterwards."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    loggers = [PySparkLogger.getLogger(n)
+               for n in ("SQLQueryContextLogger", "DataFrameQueryContextLogger")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        c = Circuit("bad")
+        c.output("o", c.input("x", "a INT, b INT").filter("aa > 1"))
+        with pytest.raises(CircuitError, match=r"operator #1 filter 'aa > 1'.*`aa`"):
+            Pipeline(c, root=str(tmp_path), spark=spark)
+        assert records == []
+        assert not any(logger.disabled for logger in loggers)
+        with pytest.raises(PySparkException):  # the user's own query: logged as before
+            spark.sql("SELECT nope FROM VALUES (1) AS t(a)")
+        assert records
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
