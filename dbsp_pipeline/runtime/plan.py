@@ -81,6 +81,8 @@ class Plan:
             positional_state_names(circuit.describe()) if state_names is None else state_names)
         self.schemas: dict[int, StructType] = {}
         self.operators: dict[int, Operator] = {}
+        #: per node, the views it feeds (named in its errors)
+        self._views_fed = _views_fed(circuit)
         cached = _load_schemas(schema_cache, circuit)
         if cached is not None:
             self.schemas = cached
@@ -309,7 +311,13 @@ class Plan:
 
     # -- schemas ---------------------------------------------------------------------------
     def _schema(self, node: Node) -> StructType:
+        """``node``'s columns as Spark analyses them, checked; a ``CircuitError`` naming the
+        node and the views it feeds."""
         what = _describe(node)
+        views = self._views_fed.get(node.id, [])
+        if views and node.op != "input":
+            what += f" (in view{'s' if len(views) > 1 else ''} " \
+                    f"{', '.join(repr(v) for v in views)})"
         if node.op == "input":
             return self._ddl(what, node.params["schema"])
         if node.op == "constant":
@@ -596,6 +604,20 @@ def _store_schemas(path: str | None, circuit: Circuit, schemas: dict[int, Struct
 
 def _schemas_digest(schemas: object) -> str:
     return hashlib.sha256(json.dumps(schemas, sort_keys=True).encode()).hexdigest()
+
+
+def _views_fed(circuit: Circuit) -> dict[int, list[str]]:
+    """Per node, the output views its change flows into (sorted): where a user finds it."""
+    fed: dict[int, set[str]] = {}
+    for view, node_id in circuit.outputs.items():
+        stack = [node_id]
+        while stack:
+            n = stack.pop()
+            if view in fed.setdefault(n, set()):
+                continue
+            fed[n].add(view)
+            stack.extend(circuit.nodes[n].inputs)
+    return {n: sorted(views) for n, views in fed.items()}
 
 
 def _describe(node: Node) -> str:

@@ -154,7 +154,8 @@ def test_a_bad_circuit_is_reported_once_and_spark_logs_nothing_of_it(spark, tmp_
     try:
         c = Circuit("bad")
         c.output("o", c.input("x", "a INT, b INT").filter("aa > 1"))
-        with pytest.raises(CircuitError, match=r"operator #1 filter 'aa > 1'.*`aa`"):
+        with pytest.raises(CircuitError,
+                           match=r"operator #1 filter 'aa > 1' \(in view 'o'\): .*`aa`"):
             Pipeline(c, root=str(tmp_path), spark=spark)
         assert records == []
         assert not any(logger.disabled for logger in loggers)
@@ -164,3 +165,15 @@ def test_a_bad_circuit_is_reported_once_and_spark_logs_nothing_of_it(spark, tmp_
     finally:
         for logger in loggers:
             logger.removeHandler(handler)
+
+
+def test_a_bad_operator_is_named_with_the_views_it_feeds(spark, tmp_path):
+    c = Circuit("bad")
+    x = c.input("x", "a INT, b INT")
+    shared = x.group_by("nope").agg(n="count(*)")
+    c.output("first", shared)
+    c.output("second", shared.filter("n > 1"))
+    c.output("other", x)
+    with pytest.raises(CircuitError, match=r"operator #1 aggregate by \['nope'\] "
+                                           r"\(in views 'first', 'second'\): group_by column"):
+        Pipeline(c, root=str(tmp_path), spark=spark)
