@@ -38,10 +38,10 @@ step), (b) ``--spark-change`` order changes, (c) deletes of the maximum order of
 ``--spark-change`` order changes and the 10 leaders; and 100-row steps with a commit each
 (steps/s). The shop workload at 1M orders with 10k changes per step is pattern (b) at
 1M. Prints one JSON line per figure (also written to ``--json``, default
-``docs/bench/lookup.jsonl``), a table at the end, and writes a plot (``--plot``, default
-``docs/bench/lookup.png``); its progress (``# ...`` lines) goes to stderr. Creating an empty
-file is timed at the start and the end (``file_creation_ms``): a driver step creates about seven
-files, and on a machine where that cost drifts, so do the step seconds.
+``docs/bench/lookup.jsonl``, which a whole run replaces), a table at the end, and writes a plot
+(``--plot``, default ``docs/bench/lookup.png``); its progress (``# ...`` lines) goes to stderr.
+Creating an empty file is timed at the start and the end (``file_creation_ms``): a driver step
+creates about seven files, and on a machine where that cost drifts, so do the step seconds.
 
     python benchmarks/lookup_bench.py [--sizes 1000000 4000000 16000000] [--steps 15]
         [--patterns moves orders max lines moves_eager orders_eager top]
@@ -710,13 +710,19 @@ def table(rows: list[dict[str, Any]]) -> None:
             if spent:  # the operators phase by operator, the three that took longest
                 print(f"{'':>37} operators: " + ", ".join(f"{k} {v:.2f}" for k, v in spent[:3]))
     print()
+
+
+def growths(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per pattern run at two sizes or more: its step at the biggest over its step at the
+    smallest (``step_growth``)."""
+    out = []
     for pattern in sorted({r["pattern"] for r in rows} - {"small_steps"}):
         mine = sorted((r for r in rows if r["pattern"] == pattern), key=lambda r: r["size"])
         if len(mine) >= 2:
             growth = mine[-1]["step_median_seconds"] / mine[0]["step_median_seconds"]
-            print(json.dumps({"pattern": pattern, "figure": "step_growth",
-                              "from": mine[0]["size"], "to": mine[-1]["size"],
-                              "value": round(growth, 3)}))
+            out.append({"pattern": pattern, "figure": "step_growth", "from": mine[0]["size"],
+                        "to": mine[-1]["size"], "value": round(growth, 3)})
+    return out
 
 
 def _ratio(value: float | None) -> str:
@@ -834,6 +840,8 @@ def main() -> None:
     if args.from_json:
         rows = _summaries(args.from_json)
         table(rows)
+        for record in growths(rows):
+            print(json.dumps(record))
         if args.plot:
             plot(rows, args.plot)
         return
@@ -841,7 +849,10 @@ def main() -> None:
     rc = Recompute(spark, args.spark_recompute_runs)
     started = time.perf_counter()
 
-    lines = open(args.json, "w") if args.json else None  # noqa: SIM115 (open for the run)
+    # the JSON lines go to a file beside ``--json`` that replaces it when the run ends: a run
+    # that stops part-way leaves the last whole run's lines where they were
+    partial = f"{args.json}.partial" if args.json else None
+    lines = open(partial, "w") if partial else None  # noqa: SIM115 (open for the run)
 
     def emit(record: dict[str, Any]) -> None:
         line = json.dumps(record)
@@ -871,12 +882,15 @@ def main() -> None:
     creation["end"] = file_creation_ms()
     emit({"figure": "file_creation_ms", "when": "end", "value": creation["end"]})
     table(rows)
+    for record in growths(rows):
+        emit(record)
     print(f"\ncreating an empty file here took {creation['start']:.3f} ms at the start and "
           f"{creation['end']:.3f} ms at the end (a driver step creates about seven files)")
     if args.plot:
         plot(rows, args.plot)
-    if lines is not None:
+    if lines is not None and partial is not None:
         lines.close()
+        os.replace(partial, args.json)
 
 
 if __name__ == "__main__":

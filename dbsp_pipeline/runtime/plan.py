@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import cast
@@ -481,27 +483,42 @@ class Plan:
 
 
 #: the loggers PySpark logs an analysis error to, with its Java stack trace, when the error is
-#: raised (``PySparkException._log_exception``), whoever catches it
+#: raised (``PySparkException._log_exception``, in the raising thread), whoever catches it
 _QUERY_CONTEXT_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
+#: per thread: whether it is analysing a circuit (``_quiet_query_context_logs``)
+_ANALYSING = threading.local()
+_FILTER_LOCK = threading.Lock()
+_filter_added = False
+
+
+class _NotWhileAnalysing(logging.Filter):
+    """Drops the records a thread logs while it analyses a circuit."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(_ANALYSING, "on", False)
 
 
 @contextlib.contextmanager
 def _quiet_query_context_logs() -> Iterator[None]:
-    """PySpark's logs of analysis errors off while a circuit is analysed: an error there is the
-    circuit's, raised as a ``CircuitError`` naming the operator, and the same error logged
-    before it (several KB of JSON and Java frames on stderr) only buries it. (Process-wide for
-    the moment; a circuit is analysed when a pipeline opens.)"""
-    # (made as PySpark makes them: a plain logger made first would be the one PySpark takes,
-    # and it refuses the fields PySpark logs with)
-    loggers = [PySparkLogger.getLogger(name) for name in _QUERY_CONTEXT_LOGGERS]
-    before = [logger.disabled for logger in loggers]
-    for logger in loggers:
-        logger.disabled = True
+    """PySpark's logs of analysis errors dropped in this thread while it analyses a circuit: an
+    error there is the circuit's, raised as a ``CircuitError`` naming the operator, and the same
+    error logged before it (several KB of JSON and Java frames on stderr) only buries it. Other
+    threads' logs, and this thread's outside, go on as before (a filter on the two loggers, added
+    once, reads a per-thread flag)."""
+    global _filter_added
+    with _FILTER_LOCK:
+        if not _filter_added:
+            # (made as PySpark makes them: a plain logger made first would be the one PySpark
+            # takes, and it refuses the fields PySpark logs with)
+            for name in _QUERY_CONTEXT_LOGGERS:
+                PySparkLogger.getLogger(name).addFilter(_NotWhileAnalysing())
+            _filter_added = True
+    before = getattr(_ANALYSING, "on", False)
+    _ANALYSING.on = True
     try:
         yield
     finally:
-        for logger, disabled in zip(loggers, before):
-            logger.disabled = disabled
+        _ANALYSING.on = before
 
 
 def make_operator(node: Node, schemas: Mapping[int, StructType],

@@ -18,8 +18,8 @@ takes only the ``count`` largest (or smallest) rows of each wanted hash and mark
 taken of a hash that has more (``_cut``): every row of that hash beyond the cut's value was
 taken, so a group's live extreme is found from a few rows a file instead of all its values
 (``Trace.lookup_extreme_rows``). Asked to (``close_ties``: a top-k's rows, whose values tie
-many ways), it takes the rows that tie with the cut row too (``tie_closed_counts``), so the
-rows at the cut's value are all in hand as well and a tie group is read in one round.
+many ways), it takes the rows that tie with the cut row too (``run_search.tie_closed_counts``),
+so the rows at the cut's value are all in hand as well and a tie group is read in one round.
 
 Never a second source of truth. A run is a pure function of one immutable data file: it is named
 by the data file's path (a hash of it) and, every time a process opens it, checked against
@@ -432,12 +432,13 @@ class KeyedRuns:
         ``_hash`` and ``_cut``: True on the least extreme row taken of a hash that has more
         rows than its count (so every row of that hash whose value is strictly beyond the cut
         row's was taken; ties with it may not all be). With ``bounds`` (one value a hash, as
-        ``orderable_numpy`` gives the ``order_by`` column), only the hash's rows not strictly
-        beyond its bound count (``OpenRun.beyond_at_ends``): those beyond are skipped, not
-        read. With ``close_ties``, a cut takes the rows that tie with it too where the run's
-        ``order_by`` values allow (``OpenRun.closable``, ``tie_closed_ends``), and a column
-        ``_closed`` says whether it did (a tie group beyond ``TIE_ROWS_PER_COUNT`` times the
-        count stays cut). None as for ``lookup``."""
+        ``run_search.orderable_numpy`` gives the ``order_by`` column), only the hash's rows not
+        strictly beyond its bound count (``OpenRun.beyond_at_ends``): those beyond are skipped,
+        not read. With ``close_ties``, a cut takes the rows that tie with it too where the
+        run's ``order_by`` values allow (``OpenRun.closable``, ``tie_closed_ends``), and a
+        column ``_closed`` says whether it did (a tie group beyond
+        ``run_search.TIE_ROWS_PER_COUNT`` times the count stays cut). None as for
+        ``lookup``."""
         if self.order_by is None or np.min(count) < 1:
             raise ValueError("lookup_ends needs a run ordered by a column and a count")
         reader = self._usable(data_file, read_file)
