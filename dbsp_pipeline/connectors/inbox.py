@@ -258,6 +258,9 @@ def parse_file(input_name: str, file: str, data: bytes, schema: StructType) -> p
         else:
             return pq.read_table(buffer, **CHECKSUMS_READ)
     except (pa.ArrowException, OSError) as e:
+        if "CRC checksum verification failed" in str(e):  # (``CHECKSUMS_READ``)
+            raise InputError(input_name, f"is damaged: a page's bytes do not match the CRC-32 "
+                             f"its writer recorded ({e})") from None
         raise InputError(input_name, f"cannot be parsed as {os.path.splitext(file)[1][1:]}: "
                          f"{e}") from None
     return codec.typed_text_columns(input_name, table, schema, csv_nulls=file.endswith(".csv"))

@@ -11,6 +11,8 @@ import stat
 import time
 from decimal import Decimal
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from dbsp_pipeline import Circuit, Pipeline
@@ -206,6 +208,29 @@ def test_error_files_are_private_bounded_and_never_overwritten(pipeline, box):
     assert read(box, "orders", "rejected", other).endswith(f"2.0,{huge}\n")
     assert read(box, "orders", "rejected", "bad.csv").endswith(f"{huge},1,3.0\n")
     assert pipeline.step().inputs == {"orders": 0, "customers": 0}  # nothing of them pushed
+
+
+def test_a_parquet_file_whose_bytes_changed_is_rejected_as_damaged(pipeline, box):
+    """A Parquet file written with page checksums (pyarrow's ``write_page_checksum``, Spark's
+    ``parquet.page.write-checksum.enabled``) whose bytes changed on the way is rejected as
+    damaged, not read as other values."""
+    table = pa.table({"order_id": pa.array(range(1000), pa.int64()),
+                      "customer_id": pa.array([1] * 1000, pa.int64()),
+                      "amount": pa.array([float(i) for i in range(1000)])})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="none", write_page_checksum=True)
+    data = bytearray(sink.getvalue().to_pybytes())
+    data[300] ^= 0xFF  # a byte of the first column's values
+    folder = os.path.join(box, "orders")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "damaged.parquet")
+    with open(path, "wb") as fh:
+        fh.write(bytes(data))
+    backdate(path, AGE)
+    problem = inbox.ingest(pipeline, box).rejected["orders"]["damaged.parquet"]
+    assert "input 'orders'" in problem and "is damaged" in problem and "CRC" in problem
+    assert listing(box, "orders", "rejected") == ["damaged.parquet", "damaged.parquet.error.txt"]
+    assert pipeline.step().inputs == {"orders": 0, "customers": 0}
 
 
 # -- typed values ------------------------------------------------------------------------------
