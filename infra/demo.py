@@ -6,7 +6,9 @@ cancellations) to the Kafka topic ``shop.orders``; for each batch the pipeline's
 ``shop_input_arrival`` sensor is evaluated against the Dagster instance in ``$DAGSTER_HOME``
 (default ``var/dagster/home``), and the step run it requests is executed (in this process, so
 no servers are needed) with the sensor's run key and tags; then the checkpoint job runs. Every
-run, materialization and check lands in the instance, so ``make ui`` shows them afterwards.
+run, materialization and check lands in the instance, so ``make ui`` shows them afterwards (on
+the Runs page and in the assets' events; a job's own page lists only runs a code location
+launched, as the console's are, and these ran in this process).
 The views go to Kafka too (``shop.<view>``, in transactions); the demo reads one back with
 ``read_committed`` at the end. ``--no-kafka`` feeds everything through the inbox instead.
 
@@ -134,7 +136,7 @@ def run_demo(args: argparse.Namespace, var: str, log: str, kafka: dict[str, str]
 
     with stderr_to(log), store.open(shop_circuit(), defs.resources["spark"]) as p:
         view = p.view_arrow("revenue_by_region").sort_by("region").to_pylist()
-    print("\nrevenue_by_region (region, total, orders, largest):")
+    print("\nrevenue_by_region (region, total, n, top):")
     for row in view:
         print(f"  {row['region']:<8} {row['total']:>12.2f} {row['n']:>6} {row['top']:>8.2f}")
     if kafka is not None:

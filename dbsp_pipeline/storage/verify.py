@@ -121,7 +121,10 @@ class Damage:
 class TableReport:
     """What verifying one table found: its kind (``manifest``, ``divisions``, ``errors``,
     ``input``, ``output``, ``state``), its newest version, the versions checked, the data files
-    and rows of the newest version checked, and the damage."""
+    and rows of the newest version checked, and the damage. A state table's changes since its
+    Delta version are staged in the manifest's entries (``staged_table.py``): for one, the data
+    files and rows the newest checkpoint stages on top of its Delta version (``staged_files``,
+    ``staged_rows``) and the files it stages as removed (``staged_removes``)."""
 
     table: str
     kind: str
@@ -130,6 +133,9 @@ class TableReport:
     files: int
     rows: int
     damage: tuple[Damage, ...]
+    staged_files: int = 0
+    staged_rows: int = 0
+    staged_removes: int = 0
 
     @property
     def ok(self) -> bool:
@@ -190,16 +196,19 @@ class VerifyReport:
         lines = [f"pipeline root {self.root}: {'ok' if self.ok else 'DAMAGED'}"]
         for t in self.tables:
             versions = ",".join(str(v) for v in t.versions)
+            staged = (f"  + staged files {t.staged_files:>5}  rows {t.staged_rows:>9}"
+                      f"  removed {t.staged_removes:>4}"
+                      if t.staged_files or t.staged_removes else "")
             lines.append(f"  {t.table:<40} {t.kind:<9} newest {_text(t.newest):>5}  checked "
                          f"{versions or '-':<9} files {t.files:>5}  rows {t.rows:>9}  "
-                         f"{'ok' if t.ok else 'DAMAGED'}")
+                         f"{'ok' if t.ok else 'DAMAGED'}{staged}")
             lines += [f"      {d.problem} (version {_text(d.version)}, {d.file})"
                       for d in t.damage]
         for d in self.lost_checkpoints:
             lines.append(f"  a newer checkpoint is unreadable: {d}")
         for c in self.checkpoints:
             state = "intact" if c.intact else "DAMAGED"
-            lines.append(f"  checkpoint {c.version} (step {c.step}): {state}")
+            lines.append(f"  checkpoint {c.version} ({_after(c.step)}): {state}")
             lines += [f"      {d}" for d in c.damage]
             lines += [f"      restoring it sets aside: {d}" for d in c.set_aside]
         lines += [f"  {d} (rebuilt at the next open)" for d in self.side_files]
@@ -213,6 +222,8 @@ class VerifyReport:
             "root": self.root, "ok": self.ok, "newest_intact": self.newest_intact,
             "tables": [{"table": t.table, "kind": t.kind, "newest": t.newest,
                         "versions": list(t.versions), "files": t.files, "rows": t.rows,
+                        "staged_files": t.staged_files, "staged_rows": t.staged_rows,
+                        "staged_removes": t.staged_removes,
                         "ok": t.ok, "damage": damage(t.damage)} for t in self.tables],
             "checkpoints": [{"version": c.version, "step": c.step, "intact": c.intact,
                              "damage": damage(c.damage), "set_aside": damage(c.set_aside)}
@@ -903,9 +914,28 @@ class _RootScan:
             for c in self.checkpoints():
                 damage += [d for d in self.checkpoint_damage(c) if d.table == table]
             last = self._snapshots[(table, versions[-1])] if versions else _Snapshot()
-            reports.append(TableReport(table, kind, log.newest, versions, last.files,
-                                       last.rows, tuple(_unique(damage))))
+            adds, removes = self._staged_on(table) if kind == "state" else ([], [])
+            reports.append(TableReport(
+                table, kind, log.newest, versions, last.files, last.rows, tuple(_unique(damage)),
+                staged_files=len(adds),
+                staged_rows=sum(_num_records(a.get("stats")) or 0 for a in adds),
+                staged_removes=len(removes)))
         return reports
+
+    def _staged_on(self, table: str) -> tuple[list[dict[str, Any]], list[object]]:
+        """The add records and removed paths the newest readable checkpoint stages on state
+        table ``table`` (none when it stages nothing there, or records it unreadably: that is
+        damage, reported with the checkpoint)."""
+        checkpoints = self.checkpoints()
+        if not checkpoints:
+            return [], []
+        record = checkpoints[0].entry.get(STAGED_KEY, {}).get(table.split("/", 1)[1], {})
+        if not isinstance(record, dict):
+            return [], []
+        adds, removes = record.get("adds", []), record.get("removes", [])
+        if not isinstance(adds, list) or not all(isinstance(a, dict) for a in adds):
+            adds = []
+        return adds, removes if isinstance(removes, list) else []
 
     def _retired_tables(self) -> set[str]:
         """The state tables the newest checkpoint lists as retired and no retained checkpoint
@@ -940,7 +970,7 @@ class _RootScan:
                 break
         more = f" (and {len(damage) - 1} more problems)" if len(damage) > 1 else ""
         if intact is not None:
-            remedy = (f"checkpoint {intact.version} (step {intact.step}) is intact: restore it "
+            remedy = (f"checkpoint {intact.version} ({_after(intact.step)}) is intact: restore it "
                       f"with Pipeline(..., checkpoint={intact.version}) or the restore job; "
                       "the damaged newer state is set aside and the steps since are executed "
                       "again from their recorded input")
@@ -954,6 +984,11 @@ class _RootScan:
 
 
 # -- helpers -------------------------------------------------------------------------------
+
+def _after(step: int) -> str:
+    """A checkpoint's place among the steps, from the next step it records."""
+    return f"after step {step - 1}" if step > 0 else "before any step"
+
 
 def _data_file_problem(path: str, size: int | None, rows: int | None) -> str | None:
     """What is wrong with the data file at ``path`` that its add action records with ``size``

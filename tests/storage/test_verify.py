@@ -110,7 +110,7 @@ def test_a_damaged_newest_commit_is_named_and_never_read(spark, built, tmp_path,
         with pytest.raises(CorruptStateError, match="checkpoint 2 cannot be restored"):
             Pipeline(circuit(), root, spark, checkpoint=2)
         return
-    assert f"checkpoint {intact} (step 2) is intact" in str(error)
+    assert f"checkpoint {intact} (after step 1) is intact" in str(error)
     # Restoring it sets the damaged newer state aside and executes step 2 again.
     assert step_once_more(root, spark, checkpoint=intact) == EXPECTED
     assert os.listdir(os.path.join(root, table, SET_ASIDE_DIR))
@@ -223,3 +223,27 @@ def test_verify_reports_every_table_and_checkpoint(built, tmp_path):
     assert all(t.ok for name, t in tables.items() if name != TRACE)
     assert f"{TRACE}" in report.describe() and "DAMAGED" in report.describe()
     assert report.to_dict()["checkpoints"][0]["damage"][0]["file"] == commit
+
+
+def test_the_report_counts_what_a_checkpoint_stages_on_a_state_table(spark, tmp_path,
+                                                                     monkeypatch):
+    """Between folds a state table's changes are staged in the manifest's entries, not in its
+    Delta log: the report counts them beside the Delta version's files (an operator reading
+    only those would think the state empty), and names each checkpoint by the step after which
+    it was taken."""
+    monkeypatch.setattr(state_db, "FOLD_ACTIONS", 32)  # (the module folds at every checkpoint)
+    root = str(tmp_path / "root")
+    with Pipeline(circuit(), root, spark) as p:
+        for i in range(3):
+            p.push("x", [(i * 10 + j, r) for j, r in enumerate("abc")])
+            p.step()
+    report = verify(root)
+    assert report.ok
+    groups = next(t for t in report.tables if t.table == TRACE)
+    assert groups.staged_files >= 3  # (one file a step: no merge yet)
+    assert groups.staged_rows > 0
+    line = next(line for line in report.describe().splitlines() if TRACE in line)
+    assert f"+ staged files {groups.staged_files:>5}  rows {groups.staged_rows:>9}" in line
+    assert "checkpoint 3 (after step 2): intact" in report.describe()
+    assert report.to_dict()["tables"][[t.table for t in report.tables].index(TRACE)][
+        "staged_files"] == groups.staged_files
