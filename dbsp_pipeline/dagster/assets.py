@@ -51,11 +51,14 @@ class StepConfig(dg.Config):
 
 
 def input_assets(ref: PipelineRef) -> list[dg.AssetSpec]:
-    """The inputs, as assets written outside Dagster (pushes, the inbox, Kafka)."""
+    """The inputs, as assets written outside Dagster (pushes, the inbox, Kafka); each step run
+    observes what its steps read of them (``views_asset``)."""
     schemas = ref.circuit.input_schemas
     return [dg.AssetSpec(ref.input_key(name), group_name=ref.name, kinds={"delta"},
                          description=f"input '{name}' of pipeline '{ref.name}' ({schemas[name]}): "
-                                     "its durable log, written by pushes",
+                                     "its durable log, written by pushes (the inbox, "
+                                     "Kafka, the API); each step run observes the rows its "
+                                     "steps read and the log version they read up to",
                          metadata={COLUMN_SCHEMA: column_schema(
                              ddl_column_types(schemas[name]))})
             for name in ref.circuit.inputs]
@@ -122,6 +125,14 @@ def views_asset(ref: PipelineRef) -> dg.AssetsDefinition:
                     "state_version": pipeline.state_version,
                     "rejected_records": sum(n for r in results for n in r.rejected.values()),
                 }
+                consumed = pipeline.step_info(results[-1].step).inputs
+                for name in circuit.inputs:  # what the steps read of each input, observed
+                    context.log_event(dg.AssetObservation(
+                        asset_key=ref.input_key(name), metadata={
+                            "step": results[-1].step,
+                            "rows_read": sum(r.inputs.get(name, 0) for r in results),
+                            "log_version": consumed.get(name, (0, 0))[1],
+                            "rows": pipeline.input_view_arrow(name).num_rows}))
                 for view in circuit.outputs:
                     changed = sum(r.outputs.get(view) or 0 for r in results)
                     yield dg.MaterializeResult(asset_key=ref.view_key(view), metadata={
