@@ -131,8 +131,7 @@ def views_asset(ref: PipelineRef) -> dg.AssetsDefinition:
                         asset_key=ref.input_key(name), metadata={
                             "step": results[-1].step,
                             "rows_read": sum(r.inputs.get(name, 0) for r in results),
-                            "log_version": consumed.get(name, (0, 0))[1],
-                            "rows": pipeline.input_view_arrow(name).num_rows}))
+                            "log_version": consumed.get(name, (0, 0))[1]}))
                 for view in circuit.outputs:
                     changed = sum(r.outputs.get(view) or 0 for r in results)
                     yield dg.MaterializeResult(asset_key=ref.view_key(view), metadata={
