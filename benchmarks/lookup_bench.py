@@ -881,16 +881,16 @@ def main() -> None:
                   flush=True)
     creation["end"] = file_creation_ms()
     emit({"figure": "file_creation_ms", "when": "end", "value": creation["end"]})
-    table(rows)
     for record in growths(rows):
         emit(record)
+    if lines is not None and partial is not None:  # every figure is in: the run's lines stand
+        lines.close()
+        os.replace(partial, args.json)
+    table(rows)
     print(f"\ncreating an empty file here took {creation['start']:.3f} ms at the start and "
           f"{creation['end']:.3f} ms at the end (a driver step creates about seven files)")
     if args.plot:
         plot(rows, args.plot)
-    if lines is not None and partial is not None:
-        lines.close()
-        os.replace(partial, args.json)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,11 @@ from dbsp_pipeline.operators.join import Join
 from dbsp_pipeline.operators.linear import Conform, Filter, Negate, Repeat, Select, Union
 from dbsp_pipeline.operators.top_k import OrderKey, TopK, ranked_schema
 from dbsp_pipeline.runtime import scatter
-from dbsp_pipeline.runtime.circuit_diff import positional_state_name, positional_state_names
+from dbsp_pipeline.runtime.circuit_diff import (
+    NODE_REFERENCES,
+    positional_state_name,
+    positional_state_names,
+)
 from dbsp_pipeline.runtime.exchange import OwnedChange
 from dbsp_pipeline.runtime.owner_exec import gang_stages, owner_stage
 from dbsp_pipeline.runtime.results import add_seconds
@@ -318,8 +322,10 @@ class Plan:
         what = _describe(node)
         views = self._views_fed.get(node.id, [])
         if views and node.op != "input":
-            what += f" (in view{'s' if len(views) > 1 else ''} " \
-                    f"{', '.join(repr(v) for v in views)})"
+            named = ", ".join(repr(v) for v in views[:_VIEWS_NAMED])
+            more = len(views) - _VIEWS_NAMED
+            what += f" (in view{'s' if len(views) > 1 else ''} {named}" \
+                    f"{f' and {more} more' if more > 0 else ''})"
         if node.op == "input":
             return self._ddl(what, node.params["schema"])
         if node.op == "constant":
@@ -624,7 +630,8 @@ def _schemas_digest(schemas: object) -> str:
 
 
 def _views_fed(circuit: Circuit) -> dict[int, list[str]]:
-    """Per node, the output views its change flows into (sorted): where a user finds it."""
+    """Per node, the output views its change flows into (sorted), through its readers' inputs
+    and the nodes they take a schema from (``conform``'s ``like``): where a user finds it."""
     fed: dict[int, set[str]] = {}
     for view, node_id in circuit.outputs.items():
         stack = [node_id]
@@ -633,8 +640,14 @@ def _views_fed(circuit: Circuit) -> dict[int, list[str]]:
             if view in fed.setdefault(n, set()):
                 continue
             fed[n].add(view)
-            stack.extend(circuit.nodes[n].inputs)
+            node = circuit.nodes[n]
+            stack.extend(node.inputs)
+            stack.extend(node.params[r] for r in NODE_REFERENCES.get(node.op, ()))
     return {n: sorted(views) for n, views in fed.items()}
+
+
+#: an operator's error names at most this many of the views it feeds
+_VIEWS_NAMED = 3
 
 
 def _describe(node: Node) -> str:

@@ -437,7 +437,8 @@ class StateDatabase:
         for _, entry in self.retained_entries(max(1, retained)):
             step = int(entry.get("step", 0))
             if entry["version"] == version and step < from_step:
-                return (f"checkpoint {version} (step {step}) of the state at {self.root} cannot "
+                after = f"after step {step - 1}" if step > 0 else "before any step"
+                return (f"checkpoint {version} ({after}) of the state at {self.root} cannot "
                         f"be restored: it was compacted, the division log keeps the divisions "
                         f"from step {from_step} on (compacted_below) and restoring it would "
                         f"execute steps {step}..{from_step - 1} again; retained checkpoints: "

@@ -124,7 +124,8 @@ class TableReport:
     and rows of the newest version checked, and the damage. A state table's changes since its
     Delta version are staged in the manifest's entries (``staged_table.py``): for one, the data
     files and rows the newest checkpoint stages on top of its Delta version (``staged_files``,
-    ``staged_rows``) and the files it stages as removed (``staged_removes``)."""
+    ``staged_rows``) and how many files it stages as removed (``staged_removes``; their rows
+    are not counted, so files and rows plus the staged ones are not the table's rows)."""
 
     table: str
     kind: str
@@ -933,9 +934,12 @@ class _RootScan:
         if not isinstance(record, dict):
             return [], []
         adds, removes = record.get("adds", []), record.get("removes", [])
-        if not isinstance(adds, list) or not all(isinstance(a, dict) for a in adds):
-            adds = []
-        return adds, removes if isinstance(removes, list) else []
+        if not isinstance(adds, list) or not all(isinstance(a, dict) and "path" in a
+                                                 for a in adds):
+            adds = []  # (as ``_staged_damage`` finds it: unreadable)
+        if not isinstance(removes, list) or not all(isinstance(r, str) for r in removes):
+            removes = []
+        return adds, removes
 
     def _retired_tables(self) -> set[str]:
         """The state tables the newest checkpoint lists as retired and no retained checkpoint

@@ -175,4 +175,11 @@ def test_a_bad_operator_is_named_with_the_views_it_feeds(spark, tmp_path):
     c.output("other", x)
     with pytest.raises(CircuitError, match=r"operator #1 aggregate by \['nope'\] "
                                            r"\(in views 'first', 'second'\): group_by column"):
-        Pipeline(c, root=str(tmp_path), spark=spark)
+        Pipeline(c, root=str(tmp_path / "two"), spark=spark)
+    many = Circuit("bad")
+    shared = many.input("x", "a INT").filter("nope > 1")
+    for name in "abcde":
+        many.output(name, shared)
+    with pytest.raises(CircuitError, match=r"operator #1 filter 'nope > 1' "
+                                           r"\(in views 'a', 'b', 'c' and 2 more\): "):
+        Pipeline(many, root=str(tmp_path / "five"), spark=spark)

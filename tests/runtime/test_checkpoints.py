@@ -66,7 +66,7 @@ def test_raising_retention_does_not_bring_back_checkpoints_whose_divisions_were_
         assert p.engine.divisions.compacted_below == 8
         p.retain_checkpoints = 5
         assert [(c.version, c.step) for c in p.checkpoints()] == [(5, 10), (4, 8)]
-        with pytest.raises(UsageError, match=r"checkpoint 3 \(step 6\).*compacted.*step 8"):
+        with pytest.raises(UsageError, match=r"checkpoint 3 \(after step 5\).*compacted.*step 8"):
             p.restore(3)
         report = p.verify()
         assert report.ok, report.describe()
@@ -77,9 +77,9 @@ def test_raising_retention_does_not_bring_back_checkpoints_whose_divisions_were_
         assert p.recovered_steps == []
         assert [c.step for c in p.checkpoints()][-1] == 8
         assert p.verify().ok
-        with pytest.raises(UsageError, match=r"checkpoint 3 \(step 6\).*compacted"):
+        with pytest.raises(UsageError, match=r"checkpoint 3 \(after step 5\).*compacted"):
             p.restore(3)
-    with pytest.raises(UsageError, match=r"checkpoint 3 \(step 6\).*compacted"):
+    with pytest.raises(UsageError, match=r"checkpoint 3 \(after step 5\).*compacted"):
         Pipeline(workload.circuit(), root, spark, retain_checkpoints=5, checkpoint=3)
     with Pipeline(workload.circuit(), root, spark, retain_checkpoints=5) as p:
         p.collect_garbage(grace_seconds=0)  # the compacted checkpoints are garbage, as before
