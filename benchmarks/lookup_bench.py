@@ -883,9 +883,9 @@ def main() -> None:
     emit({"figure": "file_creation_ms", "when": "end", "value": creation["end"]})
     for record in growths(rows):
         emit(record)
-    if lines is not None and partial is not None:  # every figure is in: the run's lines stand
+    if lines is not None:  # every figure is in: the run's lines stand
         lines.close()
-        os.replace(partial, args.json)
+        os.replace(lines.name, args.json)
     table(rows)
     print(f"\ncreating an empty file here took {creation['start']:.3f} ms at the start and "
           f"{creation['end']:.3f} ms at the end (a driver step creates about seven files)")

@@ -87,16 +87,15 @@ class Plan:
             positional_state_names(circuit.describe()) if state_names is None else state_names)
         self.schemas: dict[int, StructType] = {}
         self.operators: dict[int, Operator] = {}
-        #: per node, the views it feeds (named in its errors)
-        self._views_fed = _views_fed(circuit)
         cached = _load_schemas(schema_cache, circuit)
         if cached is not None:
             self.schemas = cached
         else:
             if isinstance(spark, LazySession):
                 spark.get()  # parsing DDL needs an active session
+            views = _views_fed(circuit)  # (named in an operator's errors)
             for node in circuit.nodes:
-                self.schemas[node.id] = self._schema(node)
+                self.schemas[node.id] = self._schema(node, views.get(node.id, []))
             _store_schemas(schema_cache, circuit, self.schemas)
         for node in circuit.nodes:
             if node.op != "input":
@@ -316,11 +315,10 @@ class Plan:
         return [t for op in self.operators.values() for t in op.state_traces()]
 
     # -- schemas ---------------------------------------------------------------------------
-    def _schema(self, node: Node) -> StructType:
+    def _schema(self, node: Node, views: Sequence[str]) -> StructType:
         """``node``'s columns as Spark analyses them, checked; a ``CircuitError`` naming the
-        node and the views it feeds."""
+        node and ``views``, the views it feeds."""
         what = _describe(node)
-        views = self._views_fed.get(node.id, [])
         if views and node.op != "input":
             named = ", ".join(repr(v) for v in views[:_VIEWS_NAMED])
             more = len(views) - _VIEWS_NAMED

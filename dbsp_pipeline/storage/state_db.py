@@ -77,6 +77,12 @@ _MANIFEST_SCHEMA = StructType([
 ])
 
 
+def checkpoint_place(step: int) -> str:
+    """Where a checkpoint stands among the steps, from the next step its entry records: how
+    reports and errors name it ("after step 4", "before any step")."""
+    return f"after step {step - 1}" if step > 0 else "before any step"
+
+
 class StateDatabase:
     """Versioned operator state under ``root``. See the module docstring for the contract."""
 
@@ -437,8 +443,8 @@ class StateDatabase:
         for _, entry in self.retained_entries(max(1, retained)):
             step = int(entry.get("step", 0))
             if entry["version"] == version and step < from_step:
-                after = f"after step {step - 1}" if step > 0 else "before any step"
-                return (f"checkpoint {version} ({after}) of the state at {self.root} cannot "
+                return (f"checkpoint {version} ({checkpoint_place(step)}) of the state at "
+                        f"{self.root} cannot "
                         f"be restored: it was compacted, the division log keeps the divisions "
                         f"from step {from_step} on (compacted_below) and restoring it would "
                         f"execute steps {step}..{from_step - 1} again; retained checkpoints: "

@@ -83,7 +83,11 @@ from dbsp_pipeline.storage.small_files import (
     read_text,
 )
 from dbsp_pipeline.storage.staged_table import STAGED_KEY
-from dbsp_pipeline.storage.state_db import MANIFEST_DIR, RETIRED_TABLES_KEY
+from dbsp_pipeline.storage.state_db import (
+    MANIFEST_DIR,
+    RETIRED_TABLES_KEY,
+    checkpoint_place,
+)
 from dbsp_pipeline.storage.table_store import root_uri
 
 #: the tables of a pipeline root, by kind: (folder, kind, one table or a folder of tables)
@@ -209,7 +213,7 @@ class VerifyReport:
             lines.append(f"  a newer checkpoint is unreadable: {d}")
         for c in self.checkpoints:
             state = "intact" if c.intact else "DAMAGED"
-            lines.append(f"  checkpoint {c.version} ({_after(c.step)}): {state}")
+            lines.append(f"  checkpoint {c.version} ({checkpoint_place(c.step)}): {state}")
             lines += [f"      {d}" for d in c.damage]
             lines += [f"      restoring it sets aside: {d}" for d in c.set_aside]
         lines += [f"  {d} (rebuilt at the next open)" for d in self.side_files]
@@ -407,6 +411,21 @@ class _Checkpoint:
         """The version of state table ``state/<name>`` this checkpoint records (0: none)."""
         return int(self.entry.get("traces", {}).get(table.split("/", 1)[1], 0))
 
+    def staged_record(self, table: str) -> object:
+        """What this checkpoint stages on state table ``state/<name>``: ``staged_table.py``'s
+        record (a dict) as the entry holds it, ``{}`` for nothing."""
+        return self.entry.get(STAGED_KEY, {}).get(table.split("/", 1)[1], {})
+
+    def staged_adds(self, table: str) -> list[dict[str, Any]] | None:
+        """The add records this checkpoint stages on state table ``table``; None when they
+        cannot be read (not a list of records with a path: damage)."""
+        record = self.staged_record(table)
+        adds = record.get("adds", []) if isinstance(record, dict) else None
+        if not isinstance(adds, list) or not all(isinstance(a, dict) and "path" in a
+                                                 for a in adds):
+            return None
+        return adds
+
 
 # -- a whole root ---------------------------------------------------------------------------
 
@@ -592,10 +611,8 @@ class _RootScan:
 
     def _staged_damage(self, cp: _Checkpoint, table: str) -> list[Damage]:
         """The damage in the data files checkpoint ``cp`` stages on state table ``table``."""
-        record = cp.entry.get(STAGED_KEY, {}).get(table.split("/", 1)[1], {})
-        adds = record.get("adds", []) if isinstance(record, dict) else None
-        if not isinstance(adds, list) or not all(isinstance(a, dict) and "path" in a
-                                                 for a in adds):
+        adds = cp.staged_adds(table)
+        if adds is None:
             return [Damage(table, cp.version_of(table), self.manifest.path(cp.manifest_version)
                            if self.manifest is not None else table,
                            f"checkpoint {cp.version} records unreadable staged actions")]
@@ -930,16 +947,12 @@ class _RootScan:
         checkpoints = self.checkpoints()
         if not checkpoints:
             return [], []
-        record = checkpoints[0].entry.get(STAGED_KEY, {}).get(table.split("/", 1)[1], {})
-        if not isinstance(record, dict):
-            return [], []
-        adds, removes = record.get("adds", []), record.get("removes", [])
-        if not isinstance(adds, list) or not all(isinstance(a, dict) and "path" in a
-                                                 for a in adds):
-            adds = []  # (as ``_staged_damage`` finds it: unreadable)
+        newest = checkpoints[0]
+        record = newest.staged_record(table)
+        removes = record.get("removes", []) if isinstance(record, dict) else []
         if not isinstance(removes, list) or not all(isinstance(r, str) for r in removes):
             removes = []
-        return adds, removes
+        return newest.staged_adds(table) or [], removes
 
     def _retired_tables(self) -> set[str]:
         """The state tables the newest checkpoint lists as retired and no retained checkpoint
@@ -974,8 +987,9 @@ class _RootScan:
                 break
         more = f" (and {len(damage) - 1} more problems)" if len(damage) > 1 else ""
         if intact is not None:
-            remedy = (f"checkpoint {intact.version} ({_after(intact.step)}) is intact: restore it "
-                      f"with Pipeline(..., checkpoint={intact.version}) or the restore job; "
+            remedy = (f"checkpoint {intact.version} ({checkpoint_place(intact.step)}) is "
+                      f"intact: restore it with Pipeline(..., checkpoint={intact.version}) or "
+                      "the restore job; "
                       "the damaged newer state is set aside and the steps since are executed "
                       "again from their recorded input")
         else:
@@ -988,11 +1002,6 @@ class _RootScan:
 
 
 # -- helpers -------------------------------------------------------------------------------
-
-def _after(step: int) -> str:
-    """A checkpoint's place among the steps, from the next step it records."""
-    return f"after step {step - 1}" if step > 0 else "before any step"
-
 
 def _data_file_problem(path: str, size: int | None, rows: int | None) -> str | None:
     """What is wrong with the data file at ``path`` that its add action records with ``size``
