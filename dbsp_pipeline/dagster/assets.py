@@ -136,7 +136,7 @@ def views_asset(ref: PipelineRef) -> dg.AssetsDefinition:
                     changed = sum(r.outputs.get(view) or 0 for r in results)
                     yield dg.MaterializeResult(asset_key=ref.view_key(view), metadata={
                         "step": results[-1].step, **common,
-                        "rows": pipeline.view_arrow(view).num_rows,
+                        "rows": pipeline.view_rows(view),
                         "rows_changed": changed,
                         "lag_seconds": round(done - arrived, 3) if arrived else 0.0,
                         COLUMN_SCHEMA: column_schema(struct_columns(pipeline.view_schema(view))),

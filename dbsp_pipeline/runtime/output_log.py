@@ -431,6 +431,27 @@ class OutputLog:
         rows = self.table.read_arrow(files, where=pc.field(STEP) == step)
         return rows.select([*self.schema.fieldNames(), WEIGHT])
 
+    def view_rows(self) -> int:
+        """How many rows the view's newest value has, as SQL counts them (a row held twice
+        counts twice; the sum of the weights of every written step's change).
+
+        A file whose rows all have one weight (a consolidated set, as history compaction
+        leaves the view; a change of inserts only) is counted from its statistics, and only
+        the ``_weight`` column of the others is read: the cost follows the changes with
+        retractions the log still holds one by one, not the view's rows (``view_arrow`` reads
+        and consolidates every row of every step)."""
+        total, unread = 0, []
+        for f in self._files():
+            known = f.weight_sum
+            if known is None:
+                unread.append(f)
+            else:
+                total += known
+        if unread:
+            weights = self.table.read_arrow(unread, columns=[WEIGHT]).column(WEIGHT)
+            total += int(pc.sum(weights).as_py() or 0)
+        return total
+
     def view_arrow(self, sql: LocalSQL) -> pa.Table:
         """The view's newest value read on the driver: payload + ``_weight``, consolidated."""
         files = self._files()

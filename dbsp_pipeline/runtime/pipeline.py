@@ -776,6 +776,12 @@ class Pipeline:
         """``view(name)`` (the newest value) read on the driver, as Arrow: no Spark needed."""
         return self._output(name).view_arrow(self._engine.sql)
 
+    def view_rows(self, name: str) -> int:
+        """How many rows ``view(name)`` has, as ``SELECT count(*)`` over it counts them (a row
+        of weight 2 counts twice), read from the log's file statistics and the weights of its
+        changes with retractions: it does not read the view's rows (``OutputLog.view_rows``)."""
+        return self._output(name).view_rows()
+
     def changes(self, name: str, since: int = 0) -> DataFrame:
         """Every change of output ``name`` from step ``since`` on: payload + ``_step`` +
         ``_weight``."""

@@ -165,8 +165,9 @@ class DeltaTableStore:
         rows = actions.get("num_records", none)
         lo, hi = actions.get("min._shard", none), actions.get("max._shard", none)
         slo, shi = actions.get("min._step", none), actions.get("max._step", none)
-        return [DataFile(self.path(p), int(n or 0), a, b, c, d)
-                for p, n, a, b, c, d in zip(paths, rows, lo, hi, slo, shi)]
+        wlo, whi = actions.get("min._weight", none), actions.get("max._weight", none)
+        return [DataFile(self.path(p), int(n or 0), a, b, c, d, e, f)
+                for p, n, a, b, c, d, e, f in zip(paths, rows, lo, hi, slo, shi, wlo, whi)]
 
     def added_files(self, lower: int, upper: int, data_only: bool = False) -> list[DataFile]:
         if upper <= lower:

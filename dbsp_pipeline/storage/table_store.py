@@ -47,7 +47,8 @@ ACTIONS_KEY = "dbsp.actions"
 @dataclass(frozen=True)
 class DataFile:
     """One committed Parquet file: its absolute path (or object URI), row count, and (for traces)
-    its shard range or (for output logs) its step range, from the file's statistics."""
+    its shard range or (for output logs) its step range, and the range of its weights, from the
+    file's statistics (None where they hold none)."""
 
     path: str
     rows: int
@@ -55,13 +56,23 @@ class DataFile:
     shard_max: int | None = None
     step_min: int | None = None
     step_max: int | None = None
+    weight_min: int | None = None
+    weight_max: int | None = None
+
+    @property
+    def weight_sum(self) -> int | None:
+        """The sum of the file's weights, when its statistics alone say it (every row has the
+        same weight, as in a consolidated set); None: read them."""
+        if self.weight_min is None or self.weight_min != self.weight_max:
+            return None
+        return self.weight_min * self.rows
 
     @classmethod
     def from_stats(cls, path: str, stats: str) -> DataFile:
         s = json.loads(stats)
         lo, hi = s.get("minValues", {}), s.get("maxValues", {})
         return cls(path, int(s.get("numRecords", 0)), lo.get("_shard"), hi.get("_shard"),
-                   lo.get("_step"), hi.get("_step"))
+                   lo.get("_step"), hi.get("_step"), lo.get("_weight"), hi.get("_weight"))
 
     @classmethod
     def from_rows(cls, path: str, rows: pa.Table) -> DataFile:
@@ -69,13 +80,13 @@ class DataFile:
         gives for it once written (for a file written in the background,
         ``storage/write_behind.py``)."""
         ranges: dict[str, tuple[int | None, int | None]] = {}
-        for column in ("_shard", "_step"):
+        for column in ("_shard", "_step", "_weight"):
             if column in rows.column_names and rows.num_rows:
                 bounds = pc.min_max(rows.column(column))
                 ranges[column] = (bounds["min"].as_py(), bounds["max"].as_py())
             else:
                 ranges[column] = (None, None)
-        return cls(path, rows.num_rows, *ranges["_shard"], *ranges["_step"])
+        return cls(path, rows.num_rows, *ranges["_shard"], *ranges["_step"], *ranges["_weight"])
 
 
 @dataclass(frozen=True)
