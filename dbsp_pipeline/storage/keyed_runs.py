@@ -484,19 +484,18 @@ class KeyedRuns:
         opened = _CHECKED.get(path, owner) if self.share_checked else None
         if opened is None:
             identity = _CHECKED.identity(path)
-            reader = self._checked(data_file)
-            if reader is None and not self.build_on_miss:
+            opened = self._checked(data_file)
+            if opened is None and not self.build_on_miss:
                 self.build_later(data_file)  # for the next lookups; this one reads the file
                 return None
-            if reader is None:
+            if opened is None:
                 self._write(data_file, read_file(data_file))
                 self.built += 1
                 identity = _CHECKED.identity(path)
-                reader = self._checked(data_file)
-                if reader is None:  # written just now: only a failing disk gets here
+                opened = self._checked(data_file)
+                if opened is None:  # written just now: only a failing disk gets here
                     raise OSError(f"the keyed run {path} of {data_file.path} "
                                   "cannot be read back")
-            opened = OpenRun.of(reader)
             if identity is not None and self.share_checked:
                 _CHECKED.put(path, owner, identity, opened)
         self._open[data_file.path] = opened
@@ -510,9 +509,9 @@ class KeyedRuns:
         return (f"{self._checked_as}|{data_file.path}|{data_file.rows}|"
                 f"{data_file.shard_min}|{data_file.shard_max}")
 
-    def _checked(self, data_file: DataFile) -> pa.ipc.RecordBatchFileReader | None:
-        """The run of ``data_file`` if it is there, whole and of this file and format (see the
-        module docstring); None otherwise. A run file that fails its checks is removed
+    def _checked(self, data_file: DataFile) -> OpenRun | None:
+        """The run of ``data_file``, opened, if it is there, whole and of this file and format
+        (see the module docstring); None otherwise. A run file that fails its checks is removed
         (``_reject``), so it is built again (``build_later`` builds only missing runs); one that
         cannot be opened or read now (a missing file, no file descriptor left, a read error)
         is left as it is."""
@@ -524,39 +523,40 @@ class KeyedRuns:
             return None
         try:
             reader = pa.ipc.open_file(mapped)
-            whole = self._holds(reader, data_file, _TRUSTED.holds(path, identity))
+            batches = self._batches_if_whole(reader, data_file, _TRUSTED.holds(path, identity))
         except (OSError, MemoryError):
             return None  # (a read that failed, not a run found damaged)
         except (ValueError, pa.ArrowException):  # not an Arrow file, or a checksum's text
-            whole = False
-        if not whole:
+            batches = None
+        if batches is None:
             _reject(path, identity)
             return None
         _TRUSTED.put(path, identity)
-        return reader
+        return OpenRun.of(reader, batches)
 
-    def _holds(self, reader: pa.ipc.RecordBatchFileReader, data_file: DataFile,
-                trusted: bool) -> bool:
-        """Whether the run ``reader`` opened is the run of ``data_file``: this trace's schema
-        and format, the file's row count and ``_shard`` range, and every batch's checksum
-        (only its presence when the run is ``trusted``: ``_TrustedRuns``)."""
+    def _batches_if_whole(self, reader: pa.ipc.RecordBatchFileReader, data_file: DataFile,
+                          trusted: bool) -> list[pa.RecordBatch] | None:
+        """The record batches of the run ``reader`` opened, if it is the run of ``data_file``
+        (else None): this trace's schema and format, the file's row count and ``_shard`` range,
+        and every batch's checksum (only its presence when the run is ``trusted``:
+        ``_TrustedRuns``). The batches are got once, for the checks and the open run alike."""
         if not reader.schema.equals(self.run_schema.with_metadata(
                 self._metadata(data_file)), check_metadata=True):
-            return False
+            return None
         batches = [reader.get_batch_with_custom_metadata(b)
                    for b in range(reader.num_record_batches)]
         if sum(batch.num_rows for batch, _ in batches) != data_file.rows:
-            return False
+            return None
         for batch, metadata in batches:
             recorded = None if metadata is None else metadata.get(CHECKSUM_KEY)
             if recorded is None or (not trusted and int(recorded) != _batch_checksum(batch)):
-                return False  # a run of format 1, or bytes changed since it was written
+                return None  # a run of format 1, or bytes changed since it was written
         if batches and data_file.shard_min is not None and data_file.shard_max is not None:
             first = int(np.uint64(batches[0][0].column(HASH)[0].as_py()) >> _SHARD_SHIFT)
             last = int(np.uint64(batches[-1][0].column(HASH)[-1].as_py()) >> _SHARD_SHIFT)
             if first != data_file.shard_min or last != data_file.shard_max:
-                return False
-        return True
+                return None
+        return [batch for batch, _ in batches]
 
     # -- upkeep -------------------------------------------------------------------------------
     def retain(self, data_files: Iterable[DataFile | str]) -> int:

@@ -16,7 +16,7 @@ Pure: reads the arrays it is given, writes no file, keeps no state but an ``Open
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -74,9 +74,13 @@ class OpenRun:
     closable_columns: dict[str, bool] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, file: pa.ipc.RecordBatchFileReader) -> OpenRun:
-        batches = [batch for batch in (file.get_batch(b) for b in range(file.num_record_batches))
-                   if batch.num_rows]
+    def of(cls, file: pa.ipc.RecordBatchFileReader,
+           batches: Sequence[pa.RecordBatch] | None = None) -> OpenRun:
+        """The run ``file`` opened; ``batches``: its record batches, when the caller got them
+        already (all of them, in order)."""
+        if batches is None:
+            batches = [file.get_batch(b) for b in range(file.num_record_batches)]
+        batches = [batch for batch in batches if batch.num_rows]
         hashes = [batch.column(HASH).to_numpy() for batch in batches]
         lengths = np.array([len(h) for h in hashes], dtype=np.int64)
         return cls(file, batches, hashes,
