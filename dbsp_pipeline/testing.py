@@ -10,7 +10,9 @@ compaction: same content, other files) or ``restore`` (a rollback). A Delta log 
 ``<role>.cleanup.between`` after each deleted file but the last (the files go one at a time,
 oldest first) and ``<role>.cleanup.after``; one that deletes nothing passes none. Setting
 table properties (``TableStore.set_properties``, a metadata-only commit) passes
-``<role>.properties.before`` and ``.after`` when it commits. The engine
+``<role>.properties.before`` and ``.after`` when it commits; making columns nullable
+(``TableStore.drop_not_null``, metadata-only too) ``<role>.schema.before`` and ``.after``. The
+engine
 passes a few more points outside storage (``rescale.*``, ``kafka.transaction.*``). A test:
 
 * arms a point in process with ``arm(name, n)``: its n-th pass raises ``InjectedCrash`` (a
@@ -89,6 +91,16 @@ class FaultInjectingTableStore:
 
     def properties(self) -> dict[str, str]:
         return self.inner.properties()
+
+    def drop_not_null(self, columns: Sequence[str], *,
+                      expected_version: int | None = None) -> bool:
+        stored = self.inner.stored_schema()
+        if all(c not in stored.names or stored.field(c).nullable for c in columns):
+            return False  # nothing durable happens: no crash point
+        hit(f"{self.role}.schema.before")
+        changed = self.inner.drop_not_null(columns, expected_version=expected_version)
+        hit(f"{self.role}.schema.after")
+        return changed
 
     def stored_schema(self) -> pa.Schema:
         return self.inner.stored_schema()

@@ -304,6 +304,7 @@ def operation_jobs(ref: PipelineRef) -> dict[str, dg.JobDefinition]:
                 "migrations": [f"{a}->{b}" for a, b in info.migrations],
                 "table_properties_set": info.table_properties,
                 "traces_widened": info.widened,
+                "views_made_nullable": info.relaxed,
                 "replayed_steps": [r.step for r in p.recovered_steps],
                 "state_version": p.state_version, "next_step": p.next_step})
 

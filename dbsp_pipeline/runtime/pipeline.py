@@ -337,6 +337,7 @@ class Pipeline:
             # settle it set them)
             self.upgrade_info.table_properties = manifest + (
                 engine_upgrade.set_table_properties(self._engine) if planned is None else [])
+            self.upgrade_info.relaxed = engine_upgrade.relax_view_columns(self._engine)
         self._lock = threading.RLock()  # one push, step or commit at a time
         self._control = threading.Condition()  # run() and pause/stop/resume
         self._running = False

@@ -37,6 +37,7 @@ from pyspark.sql.types import (
     NumericType,
     ShortType,
     StringType,
+    StructField,
     StructType,
 )
 
@@ -353,7 +354,7 @@ class Plan:
                     raise CircuitError(f"{what}: schemas differ: {src.simpleString()} vs "
                                        f"{other.simpleString()}")
             if all(_by_name(other) == _by_name(src) for other in inputs[1:]):
-                return src
+                return _nullable_where_any(src, inputs)
             # the same columns of different types: each column of the type Spark's UNION
             # widens them to (INT and BIGINT to BIGINT, DECIMALs to one holding both), when
             # every value converts exactly (the driver path casts with Arrow, which refuses a
@@ -378,8 +379,10 @@ class Plan:
                             "does not hold every value exactly: cast the inputs to one type "
                             f"(CAST(... AS {f.dataType.simpleString().upper()}))")
             return schema
-        if node.op == "conform":
-            return self.schemas[node.params["like"]]
+        if node.op == "conform":  # ``like``'s columns; those ``src`` lacks are NULL
+            like = self.schemas[node.params["like"]]
+            padded = [f.name for f in like.fields if f.name not in src.fieldNames()]
+            return _nullable_where_any(like, [src], padded)
         if node.op == "repeat":
             count = node.params["count"]
             if count not in src.fieldNames():
@@ -570,9 +573,15 @@ def make_operator(node: Node, schemas: Mapping[int, StructType],
     raise CircuitError(f"{_describe(node)}: unknown operator")  # pragma: no cover
 
 
+#: the version of this module's own schema rules (``_schema``), in the cache key: 2 since a
+#: union and a conform's padding make a column nullable where an input's is
+SCHEMA_RULES = 2
+
+
 def _schema_cache_key(circuit: Circuit) -> str:
-    """Analysed schemas depend on the circuit and on Spark's analyser (its version)."""
-    return f"{circuit.fingerprint()}/pyspark-{pyspark.__version__}"
+    """Analysed schemas depend on the circuit, on Spark's analyser (its version) and on this
+    module's rules (``SCHEMA_RULES``)."""
+    return f"{circuit.fingerprint()}/pyspark-{pyspark.__version__}/rules-{SCHEMA_RULES}"
 
 
 def read_schema_cache(path: str) -> tuple[str, dict[int, StructType]]:
@@ -702,6 +711,18 @@ def _widens_exactly(given: DataType, to: DataType) -> bool:
         return (to.scale >= given.scale
                 and to.precision - to.scale >= given.precision - given.scale)
     return False
+
+
+def _nullable_where_any(schema: StructType, inputs: Sequence[StructType],
+                        padded: Sequence[str] = ()) -> StructType:
+    """``schema`` with a column nullable where it is in any of ``inputs`` (by name), or is one
+    of ``padded`` (filled with NULLs): a union of a NOT NULL column with a nullable one, or an
+    outer join's NULLs in a column NOT NULL on its side, may hold NULLs."""
+    def nullable(name: str) -> bool:
+        return name in padded or any(name in i.fieldNames() and i[name].nullable
+                                     for i in inputs)
+    return StructType([StructField(f.name, f.dataType, f.nullable or nullable(f.name),
+                                   f.metadata) for f in schema.fields])
 
 
 def _by_name(schema: StructType) -> dict[str, str]:

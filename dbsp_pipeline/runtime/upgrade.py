@@ -24,6 +24,10 @@ the manifest's take it for the entry below it); a crash between them leaves some
 and the next open does the rest. Restoring a checkpoint from before the upgrade restores the
 state tables' old properties with their old versions: the next open sets them again.
 
+Output logs an older engine typed NOT NULL where the view's column may hold NULLs (a union or
+an outer join's padding) are made nullable at open (``relax_view_columns``), so that readers
+of the tables do not take the column for one without NULLs.
+
 Formats: 1, the first; 2, every checkpoint records its layout (``runtime/layout.py``); 3, sums
 of floating-point values are kept exactly (``dbsp_pipeline/exact_sum.py``) in an aggregate's
 ``<name>_groups_exact`` trace instead of a DOUBLE column of ``<name>_groups``; 4, a checkpoint
@@ -191,11 +195,14 @@ class UpgradeInfo:
     table_properties: list[str] = field(default_factory=list)
     #: the traces format 6's copy made at this open (``widen_decimal_average_sums``)
     widened: list[str] = field(default_factory=list)
+    #: the output logs whose Delta schema this open made nullable where the view's columns are
+    #: (``relax_view_columns``)
+    relaxed: list[str] = field(default_factory=list)
 
     @property
     def upgraded(self) -> bool:
         return (bool(self.migrations) or bool(self.table_properties) or bool(self.widened)
-                or self.from_engine not in (None, self.to_engine))
+                or bool(self.relaxed) or self.from_engine not in (None, self.to_engine))
 
 
 def migrate(db: StateDatabase) -> UpgradeInfo:
@@ -238,6 +245,26 @@ def set_table_properties(state: EngineState) -> list[str]:
         tables.append(ErrorsSink(state.spark, state.root).table)
     changed += [_under(state.root, t.uri) for t in tables
                 if t.set_properties(engine_table_properties())]
+    return changed
+
+
+def relax_view_columns(state: EngineState) -> list[str]:
+    """Make each output log's Delta schema nullable where its view's columns are but the log
+    records NOT NULL; returns the logs changed, by path under the root.
+
+    An older engine typed a column NOT NULL where a union or an outer join's padding made it
+    nullable (a ``LEFT JOIN``'s right-side key): its steps failed on the first NULL there, and
+    a log written before that holds none, but readers of the table (Spark, DuckDB) would take
+    the column for one that never holds NULL once later steps write some. A metadata-only
+    commit per column; a crash leaves the rest to the next open. State tables keep their
+    metadata: only the engine reads them, with the columns the circuit's analysis gives."""
+    changed = []
+    for log in state.outputs.values():
+        stored = log.table.store.stored_schema()
+        loose = [f.name for f in log.table.arrow_schema
+                 if f.nullable and f.name in stored.names and not stored.field(f.name).nullable]
+        if loose and log.table.drop_not_null(loose):
+            changed.append(_under(state.root, log.table.uri))
     return changed
 
 

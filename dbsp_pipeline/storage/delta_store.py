@@ -367,6 +367,33 @@ class DeltaTableStore:
     def stored_schema(self) -> pa.Schema:
         return pa.schema(self._table.schema().to_arrow())
 
+    def drop_not_null(self, columns: Sequence[str], *,
+                      expected_version: int | None = None) -> bool:
+        stored = self.stored_schema()
+        strict = [c for c in columns if c in stored.names and not stored.field(c).nullable]
+        for i, column in enumerate(strict):
+            # one metaData action besides the commit information (``ACTIONS_KEY``: verify counts)
+            bound = expected_version is not None and i == 0
+            props = CommitProperties(custom_metadata={ACTIONS_KEY: 1},
+                                     max_commit_retries=0 if bound else None)
+            if bound:
+                assert expected_version is not None
+                self._base_on(expected_version)
+            try:
+                self._table.alter.drop_column_not_null(column, commit_properties=props)
+            except CommitFailedError as e:
+                if bound:
+                    raise ConcurrentWriterError(
+                        f"another writer committed version {expected_version} of {self.uri} "
+                        "first") from e
+                raise StorageError(f"making column '{column}' of {self.uri} nullable failed: "
+                                   f"{e}", definitely_failed=True) from e
+            except (DeltaError, OSError) as e:
+                raise StorageError(f"making column '{column}' of {self.uri} nullable failed: "
+                                   f"{e}", definitely_failed=False) from e
+            self._refresh()
+        return bool(strict)
+
     def table_id(self) -> str:
         return str(self._table.metadata().id)
 

@@ -241,6 +241,13 @@ class SparkDeltaTable:
         expected = self.store.version(refresh=False) + 1 if self.single_writer else None
         return self.store.set_properties(properties, expected_version=expected)
 
+    def drop_not_null(self, columns: Sequence[str]) -> bool:
+        """Make ``columns`` nullable in the table's Delta schema where it records them NOT NULL
+        (``TableStore.drop_not_null``); a single-writer table commits at the version after the
+        one it last saw, or raises ``ConcurrentWriterError``. Returns whether it committed."""
+        expected = self.store.version(refresh=False) + 1 if self.single_writer else None
+        return self.store.drop_not_null(columns, expected_version=expected)
+
     def table_id(self) -> str:
         """The table's id (its Delta metadata's)."""
         return self.store.table_id()

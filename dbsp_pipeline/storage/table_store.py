@@ -223,6 +223,15 @@ class TableStore(Protocol):
         """The Delta table properties of the loaded version."""
         ...
 
+    def drop_not_null(self, columns: Sequence[str], *,
+                      expected_version: int | None = None) -> bool:
+        """Make ``columns`` nullable in the table's Delta schema (``ALTER COLUMN ... DROP NOT
+        NULL``: a metadata-only commit, the files stay), those the loaded version records NOT
+        NULL; returns whether a commit was made. With ``expected_version`` the (first) commit
+        lands at exactly that version or raises ``ConcurrentWriterError``. Durable when it
+        returns."""
+        ...
+
     def stored_schema(self) -> pa.Schema:
         """The schema the table's Delta metadata records (the loaded version's), which may
         differ from ``schema``, the one this handle was opened with."""

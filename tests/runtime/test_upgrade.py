@@ -444,3 +444,81 @@ def test_older_decimal_average_sums_are_widened_once_and_run_on(spark, tmp_path,
     assert views == expected[3:]
     with Pipeline(_averages_circuit(), root, spark) as p:
         assert p.upgrade_info.migrations == [] and p.upgrade_info.widened == []
+
+
+NOT_NULL_SCRIPT = """
+CREATE TABLE orders (order_id BIGINT NOT NULL, customer_id BIGINT);
+CREATE TABLE customers (customer_id BIGINT NOT NULL, region STRING);
+CREATE VIEW v AS SELECT o.order_id, c.customer_id AS cid FROM orders o
+    LEFT JOIN customers c ON o.customer_id = c.customer_id;
+"""
+
+
+def _not_null_circuit():
+    from dbsp_pipeline import Circuit
+
+    return Circuit.from_sql(NOT_NULL_SCRIPT, name="padded")
+
+
+def _strict_engine_root(spark, root: str, monkeypatch) -> str:
+    """A root written by an engine that typed a LEFT JOIN's padded key NOT NULL (as the other
+    side's column is): its one step had every order matched, so no NULL reached the view."""
+    from dbsp_pipeline.runtime import plan
+
+    with monkeypatch.context() as m:
+        m.setattr(plan, "_nullable_where_any", lambda schema, inputs, padded=(): schema)
+        m.setattr(plan, "SCHEMA_RULES", 1)
+        with Pipeline(_not_null_circuit(), root, spark) as p:
+            assert not p.view_schema("v")["cid"].nullable
+            p.push("customers", [(7, "north")])
+            p.push("orders", [(1, 7)])
+            p.step()
+    return root
+
+
+def _nullable_columns(table: str) -> dict[str, bool]:
+    from deltalake import DeltaTable
+
+    return {f.name: f.nullable for f in DeltaTable(table).schema().fields}
+
+
+def test_an_old_engines_not_null_view_column_is_made_nullable_once(spark, tmp_path,
+                                                                   monkeypatch):
+    from dbsp_pipeline.storage.verify import verify_root
+
+    root = _strict_engine_root(spark, str(tmp_path / "old"), monkeypatch)
+    assert _nullable_columns(f"{root}/outputs/v")["cid"] is False
+    with Pipeline(_not_null_circuit(), root, spark) as p:
+        assert p.upgrade_info.relaxed == ["outputs/v"] and p.upgrade_info.upgraded
+        p.push("orders", [(2, 8)])  # no such customer: cid is NULL
+        p.step()
+        rows = sorted((r["order_id"], r["cid"]) for r in p.view_arrow("v").to_pylist())
+        assert rows == [(1, 7), (2, None)]
+    columns = _nullable_columns(f"{root}/outputs/v")
+    assert columns["cid"] is True and columns["order_id"] is False
+    assert verify_root(root).ok, verify_root(root)
+    with Pipeline(_not_null_circuit(), root, spark) as p:
+        assert p.upgrade_info.relaxed == []
+
+
+@pytest.mark.parametrize("point", ["output.schema.before", "output.schema.after"])
+def test_a_crash_in_making_a_view_column_nullable_recovers(spark, tmp_path, monkeypatch,
+                                                           point):
+    from dbsp_pipeline.storage import crash_points
+    from dbsp_pipeline.storage.crash_points import InjectedCrash
+    from dbsp_pipeline.storage.verify import verify_root
+
+    root = _strict_engine_root(spark, str(tmp_path / "old"), monkeypatch)
+    crash_points.reset()
+    crash_points.arm(point)
+    with pytest.raises(InjectedCrash):
+        Pipeline(_not_null_circuit(), root, spark)
+    crash_points.reset()
+    assert verify_root(root).ok, verify_root(root)
+    with Pipeline(_not_null_circuit(), root, spark) as p:
+        assert p.upgrade_info.relaxed == ([] if point.endswith("after") else ["outputs/v"])
+        p.push("orders", [(2, 8)])
+        p.step()
+        assert sorted((r["order_id"], r["cid"]) for r in p.view_arrow("v").to_pylist()) \
+            == [(1, 7), (2, None)]
+    assert _nullable_columns(f"{root}/outputs/v")["cid"] is True

@@ -258,6 +258,68 @@ def test_joins_aggregates_and_subqueries_on_the_spark_path(spark, tmp_path):
                   ops=20)
 
 
+NOT_NULL_TABLES = """
+CREATE TABLE orders (order_id BIGINT NOT NULL, customer_id BIGINT, amount DOUBLE);
+CREATE TABLE customers (id BIGINT NOT NULL, region STRING NOT NULL);
+"""
+#: views whose columns NOT NULL on one side may hold NULLs: an outer join's padding, a union or
+#: a difference with a nullable column, and the stateful operators after them
+NOT_NULL_VIEWS = {
+    "nn_left": "SELECT o.order_id, c.id AS cust, c.region FROM orders o "
+               "LEFT JOIN customers c ON o.customer_id = c.id",
+    "nn_right": "SELECT o.order_id, c.id FROM orders o RIGHT JOIN customers c "
+                "ON o.customer_id = c.id",
+    "nn_full": "SELECT o.order_id, c.id, c.region FROM orders o FULL JOIN customers c "
+               "ON o.customer_id = c.id",
+    "nn_union": "SELECT id FROM customers UNION ALL SELECT customer_id FROM orders",
+    "nn_union_set": "SELECT id FROM customers UNION SELECT customer_id FROM orders",
+    "nn_except": "SELECT customer_id FROM orders EXCEPT SELECT id FROM customers",
+    "nn_grouped": "SELECT c.region, count(*) AS n, count(c.id) AS k FROM orders o "
+                  "LEFT JOIN customers c ON o.customer_id = c.id GROUP BY c.region",
+    "nn_distinct": "SELECT DISTINCT c.id FROM orders o LEFT JOIN customers c "
+                   "ON o.customer_id = c.id",
+}
+
+
+def not_null_workload(seed: int, steps: int) -> list[dict[str, list[tuple[tuple, int]]]]:
+    """Inserts and deletes that never put a NULL in a NOT NULL column (customer keys in orders
+    are NULL or match no customer at times)."""
+    rng = random.Random(seed)
+    live: dict[str, list[tuple]] = {"orders": [], "customers": []}
+    out = []
+    for _ in range(steps):
+        changes: dict[str, list[tuple[tuple, int]]] = {"orders": [], "customers": []}
+        for _ in range(12):
+            table = rng.choice(list(live))
+            if live[table] and rng.random() < 0.35:
+                row = live[table].pop(rng.randrange(len(live[table])))
+                changes[table].append((row, -1))
+                continue
+            row = ((rng.randint(1, 8), rng.choice([None, 1, 2, 3, 4, 5]),
+                    rng.choice([None, 3.5, 12.0])) if table == "orders"
+                   else (rng.randint(1, 4), rng.choice(["north", "south"])))
+            live[table].append(row)
+            changes[table].append((row, 1))
+        out.append(changes)
+    return out
+
+
+@pytest.mark.parametrize("driver_step_rows", [10**9, 0], ids=["driver", "spark"])
+def test_not_null_columns_an_outer_join_or_a_union_makes_nullable(spark, tmp_path,
+                                                                 driver_step_rows):
+    """A column NOT NULL on its side holds NULLs after an outer join's padding or a union with
+    a nullable one: typed nullable, every step runs and equals DuckDB on both paths."""
+    script = NOT_NULL_TABLES + "".join(f"CREATE VIEW {n} AS {q};\n"
+                                       for n, q in NOT_NULL_VIEWS.items())
+    run_and_check(spark, str(tmp_path), script, list(NOT_NULL_VIEWS),
+                  driver_step_rows=driver_step_rows,
+                  changes_per_step=not_null_workload(5, 4 if driver_step_rows else 2))
+    with Pipeline(Circuit.from_sql(script), str(tmp_path), spark) as p:
+        assert p.view_schema("nn_left")["cust"].nullable
+        assert p.view_schema("nn_union")["id"].nullable
+        assert not p.view_schema("nn_left")["order_id"].nullable
+
+
 ORDER_ROWS = st.tuples(st.integers(1, 4), st.one_of(st.none(), st.integers(1, 3)),
                       st.one_of(st.none(), st.sampled_from([3.5, 10.5, 12.0])),
                       st.one_of(st.none(), st.integers(1, 3)))
