@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -481,12 +482,62 @@ class Plan:
         return self.spark.createDataFrame([], schema)
 
     def _analyse(self, what: str, build: Callable[[], DataFrame]) -> StructType:
+        """The schema of the operator ``build`` gives, as Spark's analysis types it; a
+        ``CircuitError`` naming the operator (``what``) when Spark refuses it, or when one of
+        its expressions is not a function of its row (``_changing_function``)."""
         try:
             with _quiet_query_context_logs():
-                schema: StructType = build().schema
-            return schema
+                df = build()
+                schema: StructType = df.schema
         except PySparkException as e:
             raise CircuitError(f"{what}: {_first_line(e)}") from None
+        changing = _changing_function(df)
+        if changing is not None:
+            name, timed = changing
+            raise CircuitError(
+                f"{what}: {name}() is the time a step computes it, not a value of the row: a "
+                "view maintained step by step would keep each row as of the step that added "
+                "it; push the time as a column of the input instead" if timed else
+                f"{what}: {name}() gives another value each time it is evaluated: a deleted "
+                "row would not take back the value its insert added; remove it (a sample: "
+                "filter on a hash of a key, e.g. xxhash64(id) % 10 = 0)")
+        return schema
+
+
+#: Spark's expressions of the time a query runs (``current_timestamp()`` and its kin): Spark
+#: marks them deterministic (one value within a query), but each step is a query of its own
+_TIME_OF_QUERY = frozenset({"CurrentTimestamp", "Now", "CurrentDate", "CurrentTime",
+                            "LocalTimestamp", "CurrentBatchTimestamp"})
+#: how an analysed plan prints them (a plan that prints none of these holds none)
+_TIME_NAMES = re.compile(r"\b(current_timestamp|now|current_date|current_time|localtimestamp|"
+                         r"current_batch_timestamp)\(", re.IGNORECASE)
+
+
+def _changing_function(df: DataFrame) -> tuple[str, bool] | None:
+    """The first function in the expressions of ``df``'s analysed plan whose value is not a
+    function of its row (None if there is none), and whether it is the time of the query:
+    Spark's non-deterministic expressions (``rand()``, ``uuid()``, ``shuffle()``, ...) and
+    ``_TIME_OF_QUERY``. Two calls into the JVM for a plan that has none (the common answer);
+    the expression trees are walked only to name the one found."""
+    root = df._jdf.queryExecution().analyzed()
+    if root.deterministic() and not _TIME_NAMES.search(str(root.toString())):
+        return None
+    plans = [root]
+    while plans:
+        plan = plans.pop()
+        expressions = plan.expressions()
+        exprs = [expressions.apply(i) for i in range(expressions.size())]
+        while exprs:
+            e = exprs.pop()
+            children = e.children()
+            kids = [children.apply(i) for i in range(children.size())]
+            timed = str(e.getClass().getSimpleName()) in _TIME_OF_QUERY
+            if timed or (not e.deterministic() and all(k.deterministic() for k in kids)):
+                return str(e.prettyName()), timed
+            exprs.extend(kids)
+        children = plan.children()
+        plans.extend(children.apply(i) for i in range(children.size()))
+    return None
 
 
 #: the loggers PySpark logs an analysis error to, with its Java stack trace, when the error is

@@ -191,6 +191,23 @@ class QueryCompiler:
     def error(self, node: exp.Expr | None, problem: str, hint: str = "") -> SqlError:
         return SqlError(self.view, node, problem, hint)
 
+    def refuse_unsupported(self, query: exp.Expr) -> None:
+        """Refuse the constructs no view may hold, wherever in ``query`` they are: a PIVOT or
+        a LATERAL VIEW belongs to a table or subquery in FROM, no SELECT's clause, so the
+        clauses ``_refuse_modifiers`` looks at do not show it."""
+        for pivot in query.find_all(exp.Pivot):
+            if pivot.args.get("unpivot"):
+                raise self.error(pivot, "UNPIVOT is not supported",
+                                 "write it as a UNION ALL of one SELECT per column")
+            raise self.error(pivot, "PIVOT is not supported",
+                             "write each pivoted column as a conditional aggregate, e.g. "
+                             "count(CASE WHEN region = 'north' THEN 1 END) AS north, grouped "
+                             "by the other columns")
+        for lateral in query.find_all(exp.Lateral):
+            raise self.error(lateral, "LATERAL VIEW and LATERAL subqueries are not supported",
+                             "push one input row per element of an array instead of "
+                             "exploding it in the view")
+
     # -- queries ---------------------------------------------------------------------------
     def relation(self, q: exp.Expr, ctes: Ctes, unnamed: bool = False) -> Relation:
         """The relation query ``q`` computes. ``unnamed``: its column names do not matter (the

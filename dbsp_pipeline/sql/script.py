@@ -95,6 +95,7 @@ def _declare_query(circuit: Circuit, name: str, query: exp.Expr | None,
     try:
         compiled = query.copy()  # compiling rewrites some clauses (USING): keep the user's
         copy_meta(query, compiled)
+        compiler.refuse_unsupported(compiled)
         relation = compiler.relation(compiled, {})
         circuit.output(name, relation.collection)
     except BaseException:

@@ -166,6 +166,28 @@ def test_a_bad_circuit_is_reported_once_and_spark_logs_nothing_of_it(spark, tmp_
             logger.removeHandler(handler)
 
 
+@pytest.mark.parametrize("build, message", [
+    (lambda x: x.select("a", "rand() AS r"), r"operator #1 select \['a', 'rand\(\) AS r'\] "
+     r"\(in view 'o'\): rand\(\) gives another value each time it is evaluated"),
+    (lambda x: x.filter("uuid() < 'm'"), r"uuid\(\) gives another value"),
+    (lambda x: x.filter("b > unix_timestamp()"),
+     r"current_timestamp\(\) is the time a step computes it"),
+    (lambda x: x.select("a", "date_add(current_date(), a) AS d"),
+     r"current_date\(\) is the time a step computes it"),
+], ids=["rand", "uuid", "unix_timestamp", "current_date"])
+def test_a_function_whose_value_is_not_the_rows_is_refused(spark, tmp_path, build, message):
+    """A view maintained step by step computes a row's value when the row is inserted and
+    again when it is deleted: a random or time-of-query value would leave a phantom row."""
+    c = Circuit("changing")
+    c.output("o", build(c.input("x", "a INT, b BIGINT")))
+    with pytest.raises(CircuitError, match=message):
+        Pipeline(c, root=str(tmp_path), spark=spark)
+    sql = Circuit.from_sql("CREATE TABLE t (a INT);\n"
+                           "CREATE VIEW o AS SELECT a, rand() AS r FROM t;")
+    with pytest.raises(CircuitError, match=r"\(in view 'o'\): rand\(\) gives another value"):
+        Pipeline(sql, root=str(tmp_path / "sql"), spark=spark)
+
+
 def test_a_bad_operator_is_named_with_the_views_it_feeds(spark, tmp_path):
     c = Circuit("bad")
     x = c.input("x", "a INT, b INT")

@@ -95,6 +95,12 @@ def refused(query: str) -> SqlError:
      5, 20, "USING column 'id' is in several tables on the left of the join", "ON a.k = b.k"),
     ("SELECT region FROM customers JOIN orders USING (region)", 4, 49,
      "USING column 'region' is not a column of 'orders'", "ON a.k = b.k"),
+    ("SELECT * FROM (SELECT region, id FROM customers)\nPIVOT (count(id) FOR region IN "
+     "('north', 'south'))", 5, 8, "PIVOT is not supported", "conditional aggregate"),
+    ("SELECT * FROM customers UNPIVOT (v FOR k IN (id))", 4, 34, "UNPIVOT is not supported",
+     "UNION ALL"),
+    ("SELECT id, t FROM customers LATERAL VIEW explode(array(1, 2)) x AS t", 4, 42,
+     "LATERAL VIEW and LATERAL subqueries are not supported", "one input row per element"),
 ])
 def test_unsupported_sql_is_refused_with_view_position_problem_and_hint(
         query, line, column, problem, hint):
