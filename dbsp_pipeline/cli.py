@@ -7,22 +7,32 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
 import pyarrow as pa
 
 from dbsp_pipeline.errors import StorageError
-from dbsp_pipeline.root import exists
+from dbsp_pipeline.root import circuit_description, exists
+from dbsp_pipeline.storage import small_files
 from dbsp_pipeline.storage.small_files import remove_folder
 
 
-def demo(root: str, steps: int, batch: int, fresh: bool) -> None:
+def demo(root: str, steps: int, batch: int, fresh: bool) -> int:
+    """Run the shop demo at ``root`` (afresh unless ``fresh`` is False); 2 when ``root`` holds
+    something else than the demo's pipeline, which it never deletes."""
     from dbsp_pipeline import Pipeline
     from dbsp_pipeline.examples.shop import ShopData, shop_circuit
     from dbsp_pipeline.runtime.results import operator_summary, phase_summary
 
-    if fresh:
+    if fresh and small_files.exists(root):
+        recorded = small_files.exists(circuit_description(root, shop_circuit().fingerprint()))
+        if not recorded and (small_files.is_remote(root) or os.listdir(root)):
+            print(f"dbsp-pipeline demo: {root} holds something else than the demo's pipeline "
+                  "(the demo starts afresh by deleting its root): give another --root, or "
+                  "--keep to go on with a demo pipeline there", file=sys.stderr)
+            return 2
         remove_folder(root)
     data = ShopData(customers=200)
     print(f"dbsp-pipeline demo: the shop circuit at {root} (local Spark, Delta tables at the "
@@ -52,6 +62,7 @@ def demo(root: str, steps: int, batch: int, fresh: bool) -> None:
         print("changes of revenue_by_region in the last step:")
         _show(p.step_changes_arrow("revenue_by_region", p.next_step - 1)
               .sort_by([("region", "ascending"), ("_weight", "ascending")]))
+    return 0
 
 
 def _show(table: pa.Table) -> None:
@@ -84,9 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dbsp-pipeline")
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="run the shop demo pipeline on embedded defaults")
-    d.add_argument("--root", default="var/demo")
     d.add_argument("--steps", type=int, default=5)
     d.add_argument("--batch", type=int, default=500)
+    d.add_argument("--root", default="var/demo",
+                   help="the demo's pipeline root (deleted first unless --keep; a folder "
+                   "holding anything else is refused)")
     d.add_argument("--keep", action="store_true", help="continue the pipeline at --root")
     v = sub.add_parser("verify", help="check a pipeline root's tables and checkpoints for "
                        "damaged storage (exit 1 if damaged)")
@@ -98,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "verify":
         return verify(args.root, args.retained, args.json)
     if args.command == "demo":
-        demo(args.root, args.steps, args.batch, fresh=not args.keep)
+        return demo(args.root, args.steps, args.batch, fresh=not args.keep)
     return 0
 
 

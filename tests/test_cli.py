@@ -103,3 +103,20 @@ def test_verify_finds_no_root_in_a_folder_where_no_pipeline_was_opened(tmp_path,
     (tmp_path / "inputs").mkdir()
     assert main(["verify", "--root", str(tmp_path)]) == 2
     assert "no pipeline root" in capsys.readouterr().err
+
+
+def test_demo_deletes_its_own_pipeline_only(spark, tmp_path, capsys):
+    """The demo starts afresh by deleting its root: a root of its own pipeline, or an empty
+    folder; a folder holding anything else is refused, and nothing in it is touched."""
+    precious = tmp_path / "mine"
+    (precious / "sub").mkdir(parents=True)
+    (precious / "notes.txt").write_text("precious")
+    demo = ["demo", "--steps", "1", "--batch", "20"]
+    assert main(demo + ["--root", str(precious)]) == 2
+    assert "holds something else than the demo's pipeline" in capsys.readouterr().err
+    assert (precious / "notes.txt").read_text() == "precious" and (precious / "sub").is_dir()
+    (tmp_path / "empty").mkdir()
+    for root, next_step in ((tmp_path / "empty", 0), (tmp_path / "empty", 0),
+                            (tmp_path / "new", 0)):
+        assert main(demo + ["--root", str(root)]) == 0
+        assert f"next step {next_step}\n" in capsys.readouterr().out
