@@ -1,5 +1,12 @@
+import os
 import sys
 
 from dbsp_pipeline.cli import main
 
-sys.exit(main())
+try:
+    code = main()
+    sys.stdout.flush()
+except BrokenPipeError:  # the reader of the output stopped reading (``verify --json | head``)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+    code = 1
+sys.exit(code)

@@ -13,7 +13,7 @@ import time
 
 import pyarrow as pa
 
-from dbsp_pipeline.errors import StorageError
+from dbsp_pipeline.errors import RootInUseError, StorageError
 from dbsp_pipeline.root import circuit_description, exists
 from dbsp_pipeline.storage import small_files
 from dbsp_pipeline.storage.small_files import remove_folder
@@ -76,7 +76,8 @@ def _show(table: pa.Table) -> None:
 def verify(root: str, retained: int, as_json: bool) -> int:
     """Print the verification report of ``root``; 0 when it is intact, 1 when damaged, 2 when
     there is no pipeline root there (no manifest: a local path or ``s3://bucket/prefix``
-    where no pipeline was opened) or the store cannot be reached (said on stderr)."""
+    where no pipeline was opened), the store cannot be reached, or a pipeline running the root
+    kept moving it while it was checked (said on stderr)."""
     from dbsp_pipeline.storage.verify import verify_root
 
     try:
@@ -84,8 +85,8 @@ def verify(root: str, retained: int, as_json: bool) -> int:
             print(f"dbsp-pipeline verify: no pipeline root at {root}", file=sys.stderr)
             return 2
         report = verify_root(root, retained)
-    except StorageError as e:  # e.g. an s3:// root with wrong AWS_* settings
-        print(f"dbsp-pipeline verify: {e}", file=sys.stderr)
+    except (StorageError, RootInUseError) as e:  # an s3:// root with wrong AWS_* settings; a
+        print(f"dbsp-pipeline verify: {e}", file=sys.stderr)  # root a pipeline is running
         return 2
     print(json.dumps(report.to_dict(), indent=2) if as_json else report.describe())
     return 0 if report.ok else 1

@@ -159,6 +159,13 @@ class CorruptStateError(DbspError):
                          f"{remedy}")
 
 
+class RootInUseError(DbspError):
+    """A check of a pipeline root (``verify``, opening) found it inconsistent while another
+    process kept writing it: what it read mixed versions a running pipeline moved table by table
+    meanwhile, so no damage can be told from the moves. Nothing was written. Stop the other
+    process first: a root is run by one process at a time."""
+
+
 class NonDeterminismError(DbspError):
     """Replaying a step after a crash gave another output than the one written the first time.
     The written output stands; the circuit (or its input) is not deterministic."""

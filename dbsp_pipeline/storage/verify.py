@@ -65,9 +65,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 
 from dbsp_pipeline import root as root_layout
-from dbsp_pipeline.errors import CorruptStateError
+from dbsp_pipeline.errors import CorruptStateError, RootInUseError
 from dbsp_pipeline.runtime import division_log
 from dbsp_pipeline.runtime.plan import SCHEMA_CACHE_FILE, read_schema_cache
 from dbsp_pipeline.storage import set_aside
@@ -237,10 +238,58 @@ class VerifyReport:
             "side_files": damage(self.side_files)}
 
 
+#: how often a check of a root starts again when a running pipeline moved the root while it
+#: read (``_heads``) and it found damage or could not read a file, before ``RootInUseError``
+STABLE_SCAN_ATTEMPTS = 5
+
+
+def _heads(root: str) -> tuple[int | None, int | None]:
+    """The newest commit versions of the manifest's and the division log's logs. A running
+    pipeline moves the manifest at every step (and the division log when it folds records);
+    a check reads the tables one by one, so a step in between shows a mix of versions that
+    looks like damage (outputs past the recorded divisions) or removes a file it was about to
+    read (a Delta log cleaned below a new checkpoint)."""
+    def newest(table: str) -> int | None:
+        names = list_names(os.path.join(root, table, "_delta_log"))
+        return max((int(m[1]) for n in names if (m := _COMMIT_FILE.match(n))), default=None)
+    return newest(MANIFEST_DIR), newest(root_layout.DIVISIONS)
+
+
+class _RootMoved(Exception):
+    """A check found the root moved before it changed anything (``_prepare_open_once``)."""
+
+
+def _root_in_use(root: str, what: str) -> RootInUseError:
+    return RootInUseError(f"pipeline root {root}: {what}: another process wrote it while it was "
+                          f"read, {STABLE_SCAN_ATTEMPTS} times (its manifest moves at every "
+                          "step): stop the process running it first; a root is run by one "
+                          "process at a time")
+
+
 def verify_root(root: str, retained: int = 2) -> VerifyReport:
     """Check every table of the pipeline root ``root`` and each of its newest ``retained``
     checkpoints (see the module docstring). Reads only; needs neither Spark nor the circuit.
-    ``root`` is a local path or ``s3://bucket/prefix``."""
+    ``root`` is a local path or ``s3://bucket/prefix``.
+
+    Meant for a root no process runs. One a pipeline steps meanwhile moves under the check: a
+    check that finds damage, or cannot read a file, while the root moved (``_heads``) starts
+    again, and after ``STABLE_SCAN_ATTEMPTS`` raises ``RootInUseError`` rather than report
+    damage that is a running step's."""
+    uri = root_uri(root)
+    for _ in range(STABLE_SCAN_ATTEMPTS):
+        heads = _heads(uri)
+        try:
+            report = _verify_once(root, retained)
+        except (OSError, DeltaError):
+            if _heads(uri) == heads:
+                raise
+            continue
+        if report.ok or _heads(uri) == heads:
+            return report
+    raise _root_in_use(uri, "cannot be verified")
+
+
+def _verify_once(root: str, retained: int) -> VerifyReport:
     scan = _RootScan(root, retained)
     checkpoints = scan.checkpoints()
     reports = [CheckpointReport(c.version, c.step, tuple(scan.checkpoint_damage(c)),
@@ -257,8 +306,26 @@ def prepare_open(root: str, checkpoint: int | None = None, retained: int = 2) ->
     than it, which opening it discards) are set aside first (``set_aside.py``); returns whether
     anything was. A root without a manifest yet (new) passes.
 
-    Nothing may write the root meanwhile (as for opening it at all). A local root and an
-    object-store root (``s3://``) are checked alike."""
+    Nothing may write the root meanwhile (as for opening it at all). Damage found, or a file
+    that cannot be read, while another process moved the root (``_heads``: a pipeline still
+    running it) is checked again, up to ``STABLE_SCAN_ATTEMPTS`` times, then ``RootInUseError``;
+    nothing is set aside while the root moves. A local root and an object-store root (``s3://``)
+    are checked alike."""
+    uri = root_uri(root)
+    for _ in range(STABLE_SCAN_ATTEMPTS):
+        heads = _heads(uri)
+        try:
+            return _prepare_open_once(root, checkpoint, retained, heads)
+        except _RootMoved:
+            continue
+        except (CorruptStateError, OSError, DeltaError):
+            if _heads(uri) == heads:
+                raise
+    raise _root_in_use(uri, "cannot be opened")
+
+
+def _prepare_open_once(root: str, checkpoint: int | None, retained: int,
+                       heads: tuple[int | None, int | None]) -> bool:
     scan = _RootScan(root, retained)
     if scan.manifest is None:
         return False
@@ -288,6 +355,8 @@ def prepare_open(root: str, checkpoint: int | None = None, retained: int = 2) ->
         raise scan.error(damage, f"checkpoint {checkpoint} cannot be restored: it reads "
                          "damaged storage", target=checkpoint)
     tails = scan.tail_damage(target)
+    if tails and _heads(scan.root) != heads:  # a running pipeline's commits: never set aside
+        raise _RootMoved()
     for table, problems in tails.items():
         keep = target.manifest_version if table == MANIFEST_DIR else target.version_of(table)
         set_aside.set_aside_after(os.path.join(scan.root, table), keep,

@@ -247,3 +247,59 @@ def test_the_report_counts_what_a_checkpoint_stages_on_a_state_table(spark, tmp_
     assert "checkpoint 3 (after step 2): intact" in report.describe()
     assert report.to_dict()["tables"][[t.table for t in report.tables].index(TRACE)][
         "staged_files"] == groups.staged_files
+
+
+STEPPING = """
+import sys, time
+from dbsp_pipeline import Circuit, Pipeline
+c = Circuit("v")
+x = c.input("x", "k BIGINT, r STRING")
+c.output("n", x.group_by("r").agg(n="count(*)"))
+c.output("all", x.distinct())
+with Pipeline(c, sys.argv[1], checkpoint_every=1) as p:
+    for i in range(int(sys.argv[2])):
+        p.push("x", [(i, "ab"[i % 2]), (i + 1, "c")])
+        p.step()
+        if i == 5:
+            open(sys.argv[1] + ".ready", "w").close()
+"""
+
+
+def test_a_root_a_pipeline_is_stepping_is_never_reported_damaged(tmp_path):
+    """A check reads the tables one by one while a running pipeline moves them at every step:
+    what it reads may mix versions (the outputs past the divisions it read, a Delta log file
+    cleaned away). Neither ``verify`` nor the check opening makes is ever damage then: each
+    starts again, and a root that keeps moving is ``RootInUseError``."""
+    import subprocess
+    import sys
+    import time
+
+    from dbsp_pipeline import RootInUseError
+    from dbsp_pipeline.storage.verify import prepare_open
+
+    root = str(tmp_path / "running")
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+    child = subprocess.Popen([sys.executable, "-c", STEPPING, root, "400"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(root + ".ready") and child.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert os.path.exists(root + ".ready"), child.communicate()[0][-3000:]
+        checks = {"ok": 0, "in use": 0}
+        while child.poll() is None:
+            try:
+                report = verify(root)
+                assert report.ok, report.describe()
+                prepare_open(root)
+                checks["ok"] += 1
+            except RootInUseError as e:
+                assert "another process wrote it while it was read" in str(e)
+                checks["in use"] += 1
+        assert child.returncode == 0, child.communicate()[0][-3000:]
+        assert checks["ok"] + checks["in use"] >= 5, checks
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert verify(root).ok
