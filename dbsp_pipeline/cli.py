@@ -59,9 +59,10 @@ def demo(root: str, steps: int, batch: int, fresh: bool) -> int:
         # read on the driver (no Spark read: a root in an object store needs no Hadoop S3A)
         print("\nrevenue_by_region:")
         _show(p.view_arrow("revenue_by_region").sort_by("region"))
-        print("changes of revenue_by_region in the last step:")
-        _show(p.step_changes_arrow("revenue_by_region", p.next_step - 1)
-              .sort_by([("region", "ascending"), ("_weight", "ascending")]))
+        if p.next_step > 0:
+            print("changes of revenue_by_region in the last step:")
+            _show(p.step_changes_arrow("revenue_by_region", p.next_step - 1)
+                  .sort_by([("region", "ascending"), ("_weight", "ascending")]))
     return 0
 
 

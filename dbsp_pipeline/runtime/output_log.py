@@ -392,12 +392,22 @@ class OutputLog:
                 return self.table.clean_log_below(version)
         return 0
 
-    def _check_retained(self, step: int, what: str) -> None:
+    def _check_retained(self, step: int, what: str, exact_from: int | None = None) -> None:
+        """``UsageError`` unless the log still holds ``what`` (named by ``step``): history
+        compacted through step T holds the view as of T and later, and the changes of the
+        steps after T; ``exact_from`` is the step from which the view must be exact (default
+        ``step``)."""
         through = self.compacted_through()
-        if step < through:
+        if (step if exact_from is None else exact_from) < through:
             raise UsageError(f"output '{self.name}': {what} {step} is no longer retained: "
                              f"history through step {through} was compacted (hold a reader "
                              "to keep the steps it needs)")
+
+    def _check_written(self, step: int, what: str) -> None:
+        """``UsageError`` when ``step`` is not a step this log holds yet (or is negative)."""
+        if step < 0 or step >= self.last():
+            raise UsageError(f"output '{self.name}': {what} {step}: no such step is written "
+                             f"(steps 0 to {self.last() - 1} are)")
 
     def changes(self, since: int = 0, until: int | None = None) -> DataFrame:
         """Every change of steps ``since..until`` (inclusive): payload, ``_step``, ``_weight``.
@@ -405,7 +415,7 @@ class OutputLog:
         After history compaction, ``since`` must be above the compacted step (a row stamped
         with the compacted step holds the sum of all steps up to it)."""
         if since > 0:
-            self._check_retained(since - 1, "changes since step")
+            self._check_retained(since, "changes since step", exact_from=since - 1)
         df = self.table.read(self._files())
         df = df.where(F.col(STEP) >= since)
         if until is not None:
@@ -424,7 +434,8 @@ class OutputLog:
     def step_arrow(self, step: int) -> pa.Table:
         """The change written for ``step`` (payload + ``_weight``), read on the driver; only
         files whose ``_step`` range holds ``step`` are opened."""
-        self._check_retained(step - 1, "the change of step")
+        self._check_written(step, "the change of step")
+        self._check_retained(step, "the change of step", exact_from=step - 1)
         files = [f for f in self._files()
                  if f.step_min is not None and f.step_max is not None
                  and f.step_min <= step <= f.step_max]

@@ -36,6 +36,12 @@ def test_retention_collapses_old_history_and_keeps_the_view(spark, tmp_path):
             p.view("sums", as_of=1)
         with pytest.raises(UsageError, match="no longer retained"):
             p.changes("sums", since=2)
+        with pytest.raises(UsageError, match="the change of step 3 is no longer retained"):
+            p.step_changes_arrow("sums", 3)
+        assert p.step_changes_arrow("sums", 4).num_rows == 2  # the first exact change
+        with pytest.raises(UsageError, match=r"the change of step 6: no such step is written "
+                                             r"\(steps 0 to 5 are\)"):
+            p.step_changes_arrow("sums", 6)
 
 
 def test_a_live_reader_holds_history_back(spark, tmp_path):
