@@ -67,6 +67,7 @@ import deltalake
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
 from dbsp_pipeline import eager_aggregation
@@ -348,10 +349,10 @@ def _refuse_changed_columns(state: EngineState, views: Iterable[str]) -> None:
     """``CircuitChangedError`` for a view whose log holds other columns than its new ones."""
     for name in views:
         log = state.outputs[name]
-        before, after = _columns(log.stored_columns()), _columns(log.table.arrow_schema)
-        if before != after:
+        stored, now = log.stored_columns(), log.table.arrow_schema
+        if _columns(stored) != _columns(now):
             raise CircuitChangedError(
-                f"view '{name}' changes its columns from ({_ddl(before)}) to ({_ddl(after)}): "
+                f"view '{name}' changes its columns from ({_ddl(stored)}) to ({_ddl(now)}): "
                 "its output log holds the old columns; declare the view under a new name and "
                 "remove the old one instead")
 
@@ -361,8 +362,11 @@ def _columns(schema: pa.Schema) -> list[tuple[str, str]]:
     return [(f.name, str(f.type)) for f in deltalake.Schema.from_arrow(schema).fields]
 
 
-def _ddl(columns: list[tuple[str, str]]) -> str:
-    return ", ".join(f"{n} {t}" for n, t in columns if n not in ("_step", WEIGHT))
+def _ddl(schema: pa.Schema) -> str:
+    """A log's payload columns as Spark SQL names their types (``order_id BIGINT``)."""
+    fields = from_arrow_schema(schema).fields
+    return ", ".join(f"{f.name} {f.dataType.simpleString().upper()}" for f in fields
+                     if f.name not in ("_step", WEIGHT))
 
 
 def _upstream(circuit: Circuit, nodes: Iterable[int]) -> set[int]:

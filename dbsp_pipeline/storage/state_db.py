@@ -130,12 +130,18 @@ class StateDatabase:
         entry = by_version[version]
         recorded_fp = entry.get("fingerprint")
         if recorded_fp and recorded_fp != self.fingerprint and not circuit_change:
+            if version != latest["version"]:  # a checkpoint from before an upgrade
+                remedy = ("a checkpoint from before an upgrade is not restored (the views' logs "
+                          "hold what the upgrade and the steps since wrote); restore one taken "
+                          "since (Pipeline.checkpoints() lists them)")
+            else:
+                remedy = ("to change the views of a running pipeline, open the newest state "
+                          "with Pipeline(..., upgrade=True) (Dagster: the upgrade job with "
+                          "allow_circuit_change: true)")
             raise CircuitChangedError(
                 f"state version {version} of the pipeline at {self.root} was recorded by a "
                 f"different circuit (fingerprint {recorded_fp[:12]}, this circuit "
-                f"{self.fingerprint[:12]}); to change the views of a running pipeline, open "
-                "the newest state with Pipeline(..., upgrade=True) (Dagster: the upgrade job "
-                "with allow_circuit_change: true)")
+                f"{self.fingerprint[:12]}); {remedy}")
         if version != latest["version"]:
             # Discard the newer versions: a new manifest commit whose entry is a copy of
             # ``version`` (so the next commit's base chain leads back through ``version``).
