@@ -1,9 +1,11 @@
 """The inbox: a folder per input where files dropped by anyone become pushes.
 
 Layout: ``<inbox>/<input>/<file>`` with ``<file>`` one of ``.jsonl`` (one JSON object per line),
-``.csv`` (with a header) or ``.parquet``. Columns are the input's; an optional ``_weight``
-column (a nonzero integer per record; missing or null means 1) makes the file a Z-set, so
-``-1`` deletes a record.
+``.csv`` (with a header) or ``.parquet`` (in any case: ``.CSV`` too). Columns are the input's; an
+optional ``_weight`` column (a nonzero integer per record; missing or null means 1) makes the
+file a Z-set, so ``-1`` deletes a record. An empty ``.jsonl`` file and a ``.csv`` file of only
+its header hold no records. What the inbox never reads is reported, not moved (``ignored``):
+a file of another suffix in an input's folder, and a folder naming no input.
 
 When a file is complete. A file is read once it has not changed for ``settle_seconds`` (its
 modification time is at least that old; default ``SETTLE_SECONDS``), and only if its size and
@@ -44,6 +46,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import itertools
+import json
 import os
 import stat
 import time
@@ -55,6 +58,7 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import DecimalType, StructType
 
 from dbsp_pipeline.connectors import codec
@@ -83,6 +87,8 @@ class IngestResult:
 
     pushed: dict[str, dict[str, int]] = field(default_factory=dict)
     rejected: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: what the inbox never reads, by path under the inbox, with why (``ignored_entries``)
+    ignored: dict[str, str] = field(default_factory=dict)
     #: when the oldest pushed file arrived (its modification time; None if none was pushed)
     oldest_arrival: float | None = None
 
@@ -134,7 +140,7 @@ def pending_files(folder: str, inputs: list[str], settle_seconds: float = SETTLE
             continue
         files = []
         for f in entries:
-            if not f.endswith(SUFFIXES) or f.startswith("."):
+            if inbox_format(f) is None or f.startswith("."):
                 continue
             path = os.path.join(d, f)
             try:
@@ -151,6 +157,43 @@ def pending_files(folder: str, inputs: list[str], settle_seconds: float = SETTLE
     return out
 
 
+def inbox_format(name: str) -> str | None:
+    """The format of the inbox file ``name`` by its suffix, in any case (``.CSV`` is CSV): one
+    of ``SUFFIXES``, or None for a name the inbox does not read."""
+    lowered = name.lower()
+    return next((s for s in SUFFIXES if lowered.endswith(s)), None)
+
+
+def ignored_entries(folder: str, inputs: list[str]) -> dict[str, str]:
+    """What the inbox ``folder`` holds that no ingest ever reads, by path under it, with why:
+    a folder (or file) beside the inputs' folders that names no input, and a file of another
+    suffix in an input's folder (not a hidden or ``.tmp`` name, which a writer uses until it
+    renames the file). Reported, never moved: the inbox cannot tell a misplaced file from one
+    someone keeps there on purpose."""
+    out: dict[str, str] = {}
+    try:
+        top = sorted(os.listdir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return out
+    known = ", ".join(inputs)
+    for name in top:
+        if name.startswith(".") or name in inputs:
+            continue
+        out[name] = f"names no input of the pipeline (its inputs: {known}); nothing in it is read"
+    for name in inputs:
+        try:
+            entries = sorted(os.listdir(os.path.join(folder, name)))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for f in entries:
+            if f in (DONE, REJECTED) or f.startswith(".") or f.endswith(".tmp") \
+                    or inbox_format(f) is not None:
+                continue
+            out[f"{name}/{f}"] = ("is not read: the inbox reads .jsonl, .csv and .parquet files "
+                                  "(rename it to one of them)")
+    return out
+
+
 def ingest(pipeline: Pipeline, folder: str, settle_seconds: float = SETTLE_SECONDS) -> IngestResult:
     """Push every complete file of the inbox ``folder`` into ``pipeline``; see the module
     docstring for when a file is complete and for the exactly-once and rejection rules.
@@ -159,7 +202,7 @@ def ingest(pipeline: Pipeline, folder: str, settle_seconds: float = SETTLE_SECON
     were already, pushed by an earlier ingest of the same name and content); a file still in
     the inbox may or may not have been pushed, and the next ingest settles which, without
     pushing it twice."""
-    result = IngestResult()
+    result = IngestResult(ignored=ignored_entries(folder, list(pipeline.circuit.inputs)))
     errors: ErrorsSink | None = None
     for name, files in pending_files(folder, list(pipeline.circuit.inputs),
                                      settle_seconds).items():
@@ -190,7 +233,8 @@ def ingest(pipeline: Pipeline, folder: str, settle_seconds: float = SETTLE_SECON
                 else:
                     rows = pipeline.push(name, table, producer=producer, seq=0)
             except InputError as e:
-                problem = f"file {file}: {e}"
+                line = _line_of(file, data, e.record_index)
+                problem = f"file {file}{'' if line is None else f', line {line}'}: {e}"
                 if errors is None:
                     errors = ErrorsSink(as_session(pipeline.spark), pipeline.root)
                 record_rejected_file(errors, entry, digest, data, e.record_index or 0, problem)
@@ -242,8 +286,11 @@ def parse_file(input_name: str, file: str, data: bytes, schema: StructType) -> p
                 for f in schema.fields if isinstance(f.dataType, DecimalType)}
     texts = {f.name: pa.string() for f in schema.fields
              if isinstance(f.dataType, codec.TYPED) and f.name not in decimals}
+    fmt = inbox_format(file)
     try:
-        if file.endswith(".jsonl"):
+        if fmt == ".jsonl" and not data.strip():  # no records (as a CSV file of its header)
+            return to_arrow_schema(schema).empty_table()
+        if fmt == ".jsonl":
             table = pa_json.read_json(buffer, parse_options=pa_json.ParseOptions(
                 explicit_schema=pa.schema({**decimals, **texts})))
             # an explicitly typed column absent from the file reads as NULLs: refuse it as
@@ -252,7 +299,7 @@ def parse_file(input_name: str, file: str, data: bytes, schema: StructType) -> p
                       == table.num_rows and f'"{c}"'.encode() not in data]
             if absent and table.num_rows:
                 raise InputError(input_name, f"missing column(s) {absent}")
-        elif file.endswith(".csv"):
+        elif fmt == ".csv":
             table = pa_csv.read_csv(buffer, convert_options=pa_csv.ConvertOptions(
                 column_types={**decimals, **texts}))
         else:
@@ -261,9 +308,56 @@ def parse_file(input_name: str, file: str, data: bytes, schema: StructType) -> p
         if "CRC checksum verification failed" in str(e):  # (``CHECKSUMS_READ``)
             raise InputError(input_name, f"is damaged: a page's bytes do not match the CRC-32 "
                              f"its writer recorded ({e})") from None
-        raise InputError(input_name, f"cannot be parsed as {os.path.splitext(file)[1][1:]}: "
-                         f"{e}") from None
-    return codec.typed_text_columns(input_name, table, schema, csv_nulls=file.endswith(".csv"))
+        if "magic bytes not found" in str(e) or "minimum file footer" in str(e):
+            raise InputError(input_name, "is not a whole Parquet file: it does not end with "
+                             "Parquet's footer (cut short while it was written or copied, or "
+                             "not Parquet)") from None
+        if fmt == ".jsonl" and "JSON parse error" in str(e):  # (a value's type, a bad line)
+            _raise_for_json_record(input_name, data, schema)
+        raise InputError(input_name, f"cannot be parsed as {(fmt or '.?')[1:]}: {e}") from None
+    return codec.typed_text_columns(input_name, table, schema, csv_nulls=fmt == ".csv")
+
+
+def _raise_for_json_record(input_name: str, data: bytes, schema: StructType) -> None:
+    """After Arrow's JSON reader refused a file (it names no record, and a type by its own
+    names: "changed from number to string in row 1"): read it line by line as a user's push
+    of records would be, and raise the ``InputError`` naming the first bad record and column
+    (``records.to_arrow``). Returns when every record passes (the reader's error stands)."""
+    from dbsp_pipeline.runtime import records
+
+    rows: list[dict[str, object]] = []
+    for line in data.splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise InputError(input_name, f"is not valid JSON ({e})", record_index=len(rows),
+                             record=line.decode("utf-8", errors="replace")) from None
+        if not isinstance(row, dict):
+            raise InputError(input_name, f"a record must be a JSON object, got "
+                             f"{type(row).__name__}", record_index=len(rows), record=row)
+        rows.append({k: v for k, v in row.items() if k != WEIGHT})
+    try:
+        records.to_arrow(input_name, rows, schema, to_arrow_schema(schema), 1)  # InputError
+    except (pa.ArrowException, ValueError, TypeError):
+        pass  # nothing it can name: the reader's error stands
+
+
+def _line_of(file: str, data: bytes, record: int | None) -> int | None:
+    """The line of the file's text where record ``record`` (counted from 0) is: its non-blank
+    line (after the header in CSV, where no quoted value may hold a line break: a file
+    without quotes); None where that cannot be said (Parquet)."""
+    fmt = inbox_format(file)
+    if record is None or fmt not in (".jsonl", ".csv") or (fmt == ".csv" and b'"' in data):
+        return None
+    seen = -2 if fmt == ".csv" else -1  # (the header is no record)
+    for number, line in enumerate(data.splitlines(), start=1):
+        if line.strip():
+            seen += 1
+            if seen == record:
+                return number
+    return None
 
 
 def move_unique(entry: InboxFile, sub: str, digest: str | None, error: str | None = None,
@@ -314,7 +408,8 @@ def record_rejected_file(errors: ErrorsSink, entry: InboxFile, digest: str, data
     row, source ``inbox/<file>@<first 12 hex digits of its sha256>``, as offset the offending
     record's index (0 for a problem of the whole file), the file's text as the record (None
     for Parquet). Its error id re-injects the file's corrected rows (``Pipeline.reinject``)."""
-    text = None if entry.name.endswith(".parquet") else data.decode("utf-8", errors="replace")
+    text = None if inbox_format(entry.name) == ".parquet" else data.decode("utf-8",
+                                                                             errors="replace")
     errors.record(f"inbox/{entry.input}/{entry.name}@{digest}", 0, [
         {"input": entry.input, "source": f"inbox/{entry.name}@{digest[:12]}", "partition": None,
          "offset": offset, "reason": bounded(problem), "record": text}])
@@ -333,7 +428,7 @@ def _unchanged(entry: InboxFile, st: os.stat_result) -> bool:
 
 def _names(file: str, digest: str | None) -> Iterator[str]:
     """``file``, then ``<stem>.<hash><suffix>`` (with a digest), then numbered variants."""
-    suffix = next((s for s in SUFFIXES if file.endswith(s)), "")
+    suffix = file[len(file) - len(inbox_format(file) or ""):]  # as the file spells it
     stem = file[:len(file) - len(suffix)]
     yield file
     if digest is not None:
@@ -381,5 +476,5 @@ def _write_private(path: str, text: str) -> None:
         fh.write(text)
 
 
-__all__ = ["SETTLE_SECONDS", "InboxFile", "IngestResult", "ingest", "move_unique", "parse_file",
-           "pending_files", "read_settled"]
+__all__ = ["SETTLE_SECONDS", "InboxFile", "IngestResult", "ignored_entries", "inbox_format",
+           "ingest", "move_unique", "parse_file", "pending_files", "read_settled"]

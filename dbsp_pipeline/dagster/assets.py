@@ -99,6 +99,8 @@ def views_asset(ref: PipelineRef) -> dg.AssetsDefinition:
                 pipeline, folder, store.inbox_settle_seconds)
             for name, files in ingested.pushed.items():
                 context.log.info(f"inbox: pushed {files} to input '{name}'")
+            for path, why in ingested.ignored.items():
+                context.log.warning(f"inbox: {path} {why}")
             if ingested.oldest_arrival is not None:
                 arrived = min(arrived or ingested.oldest_arrival, ingested.oldest_arrival)
             if ref.uses_kafka:

@@ -195,7 +195,7 @@ def test_error_files_are_private_bounded_and_never_overwritten(pipeline, box):
     problem = result.rejected["orders"]["bad.csv"]
     error = read(box, "orders", "rejected", "bad.csv.error.txt")
     assert error == problem + "\n"
-    assert "file bad.csv: input 'orders'" in error and "order_id" in error
+    assert "file bad.csv, line 3: input 'orders'" in error and "order_id" in error
     assert len(error) < 600 and "more characters not shown" in error
     # a parser error that quotes the line is bounded too
     drop(box, "orders", "bad.csv", f"order_id,customer_id,amount\n1,1,2.0,{huge}\n")
@@ -231,6 +231,59 @@ def test_a_parquet_file_whose_bytes_changed_is_rejected_as_damaged(pipeline, box
     assert "input 'orders'" in problem and "is damaged" in problem and "CRC" in problem
     assert listing(box, "orders", "rejected") == ["damaged.parquet", "damaged.parquet.error.txt"]
     assert pipeline.step().inputs == {"orders": 0, "customers": 0}
+
+
+# -- what a user gets wrong ---------------------------------------------------------------------
+def test_a_bad_record_is_named_by_its_line_record_and_column(pipeline, box):
+    """A file Arrow cannot read (a JSON value of another type than the column's, a line that is
+    not JSON) or whose record the push refuses names the line of the file, the record (counted
+    from 0) and the column, in the input's terms; a cut-off Parquet file says it is cut off."""
+    drop(box, "customers", "types.jsonl",
+         '{"customer_id": 1, "region": "a"}\n\n{"customer_id": "x", "region": "b"}\n')
+    drop(box, "customers", "broken.jsonl", '{"customer_id": 1, "region": "a"}\n{"customer_id"\n')
+    drop(box, "customers", "types.csv", "customer_id,region\n1,north\n\nx,south\n")
+    whole = pa.BufferOutputStream()
+    pq.write_table(pa.table({"customer_id": [1], "region": ["a"]}), whole)
+    folder = os.path.join(box, "customers")
+    with open(os.path.join(folder, "cut.parquet"), "wb") as fh:
+        fh.write(whole.getvalue().to_pybytes()[:-20])
+    backdate(os.path.join(folder, "cut.parquet"), AGE)
+    rejected = inbox.ingest(pipeline, box).rejected["customers"]
+    assert rejected["types.jsonl"].startswith(
+        "file types.jsonl, line 3: input 'customers', record 1 {'customer_id': 'x', "
+        "'region': 'b'}, column 'customer_id': value 'x' is str"), rejected["types.jsonl"]
+    assert rejected["broken.jsonl"].startswith(
+        "file broken.jsonl, line 2: input 'customers', record 1 '{\"customer_id\"': is not "
+        "valid JSON"), rejected["broken.jsonl"]
+    assert rejected["types.csv"].startswith(
+        "file types.csv, line 4: input 'customers', record 1, column 'customer_id': value 'x'"), \
+        rejected["types.csv"]
+    assert "is not a whole Parquet file" in rejected["cut.parquet"], rejected["cut.parquet"]
+    assert pipeline.step().inputs == {"orders": 0, "customers": 0}
+
+
+def test_no_records_and_any_case_are_read_and_what_is_never_read_is_reported(pipeline, box):
+    """An empty JSON lines file and a CSV file of its header hold no records (both are done);
+    a suffix in capitals is read; a file of another suffix, and a folder naming no input, are
+    reported as ignored and left where they are."""
+    drop(box, "customers", "empty.jsonl", "")
+    drop(box, "customers", "header.csv", "customer_id,region\n")
+    drop(box, "customers", "LOUD.CSV", "customer_id,region\n5,east\n")
+    drop(box, "customers", "data.json", '{"customer_id": 6, "region": "west"}')
+    drop(box, "custmers", "typo.csv", "customer_id,region\n7,north\n")
+    drop(box, "customers", "part.csv.tmp", "customer_id,region\n")  # being written: quiet
+    result = inbox.ingest(pipeline, box)
+    assert result.pushed == {"customers": {"empty.jsonl": 0, "header.csv": 0, "LOUD.CSV": 1}}
+    assert result.rejected == {}
+    assert result.ignored == {
+        "custmers": "names no input of the pipeline (its inputs: orders, customers); nothing "
+                    "in it is read",
+        "customers/data.json": "is not read: the inbox reads .jsonl, .csv and .parquet files "
+                               "(rename it to one of them)"}
+    assert listing(box, "customers", "done") == ["LOUD.CSV", "empty.jsonl", "header.csv"]
+    assert os.path.exists(os.path.join(box, "customers", "data.json"))
+    pipeline.step()
+    assert regions(pipeline) == {"east": 1}
 
 
 # -- typed values ------------------------------------------------------------------------------

@@ -85,7 +85,7 @@ def test_a_bad_inbox_file_is_rejected_by_name_and_the_good_ones_land(defs, root,
     failure = result.failure_data_for_node("shop_views").error.message
     assert "bad.jsonl" in failure and "input 'orders'" in failure
     error = open(os.path.join(inbox, "orders", "rejected", "bad.jsonl.error.txt")).read()
-    assert "file bad.jsonl: input 'orders'" in error and "order_id" in error
+    assert "file bad.jsonl, line 2: input 'orders', record 1" in error and "order_id" in error
     with Pipeline(shop_circuit(), root, spark) as p:  # the good file was stepped
         assert view_counter(p.view("regions")) == {("north",): 1}
         assert p.next_step == 1
