@@ -176,7 +176,9 @@ class Pipeline:
         retain_steps: keep the exact history of the last this many steps of every output log
             (``view(as_of=...)``, ``changes(since=...)``) and collapse older history at each
             checkpoint, never past what a live reader's ``since`` needs; ``None`` keeps all.
-        retain_checkpoints: how many state versions (checkpoints) stay readable; older files
+        retain_checkpoints: of how many steps the state versions (checkpoints) stay readable
+            (with those committed at the same step, up to ``state_db.SAME_STEP_EXTRA`` more
+            a step: a close does not push the previous step's checkpoint out); older files
             are deleted by ``collect_garbage`` (run after 16 to 64 commits, as their steps'
             rows call for: ``upkeep.collection_due``, and at close). At least 2: the
             two-version database (``docs/recovery.md``, section 5).
@@ -680,7 +682,9 @@ class Pipeline:
 
     # -- checkpoints -----------------------------------------------------------------------
     def checkpoints(self) -> list[Checkpoint]:
-        """The retained checkpoints (``retain_checkpoints`` of them at most), newest first."""
+        """The retained checkpoints, newest first: those of the ``retain_checkpoints`` newest
+        steps (a checkpoint with no step since the one below it, as ``close`` or ``commit``
+        makes after a merge, keeps the previous step's; ``state_db.retains``)."""
         self._require_open()
         return checkpoints.retained(self._engine)
 

@@ -16,8 +16,10 @@ Contract (DBSP's two-version database interface):
   intact, a crash after it leaves ``v + 1``.
 * ``get``/``put`` store small JSON values; ``get_step``/``set_step`` the next step to execute.
 * The retained versions (``retained_entries``) are the chain of entries from the newest back,
-  each naming its base (``manifest_base``). The chain ends at the ``retained``-th entry, at an
-  entry garbage collection deleted, and at an entry whose step is below ``from_step``: the
+  each naming its base (``manifest_base``). The chain holds the entries of the ``retained``
+  newest steps (``retains``: a checkpoint with no step since the one below it, as a close or a
+  merge's commit makes, does not push a step's out), and ends at an entry garbage collection
+  deleted, and at an entry whose step is below ``from_step``: the
   caller's first step it can still execute again (the pipeline passes its division log's
   ``compacted_below``; a version below it is not restorable, even after the retention was
   raised and its entry is still on disk).
@@ -263,9 +265,12 @@ class StateDatabase:
         state itself, is always there."""
         out: list[tuple[int, dict[str, Any]]] = []
         manifest_version: int | None = self._manifest.version()
-        while manifest_version is not None and len(out) < count:
+        while manifest_version is not None:
             manifest_version, entry = self._entry_of(manifest_version)
             if entry is None or (out and int(entry.get("step", 0)) < from_step):
+                break
+            if not retains([int(e.get("step", 0)) for _, e in out], int(entry.get("step", 0)),
+                           count):
                 break
             out.append((manifest_version, entry))
             manifest_version = entry.get("manifest_base")
@@ -507,6 +512,24 @@ class StateDatabase:
         adds = self._manifest.write_arrow(data)
         self._manifest.commit(adds, self._manifest_files)
         self._manifest_files = [os.path.join(self._manifest.uri, a.path) for a in adds]
+
+
+#: checkpoints of a step beyond the first that retention keeps, at most, per retained step
+#: (``retains``): a checkpoint at the step of the one below it holds no step's work
+SAME_STEP_EXTRA = 2
+
+
+def retains(kept_steps: list[int], step: int, count: int) -> bool:
+    """Whether retention keeping ``count`` checkpoints keeps the next older one, at ``step``,
+    after ``kept_steps`` (newest first). It keeps the checkpoints of the ``count`` newest steps:
+    a checkpoint committed with no step since the one below it (a close, a merge's or an
+    upgrade's commit) would otherwise push the previous step's out, leaving nothing to go
+    back to. At most ``SAME_STEP_EXTRA`` such checkpoints a step are counted in, so retention
+    stays bounded by ``count * (1 + SAME_STEP_EXTRA)``."""
+    steps = set(kept_steps)
+    if len(steps) < count:
+        return len(kept_steps) < count * (1 + SAME_STEP_EXTRA)
+    return step in steps and len(kept_steps) < count * (1 + SAME_STEP_EXTRA)
 
 
 def state_format_of(entry: Mapping[str, Any]) -> int:

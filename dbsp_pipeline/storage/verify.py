@@ -88,6 +88,7 @@ from dbsp_pipeline.storage.state_db import (
     MANIFEST_DIR,
     RETIRED_TABLES_KEY,
     checkpoint_place,
+    retains,
 )
 from dbsp_pipeline.storage.table_store import root_uri
 
@@ -591,9 +592,11 @@ class _RootScan:
             return out
         m: int | None = head
         floor = self._compacted_below()  # read after the manifest, as the logs are
-        while m is not None and len(out) < self.retained:
+        while m is not None:
             cp, damage, collected = self._entry_at(m)
             if cp is not None and out and cp.step < floor:
+                break
+            if cp is not None and not retains([c.step for c in out], cp.step, self.retained):
                 break
             if cp is None:
                 # The end of the chain: an older entry collected as garbage (the retention was

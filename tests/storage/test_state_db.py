@@ -93,3 +93,35 @@ def test_crash_between_trace_commits_and_manifest_commit(spark, tmp_path, monkey
         q.step()
         assert view_counter(q.view("revenue_by_region")) == {
             ("north", 70.0, 1, 70.0): 1, ("south", 50.0, 2, 30.0): 1}
+
+
+def test_retention_keeps_the_checkpoints_of_the_newest_steps():
+    """A checkpoint with no step since the one below it (a close, a merge's commit) does not
+    push the previous step's out; the same step counts at most SAME_STEP_EXTRA more."""
+    def kept(steps: list[int], count: int) -> list[int]:
+        out: list[int] = []
+        for step in steps:
+            if not state_db.retains(out, step, count):
+                break
+            out.append(step)
+        return out
+
+    assert kept([9, 8, 7], 2) == [9, 8]
+    assert kept([9, 9, 8, 8, 7], 2) == [9, 9, 8, 8]
+    assert kept([9, 9, 9, 9, 9, 9, 9, 8], 2) == [9] * 6  # bounded: count * (1 + EXTRA)
+    assert state_db.SAME_STEP_EXTRA == 2
+
+
+def test_a_commit_without_a_step_keeps_the_previous_steps_checkpoint(spark, tmp_path):
+    with Pipeline(shop_circuit(), str(tmp_path), spark, checkpoint_every=1) as p:
+        p.push("customers", [(1, "north")])
+        p.step()
+        p.push("orders", [(1, 1, 30.0)])
+        p.step()
+        p.commit()
+        p.commit()  # two checkpoints more, at the same step
+        steps = [c.step for c in p.checkpoints()]
+        assert steps[:3] == [2, 2, 2] and 1 in steps, steps
+        before = next(c for c in p.checkpoints() if c.step == 1)
+        p.restore(before.version)  # back one step: its order executed again
+        assert view_counter(p.view("revenue_by_region")) == {("north", 30.0, 1, 30.0): 1}
