@@ -38,6 +38,7 @@ from dbsp_pipeline.runtime.path_choice import (
 from dbsp_pipeline.runtime.plan import Plan
 from dbsp_pipeline.runtime.readers import LeaseRegistry
 from dbsp_pipeline.runtime.results import FailedStep
+from dbsp_pipeline.storage.delta_table import delta_log
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.table_store import DataFile
 
@@ -130,8 +131,11 @@ class EngineState:
     def output(self, name: str) -> OutputLog:
         """The log of output ``name``; ``UnknownNameError`` if the circuit has no such output."""
         if name not in self.outputs:
+            log = root_layout.output_log(self.root, name)
+            removed = (f" (a view '{name}' an upgrade removed keeps its log, readable as the "
+                       f"Delta table {log})") if delta_log(log) is not None else ""
             raise UnknownNameError(f"unknown output '{name}'; circuit '{self.circuit.name}' has "
-                                   f"outputs {sorted(self.outputs)}")
+                                   f"outputs {sorted(self.outputs)}{removed}")
         return self.outputs[name]
 
     def load_opened(self) -> None:

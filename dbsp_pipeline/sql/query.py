@@ -1412,7 +1412,8 @@ class QueryCompiler:
         ``count(*)`` (also ``count(1)``); ``min``/``max`` of DISTINCT values are plain ones."""
         fn = AGGREGATES.get(type(node))
         if fn is None:
-            raise self.error(node, f"aggregate {node.key}() is not supported",
+            spelled = node.sql(dialect="spark").split("(", 1)[0].strip().lower() or node.key
+            raise self.error(node, f"aggregate {spelled}() is not supported",
                              "the aggregates are count(*), count, sum, avg, min, max, and "
                              "count/sum/avg(DISTINCT x)")
         arg = node.this

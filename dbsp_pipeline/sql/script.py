@@ -13,6 +13,10 @@ statement that fails declares nothing; the statements before it stay declared.
 
 from __future__ import annotations
 
+import logging
+import re
+import threading
+
 import sqlglot
 from sqlglot import exp
 
@@ -34,6 +38,11 @@ def declare_script(circuit: Circuit, text: str) -> None:
                 name = statement.this.name if isinstance(statement.this, exp.Table) else ""
                 _declare_query(circuit, name, statement.expression, statement)
                 continue
+        if isinstance(statement, exp.Command):  # what sqlglot could not parse as a statement
+            raise SqlError(_statement_named(text, statement) or circuit.name, statement,
+                           "the SQL does not parse as a statement (a misspelled keyword?)",
+                           "a script holds CREATE TABLE name (columns) and "
+                           "CREATE [MATERIALIZED] VIEW name AS SELECT ...")
         raise SqlError(circuit.name, statement,
                        f"{type(statement).__name__.upper()} statement is not supported",
                        "a script holds CREATE TABLE name (columns) and "
@@ -52,15 +61,73 @@ def _parse(text: str, what: str, many: bool) -> list[exp.Expr]:
     if not isinstance(text, str) or not text.strip():
         raise SqlError(what, None, "the SQL text is empty")
     try:
+        _PARSING.on = True
         parsed = sqlglot.parse(text, read="spark")
     except sqlglot.errors.ParseError as e:
         first = e.errors[0] if e.errors else {}
         line, col = first.get("line"), first.get("col")
         where = f" at line {line}, column {col}" if line is not None else ""
+        if many and line is not None:  # the statement it is in names the view (or table)
+            what = _name_before(text, int(line), int(col or 0)) or what
         raise SqlError(what, None, f"the SQL does not parse{where}: "
-                       f"{first.get('description') or e}",
+                       f"{_parse_problem(first) or e}",
                        "the dialect is Spark SQL") from None
+    finally:
+        _PARSING.on = False
     return [s for s in parsed if s is not None]
+
+
+#: per thread: whether it is parsing a script (``_NoCommandFallbackWarning``)
+_PARSING = threading.local()
+
+
+class _NoCommandFallbackWarning(logging.Filter):
+    """Drops sqlglot's warning that it reads a statement it cannot parse as a 'Command', while
+    this module parses: ``declare_script`` refuses such a statement itself, naming it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (getattr(_PARSING, "on", False)
+                    and "Falling back to parsing as a 'Command'" in record.getMessage())
+
+
+logging.getLogger("sqlglot").addFilter(_NoCommandFallbackWarning())
+
+
+#: a statement's start, with the name it declares
+_DECLARED = re.compile(r"\bCREATE\s+(?:OR\s+REPLACE\s+)?(?:MATERIALIZED\s+)?(?:VIEW|TABLE)\s+"
+                       r"(?:IF\s+NOT\s+EXISTS\s+)?`?(\w+)", re.IGNORECASE)
+#: sqlglot's words for a clause it found incomplete: "Required keyword: 'this' missing for
+#: <class 'sqlglot.expressions.query.Where'>"
+_MISSING = re.compile(r"Required keyword: '\w+' missing for <class '[\w.]*?(\w+)'>")
+#: how SQL spells the nodes sqlglot names there, where it is not their name upper-cased
+_SPELLED = {"GT": ">", "GTE": ">=", "LT": "<", "LTE": "<=", "EQ": "=", "NEQ": "<>", "ADD": "+",
+            "SUB": "-", "MUL": "*", "DIV": "/", "GROUP": "GROUP BY", "ORDER": "ORDER BY"}
+
+
+def _name_before(text: str, line: int, col: int) -> str | None:
+    """The name the statement around ``line``/``col`` of ``text`` declares (None if none)."""
+    lines = text.split("\n")
+    offset = sum(len(x) + 1 for x in lines[:max(0, line - 1)]) + col
+    names = [m[1] for m in _DECLARED.finditer(text[:offset])]
+    return names[-1] if names else None
+
+
+def _statement_named(text: str, statement: exp.Expr) -> str | None:
+    """The name a statement sqlglot could not parse declares, read from its text."""
+    m = _DECLARED.search(statement.sql(dialect="spark"))
+    return m[1] if m else None
+
+
+def _parse_problem(error: dict[str, object]) -> str | None:
+    """sqlglot's parse error in the user's terms: the clause left incomplete, near which
+    text."""
+    description = str(error.get("description") or "")
+    near = str(error.get("highlight") or "").strip()
+    m = _MISSING.search(description)
+    if m:
+        name = m[1].upper()
+        description = f"{_SPELLED.get(name, name)} is incomplete (something is missing after it)"
+    return (f"{description}, near '{near}'" if near else description) or None
 
 
 def _declare_table(circuit: Circuit, create: exp.Create) -> None:

@@ -20,7 +20,14 @@ from collections import Counter
 import pytest
 from pyspark.sql.types import StructType
 
-from dbsp_pipeline import Circuit, CircuitChangedError, Pipeline, StepResult, UsageError
+from dbsp_pipeline import (
+    Circuit,
+    CircuitChangedError,
+    Pipeline,
+    StepResult,
+    UnknownNameError,
+    UsageError,
+)
 from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.circuit import node_collection
 from dbsp_pipeline.runtime.circuit_diff import table_belongs
@@ -177,6 +184,9 @@ def test_views_added_changed_and_removed_mid_run_equal_their_queries(spark, tmp_
                            StructType.fromJson(json.loads(retired["columns"])))
         assert totals.retired_at() == change.step
         assert totals.view_arrow(p.engine.sql).num_rows > 0
+        with pytest.raises(UnknownNameError, match=r"unknown output 'totals'.*an upgrade "
+                           r"removed keeps its log, readable as the Delta table .*outputs/totals"):
+            p.view_arrow("totals")
 
     # and back to the first circuit: every view of it equals its query again
     with Pipeline(shop(), root, spark, upgrade=True) as p:

@@ -137,3 +137,27 @@ def test_using_keeps_the_users_sql_and_the_keys_spelling():
         "CREATE VIEW v AS SELECT * FROM t1 JOIN t2 USING (id) ORDER BY t1.Id LIMIT 2;")
     assert circuit.sql_views["v"] == ("Id", "x", "y")  # Spark: the left side's spelling
     assert "USING" in circuit.sql_texts["v"]  # what the console shows is what was written
+
+
+def test_a_script_that_does_not_parse_names_the_view_and_the_incomplete_clause():
+    with pytest.raises(SqlError, match=r"view 'v': the SQL does not parse at line 4, column \d+"
+                                       r": WHERE is incomplete \(something is missing after "
+                                       r"it\), near 'WHERE'"):
+        Circuit.from_sql(TABLES + "CREATE VIEW v AS\nSELECT order_id FROM orders WHERE;")
+    with pytest.raises(SqlError, match=r": > is incomplete"):
+        Circuit.from_sql(TABLES + "CREATE VIEW v AS SELECT order_id FROM orders WHERE id >;")
+
+
+def test_a_misspelled_keyword_names_the_view_and_sqlglot_warns_nothing(caplog):
+    with pytest.raises(SqlError, match=r"view 'v': the SQL does not parse as a statement \(a "
+                                       r"misspelled keyword\?\)"):
+        Circuit.from_sql(TABLES + "CREATE VIEW v AS SELEC order_id FROM orders;")
+    assert not [r for r in caplog.records if "Falling back" in r.getMessage()]
+
+
+def test_an_unsupported_aggregate_is_named_as_written():
+    error = refused("SELECT customer_id, percentile_approx(amount, 0.5) AS p FROM orders\n"
+                    "GROUP BY customer_id")
+    assert "aggregate percentile_approx() is not supported" in str(error), str(error)
+    error = refused("SELECT customer_id, collect_list(amount) AS p FROM orders GROUP BY 1")
+    assert "aggregate collect_list() is not supported" in str(error), str(error)
