@@ -227,6 +227,7 @@ def _value_problem(v: object, field: pa.Field) -> str | None:
     elif pa.types.is_decimal(t):
         if isinstance(v, bool) or not isinstance(v, (numbers.Integral, decimal.Decimal)):
             return f"value {v!r} is {type(v).__name__}, expected a decimal ({t})"
+        return _decimal_problem(v if isinstance(v, decimal.Decimal) else decimal.Decimal(int(v)), t)
     elif pa.types.is_string(t) or pa.types.is_large_string(t):
         if not isinstance(v, str):
             return f"value {v!r} is {type(v).__name__}, expected a string"
@@ -239,6 +240,23 @@ def _value_problem(v: object, field: pa.Field) -> str | None:
     elif pa.types.is_date(t):
         if not isinstance(v, dt.date) or isinstance(v, dt.datetime):
             return f"value {v!r} is {type(v).__name__}, expected a date"
+    return None
+
+
+def _decimal_problem(v: decimal.Decimal, t: pa.Decimal128Type) -> str | None:
+    """Why the decimal ``v`` does not fit ``t`` exactly (too many digits before the point, or
+    after it: a value is never rounded), or None."""
+    if not v.is_finite():
+        return f"value {v} is not a number a DECIMAL holds"
+    ddl = f"DECIMAL({t.precision},{t.scale})"
+    exponent = int(v.as_tuple().exponent)
+    if -exponent > t.scale and v != v.quantize(decimal.Decimal(1).scaleb(-t.scale)):
+        return (f"value {v} has {-exponent} digits after the point; {ddl} holds {t.scale} "
+                "(a value is never rounded)")
+    whole = len(str(abs(int(v)))) if int(v) else 0
+    if whole > t.precision - t.scale:
+        return (f"value {v} has {whole} digits before the point; {ddl} holds "
+                f"{t.precision - t.scale}")
     return None
 
 

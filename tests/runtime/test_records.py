@@ -129,3 +129,22 @@ def test_a_batch_of_plain_tuples_or_dicts_takes_the_quick_path():
     table = records.to_arrow("orders", rows, SCHEMA, ARROW, -1)
     assert table.column("_weight").to_pylist() == [-1] * 1000
     assert pa.types.is_int64(table.schema.field("n").type)
+
+
+@pytest.mark.parametrize("value, problem", [
+    (decimal.Decimal("123456789.00"),
+     "value 123456789.00 has 9 digits before the point; DECIMAL(10,2) holds 8"),
+    (decimal.Decimal("1.005"), "value 1.005 has 3 digits after the point; DECIMAL(10,2) holds "
+                               "2 (a value is never rounded)"),
+    (123456789, "value 123456789 has 9 digits before the point"),
+    (decimal.Decimal("NaN"), "value NaN is not a number a DECIMAL holds"),
+])
+def test_a_decimal_that_does_not_fit_says_which_digits(value, problem):
+    schema = StructType([StructField("id", LongType()), StructField("m", DecimalType(10, 2))])
+    with pytest.raises(InputError, match=r"record 1 .*column 'm': ") as info:
+        records.to_arrow("pay", [(1, decimal.Decimal("1.50")), (2, value)], schema,
+                         spark_to_arrow_schema(schema), 1)
+    assert problem in str(info.value), str(info.value)
+    fits = records.to_arrow("pay", [(1, decimal.Decimal("99999999.990")), (2, 7)], schema,
+                            spark_to_arrow_schema(schema), 1)
+    assert fits.column("m").to_pylist() == [decimal.Decimal("99999999.99"), decimal.Decimal(7)]
