@@ -340,11 +340,11 @@ class Plan:
         src = inputs[0]
         if node.op == "select":
             schema = self._analyse(what, lambda: self._empty(src).select(
-                *[F.expr(e) for e in node.params["exprs"]]))
+                *[F.expr(e) for e in node.params["exprs"]]), fold_constants=True)
             return _check_columns(schema, what)
         if node.op == "filter":
             pred = self._analyse(what, lambda: self._empty(src).select(
-                F.expr(node.params["predicate"])))
+                F.expr(node.params["predicate"])), fold_constants=True)
             if not isinstance(pred.fields[0].dataType, BooleanType):
                 raise CircuitError(f"{what}: predicate '{node.params['predicate']}' is "
                                    f"{pred.fields[0].dataType.simpleString()}, not boolean")
@@ -481,15 +481,21 @@ class Plan:
     def _empty(self, schema: StructType) -> DataFrame:
         return self.spark.createDataFrame([], schema)
 
-    def _analyse(self, what: str, build: Callable[[], DataFrame]) -> StructType:
+    def _analyse(self, what: str, build: Callable[[], DataFrame],
+                 fold_constants: bool = False) -> StructType:
         """The schema of the operator ``build`` gives, as Spark's analysis types it; a
         ``CircuitError`` naming the operator (``what``) when Spark refuses it, or when one of
-        its expressions is not a function of its row (``_changing_function``)."""
+        its expressions is not a function of its row (``_changing_function``). With
+        ``fold_constants``, Spark's optimizer also evaluates the constant parts of the
+        expressions, as every step would: ``id > 'abc'`` (the text cast to a number) is refused
+        here, not by every step."""
         try:
             with _quiet_query_context_logs():
                 df = build()
                 schema: StructType = df.schema
-        except PySparkException as e:
+                if fold_constants:
+                    df._jdf.queryExecution().optimizedPlan()
+        except PySparkException as e:  # (a Java error is raised as one, by PySpark)
             raise CircuitError(f"{what}: {_first_line(e)}") from None
         changing = _changing_function(df)
         if changing is not None:

@@ -188,6 +188,23 @@ def test_a_function_whose_value_is_not_the_rows_is_refused(spark, tmp_path, buil
         Pipeline(sql, root=str(tmp_path / "sql"), spark=spark)
 
 
+def test_a_constant_that_cannot_be_cast_is_refused_when_the_circuit_is_analysed(spark,
+                                                                               tmp_path):
+    """``id > 'abc'`` casts the text to the column's type, which fails whatever the rows: the
+    circuit is refused at open, naming the operator, not every step."""
+    c = Circuit("cast")
+    c.output("o", c.input("x", "a BIGINT, b STRING").filter("a > 'abc'"))
+    with pytest.raises(CircuitError, match=r"operator #1 filter 'a > 'abc'' \(in view 'o'\): "
+                                           r".*CAST_INVALID_INPUT.*'abc'"):
+        Pipeline(c, root=str(tmp_path), spark=spark)
+    fine = Circuit("cast")
+    fine.output("o", fine.input("x", "a BIGINT, b STRING").filter("a > '12'"))
+    with Pipeline(fine, root=str(tmp_path / "fine"), spark=spark) as p:
+        p.push("x", [(13, "y"), (11, "n")])
+        p.step()
+        assert [r["a"] for r in p.view_arrow("o").to_pylist()] == [13]
+
+
 def test_a_bad_operator_is_named_with_the_views_it_feeds(spark, tmp_path):
     c = Circuit("bad")
     x = c.input("x", "a INT, b INT")
