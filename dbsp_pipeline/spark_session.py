@@ -64,6 +64,9 @@ def local_session(app_name: str = "dbsp-pipeline", cores: int | str = "*",
         .config("spark.hadoop.fs.file.impl.disable.cache", "true")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config(PYTHON_UNIX_SOCKETS, "true")
+        # no "[Stage 3:>  (0 + 1) / 1]" bars in the user's terminal at every Spark step: a
+        # step's result says where its time went (``StepResult.phase_seconds``)
+        .config("spark.ui.showConsoleProgress", "false")
     )
     for k, v in RUNTIME_CONF.items():
         if k.startswith("spark."):  # (the launcher ignores others, with a warning)
@@ -95,6 +98,9 @@ def cluster_session(master: str, app_name: str = "dbsp-pipeline",
         .config("spark.hadoop.fs.file.impl.disable.cache", "true")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config(PYTHON_UNIX_SOCKETS, "true")
+        # no "[Stage 3:>  (0 + 1) / 1]" bars in the user's terminal at every Spark step: a
+        # step's result says where its time went (``StepResult.phase_seconds``)
+        .config("spark.ui.showConsoleProgress", "false")
     )
     for k, v in RUNTIME_CONF.items():
         if k.startswith("spark."):  # (the launcher ignores others, with a warning)
