@@ -1,4 +1,5 @@
 """Command line: ``python -m dbsp_pipeline demo`` runs the shop demo on embedded defaults;
+``python -m dbsp_pipeline status --root ROOT`` says what a root holds, read without opening it;
 ``python -m dbsp_pipeline verify --root ROOT`` checks a pipeline root's storage (every table,
 every retained checkpoint; ``storage/verify.py``) and exits 1 when it is damaged. ROOT is a
 local folder or ``s3://bucket/prefix`` (the store the ``AWS_*`` environment names)."""
@@ -10,6 +11,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 import pyarrow as pa
 
@@ -74,6 +76,55 @@ def _show(table: pa.Table) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
 
 
+def status(root: str, retained: int, as_json: bool) -> int:
+    """Print what the pipeline root ``root`` holds, read without opening it (a pipeline running
+    it goes on undisturbed): its circuit's inputs and views, the next step, per input the pushes
+    not yet in a step, and the retained checkpoints. 0, or 2 when there is no pipeline root
+    there or the store cannot be reached (said on stderr)."""
+    from dbsp_pipeline.root import newest_entry, read_status
+    from dbsp_pipeline.storage.verify import retained_checkpoints
+
+    try:
+        if not exists(root):
+            print(f"dbsp-pipeline status: no pipeline root at {root}", file=sys.stderr)
+            return 2
+        entry = newest_entry(root) or {}
+        described = small_files.read_text(circuit_description(root, entry.get("fingerprint", "")))
+        circuit = json.loads(described) if described else {}
+        inputs, views = sorted(circuit.get("inputs", {})), sorted(circuit.get("outputs", {}))
+        current = read_status(root, inputs)
+        checkpoints = retained_checkpoints(root, retained)
+    except (StorageError, OSError, ValueError) as e:
+        print(f"dbsp-pipeline status: {e}", file=sys.stderr)
+        return 2
+    now = time.time()
+    report: dict[str, Any] = {
+        "root": root, "pipeline_id": current.pipeline_id, "circuit": circuit.get("name"),
+        "state_version": entry.get("version"), "next_step": entry.get("step"),
+        "divided_steps": current.divided_steps, "views": views,
+        "inputs": {n: {"log_version": current.versions[n], "pending_pushes": current.pending[n]}
+                   for n in inputs},
+        "oldest_pending_seconds": (None if current.oldest_pending is None
+                                   else round(now - current.oldest_pending, 1)),
+        "checkpoints": [{"version": v, "after_step": s - 1} for v, s in checkpoints]}
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"pipeline root {root}: circuit '{report['circuit']}', state version "
+          f"{report['state_version']}, next step {report['next_step']} (id "
+          f"{current.pipeline_id[:8]})")
+    for name, info in report["inputs"].items():
+        waiting = info["pending_pushes"]
+        print(f"  input {name}: log version {info['log_version']}, "
+              + (f"{waiting} pushes not yet in a step" if waiting else "nothing waits"))
+    if report["oldest_pending_seconds"] is not None:
+        print(f"  the oldest waiting push is {report['oldest_pending_seconds']} s old")
+    print(f"  views: {', '.join(views)}")
+    print("  checkpoints (newest first): " + ", ".join(
+        f"{c['version']} (after step {c['after_step']})" for c in report["checkpoints"]))
+    return 0
+
+
 def verify(root: str, retained: int, as_json: bool) -> int:
     """Print the verification report of ``root``; 0 when it is intact, 1 when damaged, 2 when
     there is no pipeline root there (no manifest: a local path or ``s3://bucket/prefix``
@@ -103,6 +154,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="the demo's pipeline root (deleted first unless --keep; a folder "
                    "holding anything else is refused)")
     d.add_argument("--keep", action="store_true", help="continue the pipeline at --root")
+    s = sub.add_parser("status", help="what a pipeline root holds (read without opening it: a "
+                       "running pipeline goes on)")
+    s.add_argument("--root", required=True)
+    s.add_argument("--retained", type=int, default=2,
+                   help="how many steps' checkpoints the pipeline retains (retain_checkpoints)")
+    s.add_argument("--json", action="store_true", help="print it as JSON")
     v = sub.add_parser("verify", help="check a pipeline root's tables and checkpoints for "
                        "damaged storage (exit 1 if damaged)")
     v.add_argument("--root", required=True)
@@ -112,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "verify":
         return verify(args.root, args.retained, args.json)
+    if args.command == "status":
+        return status(args.root, args.retained, args.json)
     if args.command == "demo":
         return demo(args.root, args.steps, args.batch, fresh=not args.keep)
     return 0

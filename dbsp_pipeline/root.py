@@ -46,6 +46,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from dbsp_pipeline.runtime.division_log import CARRIED_RECORDS_KEY, read_last
 from dbsp_pipeline.storage.delta_table import (
@@ -257,10 +258,18 @@ def _last_divided(root: str) -> tuple[int, dict[str, int]] | None:
     return read_last(divisions(root), newest_entry_meta(root, CARRIED_RECORDS_KEY))
 
 
+def newest_entry(root: str) -> dict[str, Any] | None:
+    """The newest manifest entry of the root ``root`` (version, step, fingerprint, ...; None:
+    no entry yet). Read-only, without Spark, on any store."""
+    for row in newest_rows(manifest(root_uri(root))) or []:
+        entry: dict[str, Any] = json.loads(row["entry"])
+        return entry
+    return None
+
+
 def newest_entry_meta(root: str, key: str) -> object:
     """The metadata ``key`` of the newest manifest entry of the root ``root`` (None: no entry,
     or no such key): the one file of the manifest's newest version. Read-only, without Spark,
     on any store."""
-    for row in newest_rows(manifest(root_uri(root))) or []:
-        return json.loads(row["entry"]).get("meta", {}).get(key)
-    return None
+    entry = newest_entry(root)
+    return None if entry is None else entry.get("meta", {}).get(key)

@@ -120,3 +120,31 @@ def test_demo_deletes_its_own_pipeline_only(spark, tmp_path, capsys):
                             (tmp_path / "new", 0)):
         assert main(demo + ["--root", str(root)]) == 0
         assert f"next step {next_step}\n" in capsys.readouterr().out
+
+
+def test_status_reads_a_root_without_opening_it(spark, tmp_path, capsys):
+    """``status`` says what a root holds (inputs and what waits in them, views, next step,
+    checkpoints) without opening it: a pipeline running it is not fenced."""
+    from dbsp_pipeline import Pipeline
+    from dbsp_pipeline.examples.shop import shop_circuit
+
+    root = str(tmp_path / "shop")
+    assert main(["status", "--root", root]) == 2
+    assert "no pipeline root" in capsys.readouterr().err
+    with Pipeline(shop_circuit(), root, spark, checkpoint_every=1) as p:
+        p.push("customers", [(1, "north")])
+        p.step()
+        p.push("orders", [(1, 1, 30.0)])
+        p.push("orders", [(2, 1, 40.0)])
+        assert main(["status", "--root", root]) == 0  # while it is open: it goes on after
+        out = capsys.readouterr().out
+        p.step()
+    assert "circuit 'shop'" in out and "next step 1" in out, out
+    assert "input orders: log version 2, 2 pushes not yet in a step" in out, out
+    assert "input customers: log version 1, nothing waits" in out, out
+    assert "views: idle_customers, regions, revenue_by_region" in out, out
+    assert "checkpoints (newest first): " in out and "(after step 0)" in out, out
+    assert main(["status", "--root", root, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["next_step"] == 2 and report["divided_steps"] == 2
+    assert report["inputs"]["orders"] == {"log_version": 2, "pending_pushes": 0}

@@ -267,6 +267,12 @@ def _root_in_use(root: str, what: str) -> RootInUseError:
                           "process at a time")
 
 
+def retained_checkpoints(root: str, retained: int = 2) -> list[tuple[int, int]]:
+    """The retained checkpoints of ``root`` as (state version, next step), newest first, read
+    from the manifest's log alone (nothing is checked; ``verify_root`` checks them)."""
+    return [(c.version, c.step) for c in _RootScan(root, retained).checkpoints()]
+
+
 def verify_root(root: str, retained: int = 2) -> VerifyReport:
     """Check every table of the pipeline root ``root`` and each of its newest ``retained``
     checkpoints (see the module docstring). Reads only; needs neither Spark nor the circuit.
