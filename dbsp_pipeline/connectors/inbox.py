@@ -47,6 +47,7 @@ import errno
 import hashlib
 import itertools
 import json
+import math
 import os
 import stat
 import time
@@ -55,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
@@ -315,7 +317,36 @@ def parse_file(input_name: str, file: str, data: bytes, schema: StructType) -> p
         if fmt == ".jsonl" and "JSON parse error" in str(e):  # (a value's type, a bad line)
             _raise_for_json_record(input_name, data, schema)
         raise InputError(input_name, f"cannot be parsed as {(fmt or '.?')[1:]}: {e}") from None
+    _refuse_overflow(input_name, table, data, fmt)
     return codec.typed_text_columns(input_name, table, schema, csv_nulls=fmt == ".csv")
+
+
+#: how CSV writes an infinity on purpose (Arrow reads these, and numbers too large, as one)
+_INFINITIES = {"inf", "infinity"}
+
+
+def _refuse_overflow(input_name: str, table: pa.Table, data: bytes, fmt: str | None) -> None:
+    """``InputError`` for a number too large for its floating-point column (``1e400``), which
+    Arrow reads as an infinity: JSON has no infinity, and CSV's is spelled ``inf`` or
+    ``infinity`` (signed, in any case), which stays one. Costs nothing without infinities."""
+    for i, column in enumerate(table.schema):
+        if not pa.types.is_floating(column.type):
+            continue
+        infinite = pc.fill_null(pc.is_inf(table.column(i)), False)
+        if not pc.any(infinite).as_py():
+            continue
+        rows = pc.indices_nonzero(infinite).to_pylist()
+        texts: list[str | None] = [None] * len(rows)
+        if fmt == ".csv":  # the same file, the column as written
+            written = pa_csv.read_csv(pa.BufferReader(data), convert_options=pa_csv.ConvertOptions(
+                column_types={column.name: pa.string()})).column(column.name)
+            texts = [written[r].as_py() for r in rows]
+        for row, text in zip(rows, texts):
+            if text is not None and text.strip().lstrip("+-").lower() in _INFINITIES:
+                continue
+            what = f"value {text}" if text is not None else "a number"
+            raise InputError(input_name, f"{what} is too large for {column.type} (it would be "
+                             "read as an infinity)", record_index=row, column=column.name)
 
 
 def _raise_for_json_record(input_name: str, data: bytes, schema: StructType) -> None:
@@ -337,6 +368,10 @@ def _raise_for_json_record(input_name: str, data: bytes, schema: StructType) -> 
         if not isinstance(row, dict):
             raise InputError(input_name, f"a record must be a JSON object, got "
                              f"{type(row).__name__}", record_index=len(rows), record=row)
+        for key, value in row.items():  # (JSON has no infinity: a number too large)
+            if isinstance(value, float) and math.isinf(value):
+                raise InputError(input_name, "a number is too large for double (it would be "
+                                 "read as an infinity)", record_index=len(rows), column=key)
         rows.append({k: v for k, v in row.items() if k != WEIGHT})
     try:
         records.to_arrow(input_name, rows, schema, to_arrow_schema(schema), 1)  # InputError

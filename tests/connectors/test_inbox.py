@@ -262,6 +262,21 @@ def test_a_bad_record_is_named_by_its_line_record_and_column(pipeline, box):
     assert pipeline.step().inputs == {"orders": 0, "customers": 0}
 
 
+def test_a_number_too_large_for_its_column_is_refused_not_read_as_infinity(pipeline, box):
+    drop(box, "orders", "big.csv", "order_id,customer_id,amount\n1,1,5\n2,1,1e400\n")
+    drop(box, "orders", "big.jsonl", jsonl({"order_id": 3, "customer_id": 1, "amount": 5},
+                                           {"order_id": 4, "customer_id": 1, "amount": 2})
+         .replace('"amount": 2}', '"amount": -1e999}'))
+    drop(box, "orders", "inf.csv", "order_id,customer_id,amount\n5,1,inf\n6,1,-Infinity\n")
+    result = inbox.ingest(pipeline, box)
+    assert result.rejected["orders"]["big.csv"].startswith(
+        "file big.csv, line 3: input 'orders', record 1, column 'amount': value 1e400 is too "
+        "large for double"), result.rejected["orders"]["big.csv"]
+    assert "record 1, column 'amount': a number is too large for double" in \
+        result.rejected["orders"]["big.jsonl"], result.rejected["orders"]["big.jsonl"]
+    assert result.pushed == {"orders": {"inf.csv": 2}}  # infinities written as such
+
+
 def test_no_records_and_any_case_are_read_and_what_is_never_read_is_reported(pipeline, box):
     """An empty JSON lines file and a CSV file of its header hold no records (both are done);
     a suffix in capitals is read; a file of another suffix, and a folder naming no input, are
