@@ -56,7 +56,8 @@ def compile_plan(circuit: Circuit, spark: SparkSession, db: StateDatabase) -> Pl
     operator's tables named as the version records (``circuit_diff.STATE_NAMES_KEY``)."""
     names = names_from_json(db.get(STATE_NAMES_KEY), circuit.describe())
     return Plan(circuit, spark, db, schema_cache=root_layout.plan_schemas(db.root),
-                state_names=names)
+                state_names=names,
+                strict=db.recorded_fingerprint != circuit.fingerprint())
 
 
 @dataclass

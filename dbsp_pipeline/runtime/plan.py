@@ -18,10 +18,11 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import cast
+from typing import Any, cast
 
 import pyarrow as pa
 import pyspark
+from py4j.protocol import Py4JError  # type: ignore[import-untyped]
 from pyspark.errors import PySparkException
 from pyspark.logger import PySparkLogger
 from pyspark.sql import DataFrame, SparkSession
@@ -70,6 +71,8 @@ from dbsp_pipeline.storage.task_table import TaskStateDb
 from dbsp_pipeline.storage.trace import Trace
 from dbsp_pipeline.zset import quote
 
+log = logging.getLogger(__name__)
+
 #: The file in a pipeline root caching the schemas Spark analysed for its circuit.
 SCHEMA_CACHE_FILE = root_layout.PLAN_SCHEMAS
 
@@ -78,9 +81,14 @@ class Plan:
 
     def __init__(self, circuit: Circuit, spark: SparkSession, db: StateDatabase,
                  schema_cache: str | None = None,
-                 state_names: Mapping[int, str] | None = None) -> None:
+                 state_names: Mapping[int, str] | None = None, strict: bool = True) -> None:
         self.circuit = circuit
         self.spark = spark
+        #: whether an expression no step can compute as declared (a function whose value is
+        #: not the row's, a constant that does not cast) refuses the circuit; not for the
+        #: circuit a root's state was computed by (it opens, with a warning, so that it can be
+        #: upgraded away from)
+        self.strict = strict
         #: the root of the state the operators are bound to
         self.root = db.root
         #: the name of each stateful node's tables (their prefix): positional
@@ -493,20 +501,28 @@ class Plan:
             with _quiet_query_context_logs():
                 df = build()
                 schema: StructType = df.schema
-                if fold_constants:
-                    df._jdf.queryExecution().optimizedPlan()
-        except PySparkException as e:  # (a Java error is raised as one, by PySpark)
+        except PySparkException as e:
             raise CircuitError(f"{what}: {_first_line(e)}") from None
-        changing = _changing_function(df)
-        if changing is not None:
-            name, timed = changing
-            raise CircuitError(
-                f"{what}: {name}() is the time a step computes it, not a value of the row: a "
-                "view maintained step by step would keep each row as of the step that added "
-                "it; push the time as a column of the input instead" if timed else
-                f"{what}: {name}() gives another value each time it is evaluated: a deleted "
-                "row would not take back the value its insert added; remove it (a sample: "
-                "filter on a hash of a key, e.g. xxhash64(id) % 10 = 0)")
+        try:
+            with _quiet_query_context_logs():
+                if fold_constants:
+                    _optimize(df)
+                changing = _changing_function(df)
+        except (PySparkException, Py4JError) as e:  # (Java errors PySpark maps, and others)
+            problem: str | None = f"{what}: {_first_line(e)}"
+        else:
+            problem = None if changing is None else (
+                f"{what}: {changing[0]}() is the time a step computes it, not a value of the "
+                "row: a view maintained step by step would keep each row as of the step that "
+                "added it; push the time as a column of the input instead" if changing[1] else
+                f"{what}: {changing[0]}() gives another value each time it is evaluated: a "
+                "deleted row would not take back the value its insert added; remove it (a "
+                "sample: filter on a hash of a key, e.g. xxhash64(id) % 10 = 0)")
+        if problem is not None:
+            if self.strict:
+                raise CircuitError(problem)
+            log.warning("%s (the root's state was computed by this circuit: it opens as "
+                        "before; upgrade to a circuit without it)", problem)
         return schema
 
 
@@ -519,14 +535,47 @@ _TIME_NAMES = re.compile(r"\b(current_timestamp|now|current_date|current_time|lo
                          r"current_batch_timestamp)\(", re.IGNORECASE)
 
 
+#: Spark's functions whose value is not a function of their arguments, by the name a plan prints
+#: (on Spark Connect, where the plan is only read as text: ``_changing_function``)
+_CHANGING_NAMES = re.compile(
+    r"\b(rand|randn|random|uuid|shuffle|monotonically_increasing_id|spark_partition_id|"
+    r"input_file_name|input_file_block_start|input_file_block_length|randstr|uniform)\(",
+    re.IGNORECASE)
+
+
+def _is_connect(df: DataFrame) -> bool:
+    """Whether ``df`` is a Spark Connect DataFrame (no JVM in this process)."""
+    return type(df).__module__.startswith("pyspark.sql.connect")
+
+
+def _optimize(df: DataFrame) -> None:
+    """Run Spark's optimizer on ``df``'s plan (which folds its constant expressions, raising
+    what evaluating them raises); on Spark Connect, by an explain request to the server."""
+    if _is_connect(df):
+        cast(Any, df)._explain_string(mode="extended")
+    else:
+        df._jdf.queryExecution().optimizedPlan()
+
+
 def _changing_function(df: DataFrame) -> tuple[str, bool] | None:
     """The first function in the expressions of ``df``'s analysed plan whose value is not a
     function of its row (None if there is none), and whether it is the time of the query:
     Spark's non-deterministic expressions (``rand()``, ``uuid()``, ``shuffle()``, ...) and
     ``_TIME_OF_QUERY``. Two calls into the JVM for a plan that has none (the common answer);
-    the expression trees are walked only to name the one found."""
+    the expression trees are walked only to name the one found. On Spark Connect the analysed
+    plan is read as the server explains it, by the functions' names (``_CHANGING_NAMES``,
+    ``_TIME_NAMES``)."""
+    if _is_connect(df):
+        text = str(cast(Any, df)._explain_string(mode="extended"))
+        analysed = text.split("== Analyzed Logical Plan ==")[-1].split("== Optimized")[0]
+        for pattern, timed in ((_TIME_NAMES, True), (_CHANGING_NAMES, False)):
+            m = pattern.search(analysed)
+            if m:
+                return m[1].lower(), timed
+        return None
     root = df._jdf.queryExecution().analyzed()
-    if root.deterministic() and not _TIME_NAMES.search(str(root.toString())):
+    printed = str(root.toString())  # (a long list of columns is cut short: then walk it)
+    if root.deterministic() and not _TIME_NAMES.search(printed) and "more fields" not in printed:
         return None
     plans = [root]
     while plans:

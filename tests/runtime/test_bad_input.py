@@ -188,6 +188,39 @@ def test_a_function_whose_value_is_not_the_rows_is_refused(spark, tmp_path, buil
         Pipeline(sql, root=str(tmp_path / "sql"), spark=spark)
 
 
+def test_a_root_computed_by_such_a_circuit_opens_with_a_warning_and_upgrades_away(
+        spark, tmp_path, monkeypatch, caplog):
+    """A root an older engine let compute ``rand()`` still opens (its state is what it is), with
+    a warning naming the operator, and an upgrade to a circuit without it is not refused."""
+    from dbsp_pipeline.runtime import plan
+
+    def random_view() -> Circuit:
+        c = Circuit("changing")
+        x = c.input("x", "a INT, b BIGINT")
+        c.output("o", x.select("a", "rand() AS r"))
+        c.output("kept", x.filter("a > 1"))
+        return c
+
+    root = str(tmp_path / "old")
+    with monkeypatch.context() as m:  # the older engine: no such check, another cache key
+        m.setattr(plan, "_changing_function", lambda df: None)
+        m.setattr(plan, "SCHEMA_RULES", 1)
+        with Pipeline(random_view(), root=root, spark=spark) as p:
+            p.push("x", [(1, 10), (2, 20)])
+            p.step()
+    with caplog.at_level("WARNING", logger="dbsp_pipeline.runtime.plan"):
+        with Pipeline(random_view(), root=root, spark=spark) as p:
+            p.push("x", [(3, 30)])
+            p.step()
+    assert any("rand() gives another value" in r.getMessage() and "upgrade to a circuit "
+               "without it" in r.getMessage() for r in caplog.records), caplog.records
+    fixed = Circuit("changing")
+    fixed.output("kept", fixed.input("x", "a INT, b BIGINT").filter("a > 1"))
+    with Pipeline(fixed, root=root, spark=spark, upgrade=True) as p:
+        assert p.circuit_change is not None and p.circuit_change.views_removed == ["o"]
+        assert sorted(r["a"] for r in p.view_arrow("kept").to_pylist()) == [2, 3]
+
+
 def test_a_constant_that_cannot_be_cast_is_refused_when_the_circuit_is_analysed(spark,
                                                                                tmp_path):
     """``id > 'abc'`` casts the text to the column's type, which fails whatever the rows: the
