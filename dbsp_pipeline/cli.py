@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from dbsp_pipeline.errors import RootInUseError, StorageError
-from dbsp_pipeline.root import circuit_description, exists
+from dbsp_pipeline.root import ROOT_ENTRIES, circuit_description, exists
 from dbsp_pipeline.storage import small_files
 from dbsp_pipeline.storage.small_files import remove_folder
 
@@ -32,8 +32,15 @@ def demo(root: str, steps: int, batch: int, fresh: bool) -> int:
         recorded = small_files.exists(circuit_description(root, shop_circuit().fingerprint()))
         if not recorded and (small_files.is_remote(root) or os.listdir(root)):
             print(f"dbsp-pipeline demo: {root} holds something else than the demo's pipeline "
-                  "(the demo starts afresh by deleting its root): give another --root, or "
-                  "--keep to go on with a demo pipeline there", file=sys.stderr)
+                  "(the demo starts afresh by deleting its root): give another --root",
+                  file=sys.stderr)
+            return 2
+        foreign = [n for n in os.listdir(root) if n not in ROOT_ENTRIES] \
+            if not small_files.is_remote(root) else []
+        if foreign:
+            print(f"dbsp-pipeline demo: {root} holds the demo's pipeline and other files "
+                  f"({', '.join(sorted(foreign)[:5])}): the demo deletes its root to start "
+                  "afresh, so it leaves this one; give another --root", file=sys.stderr)
             return 2
         remove_folder(root)
     data = ShopData(customers=200)
@@ -111,8 +118,8 @@ def status(root: str, retained: int, as_json: bool) -> int:
         print(json.dumps(report, indent=2))
         return 0
     print(f"pipeline root {root}: circuit '{report['circuit']}', state version "
-          f"{report['state_version']}, next step {report['next_step']} (id "
-          f"{current.pipeline_id[:8]})")
+          f"{report['state_version']} (taken before step {report['next_step']}), "
+          f"{current.divided_steps} steps divided (id {current.pipeline_id[:8]})")
     for name, info in report["inputs"].items():
         waiting = info["pending_pushes"]
         print(f"  input {name}: log version {info['log_version']}, "
@@ -121,7 +128,8 @@ def status(root: str, retained: int, as_json: bool) -> int:
         print(f"  the oldest waiting push is {report['oldest_pending_seconds']} s old")
     print(f"  views: {', '.join(views)}")
     print("  checkpoints (newest first): " + ", ".join(
-        f"{c['version']} (after step {c['after_step']})" for c in report["checkpoints"]))
+        f"{c['version']} (after step {c['after_step']})" if c["after_step"] >= 0 else
+        f"{c['version']} (before any step)" for c in report["checkpoints"]))
     return 0
 
 

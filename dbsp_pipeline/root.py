@@ -83,6 +83,9 @@ STATE = "state"
 OUTPUTS = "outputs"
 #: the folder of what this machine derived from the root and can rebuild from it (keyed runs)
 LOCAL = "_local"
+#: every name a pipeline root holds at its top
+ROOT_ENTRIES = frozenset({MANIFEST, DIVISIONS, ERRORS, READERS, PLAN_SCHEMAS, CIRCUITS,
+                          UPGRADE_SCRATCH, EXCHANGE, INPUTS, STATE, OUTPUTS, LOCAL})
 #: where an object-store root's local folder goes (default ``~/.cache/dbsp-pipeline``)
 LOCAL_DIR_VARIABLE = "DBSP_LOCAL_DIR"
 

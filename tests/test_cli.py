@@ -120,6 +120,10 @@ def test_demo_deletes_its_own_pipeline_only(spark, tmp_path, capsys):
                             (tmp_path / "new", 0)):
         assert main(demo + ["--root", str(root)]) == 0
         assert f"next step {next_step}\n" in capsys.readouterr().out
+    (tmp_path / "new" / "notes.txt").write_text("mine")  # beside a demo pipeline
+    assert main(demo + ["--root", str(tmp_path / "new")]) == 2
+    assert "holds the demo's pipeline and other files (notes.txt)" in capsys.readouterr().err
+    assert (tmp_path / "new" / "notes.txt").read_text() == "mine"
 
 
 def test_status_reads_a_root_without_opening_it(spark, tmp_path, capsys):
@@ -139,11 +143,11 @@ def test_status_reads_a_root_without_opening_it(spark, tmp_path, capsys):
         assert main(["status", "--root", root]) == 0  # while it is open: it goes on after
         out = capsys.readouterr().out
         p.step()
-    assert "circuit 'shop'" in out and "next step 1" in out, out
+    assert "circuit 'shop', state version 1 (taken before step 1), 1 steps divided" in out, out
     assert "input orders: log version 2, 2 pushes not yet in a step" in out, out
     assert "input customers: log version 1, nothing waits" in out, out
     assert "views: idle_customers, regions, revenue_by_region" in out, out
-    assert "checkpoints (newest first): " in out and "(after step 0)" in out, out
+    assert "checkpoints (newest first): 1 (after step 0), 0 (before any step)" in out, out
     assert main(["status", "--root", root, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["next_step"] == 2 and report["divided_steps"] == 2

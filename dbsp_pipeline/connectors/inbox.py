@@ -166,12 +166,14 @@ def inbox_format(name: str) -> str | None:
     return next((s for s in SUFFIXES if lowered.endswith(s)), None)
 
 
-def ignored_entries(folder: str, inputs: list[str]) -> dict[str, str]:
+def ignored_entries(folder: str, inputs: list[str],
+                    unknown_folders: bool = True) -> dict[str, str]:
     """What the inbox ``folder`` holds that no ingest ever reads, by path under it, with why:
-    a folder (or file) beside the inputs' folders that names no input, and a file of another
-    suffix in an input's folder (not a hidden or ``.tmp`` name, which a writer uses until it
-    renames the file). Reported, never moved: the inbox cannot tell a misplaced file from one
-    someone keeps there on purpose."""
+    a folder (or file) beside the inputs' folders that names no input (unless not
+    ``unknown_folders``: an inbox several pipelines share), and a file of another suffix in an
+    input's folder (not a hidden or ``.tmp`` name, which a writer uses until it renames the
+    file). Reported, never moved: the inbox cannot tell a misplaced file from one someone
+    keeps there on purpose."""
     out: dict[str, str] = {}
     try:
         top = sorted(os.listdir(folder))
@@ -179,7 +181,7 @@ def ignored_entries(folder: str, inputs: list[str]) -> dict[str, str]:
         return out
     known = ", ".join(inputs)
     for name in top:
-        if name.startswith(".") or name in inputs:
+        if name.startswith(".") or name in inputs or not unknown_folders:
             continue
         out[name] = f"names no input of the pipeline (its inputs: {known}); nothing in it is read"
     for name in inputs:
@@ -196,15 +198,19 @@ def ignored_entries(folder: str, inputs: list[str]) -> dict[str, str]:
     return out
 
 
-def ingest(pipeline: Pipeline, folder: str, settle_seconds: float = SETTLE_SECONDS) -> IngestResult:
+def ingest(pipeline: Pipeline, folder: str, settle_seconds: float = SETTLE_SECONDS, *,
+           report_unknown_folders: bool = True) -> IngestResult:
     """Push every complete file of the inbox ``folder`` into ``pipeline``; see the module
     docstring for when a file is complete and for the exactly-once and rejection rules.
+    ``report_unknown_folders``: report folders naming no input of this pipeline as ignored
+    (not for an inbox several pipelines share, where they are the others' inputs).
 
     Durability: when a file is in ``done/``, its records are durable in the input's log (or
     were already, pushed by an earlier ingest of the same name and content); a file still in
     the inbox may or may not have been pushed, and the next ingest settles which, without
     pushing it twice."""
-    result = IngestResult(ignored=ignored_entries(folder, list(pipeline.circuit.inputs)))
+    result = IngestResult(ignored=ignored_entries(folder, list(pipeline.circuit.inputs),
+                                                  report_unknown_folders))
     errors: ErrorsSink | None = None
     for name, files in pending_files(folder, list(pipeline.circuit.inputs),
                                      settle_seconds).items():
@@ -353,9 +359,13 @@ def _raise_for_json_record(input_name: str, data: bytes, schema: StructType) -> 
     """After Arrow's JSON reader refused a file (it names no record, and a type by its own
     names: "changed from number to string in row 1"): read it line by line as a user's push
     of records would be, and raise the ``InputError`` naming the first bad record and column
-    (``records.to_arrow``). Returns when every record passes (the reader's error stands)."""
+    (``records.to_arrow``), over the columns JSON gives their values (not DECIMAL, DATE or
+    TIMESTAMP ones, whose text the reader converts: ``typed_text_columns``). Returns when
+    every record passes (the reader's error stands)."""
     from dbsp_pipeline.runtime import records
 
+    plain = StructType([f for f in schema.fields
+                        if not isinstance(f.dataType, codec.TYPED)])
     rows: list[dict[str, object]] = []
     for line in data.splitlines():
         if not line.strip():
@@ -372,9 +382,9 @@ def _raise_for_json_record(input_name: str, data: bytes, schema: StructType) -> 
             if isinstance(value, float) and math.isinf(value):
                 raise InputError(input_name, "a number is too large for double (it would be "
                                  "read as an infinity)", record_index=len(rows), column=key)
-        rows.append({k: v for k, v in row.items() if k != WEIGHT})
+        rows.append({name: row.get(name) for name in plain.fieldNames()})
     try:
-        records.to_arrow(input_name, rows, schema, to_arrow_schema(schema), 1)  # InputError
+        records.to_arrow(input_name, rows, plain, to_arrow_schema(plain), 1)  # InputError
     except (pa.ArrowException, ValueError, TypeError):
         pass  # nothing it can name: the reader's error stands
 

@@ -96,7 +96,8 @@ def views_asset(ref: PipelineRef) -> dg.AssetsDefinition:
                                     " left uncommitted by an earlier run")
             folder = store.inbox_folder
             ingested = inbox.IngestResult() if folder is None else inbox.ingest(
-                pipeline, folder, store.inbox_settle_seconds)
+                pipeline, folder, store.inbox_settle_seconds,
+                report_unknown_folders=bool(store.inbox))  # (the default one is shared)
             for name, files in ingested.pushed.items():
                 context.log.info(f"inbox: pushed {files} to input '{name}'")
             for path, why in ingested.ignored.items():

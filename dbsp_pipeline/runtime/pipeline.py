@@ -177,8 +177,8 @@ class Pipeline:
             (``view(as_of=...)``, ``changes(since=...)``) and collapse older history at each
             checkpoint, never past what a live reader's ``since`` needs; ``None`` keeps all.
         retain_checkpoints: of how many steps the state versions (checkpoints) stay readable
-            (with those committed at the same step, up to ``state_db.SAME_STEP_EXTRA`` more
-            a step: a close does not push the previous step's checkpoint out); older files
+            (with those committed at the same step: a close does not push the previous step's
+            checkpoint out; ``state_db.retains`` bounds them); older files
             are deleted by ``collect_garbage`` (run after 16 to 64 commits, as their steps'
             rows call for: ``upkeep.collection_due``, and at close). At least 2: the
             two-version database (``docs/recovery.md``, section 5).
@@ -782,9 +782,10 @@ class Pipeline:
         return self._output(name).view_arrow(self._engine.sql)
 
     def view_rows(self, name: str) -> int:
-        """How many rows ``view(name)`` has, as ``SELECT count(*)`` over it counts them (a row
-        of weight 2 counts twice), read from the log's file statistics and the weights of its
-        changes with retractions: it does not read the view's rows (``OutputLog.view_rows``)."""
+        """How many rows view ``name`` holds as a bag: the sum of its weights (a row of weight
+        2 counts twice; what ``count(*)`` over the view's rows each repeated by its weight
+        gives), read from the log's file statistics and the weights of its changes with
+        retractions: it does not read the view's rows (``OutputLog.view_rows``)."""
         return self._output(name).view_rows()
 
     def changes(self, name: str, since: int = 0) -> DataFrame:

@@ -249,11 +249,19 @@ def _decimal_problem(v: decimal.Decimal, t: pa.Decimal128Type) -> str | None:
     if not v.is_finite():
         return f"value {v} is not a number a DECIMAL holds"
     ddl = f"DECIMAL({t.precision},{t.scale})"
-    exponent = int(v.as_tuple().exponent)
-    if -exponent > t.scale and v != v.quantize(decimal.Decimal(1).scaleb(-t.scale)):
-        return (f"value {v} has {-exponent} digits after the point; {ddl} holds {t.scale} "
+    # the digits as written, trailing zeros after the point left out (no arithmetic: a
+    # context's precision would round a wide value)
+    _, digits, exponent = v.as_tuple()
+    kept = list(digits)
+    power = int(exponent)
+    while power < 0 and len(kept) > 1 and kept[-1] == 0:
+        kept.pop()
+        power += 1
+    after = max(0, -power)
+    if after > t.scale:
+        return (f"value {v} has {after} digits after the point; {ddl} holds {t.scale} "
                 "(a value is never rounded)")
-    whole = len(str(abs(int(v)))) if int(v) else 0
+    whole = max(0, len(kept) + power) if any(kept) else 0
     if whole > t.precision - t.scale:
         return (f"value {v} has {whole} digits before the point; {ddl} holds "
                 f"{t.precision - t.scale}")

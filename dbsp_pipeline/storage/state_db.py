@@ -514,18 +514,20 @@ class StateDatabase:
         self._manifest_files = [os.path.join(self._manifest.uri, a.path) for a in adds]
 
 
-#: checkpoints of a step beyond the first that retention keeps, at most, per retained step
-#: (``retains``): a checkpoint at the step of the one below it holds no step's work
-SAME_STEP_EXTRA = 2
+#: how many checkpoints beyond ``count`` retention keeps, at most, per retained step counted
+#: (``retains``): the bound is ``count * (1 + SAME_STEP_EXTRA)`` checkpoints in all
+SAME_STEP_EXTRA = 4
 
 
 def retains(kept_steps: list[int], step: int, count: int) -> bool:
     """Whether retention keeping ``count`` checkpoints keeps the next older one, at ``step``,
     after ``kept_steps`` (newest first). It keeps the checkpoints of the ``count`` newest steps:
-    a checkpoint committed with no step since the one below it (a close, a merge's or an
-    upgrade's commit) would otherwise push the previous step's out, leaving nothing to go
-    back to. At most ``SAME_STEP_EXTRA`` such checkpoints a step are counted in, so retention
-    stays bounded by ``count * (1 + SAME_STEP_EXTRA)``."""
+    a checkpoint committed with no step since the one below it (a close, a merge's, a
+    rescale's or an upgrade's commit) would otherwise push the previous step's out, leaving
+    nothing to go back to. The chain holds at most ``count * (1 + SAME_STEP_EXTRA)``
+    checkpoints in all (each is walked by every collection and open), so a longer run of
+    checkpoints at one step (an idle pipeline's scheduled checkpoints) does push the older
+    steps' out."""
     steps = set(kept_steps)
     if len(steps) < count:
         return len(kept_steps) < count * (1 + SAME_STEP_EXTRA)

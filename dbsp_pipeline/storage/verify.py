@@ -244,16 +244,21 @@ class VerifyReport:
 STABLE_SCAN_ATTEMPTS = 5
 
 
-def _heads(root: str) -> tuple[int | None, int | None]:
-    """The newest commit versions of the manifest's and the division log's logs. A running
-    pipeline moves the manifest at every step (and the division log when it folds records);
-    a check reads the tables one by one, so a step in between shows a mix of versions that
-    looks like damage (outputs past the recorded divisions) or removes a file it was about to
-    read (a Delta log cleaned below a new checkpoint)."""
-    def newest(table: str) -> int | None:
-        names = list_names(os.path.join(root, table, "_delta_log"))
-        return max((int(m[1]) for n in names if (m := _COMMIT_FILE.match(n))), default=None)
-    return newest(MANIFEST_DIR), newest(root_layout.DIVISIONS)
+def _heads(root: str) -> dict[str, int | None]:
+    """The newest commit version of every table's log at ``root``. A running pipeline moves
+    the manifest at every step, and other tables' logs between (an output log's fold, an input
+    log's consolidation, a Delta log cleaned below a new checkpoint); a check reads the tables
+    one by one, so a change in between shows a mix of versions that looks like damage (outputs
+    past the recorded divisions) or removes a file it was about to read. One listing a table
+    (what a check lists anyway)."""
+    out: dict[str, int | None] = {}
+    for folder, _, single in ROOT_TABLES:
+        for name in [""] if single else list_folders(os.path.join(root, folder)):
+            table = os.path.join(folder, name) if name else folder
+            names = list_names(os.path.join(root, table, "_delta_log"))
+            out[table] = max((int(m[1]) for n in names if (m := _COMMIT_FILE.match(n))),
+                             default=None)
+    return out
 
 
 class _RootMoved(Exception):
@@ -332,7 +337,7 @@ def prepare_open(root: str, checkpoint: int | None = None, retained: int = 2) ->
 
 
 def _prepare_open_once(root: str, checkpoint: int | None, retained: int,
-                       heads: tuple[int | None, int | None]) -> bool:
+                       heads: dict[str, int | None]) -> bool:
     scan = _RootScan(root, retained)
     if scan.manifest is None:
         return False

@@ -318,8 +318,14 @@ def test_decimal_date_and_timestamp_columns_are_read_exactly_from_jsonl_and_csv(
         drop(box, "payments", "d.csv", "id,amount,day,at\n6,123456789,,\n")  # 11 digits
         drop(box, "payments", "e.jsonl", jsonl({"id": 7, "day": None, "at": None}))
         drop(box, "payments", "f.csv", "id,amount,day,at\n8,1,,NULL\n")  # NULL date, time
+        drop(box, "payments", "g.jsonl", jsonl(  # the bad one is the second, not a typed one
+            {"id": 9, "amount": 1.5, "day": "2024-01-31", "at": None},
+            {"id": "ten", "amount": 2.5, "day": "2024-01-31", "at": None}))
         result = inbox.ingest(p, box)
         assert result.pushed == {"payments": {"a.jsonl": 3, "b.csv": 1, "f.csv": 1}}
+        assert result.rejected["payments"]["g.jsonl"].startswith(
+            "file g.jsonl, line 2: input 'payments', record 1"), result.rejected["payments"]
+        assert "column 'id': value 'ten' is str" in result.rejected["payments"]["g.jsonl"]
         problem = result.rejected["payments"]["c.jsonl"]
         assert "c.jsonl" in problem and "1.005 requires scale 3" in problem  # not rounded
         assert "123456789.00 does not fit decimal(10,2)" in result.rejected["payments"]["d.csv"]

@@ -148,3 +148,15 @@ def test_a_decimal_that_does_not_fit_says_which_digits(value, problem):
     fits = records.to_arrow("pay", [(1, decimal.Decimal("99999999.990")), (2, 7)], schema,
                             spark_to_arrow_schema(schema), 1)
     assert fits.column("m").to_pylist() == [decimal.Decimal("99999999.99"), decimal.Decimal(7)]
+
+
+def test_a_wide_decimal_is_judged_by_its_digits_not_rounded_first():
+    """Values wider than decimal's default 28-digit context are judged by their digits."""
+    schema = StructType([StructField("m", DecimalType(38, 12))])
+    wide = decimal.Decimal("12345678901234567890.12345678900")  # 12 decimals, trailing zeros
+    table = records.to_arrow("pay", [(wide,)], schema, spark_to_arrow_schema(schema), 1)
+    assert table.column("m").to_pylist() == [wide]
+    too_fine = decimal.Decimal("12345678901234567890.1234567890123")
+    with pytest.raises(InputError, match=r"has 13 digits after the point; DECIMAL\(38,12\) "
+                                         r"holds 12"):
+        records.to_arrow("pay", [(too_fine,)], schema, spark_to_arrow_schema(schema), 1)

@@ -108,8 +108,9 @@ def test_retention_keeps_the_checkpoints_of_the_newest_steps():
 
     assert kept([9, 8, 7], 2) == [9, 8]
     assert kept([9, 9, 8, 8, 7], 2) == [9, 9, 8, 8]
-    assert kept([9, 9, 9, 9, 9, 9, 9, 8], 2) == [9] * 6  # bounded: count * (1 + EXTRA)
-    assert state_db.SAME_STEP_EXTRA == 2
+    assert kept([9] * 11 + [8], 2) == [9] * 10  # bounded: count * (1 + EXTRA)
+    assert kept([9] * 9 + [8, 8, 7], 2) == [9] * 9 + [8]
+    assert state_db.SAME_STEP_EXTRA == 4
 
 
 def test_a_commit_without_a_step_keeps_the_previous_steps_checkpoint(spark, tmp_path):
