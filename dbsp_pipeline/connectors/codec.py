@@ -184,7 +184,8 @@ class Batch:
         else:
             rows = [{f.name: self._typed(f.name, row[f.name], f.dataType)
                      for f in schema.fields} for row in rows]
-        table = records.to_arrow(self.input_name, rows, schema, arrow_schema, 1)
+        table = records.to_arrow(self.input_name, rows, schema, arrow_schema, 1,
+                                 text_converts=self.fmt == "csv")
         weights = pa.array([w for _, _, w in items], pa.int64())
         return table.set_column(table.schema.get_field_index(WEIGHT),
                                 arrow_schema.field(WEIGHT), weights)

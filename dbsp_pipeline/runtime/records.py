@@ -37,11 +37,14 @@ def check_weight(input_name: str, weight: object) -> int:
 
 
 def to_arrow(input_name: str, rows: Any, schema: StructType, arrow_schema: pa.Schema,
-             weight: int) -> pa.Table:
-    """Python rows, pandas or Arrow → an Arrow table of ``arrow_schema`` (payload + ``_weight``)."""
+             weight: int, *, text_converts: bool = False) -> pa.Table:
+    """Python rows, pandas or Arrow → an Arrow table of ``arrow_schema`` (payload + ``_weight``).
+    ``text_converts``: an Arrow column of text may hold the values of a column of another type
+    (a CSV record's fields, which Arrow then parses); else it is refused, as a Python string
+    is for a number."""
     payload_schema = pa.schema([arrow_schema.field(f.name) for f in schema.fields])
     if isinstance(rows, pa.Table):
-        table = _from_arrow(input_name, rows, payload_schema)
+        table = _from_arrow(input_name, rows, payload_schema, text_converts)
     elif _is_pandas(rows):
         table = _from_pandas(input_name, rows, payload_schema)
     elif isinstance(rows, (list, tuple)):
@@ -296,16 +299,49 @@ def _from_pandas(input_name: str, df: Any, arrow: pa.Schema) -> pa.Table:
     return _with_nullability(input_name, pa.Table.from_arrays(arrays, schema=arrow))
 
 
-def _from_arrow(input_name: str, table: pa.Table, arrow: pa.Schema) -> pa.Table:
+def _from_arrow(input_name: str, table: pa.Table, arrow: pa.Schema,
+                text_converts: bool = False) -> pa.Table:
+    """``table`` as the columns of ``arrow``: each column cast safely (no value changes), where
+    the cast is one a push of Python values allows too (``_converts``)."""
     _check_names(input_name, table.column_names, arrow.names)
     table = table.select(arrow.names)
     columns = []
     for field, col in zip(arrow, table.columns):
+        if not _converts(col.type, field.type, text_converts) and len(col) - col.null_count:
+            try:  # a value that would not convert anyway is the one to name
+                col.cast(field.type, safe=True)
+            except (pa.ArrowException, TypeError, ValueError) as e:
+                raise _cast_error(input_name, field, col, e) from None
+            bad = next(i for i, v in enumerate(col.to_pylist()) if v is not None)
+            raise InputError(input_name, f"value {col[bad].as_py()!r} is {col.type}, expected "
+                             f"{field.type} (a column of another kind is not converted)",
+                             column=field.name, record_index=bad)
         try:
             columns.append(col.cast(field.type, safe=True))
         except (pa.ArrowException, TypeError, ValueError) as e:
             raise _cast_error(input_name, field, col, e) from None
     return _with_nullability(input_name, pa.Table.from_arrays(columns, schema=arrow))
+
+
+def _converts(given: pa.DataType, wanted: pa.DataType, text_converts: bool) -> bool:
+    """Whether an Arrow column of type ``given`` may become one of ``wanted`` by a safe cast
+    (which still refuses a value that would change): not text to another type, nor a number to
+    a boolean or back, which a push of Python values refuses too (``_value_problem``); text to
+    anything with ``text_converts``. Other casts are Arrow's to judge."""
+    if pa.types.is_dictionary(given):
+        given = given.value_type
+    if given == wanted or pa.types.is_null(given):
+        return True
+    if _is_text(given):
+        return text_converts or _is_text(wanted)
+    numeric = (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal)
+    return not ((pa.types.is_boolean(given) and any(k(wanted) for k in numeric))
+                or (pa.types.is_boolean(wanted) and any(k(given) for k in numeric)))
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t)
+                or pa.types.is_string_view(t))
 
 
 def _cast_error(input_name: str, field: pa.Field, col: pa.ChunkedArray,

@@ -160,3 +160,34 @@ def test_a_wide_decimal_is_judged_by_its_digits_not_rounded_first():
     with pytest.raises(InputError, match=r"has 13 digits after the point; DECIMAL\(38,12\) "
                                          r"holds 12"):
         records.to_arrow("pay", [(too_fine,)], schema, spark_to_arrow_schema(schema), 1)
+
+
+def test_an_arrow_column_of_another_kind_is_refused_as_a_python_value_is():
+    """Text for a number and a number for a boolean are refused from Arrow as from Python
+    (``push`` and ``push_zset`` check alike); a dictionary of text is text; a CSV record's text
+    fields convert (``text_converts``, the Kafka CSV codec)."""
+    schema = StructType([StructField("x", DoubleType()), StructField("b", BooleanType()),
+                         StructField("t", StringType())])
+    arrow = spark_to_arrow_schema(schema)
+
+    def zset(**columns):
+        return pa.table({**columns, "_weight": pa.array([1, 1], pa.int64())})
+
+    with pytest.raises(InputError, match=r"record 0, column 'x': value '1' is string, "
+                                         r"expected double"):
+        records.zset_to_arrow("in", zset(x=["1", "2.5"], b=[True, False], t=["a", "b"]),
+                              schema, spark_to_arrow_schema(schema).append(
+                                  pa.field("_weight", pa.int64())))
+    with pytest.raises(InputError, match=r"record 0, column 'b': value 5 is int64, expected "
+                                         r"bool"):
+        records.to_arrow("in", pa.table({"x": [1.0, 2.5], "b": [5, 0], "t": ["a", "b"]}),
+                         schema, arrow, 1)
+    fine = records.to_arrow("in", pa.table({"x": [1, 2], "b": [True, None],
+                                            "t": pa.array(["a", "b"]).dictionary_encode()}),
+                            schema, arrow, 1)
+    assert fine.column("x").to_pylist() == [1.0, 2.0] and fine.column("t").to_pylist() == [
+        "a", "b"]
+    text = records.to_arrow("in", pa.table({"x": ["1", "2.5"], "b": ["true", "false"],
+                                            "t": ["a", "b"]}), schema, arrow, 1,
+                            text_converts=True)
+    assert text.column("x").to_pylist() == [1.0, 2.5]
