@@ -13,7 +13,11 @@ old extreme every value was deleted before, but for the step's inserts, whose be
 beside what the re-read finds), deeper only past values that later files deleted; else all the
 group's values (the files of the touched shards only). Both the quick ``least``/``greatest`` and
 that weighing take the step's best insert to be live, so a group's values never have a negative
-net weight: a relation's row is not deleted more often than it was inserted.
+net weight: a relation's row is not deleted more often than it was inserted. A group whose
+count falls to zero or below is dropped with its state (a count of zero is an empty group), so
+over inputs where a row's multiplicity falls below zero (a delete of a row never inserted,
+which the linear operators follow exactly) the aggregate is not the Z-set's arithmetic: README.md
+says so.
 
 Sums over floating-point values (``sum``/``avg`` of DOUBLE, FLOAT, or integers averaged as
 doubles) keep ``_s<i>`` exactly (:mod:`dbsp_pipeline.exact_sum`: the exact finite sum plus NaN and

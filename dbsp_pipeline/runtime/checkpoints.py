@@ -65,13 +65,18 @@ def restore(state: EngineState, version: int) -> list[StepResult]:
             f"checkpoint {version} of the pipeline at {state.root} was written by an engine "
             f"of state format {written[version]}: close the pipeline and open it at that "
             f"checkpoint (Pipeline(..., checkpoint={version})), which migrates it")
+    # A commit of the executed steps first adds a checkpoint, which would push the oldest
+    # retained one out of the count (its files stay until a collection): it is still one of
+    # the checkpoints the caller was offered.
+    retained = state.retain_checkpoints
     if state.uncommitted_steps:
         step_protocol.commit(state, compact=False)
+        retained += 1
     state.compactor.apply_finished(wait=True)
     upkeep.fold(state)  # the entries about to be discarded carry step records
-    if prepare_open(state.root, version, state.retain_checkpoints):  # set damage aside
+    if prepare_open(state.root, version, retained):  # set damage aside
         state.db = StateDatabase(state.spark, state.root, state.circuit.fingerprint())
-    state.db.open(version, retained=state.retain_checkpoints,
+    state.db.open(version, retained=retained,
                   from_step=state.divisions.compacted_below)  # else UsageError, by name
     try:  # a checkpoint an older engine wrote (format 3 or later: nothing rewritten before
         # the plan opens its tables), migrated as an open migrates it, in one commit

@@ -85,3 +85,18 @@ def test_raising_retention_does_not_bring_back_checkpoints_whose_divisions_were_
         p.collect_garbage(grace_seconds=0)  # the compacted checkpoints are garbage, as before
         chain = [entry["version"] for _, entry in p.engine.db.retained_entries(5)]
         assert chain == [c.version for c in p.checkpoints()]
+
+
+def test_the_oldest_checkpoint_listed_is_restored_with_steps_not_yet_committed(spark,
+                                                                             tmp_path):
+    """``restore`` commits the executed steps first: the checkpoint that adds must not push
+    out the oldest one ``checkpoints()`` offered."""
+    rounds = workload.rounds(8)
+    with Pipeline(workload.circuit(), str(tmp_path), spark, checkpoint_every=3,
+                  retain_checkpoints=2) as p:
+        play(p, rounds)  # 8 steps: checkpoints after steps 3 and 6, steps 7 and 8 uncommitted
+        oldest = p.checkpoints()[-1]
+        assert oldest.step < p.next_step - 2
+        replayed = p.restore(oldest.version)
+        assert [r.step for r in replayed] == list(range(oldest.step, 8))
+        assert p.next_step == 8
