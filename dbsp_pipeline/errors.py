@@ -109,6 +109,12 @@ class PipelineFencedError(UsageError):
     pipeline object is closed. Only one process may run a pipeline at a time."""
 
 
+class ComputationError(DbspError):
+    """Computing a step's rows failed (an overflow, a value that does not cast, an operator's
+    own code): not the storage. Names what was being computed and the cause; the step fails
+    (``StepFailedError``) and nothing of it is committed."""
+
+
 class StepFailedError(DbspError):
     """A step's computation failed after its input was divided (an overflow, an expression
     error, a failed task). Nothing of the step is committed: the state is that of the step

@@ -9,6 +9,7 @@ pages written with their CRC-32 and checked when read.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -16,8 +17,10 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any, cast
 
+from pyspark.errors import PythonException
 from pyspark.sql import SparkSession
 
+from dbsp_pipeline.errors import ComputationError
 from dbsp_pipeline.worker_memory import keep_freed_memory
 
 #: Settings every session used by the engine must have (safe to set on a running session).
@@ -191,8 +194,9 @@ def run_tasks(spark: SparkSession, count: int, task: Callable[[int], str]) -> li
         return []
     task = partial(_in_worker, task)
     if not type(spark).__module__.startswith("pyspark.sql.connect"):
-        results: list[str] = spark.sparkContext.parallelize(range(count), count).map(
-            task).collect()
+        with _task_errors():
+            results: list[str] = spark.sparkContext.parallelize(range(count), count).map(
+                task).collect()
         return results
     import pyarrow as pa
     from pyspark.sql.types import LongType, StringType, StructField, StructType
@@ -242,9 +246,23 @@ def run_gang_tasks(spark: SparkSession, count: int, task: Callable[[int], str]) 
         raise ValueError(f"{count} gang tasks need {count} task slots at once: "
                          f"{gang_slots(spark)} here")
     task = partial(_in_worker, task)
-    results: list[str] = spark.sparkContext.parallelize(range(count), count).barrier() \
-        .mapPartitions(partial(_each, task)).collect()
+    with _task_errors():
+        results: list[str] = spark.sparkContext.parallelize(range(count), count).barrier() \
+            .mapPartitions(partial(_each, task)).collect()
     return results
+
+
+@contextlib.contextmanager
+def _task_errors() -> Iterator[None]:
+    """A task's Python error as a ``ComputationError`` saying what it was (the last line of
+    its traceback: an operator's own message names the operator), not Spark's kilobytes of
+    the worker's and the JVM's frames."""
+    try:
+        yield
+    except PythonException as e:
+        lines = [line for line in str(e).splitlines() if line.strip()]
+        cause = next((line for line in reversed(lines) if not line[0].isspace()), str(e))
+        raise ComputationError(f"a Spark task of the step failed: {cause}") from e
 
 
 def _each(task: Callable[[int], str], indexes: Iterator[int]) -> Iterator[str]:

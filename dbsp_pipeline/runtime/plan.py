@@ -46,7 +46,7 @@ from pyspark.sql.types import (
 from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.circuit import Circuit, Node
 from dbsp_pipeline.driver import hashing
-from dbsp_pipeline.errors import CircuitError
+from dbsp_pipeline.errors import CircuitError, ComputationError, DbspError
 from dbsp_pipeline.operators.aggregate import Aggregate
 from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContext
 from dbsp_pipeline.operators.constant import Constant, constant_table
@@ -193,7 +193,14 @@ class Plan:
             operator = self.operators[node.id]
             inputs = [changes[i] for i in node.inputs]
             if ctx.on_driver:
-                changes[node.id] = operator.step_local(ctx, inputs)
+                try:
+                    changes[node.id] = operator.step_local(ctx, inputs)
+                except DbspError:
+                    raise
+                except Exception as e:  # the operator's computation: named, with its views
+                    views = _views_fed(self.circuit).get(node.id, [])
+                    raise ComputationError(f"{_described_in(node, views)}: "
+                                           f"{type(e).__name__}: {e}") from e
             elif ctx.per_owner and node.id in self.owner_capable:
                 stages = self.gang_chain(node, changes) if ctx.gang_stages else [node]
                 made = gang_stages(ctx, self, stages, inputs) if len(stages) > 1 else None
@@ -328,12 +335,7 @@ class Plan:
     def _schema(self, node: Node, views: Sequence[str]) -> StructType:
         """``node``'s columns as Spark analyses them, checked; a ``CircuitError`` naming the
         node and ``views``, the views it feeds."""
-        what = _describe(node)
-        if views and node.op != "input":
-            named = ", ".join(repr(v) for v in views[:_VIEWS_NAMED])
-            more = len(views) - _VIEWS_NAMED
-            what += f" (in view{'s' if len(views) > 1 else ''} {named}" \
-                    f"{f' and {more} more' if more > 0 else ''})"
+        what = _described_in(node, views)
         if node.op == "input":
             return self._ddl(what, node.params["schema"])
         if node.op == "constant":
@@ -761,6 +763,17 @@ def _views_fed(circuit: Circuit) -> dict[int, list[str]]:
 
 #: an operator's error names at most this many of the views it feeds
 _VIEWS_NAMED = 3
+
+
+def _described_in(node: Node, views: Sequence[str]) -> str:
+    """``node`` described, with the views it feeds (the first few, and how many more)."""
+    what = _describe(node)
+    if views and node.op != "input":
+        named = ", ".join(repr(v) for v in views[:_VIEWS_NAMED])
+        more = len(views) - _VIEWS_NAMED
+        what += f" (in view{'s' if len(views) > 1 else ''} {named}" \
+                f"{f' and {more} more' if more > 0 else ''})"
+    return what
 
 
 def _describe(node: Node) -> str:

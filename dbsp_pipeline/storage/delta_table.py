@@ -30,10 +30,18 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction
+from pyspark.errors import (
+    ArithmeticException,
+    ArrayIndexOutOfBoundsException,
+    DateTimeException,
+    IllegalArgumentException,
+    NumberFormatException,
+    PythonException,
+)
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from dbsp_pipeline.errors import ConcurrentWriterError, StorageError
+from dbsp_pipeline.errors import ComputationError, ConcurrentWriterError, StorageError
 from dbsp_pipeline.storage.data_files import CHECKSUMS_READ
 from dbsp_pipeline.storage.delta_store import LOG_DIR
 from dbsp_pipeline.storage.s3_store import s3_options
@@ -157,6 +165,9 @@ class SparkDeltaTable:
         try:
             # the default mode: fail if the folder exists
             ordered.write.parquet(spark_path(folder))
+        except _COMPUTATION_ERRORS as e:  # Spark computes the rows as it writes them
+            raise ComputationError(f"computing the rows of {self.uri} failed: "
+                                   f"{type(e).__name__}: {e}") from e
         except Exception as e:
             self._raise_if_spark_lacks_s3(folder, e)
             raise StorageError(f"writing data files to {folder} failed: {e}",
@@ -301,6 +312,12 @@ def spark_path(path: str) -> str:
 def storage_options(uri: str) -> dict[str, str] | None:
     """The storage options delta-rs reads the table at ``uri`` with (None: a local table)."""
     return s3_options(uri) if is_remote(uri) else None
+
+
+#: what Spark raises when computing rows fails (an overflow, a bad cast, an operator's Python
+#: code in a task), as opposed to the storage failing: ``write_files`` computes as it writes
+_COMPUTATION_ERRORS = (ArithmeticException, NumberFormatException, DateTimeException,
+                       PythonException, IllegalArgumentException, ArrayIndexOutOfBoundsException)
 
 
 def delta_log(uri: str, version: int | None = None) -> DeltaTable | None:
