@@ -432,7 +432,8 @@ class Plan:
             if left[k].dataType != right[k].dataType:
                 raise CircuitError(
                     f"{what}: key '{k}' is {left[k].dataType.simpleString()} on the left and "
-                    f"{right[k].dataType.simpleString()} on the right; cast one side with select")
+                    f"{right[k].dataType.simpleString()} on the right; cast one side to the "
+                    "other's type (a select, or CAST in SQL)")
         clash = (set(left.fieldNames()) & set(right.fieldNames())) - set(on)
         if clash:
             raise CircuitError(f"{what}: both sides have column(s) {sorted(clash)}; rename one "

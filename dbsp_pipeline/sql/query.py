@@ -121,6 +121,11 @@ class Source:
     #: only that join's ON clause may name them
     hidden: bool = False
 
+    def never_null(self, column: str) -> bool:
+        """Whether ``column`` (lower-cased) never holds NULL here: declared NOT NULL, and the
+        source is not padded with NULLs by an outer join."""
+        return not self.null_supplied and column in self.not_null
+
 
 @dataclass
 class Scope:
@@ -203,6 +208,10 @@ class QueryCompiler:
                              "write each pivoted column as a conditional aggregate, e.g. "
                              "count(CASE WHEN region = 'north' THEN 1 END) AS north, grouped "
                              "by the other columns")
+        for filtered in query.find_all(exp.Filter):
+            raise self.error(filtered, "an aggregate's FILTER (WHERE ...) is not supported",
+                             "aggregate a CASE instead: count(CASE WHEN v > 0 THEN 1 END), "
+                             "sum(CASE WHEN v > 0 THEN v END)")
         for lateral in query.find_all(exp.Lateral):
             raise self.error(lateral, "LATERAL VIEW and LATERAL subqueries are not supported",
                              "push one input row per element of an array instead of "
@@ -1106,7 +1115,7 @@ class QueryCompiler:
         if not isinstance(expr, exp.Column) or not relation.not_null:
             return False
         i = self._locate(expr, scope)
-        return (i is not None and expr.name.lower() in scope.sources[i].not_null
+        return (i is not None and scope.sources[i].never_null(expr.name.lower())
                 and relation.columns[0].lower() in relation.not_null)
 
     # -- SELECT list, GROUP BY, HAVING -----------------------------------------------------
@@ -1146,7 +1155,7 @@ class QueryCompiler:
         not_null = frozenset(
             name.lower() for name, node in items if isinstance(node, exp.Column) and
             (i := self._locate(node, scope)) is not None
-            and node.name.lower() in scope.sources[i].not_null)
+            and scope.sources[i].never_null(node.name.lower()))
         return Relation(collection, tuple(names), not_null)
 
     def _ranked(self, q: exp.Select, scope: Scope, items: list[tuple[str, exp.Expr]],
@@ -1219,7 +1228,7 @@ class QueryCompiler:
         not_null = frozenset(
             [n.lower() for n, e in items if isinstance(e, exp.Column) and
              (i := self._locate(e, scope)) is not None
-             and e.name.lower() in scope.sources[i].not_null] + [name.lower()])
+             and scope.sources[i].never_null(e.name.lower())] + [name.lower()])
         return Relation(Ranking(base, name, tuple(keys), tuple(partition), numbering),
                         tuple(names), not_null)
 

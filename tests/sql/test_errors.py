@@ -161,3 +161,30 @@ def test_an_unsupported_aggregate_is_named_as_written():
     assert "aggregate percentile_approx() is not supported" in str(error), str(error)
     error = refused("SELECT customer_id, collect_list(amount) AS p FROM orders GROUP BY 1")
     assert "aggregate collect_list() is not supported" in str(error), str(error)
+
+
+@pytest.mark.parametrize("query", [
+    # the subquery's column is NOT NULL in its table but padded with NULLs by an outer join
+    "SELECT id FROM customers WHERE id NOT IN (SELECT o.order_id FROM customers c2 "
+    "LEFT JOIN orders o ON c2.id = o.order_id)",
+    "SELECT id FROM customers WHERE id NOT IN (SELECT o.order_id FROM orders o "
+    "RIGHT JOIN customers c2 ON c2.id = o.order_id)",
+    "WITH s AS (SELECT o.order_id AS z FROM customers c2 FULL JOIN orders o "
+    "ON c2.id = o.order_id) SELECT id FROM customers WHERE id NOT IN (SELECT z FROM s)",
+    # the outer query's column, padded the same way
+    "SELECT o.order_id, c.id FROM orders o LEFT JOIN customers c ON o.customer_id = c.id "
+    "WHERE c.id NOT IN (SELECT order_id FROM orders)",
+])
+def test_not_in_over_a_column_an_outer_join_pads_is_refused(query):
+    """``x NOT IN (subquery)`` is no rows as soon as either side holds a NULL, which an anti
+    join does not give: it compiles only where neither side can be NULL, and an outer join's
+    padding makes a NOT NULL column nullable."""
+    error = refused(query)
+    assert "NOT IN" in str(error) and "NOT EXISTS" in str(error), str(error)
+
+
+def test_an_aggregate_filter_clause_is_refused_as_such():
+    error = refused("SELECT customer_id, count(*) FILTER (WHERE amount > 0) AS n FROM orders\n"
+                    "GROUP BY customer_id")
+    assert "an aggregate's FILTER (WHERE ...) is not supported" in str(error), str(error)
+    assert "count(CASE WHEN" in error.hint
