@@ -162,18 +162,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="the demo's pipeline root (deleted first unless --keep; a folder "
                    "holding anything else is refused)")
     d.add_argument("--keep", action="store_true", help="continue the pipeline at --root")
-    s = sub.add_parser("status", help="what a pipeline root holds (read without opening it: a "
-                       "running pipeline goes on)")
-    s.add_argument("--root", required=True)
-    s.add_argument("--retained", type=int, default=2,
-                   help="how many steps' checkpoints the pipeline retains (retain_checkpoints)")
-    s.add_argument("--json", action="store_true", help="print it as JSON")
-    v = sub.add_parser("verify", help="check a pipeline root's tables and checkpoints for "
-                       "damaged storage (exit 1 if damaged)")
-    v.add_argument("--root", required=True)
-    v.add_argument("--retained", type=int, default=2,
-                   help="how many checkpoints the pipeline retains (retain_checkpoints)")
-    v.add_argument("--json", action="store_true", help="print the report as JSON")
+    for name, what in (("status", "what a pipeline root holds (read without opening it: a "
+                                  "running pipeline goes on)"),
+                       ("verify", "check a pipeline root's tables and checkpoints for damaged "
+                                  "storage (exit 1 if damaged)")):
+        reader = sub.add_parser(name, help=what)
+        reader.add_argument("--root", required=True)
+        reader.add_argument("--retained", type=int, default=2,
+                            help="of how many steps the pipeline retains checkpoints "
+                            "(retain_checkpoints)")
+        reader.add_argument("--json", action="store_true", help="print it as JSON")
     args = parser.parse_args(argv)
     if args.command == "verify":
         return verify(args.root, args.retained, args.json)
