@@ -252,6 +252,11 @@ def run_gang_tasks(spark: SparkSession, count: int, task: Callable[[int], str]) 
     return results
 
 
+#: a traceback's line naming the exception raised (``OverflowError: ...``,
+#: ``_duckdb.ConversionException: ...``), which a message's own lines may follow
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*: ")
+
+
 @contextlib.contextmanager
 def _task_errors() -> Iterator[None]:
     """A task's Python error as a ``ComputationError`` saying what it was (the last line of
@@ -261,7 +266,8 @@ def _task_errors() -> Iterator[None]:
         yield
     except PythonException as e:
         lines = [line for line in str(e).splitlines() if line.strip()]
-        cause = next((line for line in reversed(lines) if not line[0].isspace()), str(e))
+        cause = next((line for line in reversed(lines) if _RAISED.match(line)),
+                     next((line for line in reversed(lines) if not line[0].isspace()), str(e)))
         raise ComputationError(f"a Spark task of the step failed: {cause}") from e
 
 
