@@ -65,7 +65,7 @@ def test_an_s3_root_runs_recovers_and_collects_like_a_local_root(
     reader = p.reader("revenue", since=0)  # its lease is a small object in the root
     assert len(list_names(f"{root}/_readers")) == 1
     p.commit()
-    assert len(p.checkpoints()) == 2
+    assert len({c.step for c in p.checkpoints()}) == 2  # of two steps (retain_checkpoints)
     assert p.collect_garbage(grace_seconds=0) > 0
     assert sorted(map(str, p.view_arrow("revenue").to_pylist())) == local[-1][1]
     reader.close()
