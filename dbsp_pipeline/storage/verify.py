@@ -244,21 +244,29 @@ class VerifyReport:
 STABLE_SCAN_ATTEMPTS = 5
 
 
-def _heads(root: str) -> dict[str, int | None]:
+def _tables(root: str) -> dict[str, tuple[str, int]]:
+    """Every table of the root ``root`` (by folder under it) with a commit: its kind and the
+    newest commit version of its log, one listing a table (what a check starts from)."""
+    out: dict[str, tuple[str, int]] = {}
+    for folder, kind, single in ROOT_TABLES:
+        for name in [""] if single else list_folders(os.path.join(root, folder)):
+            table = os.path.join(folder, name) if name else folder
+            names = list_names(os.path.join(root, table, "_delta_log"))
+            versions = [int(m[1]) for n in names if (m := _COMMIT_FILE.match(n))]
+            if versions:
+                out[table] = (kind, max(versions))
+    return out
+
+
+def _heads(root: str) -> dict[str, int]:
     """The newest commit version of every table's log at ``root``. A running pipeline moves
     the manifest at every step, and other tables' logs between (an output log's fold, an input
     log's consolidation, a Delta log cleaned below a new checkpoint); a check reads the tables
     one by one, so a change in between shows a mix of versions that looks like damage (outputs
-    past the recorded divisions) or removes a file it was about to read. One listing a table
-    (what a check lists anyway)."""
-    out: dict[str, int | None] = {}
-    for folder, _, single in ROOT_TABLES:
-        for name in [""] if single else list_folders(os.path.join(root, folder)):
-            table = os.path.join(folder, name) if name else folder
-            names = list_names(os.path.join(root, table, "_delta_log"))
-            out[table] = max((int(m[1]) for n in names if (m := _COMMIT_FILE.match(n))),
-                             default=None)
-    return out
+    past the recorded divisions) or removes a file it was about to read. Listed again only
+    when a check found something, to compare with what the check listed when it began
+    (``_RootScan.heads``)."""
+    return {table: newest for table, (_, newest) in _tables(root).items()}
 
 
 class _RootMoved(Exception):
@@ -289,20 +297,19 @@ def verify_root(root: str, retained: int = 2) -> VerifyReport:
     damage that is a running step's."""
     uri = root_uri(root)
     for _ in range(STABLE_SCAN_ATTEMPTS):
-        heads = _heads(uri)
+        scan = _RootScan(root, retained)
         try:
-            report = _verify_once(root, retained)
+            report = _report(scan)
         except (OSError, DeltaError):
-            if _heads(uri) == heads:
+            if _heads(uri) == scan.heads:
                 raise
             continue
-        if report.ok or _heads(uri) == heads:
+        if report.ok or _heads(uri) == scan.heads:
             return report
     raise _root_in_use(uri, "cannot be verified")
 
 
-def _verify_once(root: str, retained: int) -> VerifyReport:
-    scan = _RootScan(root, retained)
+def _report(scan: _RootScan) -> VerifyReport:
     checkpoints = scan.checkpoints()
     reports = [CheckpointReport(c.version, c.step, tuple(scan.checkpoint_damage(c)),
                                 tuple(d for ds in scan.tail_damage(c).values() for d in ds))
@@ -325,20 +332,18 @@ def prepare_open(root: str, checkpoint: int | None = None, retained: int = 2) ->
     are checked alike."""
     uri = root_uri(root)
     for _ in range(STABLE_SCAN_ATTEMPTS):
-        heads = _heads(uri)
+        scan = _RootScan(root, retained)
         try:
-            return _prepare_open_once(root, checkpoint, retained, heads)
+            return _prepare_open_once(scan, checkpoint)
         except _RootMoved:
             continue
         except (CorruptStateError, OSError, DeltaError):
-            if _heads(uri) == heads:
+            if _heads(uri) == scan.heads:
                 raise
     raise _root_in_use(uri, "cannot be opened")
 
 
-def _prepare_open_once(root: str, checkpoint: int | None, retained: int,
-                       heads: dict[str, int | None]) -> bool:
-    scan = _RootScan(root, retained)
+def _prepare_open_once(scan: _RootScan, checkpoint: int | None) -> bool:
     if scan.manifest is None:
         return False
     checkpoints = scan.checkpoints()
@@ -367,7 +372,7 @@ def _prepare_open_once(root: str, checkpoint: int | None, retained: int,
         raise scan.error(damage, f"checkpoint {checkpoint} cannot be restored: it reads "
                          "damaged storage", target=checkpoint)
     tails = scan.tail_damage(target)
-    if tails and _heads(scan.root) != heads:  # a running pipeline's commits: never set aside
+    if tails and _heads(scan.root) != scan.heads:  # a running pipeline's: never set aside
         raise _RootMoved()
     for table, problems in tails.items():
         keep = target.manifest_version if table == MANIFEST_DIR else target.version_of(table)
@@ -517,15 +522,10 @@ class _RootScan:
     def __init__(self, root: str, retained: int) -> None:
         self.root = root_uri(root)
         self.retained = max(1, retained)
-        self.kinds: dict[str, str] = {}
-        for folder, kind, single in ROOT_TABLES:
-            path = os.path.join(self.root, folder)
-            names = [""] if single else list_folders(path)
-            for name in names:
-                table = os.path.join(folder, name) if name else folder
-                log = os.path.join(self.root, table, "_delta_log")
-                if any(_COMMIT_FILE.match(n) for n in list_names(log)):
-                    self.kinds[table] = kind
+        listed = _tables(self.root)
+        self.kinds: dict[str, str] = {table: kind for table, (kind, _) in listed.items()}
+        #: the newest commit of each table's log when the scan began (``_heads``)
+        self.heads: dict[str, int] = {table: newest for table, (_, newest) in listed.items()}
         self._logs: dict[str, _Log] = {}
         self._snapshots: dict[tuple[str, int], _Snapshot] = {}
         self._checked: dict[str, set[int]] = {}
