@@ -316,9 +316,18 @@ class Collection:
 
     def join(self, other: Collection, on: str | list[str]) -> Collection:
         """Inner equi-join on the named columns (``USING`` semantics: the key columns appear once,
-        first, then this side's other columns, then the other side's). NULL keys never match."""
+        first, then this side's other columns, then the other side's). NULL keys never match.
+        Keys of different numeric types are compared as the type both convert to exactly
+        (``column_types.join_key_type``: INT and BIGINT as BIGINT), which the key column then
+        has, where the circuit's description says their types (inputs' DDL, selects of plain
+        columns); elsewhere, or where no such type exists, keys of different types are a
+        ``CircuitError`` when the pipeline opens, asking for a cast."""
+        from dbsp_pipeline.column_types import widened_sides
+
         keys = _keys(on, "join")
-        return self._derive("join", (other,), on=keys)
+        self.circuit._own(other)
+        left, right = widened_sides(self, other, keys)
+        return left._derive("join", (right,), on=keys)
 
     def left_join(self, other: Collection, on: str | list[str]) -> Collection:
         """Left outer equi-join: the inner join plus this side's unmatched rows padded with

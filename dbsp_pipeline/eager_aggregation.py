@@ -43,12 +43,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import sqlglot
-from sqlglot import exp
-
 from dbsp_pipeline.circuit import Circuit, Node, fresh_name
+from dbsp_pipeline.column_types import Columns, known_columns
 from dbsp_pipeline.runtime.circuit_diff import NODE_REFERENCES
-from dbsp_pipeline.sql.catalog import ddl_column_types
 from dbsp_pipeline.zset import quote
 
 #: the parameter that marks an aggregate planned by this module (never planned again)
@@ -57,8 +54,6 @@ MERGES_PARTIALS = "merges_partials"
 _INTEGERS = {"tinyint", "smallint", "int", "bigint"}
 _FLOATS = {"float", "double"}
 
-#: one node's columns: name and type (None where a select computes it)
-Columns = list[tuple[str, str | None]]
 
 
 @dataclass(frozen=True)
@@ -87,7 +82,7 @@ def planned(circuit: Circuit) -> Circuit:
 
 def _planned_once(circuit: Circuit) -> Circuit:
     """``circuit`` with the aggregates it can plan eagerly, as it declares them, so planned."""
-    columns = _columns(circuit)
+    columns = known_columns(circuit)
     readers = _readers(circuit)
     rewrites: dict[int, _Rewrite] = {}
     for node in circuit.nodes:
@@ -181,7 +176,7 @@ def _plan(r: _Rewrite, new_id: dict[int, int],
     return add("select", [merge], {"exprs": shown})
 
 
-def _rewrite_of(circuit: Circuit, node: Node, columns: dict[int, Columns | None],
+def _rewrite_of(circuit: Circuit, node: Node, columns: list[Columns | None],
                 readers: dict[int, list[int]]) -> _Rewrite | None:
     """How ``node`` is planned eagerly, or None if it is not (see the module docstring)."""
     if node.op != "aggregate" or node.params.get(MERGES_PARTIALS):
@@ -218,59 +213,3 @@ def _readers(circuit: Circuit) -> dict[int, list[int]]:
     for node_id in circuit.outputs.values():
         readers[node_id].append(-1)
     return readers
-
-
-def _columns(circuit: Circuit) -> dict[int, Columns | None]:
-    """Each node's columns and the types of those an input declares and selects pass on; None
-    for a node whose columns are not known without Spark's analysis."""
-    out: dict[int, Columns | None] = {}
-    for node in circuit.nodes:
-        src = out[node.inputs[0]] if node.inputs else None
-        if node.op in ("input", "constant"):
-            try:
-                out[node.id] = [(n, t) for n, t, _ in ddl_column_types(node.params["schema"])]
-            except sqlglot.errors.ParseError:
-                out[node.id] = None
-        elif node.op in ("filter", "negate", "distinct", "repeat", "union", "integrate",
-                         "delay", "differentiate"):
-            out[node.id] = src
-        elif node.op == "conform":
-            out[node.id] = out[node.params["like"]]
-        elif node.op == "select":
-            out[node.id] = None if src is None else _selected(node.params["exprs"], src)
-        elif node.op == "join":
-            right = out[node.inputs[1]]
-            on = node.params["on"]
-            out[node.id] = None if src is None or right is None else (
-                [c for c in src if c[0] in on] + [c for c in src if c[0] not in on]
-                + [c for c in right if c[0] not in on])
-        elif node.op == "aggregate" and src is not None:
-            types = dict(src)
-            out[node.id] = [(k, types.get(k)) for k in node.params["keys"]] + [
-                (a["name"], None) for a in node.params["aggregates"]]
-        else:
-            out[node.id] = None
-    return out
-
-
-def _selected(exprs: Sequence[str], src: Columns) -> Columns | None:
-    """The columns a select of ``exprs`` makes of ``src``'s: each expression's alias or plain
-    column name (None if an expression has neither), with the type of a plain column."""
-    types = dict(src)
-    out: Columns = []
-    for text in exprs:
-        try:
-            e = sqlglot.parse_one(text, read="spark")
-        except sqlglot.errors.ParseError:
-            return None
-        inner = e.this if isinstance(e, exp.Alias) else e
-        if isinstance(e, exp.Alias):
-            name = e.alias
-        elif isinstance(e, exp.Column) and not e.table:
-            name = e.name
-        else:
-            return None
-        column_type = types.get(inner.name) if (
-            isinstance(inner, exp.Column) and not inner.table) else None
-        out.append((name, column_type))
-    return out

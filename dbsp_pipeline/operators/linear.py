@@ -192,17 +192,21 @@ class Repeat(Operator):
 
 
 class Conform(Operator):
-    """Select the columns of ``schema`` in its order; columns the input lacks become NULL."""
+    """Select the columns of ``schema`` in its order and types; columns the input lacks become
+    NULL. A column of another type is cast (a semijoin's widened join key, back to its side's
+    type: every value came from that side, so the cast is exact)."""
 
     def __init__(self, input_schema: StructType, schema: StructType) -> None:
-        self.present = set(input_schema.fieldNames())
+        self.present = {f.name: f.dataType for f in input_schema.fields}
         self.schema = schema
 
     def step(self, ctx: StepContext, changes: Sequence[Delta]) -> Delta:
         (d,) = changes
         if d is None:
             return None
-        cols = [F.col(quote(f.name)) if f.name in self.present
+        cols = [(F.col(quote(f.name)) if self.present[f.name] == f.dataType
+                 else F.col(quote(f.name)).cast(f.dataType).alias(f.name))
+                if f.name in self.present
                 else F.lit(None).cast(f.dataType).alias(f.name) for f in self.schema.fields]
         return d.select(*cols, F.col(WEIGHT))
 
