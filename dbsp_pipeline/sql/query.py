@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from sqlglot import exp
 
 from dbsp_pipeline.circuit import Collection, fresh_name
+from dbsp_pipeline.column_types import known_columns
 from dbsp_pipeline.sql.catalog import EVERY_PLACE, Catalog, Ranking, Relation
 from dbsp_pipeline.sql.errors import SqlError
 from dbsp_pipeline.zset import quote
@@ -793,7 +794,8 @@ class QueryCompiler:
         if bare:
             l_names = [self._internal(left, scope) for left, _ in pairs]
             r_names = [self._internal(r, scope) for _, r in pairs]
-            bare = len(set(l_names)) == len(l_names) and len(set(r_names)) == len(r_names)
+            bare = (len(set(l_names)) == len(l_names) and len(set(r_names)) == len(r_names)
+                    and _same_types(state.collection, l_names, source.collection, r_names))
         if bare:
             # inner join on columns: the right key column takes the left key's name (they are
             # equal in every joined row)
@@ -1323,10 +1325,12 @@ class QueryCompiler:
             raise self.error(group, "ROLLUP, CUBE and GROUPING SETS are not supported",
                              "declare one view per grouping")
         group_exprs: list[exp.Expr] = list(group.expressions) if group else []
-        aggregate_nodes = [a for _, node in items for a in _aggregates(node)]
-        if having is not None:
-            aggregate_nodes += _aggregates(having.this)
         by_alias = {name.lower(): node for name, node in items}
+        having_condition = None if having is None else _with_select_aliases(having.this,
+                                                                            by_alias)
+        aggregate_nodes = [a for _, node in items for a in _aggregates(node)]
+        if having_condition is not None:
+            aggregate_nodes += _aggregates(having_condition)
         pre: dict[str, str] = {}  # column -> its expression (the select before grouping)
         keys: dict[str, str] = {}  # rendered group expression -> key column
         for g in group_exprs:
@@ -1395,10 +1399,10 @@ class QueryCompiler:
             return _rewrite(node, lambda n: self._after_grouping(n, scope, keys, calls)).sql(
                 dialect="spark")
 
-        if having is not None:
+        if having_condition is not None:
             columns = [*keys.values(), *aggs]
             plain = []
-            for conjunct in _conjuncts(having.this):
+            for conjunct in _conjuncts(having_condition):
                 if not _has_subquery(conjunct):
                     plain.append(conjunct)
                     continue
@@ -1701,6 +1705,42 @@ def _has_subquery(node: exp.Expr) -> bool:
     return any(_is_query(n) for n in _own_nodes(node))
 
 
+def _with_select_aliases(condition: exp.Expr, by_alias: dict[str, exp.Expr]) -> exp.Expr:
+    """A HAVING condition whose unqualified names of the SELECT list's columns (outside
+    aggregate calls, windows and subqueries) are their expressions, as Spark resolves HAVING
+    (``HAVING total > 10`` after ``sum(amount) AS total``; inside ``max(amount)``, ``amount``
+    is the table's column). The condition itself when it names none; else a copy, which
+    errors locate as the original (its parent is the original's). The SELECT list's window
+    columns are not taken."""
+
+    def aliased(node: exp.Expr) -> exp.Expr | None:
+        found = by_alias.get(node.name.lower()) if (
+            isinstance(node, exp.Column) and not node.table) else None
+        if found is None or found.find(exp.Window) or (  # or the column itself, selected
+                isinstance(found, exp.Column) and found.name.lower() == node.name.lower()):
+            return None
+        return found
+
+    def references(node: exp.Expr) -> list[exp.Expr]:
+        out = []
+        for child in node.iter_expressions():
+            if isinstance(child, (exp.AggFunc, exp.Window)) or _is_query(child):
+                continue
+            out += [child] if aliased(child) is not None else references(child)
+        return out
+
+    whole = aliased(condition)  # HAVING flag, of a boolean column the SELECT list names
+    if whole is None and not references(condition):
+        return condition
+    result = whole.copy() if whole is not None else condition.copy()
+    for reference in references(result) if whole is None else []:
+        replacement = aliased(reference)
+        assert replacement is not None
+        reference.replace(replacement.copy())
+    result.parent = condition.parent
+    return result
+
+
 def _aggregates(node: exp.Expr) -> list[exp.Expr]:
     """The aggregate calls of ``node`` (outside subqueries; not those inside an aggregate)."""
     found: list[exp.Expr] = []
@@ -1715,3 +1755,15 @@ def _aggregates(node: exp.Expr) -> list[exp.Expr]:
             visit(child)
     visit(node)
     return found
+
+
+def _same_types(left: Collection, left_names: list[str], right: Collection,
+                right_names: list[str]) -> bool:
+    """Whether no pair of key columns is known to differ in type (the circuit's description
+    says both types, ``column_types.known_columns``). Keys of different types are joined as
+    fresh key columns the join widens, so each table's own column keeps its type."""
+    columns = known_columns(left.circuit)
+    left_types = dict(columns[left.node_id] or [])
+    right_types = dict(columns[right.node_id] or [])
+    return all(left_types.get(a) is None or right_types.get(b) is None
+               or left_types[a] == right_types[b] for a, b in zip(left_names, right_names))

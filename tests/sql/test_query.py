@@ -33,6 +33,9 @@ VIEWS = {
                   "FROM orders GROUP BY qty + 1",
     "v_having": "SELECT customer_id, sum(qty) AS total FROM orders GROUP BY customer_id "
                 "HAVING count(*) >= 2 AND sum(qty) > 3",
+    "v_having_alias": "SELECT customer_id AS c, sum(qty) AS total, sum(amount) AS amount "
+                      "FROM orders GROUP BY c HAVING total > 2 AND c IS NOT NULL "
+                      "AND max(amount) > 4 AND amount < 40",
     "v_join": "SELECT o.order_id, o.amount, c.region FROM orders o "
               "JOIN customers c ON o.customer_id = c.id",
     "v_join_nonequi": "SELECT o.order_id, c.region FROM orders o, customers c "
@@ -380,3 +383,60 @@ def test_select_star_over_join_using_has_sparks_columns(spark, tmp_path):
             spark.createDataFrame([], columns).createOrReplaceTempView(name)
     with Pipeline(circuit, str(tmp_path), spark) as p:
         assert p.view_schema("v").fieldNames() == spark.sql(query).columns
+
+
+MIXED_KEY_TABLES = """
+CREATE TABLE orders (order_id BIGINT, customer_id BIGINT, amount DOUBLE, qty BIGINT);
+CREATE TABLE customers (id INT, region STRING);
+CREATE TABLE returns (order_id SMALLINT, reason STRING);
+"""
+#: joins whose keys differ in type (BIGINT with INT, SMALLINT with BIGINT, DOUBLE with INT),
+#: compared as the type both convert to, as Spark compares them
+MIXED_KEY_VIEWS = {
+    "m_join": "SELECT o.order_id, o.customer_id, c.id, c.region FROM orders o "
+              "JOIN customers c ON o.customer_id = c.id",
+    "m_left": "SELECT o.order_id, c.id, c.region FROM orders o LEFT JOIN customers c "
+              "ON o.customer_id = c.id",
+    "m_full": "SELECT o.customer_id, c.id FROM orders o FULL JOIN customers c "
+              "ON c.id = o.customer_id AND c.region <> 'east'",
+    "m_semi": "SELECT * FROM orders o LEFT SEMI JOIN customers c ON o.customer_id = c.id",
+    "m_anti": "SELECT * FROM customers c WHERE NOT EXISTS "
+              "(SELECT 1 FROM orders o WHERE o.customer_id = c.id)",
+    "m_in": "SELECT * FROM customers WHERE id IN (SELECT customer_id FROM orders)",
+    "m_double": "SELECT o.order_id, c.id FROM orders o JOIN customers c ON o.amount = c.id",
+    "m_grouped": "SELECT r.reason, count(*) AS n, sum(o.amount) AS s FROM returns r "
+                 "JOIN orders o ON r.order_id = o.order_id GROUP BY r.reason",
+    "m_using": "SELECT * FROM returns JOIN orders USING (order_id)",
+    "m_using_full": "SELECT * FROM returns FULL JOIN orders USING (order_id)",
+}
+
+
+@pytest.mark.parametrize("driver_step_rows", [10**9, 0], ids=["driver", "spark"])
+def test_join_keys_of_different_numeric_types_are_compared_as_spark_compares_them(
+        spark, tmp_path, driver_step_rows):
+    """Keys of different numeric types join as the type both convert to exactly, each table's
+    own columns keep their types (as in Spark), and every view equals DuckDB after every
+    step."""
+    script = MIXED_KEY_TABLES + "".join(f"CREATE VIEW {n} AS {q};\n"
+                                        for n, q in MIXED_KEY_VIEWS.items())
+    run_and_check(spark, str(tmp_path), script, list(MIXED_KEY_VIEWS),
+                  driver_step_rows=driver_step_rows, seed=4,
+                  steps=4 if driver_step_rows else 2, ops=30 if driver_step_rows else 16)
+    with Pipeline(Circuit.from_sql(script), str(tmp_path), spark) as p:
+        types = {v: {f.name: f.dataType.simpleString() for f in p.view_schema(v).fields}
+                 for v in MIXED_KEY_VIEWS}
+    assert types["m_join"] == {"order_id": "bigint", "customer_id": "bigint", "id": "int",
+                               "region": "string"}
+    assert types["m_semi"]["customer_id"] == "bigint" and types["m_in"]["id"] == "int"
+    # USING's key column: the left table's in an inner join, both tables' in a full one
+    assert types["m_using"]["order_id"] == "smallint"
+    assert types["m_using_full"]["order_id"] == "bigint"
+
+
+def test_join_keys_that_no_type_holds_exactly_are_refused_with_a_cast_hint(spark, tmp_path):
+    """BIGINT with DOUBLE would round past 2**53 (Spark's comparison would too): cast."""
+    script = MIXED_KEY_TABLES + ("CREATE VIEW v AS SELECT o.order_id FROM orders o "
+                                 "JOIN orders p ON o.order_id = p.amount;")
+    with pytest.raises(CircuitError, match=r"is bigint on the left and double on the right; "
+                       r"cast one side"):
+        Pipeline(Circuit.from_sql(script), str(tmp_path), spark)
