@@ -580,9 +580,17 @@ class Pipeline:
 
     def commit(self, compact: bool = True) -> int:
         """Commit the state database (a checkpoint); returns the new state version. Then, with
-        ``compact``, start merging the traces that are due in the background."""
+        ``compact``, start merging the traces that are due in the background. With nothing to
+        record (no step executed and no merge finished since the last checkpoint), no
+        checkpoint is written and the current version is returned: an idle pipeline committed
+        on a schedule does not push its steps' checkpoints out of the retained ones."""
         with self._exclusive():
-            return step_protocol.commit(self._engine, compact)
+            engine = self._engine
+            engine.compactor.apply_finished()
+            if not engine.uncommitted_steps and not engine.db.changed(
+                    {CARRIED_RECORDS_KEY: engine.divisions.pending_records()}):
+                return engine.db.version
+            return step_protocol.commit(engine, compact)
 
     # -- run control -----------------------------------------------------------------------
     def run(self, max_steps: int | None = None, max_seconds: float | None = None,

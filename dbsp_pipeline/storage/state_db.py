@@ -429,6 +429,18 @@ class StateDatabase:
         between the two."""
         return self._manifest.set_properties(properties)
 
+    def changed(self, meta: Mapping[str, Any] | None = None) -> bool:
+        """Whether a commit now would record anything the open version does not: a state table
+        staged or loaded at another version (``dirty``), a table retired, another step or other
+        metadata (with ``meta``'s keys put first)."""
+        base = self._require_open()
+        recorded = base.get("meta", {})
+        return (self.dirty or bool(self._retired)
+                or self._step != int(base.get("step", 0))
+                or any(t.delta.loaded_version() != self.recorded_version(n)
+                       for n, t in self._tables.items())
+                or {**self._meta, **(meta or {})} != recorded)
+
     @property
     def dirty(self) -> bool:
         """Whether a state table stages other actions than the open version records (a

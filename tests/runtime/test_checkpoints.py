@@ -100,3 +100,22 @@ def test_the_oldest_checkpoint_listed_is_restored_with_steps_not_yet_committed(s
         replayed = p.restore(oldest.version)
         assert [r.step for r in replayed] == list(range(oldest.step, 8))
         assert p.next_step == 8
+
+
+def test_a_commit_with_nothing_to_record_writes_no_checkpoint(spark, tmp_path):
+    """An idle pipeline committed on a schedule keeps its steps' checkpoints: a commit with no
+    step executed since the last one returns the current version; a push alone changes no
+    state; a step does."""
+    with Pipeline(workload.circuit(), str(tmp_path), spark, retain_checkpoints=3) as p:
+        play(p, workload.rounds(3))
+        before = [(c.version, c.step) for c in p.checkpoints()]
+        version = p.state_version
+        for _ in range(5):
+            assert p.commit() == version
+        for name, rows, weight in workload.rounds(4)[3]:
+            p.push(name, rows, weight=weight)
+        assert p.commit() == version and p.uncommitted_steps == 0
+        assert [(c.version, c.step) for c in p.checkpoints()] == before
+        p.step()
+        assert p.commit() == version + 1
+        assert p.checkpoints()[0].step == p.next_step
