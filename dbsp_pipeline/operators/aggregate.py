@@ -38,10 +38,12 @@ group whose row changed. Work per step is proportional to the number of groups t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from functools import partial, reduce
 from typing import Any
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -292,7 +294,8 @@ class Aggregate(Operator):
         # 1. The change's partials per group.
         g = self._partials_arrow(d)
         if g is None:
-            g = self._partials_sql(sql, d)
+            with self._sums_checked():
+                g = self._partials_sql(sql, d)
 
         # 2. min/max: record the change's values; candidate and deleted extremes per group.
         extremes: dict[int, pa.Table | None] = {}
@@ -313,7 +316,8 @@ class Aggregate(Operator):
         #    candidates, or (``_redo``) re-read from the values of a group whose extreme went.
         state = self._new_state_arrow(sql, g, extremes, old)
         if state is None:
-            state = self._new_state_sql(sql, g, extremes, old)
+            with self._sums_checked():
+                state = self._new_state_sql(sql, g, extremes, old)
         for i in self.values:
             state = self._redo_extreme_local(ctx, state, self.aggs[i])
         if self.exact:
@@ -321,6 +325,28 @@ class Aggregate(Operator):
 
         # 5. Emit -old/+new for changed groups and record the new state.
         return self._emit_local(sql, self._with_values(state))
+
+    @contextlib.contextmanager
+    def _sums_checked(self) -> Iterator[None]:
+        """DuckDB's overflow of a phase's arithmetic as an ``OverflowError`` naming the sums
+        and counts it can be and their types (a row's value times its multiplicity, or a
+        group's total, beyond the type: Spark's ANSI ``sum`` fails there too, not wraps), with
+        DuckDB's words after them."""
+        try:
+            yield
+        except duckdb.OutOfRangeException as e:
+            named = [f"{a['name']} = {a['fn']}({a['arg'] or '*'}) as "
+                     f"{a.get('sum_type', LongType()).simpleString().upper()}"
+                     for a in self.aggs if a["fn"] in ("sum", "avg", "count")
+                     and not a.get("exact")]
+            integer = any(isinstance(a.get("sum_type"), LongType) for a in self.aggs)
+            detail = str(e).removeprefix("Out of Range Error: ")
+            raise OverflowError(
+                f"{', '.join(named) or 'count(*) as BIGINT'}: a row's value times its "
+                "multiplicity, or a group's total, is beyond what the type holds (Spark's sum "
+                "fails there too)"
+                + ("; an integer column summed as CAST(... AS DECIMAL(38, 0)) holds more"
+                   if integer else "") + f" ({detail})") from None
 
     def _emit_local(self, sql: LocalSQL, final: pa.Table) -> LocalDelta:
         """Phase 5 on the driver: append the state change of the touched groups ``final``

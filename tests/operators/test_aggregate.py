@@ -543,6 +543,27 @@ def test_a_decimal_average_keeps_its_sum_in_sparks_type_and_overflows_only_where
                 p.step()
 
 
+def test_an_integer_sum_past_64_bits_names_the_sum_its_type_and_a_remedy(spark, tmp_path):
+    """As Spark's ANSI sum, the step fails (a row's value times its multiplicity here, a
+    group's total in the second step), naming the aggregate, not DuckDB's internals alone."""
+    c = Circuit("overflow")
+    c.output("s", c.input("t", "k BIGINT, v BIGINT").group_by("k").agg(
+        n="count(*)", total="sum(v)"))
+    with Pipeline(c, str(tmp_path), spark, driver_step_rows=10**9) as p:
+        p.push("t", [(1, 2**62), (1, 2**62)])
+        with pytest.raises(StepFailedError, match=r"total = sum\(v\) as BIGINT: a row's value "
+                           r"times its multiplicity, or a group's total, is beyond what the "
+                           r"type holds .*CAST\(\.\.\. AS DECIMAL\(38, 0\)\)"):
+            p.step()
+        p.quarantine_step(p.next_step)
+        p.push("t", [(2, 2**62 + 1)])
+        p.step()
+        p.push("t", [(2, 2**62)])
+        p.push("t", [(3, 1)])
+        with pytest.raises(StepFailedError, match=r"total = sum\(v\) as BIGINT"):
+            p.step()
+
+
 def test_a_decimal_sum_that_leaves_its_type_fails_the_step_and_keeps_the_root(spark, tmp_path):
     """A sum beyond DECIMAL(38,0)'s 38 digits: the step fails on the driver, as Spark's ANSI
     mode fails it; nothing of it stays, the root opens again, and once the step's input is
