@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: setup lint demo demo-engine ui test bench bench-recovery bench-console bench-kafka bench-rescale bench-open bench-lookup bench-commit bench-tpch bench-upgrade clean
+.PHONY: setup lint demo demo-engine ui test bench bench-recovery bench-console bench-kafka bench-rescale bench-open bench-lookup bench-commit bench-expressions bench-tpch bench-upgrade clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml infra/setup.sh
@@ -47,6 +47,9 @@ bench-open: setup     ## open and status seconds, _divisions files and _delta_lo
 
 bench-commit: setup   ## what one delta-rs commit and the log read after it cost here (the floor of a durable action)
 	$(PY) benchmarks/delta_commit_bench.py $(BENCH_ARGS)
+
+bench-expressions: setup   ## a small driver step with date and string functions in DuckDB vs the same select as a Spark job
+	$(PY) benchmarks/expressions_bench.py $(BENCH_ARGS)
 
 bench-lookup: setup   ## step cost per access pattern (moves, order changes, max deletes, two big inputs) at 1M/4M/16M orders vs DuckDB and Spark recompute; writes docs/bench/lookup.png
 	$(PY) benchmarks/lookup_bench.py $(BENCH_ARGS)

@@ -40,10 +40,11 @@ Whitelist (each item verified against Spark 4.3 + DuckDB 2.0 by ``tests/driver/t
   unchanged (a bare column, possibly aliased) or under ``IS [NOT] NULL``; other types refuse;
 * literals: integers in the bigint range (typed as Spark types them: int if it fits, a leading
   minus sign included, else bigint), decimals of at most 15 digits (of 16 to 18 digits when
-  only compared with integers), exponent doubles (``1e3``; the ``D``/``L``/``BD`` suffixes
-  refuse), strings (no backslash anywhere in the text: Spark's escape rules are not sqlglot's;
-  adjacent literals refuse), ``TRUE``, ``FALSE``, ``NULL``, and ``DATE 'yyyy-mm-dd'`` (or
-  ``date('yyyy-mm-dd')``, ``CAST('yyyy-mm-dd' AS DATE)``) for a valid date;
+  only compared with integers), exponent doubles (``1e3``; the ``D``/``Y``/``S``/``BD``
+  suffixes refuse; ``1L`` reads as a cast to BIGINT), strings (no backslash anywhere in the
+  text: Spark's escape rules are not sqlglot's; adjacent literals refuse), ``TRUE``,
+  ``FALSE``, ``NULL``, and ``DATE 'yyyy-mm-dd'`` (or ``date('yyyy-mm-dd')``,
+  ``CAST('yyyy-mm-dd' AS DATE)``) for a valid date;
 * constants folded here as Spark computes them (``_folded_constant``): a date literal plus or
   minus ``INTERVAL 'n' DAY|MONTH|YEAR`` (month arithmetic clamps to the month's last day, as
   Spark's ``add_months``; DuckDB would give a TIMESTAMP), and decimal literals joined by
@@ -90,14 +91,39 @@ Whitelist (each item verified against Spark 4.3 + DuckDB 2.0 by ``tests/driver/t
   with integer literals ``start >= 1`` and ``length >= 0`` (code points in both; other starts
   count differently), ``EXTRACT(YEAR|MONTH|DAY FROM d)`` and ``year/month/day(d)`` of a DATE
   (an int, as Spark types it);
+* dates and timestamps (a TIMESTAMP read in UTC, the engine's Spark session time zone,
+  whatever DuckDB's own is: ``timezone('UTC', ts)``): ``year month day dayofmonth quarter
+  dayofyear weekofyear dayofweek`` (Spark counts Sunday as 1) of a date or a timestamp,
+  ``hour minute second`` of a timestamp, and ``EXTRACT`` of those but SECOND (Spark's is a
+  decimal with the fraction), each an int; ``to_date(x)`` (no format), ``date(x)`` and
+  ``CAST(x AS DATE)`` of a date or a timestamp; ``date_trunc(unit, x)`` of a date or a
+  TIMESTAMP with a literal unit Spark knows (YEAR/YYYY/YY, QUARTER, MONTH/MM/MON, WEEK,
+  DAY/DD, HOUR, MINUTE, SECOND, MILLISECOND, MICROSECOND), a TIMESTAMP; ``trunc(d, fmt)``
+  (YEAR to WEEK), a DATE; ``date_add``/``date_sub`` of a date (or a timestamp's date) and an
+  int; ``datediff(end, start)``, an int;
+* strings: ``concat(...)`` and ``||`` of strings (NULL if any is; DuckDB's ``concat`` skips
+  NULLs, so ``||``), ``trim``/``ltrim``/``rtrim`` (spaces, U+0020, only, as Spark's),
+  ``replace(s, search[, replacement])``, ``startswith``/``endswith``/``contains``;
+  ``upper``/``lower`` where every character is ASCII: Spark uses Java's full case mapping
+  (``upper('ß')`` is ``'SS'``, ``lower('İ')`` two code points), DuckDB maps code point by code
+  point, so the translation raises (``error()``) on a string with another character and Spark
+  decides that step (as on a zero divisor, below);
+* ``if(c, a, b)`` as ``CASE WHEN c THEN a ELSE b END``; ``%`` of ints and bigints (the sign of
+  the dividend in both; a zero divisor and the smallest integer by -1, where Spark ANSI raises
+  or gives 0, raise in DuckDB: Spark decides); ``floor``/``ceil`` of an integer or a double, a
+  BIGINT (NaN, which Spark takes to 0, and infinities and doubles past BIGINT, where Spark
+  raises too, raise in DuckDB's cast: Spark decides); ``CAST`` to DATE (above), to STRING of
+  an integer or a string, to INT, BIGINT or DOUBLE of an integer (an INT out of range raises
+  in both). Not a double to an integer
+  (DuckDB rounds, Spark truncates), a string to a number or a date or a double to a string
+  (they parse and print differently);
 * ``s [NOT] LIKE 'pattern'`` of a string with a literal pattern without ``_`` (Spark matches
   ``_`` to one UTF-16 unit, DuckDB to one code point) and without a backslash (refused
   everywhere): ``%`` matches any run of characters, newlines included, in both;
 * ``expr AS name`` (and ``expr name``) in projections; the output is aliased to the given name.
 
-Dropped from the first plan, because the engines differ: ``upper``/``lower`` (Spark uses Java's
-full case mapping: ``upper('ß')`` is ``'SS'``, ``lower('İ')`` is two code points, final sigma;
-DuckDB maps code point by code point), ``%``, ``div``, string/number comparisons, timestamp
+Dropped from the first plan, because the engines differ: ``upper``/``lower`` beyond ASCII (see
+above), ``%`` of doubles and decimals, ``div``, string/number comparisons, timestamp
 literals (Spark reads them in the session time zone, DuckDB in its own), arithmetic on
 tinyint/smallint/float columns (DuckDB keeps ``tinyint + 1`` a TINYINT that overflows at 127,
 Spark widens to int).
@@ -174,10 +200,17 @@ _COMPARISONS: dict[type[exp.Expression], str] = {exp.EQ: "=", exp.NEQ: "<>", exp
                 exp.NullSafeNEQ: "IS DISTINCT FROM"}
 
 
-#: EXTRACT units of a DATE, and the DuckDB function of each (Spark returns an int)
-_DATE_PARTS = {"YEAR": "year", "MONTH": "month", "DAY": "day"}
-_DATE_PART_FUNCTIONS: dict[type[exp.Expression], str] = {exp.Year: "year", exp.Month: "month",
-                                                         exp.Day: "day"}
+#: EXTRACT units, and the DuckDB function of each (Spark returns an int; its EXTRACT(SECOND)
+#: is a decimal with the fraction, not translated)
+_EXTRACT_PARTS = {"YEAR": "year", "MONTH": "month", "DAY": "day", "QUARTER": "quarter",
+                  "HOUR": "hour", "MINUTE": "minute"}
+#: Spark's functions of a date's or a timestamp's parts, and DuckDB's function of each
+_DATE_PART_FUNCTIONS: dict[type[exp.Expression], str] = {
+    exp.Year: "year", exp.Month: "month", exp.Day: "day", exp.DayOfMonth: "day",
+    exp.Quarter: "quarter", exp.DayOfYear: "dayofyear", exp.WeekOfYear: "weekofyear",
+    exp.DayOfWeek: "dayofweek", exp.Hour: "hour", exp.Minute: "minute", exp.Second: "second"}
+#: the parts of a time of day: of a timestamp only (Spark reads a date as its midnight there)
+_TIME_PARTS = {"hour", "minute", "second"}
 
 
 class _Refuse(Exception):
@@ -397,7 +430,7 @@ def _translate(node: exp.Expression, columns: Columns) -> tuple[str, str]:
     if t in (exp.Literal, exp.Boolean, exp.Null) or (t is exp.Neg and _is_number(node.this)):
         return _literal(node)
     if t in (exp.Cast, exp.TryCast):
-        return _date_literal(node)
+        return _cast_to(node, columns)
     folded = _folded_constant(node)
     if folded is not None:
         return folded
@@ -425,18 +458,17 @@ def _translate(node: exp.Expression, columns: Columns) -> tuple[str, str]:
     if t is exp.Extract:
         _only(node, "this", "expression")
         unit = node.this
-        if type(unit) is not exp.Var or unit.name.upper() not in _DATE_PARTS:
+        part = _EXTRACT_PARTS.get(unit.name.upper()) if type(unit) is exp.Var else None
+        if part is None:
             raise _Refuse("EXTRACT unit")
-        a, _ = _typed(node.expression, columns, {DATE})
-        return f"CAST({_DATE_PARTS[unit.name.upper()]}({a}) AS INTEGER)", INT
+        return _date_part(part, node.expression, columns)
     if t in _DATE_PART_FUNCTIONS:
         _only(node, "this")
         arg = node.this
         if type(arg) is exp.TsOrDsToDate:  # sqlglot's reading of year(x): x as a date
             _only(arg, "this")
             arg = arg.this
-        a, _ = _typed(arg, columns, {DATE})
-        return f"CAST({_DATE_PART_FUNCTIONS[t]}({a}) AS INTEGER)", INT
+        return _date_part(_DATE_PART_FUNCTIONS[t], arg, columns)
     if t is exp.Substring:
         _only(node, "this", "start", "length")
         a, _ = _typed(node.this, columns, {STRING})
@@ -512,7 +544,7 @@ def _translate(node: exp.Expression, columns: Columns) -> tuple[str, str]:
         elif typ not in _ARITH:
             raise _Refuse(f"operand type {typ}")
         return f"abs({a})", typ  # a decimal's: the same type in both
-    raise _Refuse(f"node {t.__name__}")
+    return _function(node, columns)
 
 
 # Boolean-level constructs, which must not be the direct operand of a comparison or predicate
@@ -843,6 +875,182 @@ def _case(node: exp.Case, columns: Columns) -> tuple[str, str]:
     parts = [c + v for c, v in zip(conditions, sqls)]
     head = "CASE" if subject is None else f"CASE {subject[0]}"
     return f"({head} {' '.join(parts)} END)", typ
+
+
+# --- functions of dates, timestamps and strings ---------------------------------------------
+
+def _utc_wall_clock(sql: str, typ: str) -> str:
+    """A TIMESTAMP (an instant: DuckDB's TIMESTAMPTZ from Arrow's UTC timestamps) as its wall
+    clock in UTC, the engine's Spark session time zone, whatever DuckDB's own time zone is; a
+    TIMESTAMP_NTZ as it is."""
+    return f"timezone('UTC', {sql})" if typ == TIMESTAMP else sql
+
+
+def _as_date(node: exp.Expression, columns: Columns) -> str:
+    """A DATE, or a TIMESTAMP(_NTZ)'s date in the session time zone (UTC), as Spark casts a
+    timestamp where a function takes a date."""
+    a, typ = _typed(node, columns, {DATE, TIMESTAMP, TIMESTAMP_NTZ})
+    return a if typ == DATE else f"CAST({_utc_wall_clock(a, typ)} AS DATE)"
+
+
+def _date_part(part: str, node: exp.Expression, columns: Columns) -> tuple[str, str]:
+    """A part of a date or a timestamp (in UTC) as Spark's int. ``dayofweek``: Spark counts
+    Sunday as 1, DuckDB as 0; ``weekofyear``: the ISO week in both."""
+    a, typ = _typed(node, columns, {DATE, TIMESTAMP, TIMESTAMP_NTZ})
+    if part in _TIME_PARTS and typ == DATE:
+        raise _Refuse("a time part of a date")
+    value = f"{part}({_utc_wall_clock(a, typ)})"
+    if part == "dayofweek":
+        value = f"({value} + 1)"
+    return f"CAST({value} AS INTEGER)", INT
+
+
+#: Spark's ``date_trunc`` units (upper-cased) and DuckDB's
+_TIMESTAMP_UNITS = {"YEAR": "year", "YYYY": "year", "YY": "year", "QUARTER": "quarter",
+                    "MONTH": "month", "MM": "month", "MON": "month", "WEEK": "week",
+                    "DAY": "day", "DD": "day", "HOUR": "hour", "MINUTE": "minute",
+                    "SECOND": "second", "MILLISECOND": "millisecond",
+                    "MICROSECOND": "microsecond"}
+#: Spark's ``trunc(date, fmt)`` formats and DuckDB's unit
+_DATE_UNITS = {k: v for k, v in _TIMESTAMP_UNITS.items()
+               if v in ("year", "quarter", "month", "week")}
+_STRING_TESTS: dict[type[exp.Expression], str] = {
+    exp.StartsWith: "starts_with", exp.EndsWith: "ends_with", exp.Contains: "contains"}
+_CASE_MAPS: dict[type[exp.Expression], str] = {exp.Upper: "upper", exp.Lower: "lower"}
+_TRIMS = {None: "trim", "BOTH": "trim", "LEADING": "ltrim", "TRAILING": "rtrim"}
+
+
+def _unit(node: exp.Expression | None, units: dict[str, str]) -> str:
+    """The DuckDB unit of a literal Spark unit (``'MONTH'``, or sqlglot's ``Var``)."""
+    if type(node) is exp.Var or (type(node) is exp.Literal and node.is_string):
+        unit = units.get(str(node.name).upper())
+        if unit is not None:
+            return unit
+    raise _Refuse("unit")  # not a literal, or one Spark reads as NULL
+
+
+def _cast_to(node: exp.Expression, columns: Columns) -> tuple[str, str]:
+    """``CAST(x AS t)`` (Spark's ANSI cast; sqlglot reads it as TRY_CAST) where both engines
+    convert alike: a date literal; to DATE from a date or a timestamp (its UTC date); to
+    STRING from an integer or a string; to INT, BIGINT or DOUBLE from an integer (an INT out of
+    range raises in both). Not from a double to an integer (DuckDB rounds, Spark truncates) nor
+    a string to a number (they parse differently)."""
+    if _date_value(node) is not None:
+        return _date_literal(node)
+    _only(node, "this", "to")
+    to = node.args["to"]
+    if type(to) is not exp.DataType or to.expressions:
+        raise _Refuse("CAST type")
+    target = to.this
+    if target == exp.DataType.Type.DATE:
+        return _as_date(node.this, columns), DATE
+    if target in (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR) and not to.args.get(
+            "expressions"):
+        a, _ = _typed(node.this, columns, {INT, BIGINT, STRING})
+        return f"CAST({a} AS VARCHAR)", STRING
+    integral = {exp.DataType.Type.INT: (INT, "INTEGER"), exp.DataType.Type.BIGINT:
+                (BIGINT, "BIGINT"), exp.DataType.Type.DOUBLE: (DOUBLE, "DOUBLE")}
+    if target in integral:
+        a, _ = _typed(node.this, columns, {INT, BIGINT})
+        typ, duck = integral[target]
+        return f"CAST({a} AS {duck})", typ
+    raise _Refuse("CAST type")
+
+
+def _function(node: exp.Expression, columns: Columns) -> tuple[str, str]:
+    """The functions of dates, timestamps and strings both engines compute alike, each where
+    its rows allow (see the module docstring); raises _Refuse for any other node."""
+    t = type(node)
+    if t in (exp.Cast, exp.TryCast):
+        return _cast_to(node, columns)
+    if t is exp.TsOrDsToDate:  # to_date(x) without a format
+        _only(node, "this", "safe")
+        return _as_date(node.this, columns), DATE
+    if t is exp.TimestampTrunc:  # date_trunc(unit, x): a TIMESTAMP, truncated in UTC
+        _only(node, "this", "unit")
+        unit = _unit(node.args.get("unit"), _TIMESTAMP_UNITS)
+        a, typ = _typed(node.this, columns, {DATE, TIMESTAMP})
+        wall = f"CAST({a} AS TIMESTAMP)" if typ == DATE else _utc_wall_clock(a, typ)
+        return f"timezone('UTC', date_trunc('{unit}', {wall}))", TIMESTAMP
+    if t is exp.DateTrunc:  # trunc(date, fmt): a DATE
+        _only(node, "this", "unit")
+        unit = _unit(node.args.get("unit"), _DATE_UNITS)
+        return f"CAST(date_trunc('{unit}', {_as_date(node.this, columns)}) AS DATE)", DATE
+    if t is exp.TsOrDsAdd:  # date_add(d, n); date_sub(d, n) is date_add(d, n * -1)
+        _only(node, "this", "expression", "unit")
+        if _unit(node.args.get("unit"), {"DAY": "day"}) != "day":
+            raise _Refuse("unit")
+        days, sign = node.expression, "+"
+        if type(days) is exp.Mul and _int_literal(days.expression) == -1:
+            _only(days, "this", "expression")
+            days, sign = days.this, "-"
+        n, _ = _typed(days, columns, {INT})
+        return f"({_as_date(node.this, columns)} {sign} {n})", DATE
+    if t is exp.DateDiff:  # datediff(end, start): days, an int
+        _only(node, "this", "expression")
+        ends = []
+        for arg in (node.this, node.expression):
+            if type(arg) is exp.TsOrDsToDate:
+                _only(arg, "this")
+                arg = arg.this
+            ends.append(_as_date(arg, columns))
+        return f"CAST(({ends[0]} - {ends[1]}) AS INTEGER)", INT
+    if t in _CASE_MAPS:
+        # Java's full case mapping (``upper('ß')`` is ``'SS'``) and DuckDB's differ beyond
+        # ASCII: a string with another character raises, and Spark decides that step
+        _only(node, "this")
+        a, _ = _typed(node.this, columns, {STRING})
+        return (f"(CASE WHEN strlen({a}) <> length({a}) THEN error('not ASCII: Spark maps its "
+                f"case') ELSE {_CASE_MAPS[t]}({a}) END)"), STRING
+    if t in (exp.Concat, exp.DPipe):  # NULL if any is (|| in DuckDB; its concat skips NULLs)
+        if t is exp.Concat:
+            _only(node, "expressions", "safe", "coalesce")
+            if node.args.get("coalesce") or not node.args.get("safe"):
+                raise _Refuse("concat skipping NULLs, or adjacent literals ('a' 'b')")
+            parts = list(node.expressions)
+        else:
+            _only(node, "this", "expression", "safe")
+            parts = [node.this, node.expression]
+        if not parts:
+            raise _Refuse("concat()")
+        sqls = [_typed(p, columns, {STRING})[0] for p in parts]
+        return f"({' || '.join(sqls)})", STRING
+    if t is exp.Trim:  # spaces (U+0020) only, as Spark's trim
+        _only(node, "this", "position")
+        fn = _TRIMS.get(node.args.get("position"))
+        if fn is None:
+            raise _Refuse("trim position")
+        a, _ = _typed(node.this, columns, {STRING})
+        return f"{fn}({a}, ' ')", STRING
+    if t is exp.Replace:  # an empty search string leaves the string as it is, in both
+        _only(node, "this", "expression", "replacement")
+        a, _ = _typed(node.this, columns, {STRING})
+        search, _ = _typed(node.expression, columns, {STRING})
+        replacement = node.args.get("replacement")
+        r = "''" if replacement is None else _typed(replacement, columns, {STRING})[0]
+        return f"replace({a}, {search}, {r})", STRING
+    if t in _STRING_TESTS:
+        _only(node, "this", "expression")
+        a, _ = _typed(node.this, columns, {STRING})
+        b, _ = _typed(node.expression, columns, {STRING})
+        return f"{_STRING_TESTS[t]}({a}, {b})", BOOLEAN
+    if t is exp.If:  # if(c, a, b) is CASE WHEN c THEN a ELSE b END
+        _only(node, "this", "true", "false")
+        return _case(exp.Case(ifs=[exp.If(this=node.this, true=node.args["true"])],
+                              default=node.args.get("false")), columns)
+    if t is exp.Mod:  # of integers: the sign of the dividend in both; Spark decides x % 0
+        _only(node, "this", "expression")
+        a, ta = _typed(node.this, columns, {INT, BIGINT})
+        b, tb = _typed(node.expression, columns, {INT, BIGINT})
+        return (f"(CASE WHEN {b} = 0 THEN error('remainder by zero: Spark decides') "
+                f"ELSE ({a} % {b}) END)"), BIGINT if BIGINT in (ta, tb) else INT
+    if t in (exp.Floor, exp.Ceil):  # a BIGINT in Spark; NaN (Spark: 0), infinities and
+        _only(node, "this")         # values past BIGINT raise in DuckDB's cast: Spark decides
+        a, typ = _typed(node.this, columns, {INT, BIGINT, DOUBLE})
+        fn = "floor" if t is exp.Floor else "ceil"
+        return (f"CAST({fn}({a}) AS BIGINT)" if typ == DOUBLE else f"CAST({a} AS BIGINT)"), \
+            BIGINT
+    raise _Refuse(f"node {t.__name__}")
 
 
 # --- literals ----------------------------------------------------------------------------------
