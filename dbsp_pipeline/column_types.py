@@ -28,7 +28,7 @@ from sqlglot import exp
 from dbsp_pipeline.zset import quote
 
 if TYPE_CHECKING:
-    from dbsp_pipeline.circuit import Circuit, Collection
+    from dbsp_pipeline.circuit import Circuit, Collection, Node
 
 #: one node's columns: name and type as Spark writes it (``bigint``, ``decimal(12,2)``), None
 #: where a select computes it
@@ -40,8 +40,10 @@ _INTEGER_DECIMAL = {"tinyint": 3, "smallint": 5, "int": 10, "bigint": 20}  # Spa
 _DECIMAL_RE = re.compile(r"decimal(?:\((\d+)(?:,(\d+))?\))?")
 _MAX_PRECISION = 38
 
-#: per circuit, the columns of the nodes computed so far (nodes are only ever appended)
-_MEMO: weakref.WeakKeyDictionary[Circuit, list[Columns | None]] = weakref.WeakKeyDictionary()
+#: per circuit, the nodes whose columns were computed so far and their columns (a failed SQL
+#: view removes the nodes it added: an entry counts only while its node is still there)
+_MEMO: weakref.WeakKeyDictionary[Circuit, list[tuple[Node, Columns | None]]] = \
+    weakref.WeakKeyDictionary()
 
 
 def known_columns(circuit: Circuit) -> list[Columns | None]:
@@ -49,7 +51,12 @@ def known_columns(circuit: Circuit) -> list[Columns | None]:
     selects pass on; None for a node whose columns are not known without Spark's analysis."""
     from dbsp_pipeline.sql.catalog import ddl_column_types
 
-    out = _MEMO.setdefault(circuit, [])
+    memo = _MEMO.setdefault(circuit, [])
+    kept = 0
+    while kept < min(len(memo), len(circuit.nodes)) and memo[kept][0] is circuit.nodes[kept]:
+        kept += 1
+    del memo[kept:]
+    out = [columns for _, columns in memo]
     for node in circuit.nodes[len(out):]:
         src = out[node.inputs[0]] if node.inputs else None
         columns: Columns | None = None
@@ -58,9 +65,15 @@ def known_columns(circuit: Circuit) -> list[Columns | None]:
                 columns = [(n, t) for n, t, _ in ddl_column_types(node.params["schema"])]
             except sqlglot.errors.ParseError:
                 columns = None
-        elif node.op in ("filter", "negate", "distinct", "repeat", "union", "integrate",
-                         "delay", "differentiate"):
+        elif node.op in ("filter", "negate", "distinct", "integrate", "delay",
+                         "differentiate"):
             columns = src
+        elif node.op == "repeat":  # drops its count column
+            columns = None if src is None else [c for c in src if c[0] != node.params["count"]]
+        elif node.op == "union":  # a column of different types widens: its type is Spark's
+            others = [dict(out[i] or []) for i in node.inputs[1:]]
+            columns = None if src is None else [
+                (n, t if all(o.get(n) == t for o in others) else None) for n, t in src]
         elif node.op == "conform":
             columns = out[node.params["like"]]
         elif node.op == "select":
@@ -76,6 +89,7 @@ def known_columns(circuit: Circuit) -> list[Columns | None]:
             columns = [(k, types.get(k)) for k in node.params["keys"]] + [
                 (a["name"], None) for a in node.params["aggregates"]]
         out.append(columns)
+        memo.append((node, columns))
     return out
 
 

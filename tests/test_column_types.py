@@ -69,3 +69,26 @@ def test_keys_of_a_computed_column_of_another_type_are_refused_with_a_cast_hint(
     with pytest.raises(CircuitError, match="key 'k' is bigint on the left and int on the "
                        "right; cast one side"):
         Pipeline(c, str(tmp_path), spark)
+
+
+def test_a_union_of_different_types_is_not_known_so_its_join_is_not_widened(spark, tmp_path):
+    """INT unioned with DOUBLE is a DOUBLE column (Spark's union widens it): casting it to the
+    other side's BIGINT would truncate 1.5 to 1; the join is refused, asking for a cast."""
+    c = Circuit.from_sql("""CREATE TABLE a (k INT); CREATE TABLE x (k DOUBLE);
+        CREATE TABLE d (k BIGINT, v STRING);
+        CREATE VIEW v AS SELECT u.k, d.v FROM (SELECT k FROM a UNION ALL SELECT k FROM x) u
+        JOIN d ON u.k = d.k;""")
+    with pytest.raises(CircuitError, match="is double on the left and bigint on the right"):
+        Pipeline(c, str(tmp_path), spark)
+
+
+def test_a_failed_view_leaves_no_known_columns_behind():
+    """A SQL view that fails removes the nodes it added; the types of the nodes declared in
+    their place are their own."""
+    c = Circuit.from_sql("CREATE TABLE a (k INT, x INT); CREATE TABLE b (k BIGINT, y STRING);")
+    with pytest.raises(CircuitError):
+        c.view("bad", "SELECT nosuch FROM a JOIN b ON a.k = b.k")
+    c.input("pad", "z INT")
+    w = c.input("w", "k DOUBLE")
+    assert known_columns(c)[w.node_id] == [("k", "double")]
+    assert [n.op for n in c.nodes] == ["input"] * 4

@@ -40,11 +40,11 @@ Whitelist (each item verified against Spark 4.3 + DuckDB 2.0 by ``tests/driver/t
   unchanged (a bare column, possibly aliased) or under ``IS [NOT] NULL``; other types refuse;
 * literals: integers in the bigint range (typed as Spark types them: int if it fits, a leading
   minus sign included, else bigint), decimals of at most 15 digits (of 16 to 18 digits when
-  only compared with integers), exponent doubles (``1e3``; the ``D``/``Y``/``S``/``BD``
-  suffixes refuse; ``1L`` reads as a cast to BIGINT), strings (no backslash anywhere in the
-  text: Spark's escape rules are not sqlglot's; adjacent literals refuse), ``TRUE``,
-  ``FALSE``, ``NULL``, and ``DATE 'yyyy-mm-dd'`` (or ``date('yyyy-mm-dd')``,
-  ``CAST('yyyy-mm-dd' AS DATE)``) for a valid date;
+  only compared with integers), exponent doubles (``1e3``; the ``Y``/``S``/``BD`` suffixes
+  refuse; ``1L`` and ``1D`` read as casts of an int to BIGINT and DOUBLE), strings (no
+  backslash anywhere in the text: Spark's escape rules are not sqlglot's; adjacent literals
+  refuse), ``TRUE``, ``FALSE``, ``NULL``, and ``DATE 'yyyy-mm-dd'`` (or
+  ``date('yyyy-mm-dd')``, ``CAST('yyyy-mm-dd' AS DATE)``) for a valid date;
 * constants folded here as Spark computes them (``_folded_constant``): a date literal plus or
   minus ``INTERVAL 'n' DAY|MONTH|YEAR`` (month arithmetic clamps to the month's last day, as
   Spark's ``add_months``; DuckDB would give a TIMESTAMP), and decimal literals joined by

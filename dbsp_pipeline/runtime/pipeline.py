@@ -582,13 +582,16 @@ class Pipeline:
         """Commit the state database (a checkpoint); returns the new state version. Then, with
         ``compact``, start merging the traces that are due in the background. With nothing to
         record (no step executed and no merge finished since the last checkpoint), no
-        checkpoint is written and the current version is returned: an idle pipeline committed
-        on a schedule does not push its steps' checkpoints out of the retained ones."""
+        checkpoint is written and the current version is returned (the merges that are due
+        start all the same): an idle pipeline committed on a schedule does not push its steps'
+        checkpoints out of the retained ones."""
         with self._exclusive():
             engine = self._engine
             engine.compactor.apply_finished()
             if not engine.uncommitted_steps and not engine.db.changed(
                     {CARRIED_RECORDS_KEY: engine.divisions.pending_records()}):
+                if compact:  # merges that are due start all the same
+                    upkeep.after_commit(engine)
                 return engine.db.version
             return step_protocol.commit(engine, compact)
 

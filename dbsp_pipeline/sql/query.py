@@ -1326,8 +1326,11 @@ class QueryCompiler:
                              "declare one view per grouping")
         group_exprs: list[exp.Expr] = list(group.expressions) if group else []
         by_alias = {name.lower(): node for name, node in items}
-        having_condition = None if having is None else _with_select_aliases(having.this,
-                                                                            by_alias)
+        # in HAVING, a grouping column's name is that column before a SELECT alias of it
+        grouping = {g.name.lower() for g in group_exprs if isinstance(g, exp.Column)
+                    and self._locate(g, scope) is not None}
+        having_condition = None if having is None else _with_select_aliases(
+            having.this, {n: e for n, e in by_alias.items() if n not in grouping})
         aggregate_nodes = [a for _, node in items for a in _aggregates(node)]
         if having_condition is not None:
             aggregate_nodes += _aggregates(having_condition)
@@ -1709,9 +1712,10 @@ def _with_select_aliases(condition: exp.Expr, by_alias: dict[str, exp.Expr]) -> 
     """A HAVING condition whose unqualified names of the SELECT list's columns (outside
     aggregate calls, windows and subqueries) are their expressions, as Spark resolves HAVING
     (``HAVING total > 10`` after ``sum(amount) AS total``; inside ``max(amount)``, ``amount``
-    is the table's column). The condition itself when it names none; else a copy, which
-    errors locate as the original (its parent is the original's). The SELECT list's window
-    columns are not taken."""
+    is the table's column; the caller leaves out the names of grouping columns, which Spark
+    resolves first). The condition itself when it names none; else a copy, which errors
+    locate as the original (its parent is the original's). The SELECT list's window columns
+    are not taken."""
 
     def aliased(node: exp.Expr) -> exp.Expr | None:
         found = by_alias.get(node.name.lower()) if (

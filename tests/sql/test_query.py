@@ -440,3 +440,21 @@ def test_join_keys_that_no_type_holds_exactly_are_refused_with_a_cast_hint(spark
     with pytest.raises(CircuitError, match=r"is bigint on the left and double on the right; "
                        r"cast one side"):
         Pipeline(Circuit.from_sql(script), str(tmp_path), spark)
+
+
+def test_having_names_a_grouping_column_before_a_select_alias_as_spark_does(spark, tmp_path):
+    """``SELECT k + 1 AS k ... GROUP BY k HAVING k > 1``: Spark filters on the table's ``k``
+    (the grouping column), not the alias; an alias of an aggregate is the aggregate."""
+    script = """CREATE TABLE t (k INT, v INT);
+    CREATE VIEW shadowed AS SELECT k + 1 AS k, count(*) AS n FROM t GROUP BY k HAVING k > 1;
+    CREATE VIEW negated AS SELECT k, -v AS v FROM t GROUP BY k, v HAVING v > 0;
+    CREATE VIEW total AS SELECT k, sum(v) AS v FROM t GROUP BY k HAVING v > 3;"""
+    rows = [(1, 5), (1, 7), (2, 1), (3, 20), (3, -4), (0, 2)]
+    spark.createDataFrame(rows, "k INT, v INT").createOrReplaceTempView("t")
+    with Pipeline(Circuit.from_sql(script), str(tmp_path), spark, driver_step_rows=10**9) as p:
+        p.push("t", rows)
+        p.step()
+        for view in ("shadowed", "negated", "total"):
+            query = next(s for s in script.split(";") if f"VIEW {view} AS" in s)
+            expected = Counter(tuple(r) for r in spark.sql(query.split(" AS ", 1)[1]).collect())
+            assert view_rows(p.view_arrow(view)) == expected, view
