@@ -108,6 +108,13 @@ Whitelist (each item verified against Spark 4.3 + DuckDB 2.0 by ``tests/driver/t
   (``upper('ß')`` is ``'SS'``, ``lower('İ')`` two code points), DuckDB maps code point by code
   point, so the translation raises (``error()``) on a string with another character and Spark
   decides that step (as on a zero divisor, below);
+* comparisons of a TIMESTAMP with a DATE (its midnight in UTC), with ``TIMESTAMP '...'`` and
+  with a string literal, and of a DATE with a string literal, as Spark's ANSI coercion reads
+  them: only ``yyyy-mm-dd[ hh:mm[:ss[.ffffff]]]`` texts (a date's ``yyyy-mm-dd``), written
+  as DuckDB's TIMESTAMPTZ with the UTC offset (Spark reads them in the session time zone);
+* ``nullif(a, b)`` (not of decimals), ``last_day`` of a date (or a timestamp's date),
+  ``greatest``/``least`` of ints, bigints, strings or dates (NULLs skipped in both; not of
+  doubles, whose NaN and -0.0 order is not checked);
 * ``if(c, a, b)`` as ``CASE WHEN c THEN a ELSE b END``; ``%`` of ints and bigints (the sign of
   the dividend in both; a zero divisor and the smallest integer by -1, where Spark ANSI raises
   or gives 0, raise in DuckDB: Spark decides); ``floor``/``ceil`` of an integer or a double, a
@@ -124,7 +131,7 @@ Whitelist (each item verified against Spark 4.3 + DuckDB 2.0 by ``tests/driver/t
 
 Dropped from the first plan, because the engines differ: ``upper``/``lower`` beyond ASCII (see
 above), ``%`` of doubles and decimals, ``div``, string/number comparisons, timestamp
-literals (Spark reads them in the session time zone, DuckDB in its own), arithmetic on
+literals in other texts than the above (Spark reads several forms), arithmetic on
 tinyint/smallint/float columns (DuckDB keeps ``tinyint + 1`` a TINYINT that overflows at 127,
 Spark widens to int).
 
@@ -485,6 +492,8 @@ def _translate(node: exp.Expression, columns: Columns) -> tuple[str, str]:
         if _decimal_of(ta) is not None or _decimal_of(tb) is not None:
             return _decimal_comparison(_COMPARISONS[t], (node.this, a, ta),
                                        (node.expression, b, tb)), BOOLEAN
+        a, ta = _coerced(tb, node.this, a, ta)
+        b, tb = _coerced(ta, node.expression, b, tb)
         _comparable(ta, tb)
         return f"({a} {_COMPARISONS[t]} {b})", BOOLEAN
     if t in (exp.And, exp.Or):
@@ -517,6 +526,8 @@ def _translate(node: exp.Expression, columns: Columns) -> tuple[str, str]:
             return (f"({_decimal_comparison('>=', subject, (node.args['low'], lo, tlo))} AND "
                     f"{_decimal_comparison('<=', subject, (node.args['high'], hi, thi))})",
                     BOOLEAN)
+        lo, tlo = _coerced(tx, node.args["low"], lo, tlo)
+        hi, thi = _coerced(tx, node.args["high"], hi, thi)
         _comparable(tx, tlo)
         _comparable(tx, thi)
         _comparable(tlo, thi)
@@ -937,11 +948,17 @@ def _cast_to(node: exp.Expression, columns: Columns) -> tuple[str, str]:
     a string to a number (they parse differently)."""
     if _date_value(node) is not None:
         return _date_literal(node)
-    _only(node, "this", "to")
     to = node.args["to"]
     if type(to) is not exp.DataType or to.expressions:
         raise _Refuse("CAST type")
     target = to.this
+    if target in (exp.DataType.Type.TIMESTAMPTZ, exp.DataType.Type.TIMESTAMPLTZ):
+        _only(node, "this", "to", "_type")  # TIMESTAMP '...' (Spark's TIMESTAMP is local)
+        literal = _timestamp_literal(node.this)
+        if literal is None:
+            raise _Refuse("TIMESTAMP literal")
+        return literal, TIMESTAMP
+    _only(node, "this", "to")
     if target == exp.DataType.Type.DATE:
         return _as_date(node.this, columns), DATE
     if target in (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR) and not to.args.get(
@@ -951,10 +968,55 @@ def _cast_to(node: exp.Expression, columns: Columns) -> tuple[str, str]:
     integral = {exp.DataType.Type.INT: (INT, "INTEGER"), exp.DataType.Type.BIGINT:
                 (BIGINT, "BIGINT"), exp.DataType.Type.DOUBLE: (DOUBLE, "DOUBLE")}
     if target in integral:
-        a, _ = _typed(node.this, columns, {INT, BIGINT})
+        a, given = _typed(node.this, columns, {INT, BIGINT, DOUBLE})
         typ, duck = integral[target]
+        if given == DOUBLE and typ != DOUBLE:
+            raise _Refuse("CAST of a double to an integer")  # DuckDB rounds, Spark truncates
         return f"CAST({a} AS {duck})", typ
     raise _Refuse("CAST type")
+
+
+#: the timestamp and date strings read here as Spark reads them, and no others
+_TIMESTAMP_TEXT = re.compile(
+    r"(\d{4}-\d{2}-\d{2})(?: (\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,6}))?)?)?")
+
+
+def _timestamp_literal(node: exp.Expression) -> str | None:
+    """A string literal ``yyyy-mm-dd[ hh:mm[:ss[.ffffff]]]`` of a valid time as the TIMESTAMP
+    Spark reads it (in the session time zone, UTC): DuckDB's TIMESTAMPTZ with the offset
+    written, so DuckDB's own time zone does not move it; None for any other node or text."""
+    if type(node) is not exp.Literal or not node.is_string:
+        return None
+    m = _TIMESTAMP_TEXT.fullmatch(str(node.this))
+    if m is None:
+        return None
+    try:
+        day = datetime.date.fromisoformat(m.group(1))
+        moment = datetime.datetime(day.year, day.month, day.day, int(m.group(2) or 0),
+                                   int(m.group(3) or 0), int(m.group(4) or 0),
+                                   int((m.group(5) or "0").ljust(6, "0")))
+    except ValueError:
+        return None
+    return f"TIMESTAMPTZ '{moment.isoformat(sep=' ')}+00:00'"
+
+
+def _coerced(other: str, node: exp.Expression, sql: str, typ: str) -> tuple[str, str]:
+    """An operand of a comparison with a value of type ``other``, as Spark's ANSI coercion
+    makes it: a DATE beside a TIMESTAMP is its midnight in UTC; a string literal beside a
+    TIMESTAMP or a DATE is that time or date (only ``yyyy-mm-dd[ hh:mm[:ss[.ffffff]]]``; a
+    date only ``yyyy-mm-dd``). Anything else as it is."""
+    if other == TIMESTAMP and typ == DATE:
+        return f"timezone('UTC', CAST({sql} AS TIMESTAMP))", TIMESTAMP
+    if other == TIMESTAMP and typ == STRING:
+        literal = _timestamp_literal(node)
+        return (sql, typ) if literal is None else (literal, TIMESTAMP)
+    if other == DATE and typ == STRING and type(node) is exp.Literal and node.is_string \
+            and _DATE_RE.fullmatch(str(node.this)):
+        try:
+            return f"DATE '{datetime.date.fromisoformat(str(node.this)).isoformat()}'", DATE
+        except ValueError:
+            pass
+    return sql, typ
 
 
 def _function(node: exp.Expression, columns: Columns) -> tuple[str, str]:
@@ -1034,6 +1096,24 @@ def _function(node: exp.Expression, columns: Columns) -> tuple[str, str]:
         a, _ = _typed(node.this, columns, {STRING})
         b, _ = _typed(node.expression, columns, {STRING})
         return f"{_STRING_TESTS[t]}({a}, {b})", BOOLEAN
+    if t is exp.Nullif:  # NULL where a = b, else a (of a's type)
+        _only(node, "this", "expression")
+        a, ta = _translate(node.this, columns)
+        b, tb = _translate(node.expression, columns)
+        if _decimal_of(ta) is not None or _decimal_of(tb) is not None or NULL in (ta, tb):
+            raise _Refuse("nullif of decimals or NULL")
+        _comparable(ta, tb)
+        return f"(CASE WHEN {a} = {b} THEN NULL ELSE {a} END)", ta
+    if t is exp.LastDay:  # the month's last day of a date (or a timestamp's date)
+        _only(node, "this")
+        return f"last_day({_as_date(node.this, columns)})", DATE
+    if t in (exp.Greatest, exp.Least):  # NULLs skipped in both; not of doubles (NaN, -0.0)
+        _only(node, "this", "expressions", "ignore_nulls")
+        parts = [_typed(a, columns, {INT, BIGINT, STRING, DATE})
+                 for a in [node.this, *node.expressions]]
+        typ = _unify([p[1] for p in parts])
+        fn = "greatest" if t is exp.Greatest else "least"
+        return f"{fn}({', '.join(p[0] for p in parts)})", typ
     if t is exp.If:  # if(c, a, b) is CASE WHEN c THEN a ELSE b END
         _only(node, "this", "true", "false")
         return _case(exp.Case(ifs=[exp.If(this=node.this, true=node.args["true"])],
