@@ -1313,6 +1313,15 @@ class QueryCompiler:
             else:
                 raise self.error(e, "a computed column needs a name",
                                  "add AS name (the view's columns are named by the SELECT list)")
+        # a name no table in FROM has may be an item before it (Spark's lateral column alias:
+        # ``qty * price AS gross, gross * 0.2 AS vat``), outside aggregate calls and windows
+        before: dict[str, exp.Expr] = {}
+        for i, (name, node) in enumerate(items):
+            if before:
+                node = _with_select_aliases(node, before,
+                                            lambda c: self._locate(c, scope) is not None)
+                items[i] = (name, node)
+            before.setdefault(name.lower(), node)
         return items
 
     def _aggregate(self, q: exp.Select, scope: Scope,
@@ -1325,6 +1334,8 @@ class QueryCompiler:
             raise self.error(group, "ROLLUP, CUBE and GROUPING SETS are not supported",
                              "declare one view per grouping")
         group_exprs: list[exp.Expr] = list(group.expressions) if group else []
+        if group is not None and group.args.get("all"):  # GROUP BY ALL: the items without
+            group_exprs = [node for _, node in items if not _aggregates(node)]  # aggregates
         by_alias = {name.lower(): node for name, node in items}
         # in HAVING, a grouping column's name is that column before a SELECT alias of it
         grouping = {g.name.lower() for g in group_exprs if isinstance(g, exp.Column)
@@ -1708,18 +1719,22 @@ def _has_subquery(node: exp.Expr) -> bool:
     return any(_is_query(n) for n in _own_nodes(node))
 
 
-def _with_select_aliases(condition: exp.Expr, by_alias: dict[str, exp.Expr]) -> exp.Expr:
+def _with_select_aliases(condition: exp.Expr, by_alias: dict[str, exp.Expr],
+                         in_from: Callable[[exp.Column], bool] | None = None) -> exp.Expr:
     """A HAVING condition whose unqualified names of the SELECT list's columns (outside
     aggregate calls, windows and subqueries) are their expressions, as Spark resolves HAVING
     (``HAVING total > 10`` after ``sum(amount) AS total``; inside ``max(amount)``, ``amount``
     is the table's column; the caller leaves out the names of grouping columns, which Spark
-    resolves first). The condition itself when it names none; else a copy, which errors
+    resolves first; with ``in_from``, a name it says a table in FROM has is the table's: a
+    SELECT item's lateral references to the items before it). The condition itself when it
+    names none; else a copy, which errors
     locate as the original (its parent is the original's). The SELECT list's window columns
     are not taken."""
 
     def aliased(node: exp.Expr) -> exp.Expr | None:
         found = by_alias.get(node.name.lower()) if (
-            isinstance(node, exp.Column) and not node.table) else None
+            isinstance(node, exp.Column) and not node.table
+            and (in_from is None or not in_from(node))) else None
         if found is None or found.find(exp.Window) or (  # or the column itself, selected
                 isinstance(found, exp.Column) and found.name.lower() == node.name.lower()):
             return None
@@ -1736,11 +1751,13 @@ def _with_select_aliases(condition: exp.Expr, by_alias: dict[str, exp.Expr]) -> 
     whole = aliased(condition)  # HAVING flag, of a boolean column the SELECT list names
     if whole is None and not references(condition):
         return condition
-    result = whole.copy() if whole is not None else condition.copy()
+    # each replacement in parentheses: sqlglot renders the tree as it is (``s * 2`` with
+    # ``s`` := ``a + b`` would read ``a + b * 2``)
+    result = exp.Paren(this=whole.copy()) if whole is not None else condition.copy()
     for reference in references(result) if whole is None else []:
         replacement = aliased(reference)
         assert replacement is not None
-        reference.replace(replacement.copy())
+        reference.replace(exp.Paren(this=replacement.copy()))
     result.parent = condition.parent
     return result
 

@@ -36,6 +36,11 @@ VIEWS = {
     "v_having_alias": "SELECT customer_id AS c, sum(qty) AS total, sum(amount) AS amount "
                       "FROM orders GROUP BY c HAVING total > 2 AND c IS NOT NULL "
                       "AND max(amount) > 4 AND amount < 40",
+    "v_having_expr": "SELECT customer_id, sum(qty) + count(*) AS t FROM orders "
+                     "GROUP BY customer_id HAVING t * 2 > 7",
+    "v_lateral": "SELECT order_id, amount + qty AS s, s * 2 AS d, d - s AS e FROM orders",
+    "v_group_all": "SELECT customer_id, qty + 1 AS q, count(*) AS n, sum(amount) AS total, "
+                   "n * 2 AS n2 FROM orders GROUP BY ALL",
     "v_join": "SELECT o.order_id, o.amount, c.region FROM orders o "
               "JOIN customers c ON o.customer_id = c.id",
     "v_join_nonequi": "SELECT o.order_id, c.region FROM orders o, customers c "
