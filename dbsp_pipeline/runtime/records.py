@@ -217,6 +217,10 @@ def _checked_rows(input_name: str, rows: list[Any], schema: StructType,
     return pa.Table.from_arrays(arrays, schema=arrow)
 
 
+#: Spark's names of the integer types, by width
+_INTEGER_NAMES = {8: "TINYINT", 16: "SMALLINT", 32: "INT", 64: "BIGINT"}
+
+
 def _value_problem(v: object, field: pa.Field) -> str | None:
     t = field.type
     if v is None:
@@ -224,6 +228,10 @@ def _value_problem(v: object, field: pa.Field) -> str | None:
     if pa.types.is_integer(t):
         if isinstance(v, bool) or not isinstance(v, numbers.Integral):
             return f"value {v!r} is {type(v).__name__}, expected a whole number ({t})"
+        bits = t.bit_width - 1
+        if not -(1 << bits) <= int(v) < (1 << bits):
+            return (f"value {v} is out of the range of {_INTEGER_NAMES.get(t.bit_width, t)} "
+                    f"({-(1 << bits)} to {(1 << bits) - 1})")
     elif pa.types.is_floating(t):
         if isinstance(v, bool) or not isinstance(v, numbers.Real):
             return f"value {v!r} is {type(v).__name__}, expected a number ({t})"

@@ -19,6 +19,7 @@ from pyspark.sql.types import (
     DoubleType,
     IntegerType,
     LongType,
+    ShortType,
     StringType,
     StructField,
     StructType,
@@ -148,6 +149,19 @@ def test_a_decimal_that_does_not_fit_says_which_digits(value, problem):
     fits = records.to_arrow("pay", [(1, decimal.Decimal("99999999.990")), (2, 7)], schema,
                             spark_to_arrow_schema(schema), 1)
     assert fits.column("m").to_pylist() == [decimal.Decimal("99999999.99"), decimal.Decimal(7)]
+
+
+@pytest.mark.parametrize("column, spark_type, value, problem", [
+    ("i", IntegerType(), 2**40, "value 1099511627776 is out of the range of INT "
+                                "(-2147483648 to 2147483647)"),
+    ("s", ShortType(), -40000, "value -40000 is out of the range of SMALLINT (-32768 to 32767)"),
+    ("l", LongType(), 2**63, "value 9223372036854775808 is out of the range of BIGINT"),
+])
+def test_an_integer_out_of_its_columns_range_says_the_range(column, spark_type, value, problem):
+    schema = StructType([StructField("id", LongType()), StructField(column, spark_type)])
+    with pytest.raises(InputError, match=rf"record 1 .*column '{column}': ") as info:
+        records.to_arrow("pay", [(1, 1), (2, value)], schema, spark_to_arrow_schema(schema), 1)
+    assert problem in str(info.value), str(info.value)
 
 
 def test_a_wide_decimal_is_judged_by_its_digits_not_rounded_first():
