@@ -65,10 +65,13 @@ Whitelist (each item verified against Spark 4.3 + DuckDB 2.0 by ``tests/driver/t
   38 digits; CASE branches and COALESCE arguments of decimals, ints, bigints, literals and NULL,
   cast to Spark's common type (an integer literal there counts as an int: ``DECIMAL(10,0)``). Each
   result with a decimal column in it is typed as Spark types it (checked against Spark's schema).
+  A decimal of at most 15 digits beside a double in ``+ - *`` or a comparison, or cast to
+  DOUBLE, is the double Spark makes of it (its unscaled value divided by a power of ten, both
+  exact doubles: the correctly rounded double, which DuckDB's conversion is too).
   Refused: unary minus and ``abs`` of more than 34 digits (Spark rounds them to 34 significant
-  digits), a decimal beside a double (Spark converts the decimal to a double its own way) or a
-  bare NULL, ``%`` and ``div`` of decimals, common types past 38 digits, ``IN`` lists and
-  ``CASE x WHEN`` of decimals;
+  digits), a decimal of more than 15 digits beside a double (Spark rounds its unscaled value to
+  a double first) or a bare NULL, ``%`` and ``div`` of decimals, common types past 38 digits,
+  ``IN`` lists and ``CASE x WHEN`` of decimals, a decimal and a double in ``BETWEEN``;
 * ``/`` of int/bigint/double (a decimal literal only with a double): Spark divides as doubles;
   on a zero divisor Spark (ANSI) raises where DuckDB gives NULL, so the translation raises
   (``error()``) on every zero divisor and the caller lets Spark decide.
@@ -489,6 +492,9 @@ def _translate(node: exp.Expression, columns: Columns) -> tuple[str, str]:
         _no_bare_predicate(node.this, node.expression)
         a, ta = _translate(node.this, columns)
         b, tb = _translate(node.expression, columns)
+        if DOUBLE in (ta, tb):  # Spark compares a decimal with a double as doubles
+            a, ta = _decimal_as_double(a, ta)
+            b, tb = _decimal_as_double(b, tb)
         if _decimal_of(ta) is not None or _decimal_of(tb) is not None:
             return _decimal_comparison(_COMPARISONS[t], (node.this, a, ta),
                                        (node.expression, b, tb)), BOOLEAN
@@ -582,6 +588,9 @@ def _arithmetic(fn: str, left: exp.Expression, right: exp.Expression,
                 columns: Columns) -> tuple[str, str]:
     a, ta = _translate(left, columns)
     b, tb = _translate(right, columns)
+    if DOUBLE in (ta, tb):  # Spark takes a decimal beside a double as a double
+        a, ta = _decimal_as_double(a, ta)
+        b, tb = _decimal_as_double(b, tb)
     if _decimal_of(ta) is not None or _decimal_of(tb) is not None:
         return _decimal_arithmetic(fn, (left, a, ta), (right, b, tb))
     for typ in (ta, tb):
@@ -967,6 +976,10 @@ def _cast_to(node: exp.Expression, columns: Columns) -> tuple[str, str]:
         return f"CAST({a} AS VARCHAR)", STRING
     integral = {exp.DataType.Type.INT: (INT, "INTEGER"), exp.DataType.Type.BIGINT:
                 (BIGINT, "BIGINT"), exp.DataType.Type.DOUBLE: (DOUBLE, "DOUBLE")}
+    if target == exp.DataType.Type.DOUBLE:
+        a, given = _translate(node.this, columns)
+        if _decimal_of(given) is not None:
+            return _decimal_as_double(a, given)
     if target in integral:
         a, given = _typed(node.this, columns, {INT, BIGINT, DOUBLE})
         typ, duck = integral[target]
@@ -974,6 +987,24 @@ def _cast_to(node: exp.Expression, columns: Columns) -> tuple[str, str]:
             raise _Refuse("CAST of a double to an integer")  # DuckDB rounds, Spark truncates
         return f"CAST({a} AS {duck})", typ
     raise _Refuse("CAST type")
+
+
+#: the most digits of a decimal whose double both engines compute alike: the unscaled value
+#: and the power of ten are exact doubles, so Spark's division of one by the other and
+#: DuckDB's conversion are both the correctly rounded double
+_DOUBLE_EXACT_DIGITS = 15
+
+
+def _decimal_as_double(sql: str, typ: str) -> tuple[str, str]:
+    """A decimal operand of at most ``_DOUBLE_EXACT_DIGITS`` digits as the double Spark makes
+    of it beside a double (a wider one refuses: Spark rounds its unscaled value to a double
+    first); any other operand as it is."""
+    decimal = _decimal_of(typ)
+    if decimal is None:
+        return sql, typ
+    if decimal[0] > _DOUBLE_EXACT_DIGITS:
+        raise _Refuse("a decimal of more than 15 digits as a double")
+    return f"CAST({sql} AS DOUBLE)", DOUBLE
 
 
 #: the timestamp and date strings read here as Spark reads them, and no others

@@ -161,7 +161,7 @@ REFUSED = [
     "trim(BOTH 'x' FROM s)", "trunc(dt, 'DAY')", "date_trunc('fortnight', ts)",
     "date_trunc(s, ts)", "date_trunc('MONTH', tn)", "to_date(s)", "to_date(s, 'yyyy')",
     "date_add(dt, l)", "datediff(s, dt)", "floor(d, 1)", "floor(dec)", "s = 1", "i = '1'",
-    "l * 1.5", "i + 1.5", "dec + d", "f + 1", "f = 1", "dec * 1.5e0",
+    "l * 1.5", "i + 1.5", "f + 1", "f = 1",
     "unknown_function(i)", "rand()", "current_date()", "current_timestamp()", "(SELECT 1)",
     "i IN (SELECT 1)", "EXISTS (SELECT 1)", "+i", "'a' 'b'", "'it''s'", "'a\\tb'",
     "no_such_column", "x.i", "*", "NULL", "i AS (a, b)", "i; j", "1Y", "1.5D",
@@ -363,12 +363,14 @@ DEC_PROJECTIONS = [
     "CASE WHEN b THEN m ELSE r END", "coalesce(m, 0)", "coalesce(n, i)",
     "CASE WHEN b THEN m ELSE 0.5 END", "coalesce(r, 1)", "CASE WHEN b THEN m END",
     "coalesce(m, l)", "CASE WHEN m > 0 THEN z ELSE NULL END",
+    # a decimal of at most 15 digits beside a double is a double, as in Spark
+    "m + d", "m * 1.5e0", "d - r * 2", "cast(m as double)", "cast(r as double) / 4",
 ]
 DEC_PREDICATES = [
     "m < 24", "m >= 0.05", "r BETWEEN 0.06 - 0.01 AND 0.06 + 0.01", "m > i", "m = l", "z > 1",
     "q < 0", "q > 0.000000000000000001", "m <=> r", "m > 0.00", "n = 24", "r <= 1 + 10",
     "m * (1 - r) > 100", "m = NULL", "n BETWEEN 1 AND i", "-m < 0", "z <> n", "q >= -1",
-    "m * 2 = m + m", "NOT (r > 0.05)",
+    "m * 2 = m + m", "NOT (r > 0.05)", "m = d", "r < d",
 ]
 #: results Spark rounds (a result type of fewer fractional digits than the exact value has),
 #: and quotients, over rows whose divisors are not zero and whose exact values fit 38 digits
@@ -394,8 +396,10 @@ ROUNDED_ROWS = [
      Decimal("0.000000000000000075"), Decimal(3), 2.0, True),
 ]
 DEC_REFUSED = [
-    # a common type past 38 digits; a double beside a decimal; NULL; % and div
-    "z = q", "m + d", "m = d", "m * 1.5e0", "m + NULL", "m / NULL", "m / d", "m % 2",
+    # a common type past 38 digits; a double beside a decimal of more than 15 digits; NULL;
+    # % and div
+    "z = q", "z + d", "q = d", "q * 1.5e0", "cast(z as double)", "m + NULL", "m / NULL",
+    "m / d", "m % 2",
     "m div 2", "coalesce(m, d)", "CASE WHEN b THEN z ELSE q END",
     # IN and CASE x WHEN of decimals
     "m IN (1, 2)", "CASE m WHEN 1 THEN 1 END",
@@ -418,7 +422,9 @@ def _assert_decimal_projections(spark, exprs: list[str], rows: list[tuple]) -> N
     frame = df.select("rid", *[F.expr(e).alias(n) for e, n in zip(exprs, names)])
     for e, n in zip(exprs, names):
         t = frame.schema[n].dataType
-        assert duck.schema.field(n).type == pa.decimal128(t.precision, t.scale), e
+        expected = pa.float64() if isinstance(t, DoubleType) else pa.decimal128(t.precision,
+                                                                                t.scale)
+        assert duck.schema.field(n).type == expected, e
     _assert_same(exprs, items, _spark(df, exprs), [tuple(r.values()) for r in duck.to_pylist()])
 
 
@@ -611,3 +617,24 @@ def test_timestamp_parts_are_utcs_whatever_duckdbs_time_zone(spark):
         + " FROM t").fetchone()]
     con.close()
     assert got == want
+
+
+def test_a_decimal_of_up_to_15_digits_is_sparks_double(spark):
+    """Spark makes a double of a decimal beside a double (or cast to one) by dividing its
+    unscaled value by a power of ten, DuckDB by its own conversion: both the correctly rounded
+    double while the unscaled value is an exact double, which 15 digits are."""
+    import random
+
+    rng = random.Random(7)
+    for precision, scale in [(15, 2), (15, 7), (12, 4), (15, 15)]:
+        schema = StructType([StructField("rid", IntegerType()),
+                             StructField("x", DecimalType(precision, scale))])
+        rows = [(k, Decimal(rng.randrange(-10**precision + 1, 10**precision)).scaleb(-scale))
+                for k in range(3000)]
+        sql = translate_projection(["cast(x as double)"], schema, ["o"])
+        assert sql is not None
+        duck = [r[1] for r in _duckdb(f'"rid", {sql}', _arrow(rows, schema))]
+        want = [r[1] for r in _spark(spark.createDataFrame(rows, schema), ["cast(x as double)"])]
+        assert duck == want, (precision, scale)
+    wide = StructType([StructField("x", DecimalType(16, 2)), StructField("d", DoubleType())])
+    assert translate_projection(["x + d"], wide, ["o"]) is None  # Spark rounds first there
