@@ -63,7 +63,7 @@ def known_columns(circuit: Circuit) -> list[Columns | None]:
         if node.op in ("input", "constant"):
             try:
                 columns = [(n, t) for n, t, _ in ddl_column_types(node.params["schema"])]
-            except sqlglot.errors.ParseError:
+            except sqlglot.errors.SqlglotError:  # not DDL sqlglot reads: not known
                 columns = None
         elif node.op in ("filter", "negate", "distinct", "integrate", "delay",
                          "differentiate"):
