@@ -101,7 +101,7 @@ def _selected(exprs: Sequence[str], src: Columns) -> Columns | None:
     for text in exprs:
         try:
             e = sqlglot.parse_one(text, read="spark")
-        except sqlglot.errors.ParseError:
+        except sqlglot.errors.SqlglotError:
             return None
         inner = e.this if isinstance(e, exp.Alias) else e
         if isinstance(e, exp.Alias):

@@ -951,10 +951,12 @@ def _unit(node: exp.Expression | None, units: dict[str, str]) -> str:
 
 def _cast_to(node: exp.Expression, columns: Columns) -> tuple[str, str]:
     """``CAST(x AS t)`` (Spark's ANSI cast; sqlglot reads it as TRY_CAST) where both engines
-    convert alike: a date literal; to DATE from a date or a timestamp (its UTC date); to
-    STRING from an integer or a string; to INT, BIGINT or DOUBLE from an integer (an INT out of
-    range raises in both). Not from a double to an integer (DuckDB rounds, Spark truncates) nor
-    a string to a number (they parse differently)."""
+    convert alike: a date literal and ``TIMESTAMP '...'`` (``_timestamp_literal``); to DATE
+    from a date or a timestamp (its UTC date); to STRING from an integer or a string; to INT,
+    BIGINT or DOUBLE from an integer (an INT out of range raises in both); to DOUBLE from a
+    double, or a decimal of at most 15 digits (``_decimal_as_double``). Not from a double to
+    an integer (DuckDB rounds, Spark truncates) nor a string to a number (they parse
+    differently)."""
     if _date_value(node) is not None:
         return _date_literal(node)
     to = node.args["to"]

@@ -1727,9 +1727,8 @@ def _with_select_aliases(condition: exp.Expr, by_alias: dict[str, exp.Expr],
     is the table's column; the caller leaves out the names of grouping columns, which Spark
     resolves first; with ``in_from``, a name it says a table in FROM has is the table's: a
     SELECT item's lateral references to the items before it). The condition itself when it
-    names none; else a copy, which errors
-    locate as the original (its parent is the original's). The SELECT list's window columns
-    are not taken."""
+    names none; else a copy, which errors locate as the original (its parent is the
+    original's). The SELECT list's window columns are not taken."""
 
     def aliased(node: exp.Expr) -> exp.Expr | None:
         found = by_alias.get(node.name.lower()) if (
