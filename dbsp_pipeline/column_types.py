@@ -52,9 +52,11 @@ def known_columns(circuit: Circuit) -> list[Columns | None]:
     from dbsp_pipeline.sql.catalog import ddl_column_types
 
     memo = _MEMO.setdefault(circuit, [])
-    kept = 0
-    while kept < min(len(memo), len(circuit.nodes)) and memo[kept][0] is circuit.nodes[kept]:
-        kept += 1
+    # nodes are appended, and removed only from the end: the entries still valid are those up
+    # to the last one whose node is still in its place (usually all: one comparison)
+    kept = min(len(memo), len(circuit.nodes))
+    while kept and memo[kept - 1][0] is not circuit.nodes[kept - 1]:
+        kept -= 1
     del memo[kept:]
     out = [columns for _, columns in memo]
     for node in circuit.nodes[len(out):]:

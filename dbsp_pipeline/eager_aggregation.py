@@ -55,7 +55,6 @@ _INTEGERS = {"tinyint", "smallint", "int", "bigint"}
 _FLOATS = {"float", "double"}
 
 
-
 @dataclass(frozen=True)
 class _Rewrite:
     """How one aggregate is planned: ``side`` (the join input it aggregates) grouped by the

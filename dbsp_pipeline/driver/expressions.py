@@ -124,9 +124,8 @@ Whitelist (each item verified against Spark 4.3 + DuckDB 2.0 by ``tests/driver/t
   BIGINT (NaN, which Spark takes to 0, and infinities and doubles past BIGINT, where Spark
   raises too, raise in DuckDB's cast: Spark decides); ``CAST`` to DATE (above), to STRING of
   an integer or a string, to INT, BIGINT or DOUBLE of an integer (an INT out of range raises
-  in both). Not a double to an integer
-  (DuckDB rounds, Spark truncates), a string to a number or a date or a double to a string
-  (they parse and print differently);
+  in both). Not a double to an integer (DuckDB rounds, Spark truncates), a string to a
+  number or a date or a double to a string (they parse and print differently);
 * ``s [NOT] LIKE 'pattern'`` of a string with a literal pattern without ``_`` (Spark matches
   ``_`` to one UTF-16 unit, DuckDB to one code point) and without a backslash (refused
   everywhere): ``%`` matches any run of characters, newlines included, in both;
@@ -976,15 +975,15 @@ def _cast_to(node: exp.Expression, columns: Columns) -> tuple[str, str]:
             "expressions"):
         a, _ = _typed(node.this, columns, {INT, BIGINT, STRING})
         return f"CAST({a} AS VARCHAR)", STRING
-    integral = {exp.DataType.Type.INT: (INT, "INTEGER"), exp.DataType.Type.BIGINT:
-                (BIGINT, "BIGINT"), exp.DataType.Type.DOUBLE: (DOUBLE, "DOUBLE")}
-    if target == exp.DataType.Type.DOUBLE:
+    numeric = {exp.DataType.Type.INT: (INT, "INTEGER"), exp.DataType.Type.BIGINT:
+               (BIGINT, "BIGINT"), exp.DataType.Type.DOUBLE: (DOUBLE, "DOUBLE")}
+    if target in numeric:
+        typ, duck = numeric[target]
         a, given = _translate(node.this, columns)
-        if _decimal_of(given) is not None:
+        if typ == DOUBLE and _decimal_of(given) is not None:
             return _decimal_as_double(a, given)
-    if target in integral:
-        a, given = _typed(node.this, columns, {INT, BIGINT, DOUBLE})
-        typ, duck = integral[target]
+        if given not in {INT, BIGINT, DOUBLE}:
+            raise _Refuse(f"operand type {given}")
         if given == DOUBLE and typ != DOUBLE:
             raise _Refuse("CAST of a double to an integer")  # DuckDB rounds, Spark truncates
         return f"CAST({a} AS {duck})", typ

@@ -588,8 +588,7 @@ class Pipeline:
         with self._exclusive():
             engine = self._engine
             engine.compactor.apply_finished()
-            if not engine.uncommitted_steps and not engine.db.changed(
-                    {CARRIED_RECORDS_KEY: engine.divisions.pending_records()}):
+            if not step_protocol.records_anything(engine):
                 if compact:  # merges that are due start all the same
                     upkeep.after_commit(engine)
                 return engine.db.version

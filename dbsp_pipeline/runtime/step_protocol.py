@@ -363,6 +363,14 @@ def commit(state: EngineState, compact: bool = True,
     return version
 
 
+def records_anything(state: EngineState) -> bool:
+    """Whether ``commit`` now would record anything the newest checkpoint does not: an
+    executed step, a state table staged or loaded at another version (a merge applied), other
+    metadata, or the step records it would carry."""
+    return bool(state.uncommitted_steps) or state.db.changed(
+        {CARRIED_RECORDS_KEY: state.divisions.pending_records()})
+
+
 def load_pending(state: EngineState) -> None:
     """After opening a state version: the step records its entry carries, and the output logs'
     pending writes (the recorded steps their Delta tables do not hold)."""
