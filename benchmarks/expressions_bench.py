@@ -8,7 +8,7 @@ Per expression, one pipeline (one input of orders; a view grouping a select of t
 seconds of ``--steps`` steps after two of warm-up, translated and not, the JVM already up for
 both. Prints one JSON line per expression and a table.
 
-    python benchmarks/expressions_bench.py [--steps 12] [--json PATH]
+    python benchmarks/expressions_bench.py [--steps 12] [--json PATH] [--expressions E ...]
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from dbsp_pipeline.spark_session import local_session
 
 EXPRESSIONS = ["region", "upper(region)", "date_trunc('MONTH', ts)",
                "year(ts) * 100 + month(ts)", "concat(region, '-', cast(id % 7 AS STRING))",
-               "if(amount > 50, 'big', 'small')", "datediff(to_date(ts), DATE '2026-01-01')"]
+               "if(amount > 50, 'big', 'small')", "datediff(to_date(ts), DATE '2026-01-01')",
+               "round(amount * 1.07, 1)"]
 REGIONS = ["north", "south", "east", "west"]
 
 
@@ -66,10 +67,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--json", default="", help="also write the JSON lines to this file")
+    parser.add_argument("--expressions", nargs="*", default=EXPRESSIONS,
+                        help="only these (Spark SQL over id, region, amount, ts)")
     args = parser.parse_args()
     spark = local_session()
     out = []
-    for expr in EXPRESSIONS:
+    for expr in args.expressions:
         fast, on_driver = median_step(expr, args.steps, True, spark)
         slow, _ = median_step(expr, args.steps, False, spark)
         row = {"expression": expr, "translated": on_driver, "step_s": round(fast, 4),

@@ -122,10 +122,13 @@ Whitelist (each item verified against Spark 4.3 + DuckDB 2.0 by ``tests/driver/t
   the dividend in both; a zero divisor and the smallest integer by -1, where Spark ANSI raises
   or gives 0, raise in DuckDB: Spark decides); ``floor``/``ceil`` of an integer or a double, a
   BIGINT (NaN, which Spark takes to 0, and infinities and doubles past BIGINT, where Spark
-  raises too, raise in DuckDB's cast: Spark decides); ``CAST`` to DATE (above), to STRING of
-  an integer or a string, to INT, BIGINT or DOUBLE of an integer (an INT out of range raises
-  in both). Not a double to an integer (DuckDB rounds, Spark truncates), a string to a
-  number or a date or a double to a string (they parse and print differently);
+  raises too, raise in DuckDB's cast: Spark decides); ``round``/``bround`` to a literal scale
+  of an int, a bigint, a double (Spark rounds ``Double.toString``'s decimal text, not the binary
+  value: see ``_rounded``; a double too large for its scale raises, Spark decides) or a decimal
+  (``round`` only); ``CAST`` to DATE (above), to STRING of an integer or a string, to INT,
+  BIGINT or DOUBLE of an integer (an INT out of range raises in both). Not a double to an
+  integer (DuckDB rounds, Spark truncates), a string to a number or a date or a double to a
+  string (they parse and print differently);
 * ``s [NOT] LIKE 'pattern'`` of a string with a literal pattern without ``_`` (Spark matches
   ``_`` to one UTF-16 unit, DuckDB to one code point) and without a backslash (refused
   everywhere): ``%`` matches any run of characters, newlines included, in both;
@@ -152,9 +155,11 @@ from __future__ import annotations
 
 import calendar
 import datetime
+import math
 import re
 from collections.abc import Sequence
 from decimal import Context, Decimal, localcontext
+from fractions import Fraction
 from typing import Any, TypeAlias, cast
 
 import sqlglot
@@ -1162,7 +1167,88 @@ def _function(node: exp.Expression, columns: Columns) -> tuple[str, str]:
         fn = "floor" if t is exp.Floor else "ceil"
         return (f"CAST({fn}({a}) AS BIGINT)" if typ == DOUBLE else f"CAST({a} AS BIGINT)"), \
             BIGINT
+    if t is exp.Round:  # round(x[, scale]): half up; bround(x[, scale]) below: half even
+        _only(node, "this", "decimals")
+        return _rounded(node.this, node.args.get("decimals"), columns, half_even=False)
+    if t is exp.Anonymous and str(node.this).lower() == "bround":
+        _only(node, "this", "expressions")
+        if not 1 <= len(node.expressions) <= 2:
+            raise _Refuse("bround arguments")
+        scale = node.expressions[1] if len(node.expressions) == 2 else None
+        return _rounded(node.expressions[0], scale, columns, half_even=True)
     raise _Refuse(f"node {t.__name__}")
+
+
+#: the scales ``round`` is translated for (10**scale and 10**(scale+1) are exact doubles)
+_ROUND_SCALES = range(-15, 16)
+
+
+def _rounded(operand: exp.Expression, scale_node: exp.Expression | None, columns: Columns,
+             half_even: bool) -> tuple[str, str]:
+    """Spark's ``round``/``bround`` (``half_even``) of an int, a bigint, a double or a decimal to
+    a literal scale (0 when omitted), of Spark's type and value.
+
+    An integer to a scale >= 0 is itself. A decimal is DuckDB's ``round`` (half away from zero,
+    as Spark's HALF_UP; ``bround`` refused) cast to Spark's type (``DecimalType.bounded(p - s +
+    1 + min(s, scale), min(s, scale))``; refused where that passes 38 digits).
+
+    A double: Spark rounds the decimal text ``Double.toString`` prints (``BigDecimal(d)
+    .setScale(scale, mode).toDouble``), not the binary value: ``round(2.675, 2)`` is 2.68 although
+    the double 2.675 is a little below it. Java 17's digits are not always the shortest, but they
+    always read back as the same double, and where a double's neighbours are closer together than
+    a tenth of the scale's unit (``|x| * 10**(scale+1) < 2**52``; and ``|x| < 2**53``, past which
+    Java prints a whole double's every digit; else DuckDB raises and Spark decides that step),
+    every text that reads back as ``x`` rounds alike, but where a halfway
+    point ``h = (k + 1/2) / 10**scale`` reads back as ``x`` itself: then the shortest text, and
+    Java's (it stops at the first digit whose candidate lies within half a unit in the last
+    place), is ``h``, a tie. So with ``k = floor(|x| * 10**scale)`` (in doubles: off by one only
+    next to an integer, where both sides round to it) and ``h`` as a double (``(10k + 5) /
+    10**(scale+1)``, both exact, so correctly rounded): ``|x| > h`` rounds up, ``|x| < h``
+    down, ``|x| = h`` is the tie (up, or to an even ``k``). The result ``±r / 10**scale`` is
+    what Java's ``BigDecimal.doubleValue`` computes for an unscaled value under 2**52 (one
+    division of exact doubles); zero is +0.0 (a ``BigDecimal`` has no negative zero); NaN and
+    infinities are themselves. Checked bit for bit against Spark on ties, their neighbours and
+    random bit patterns at scales -3 to 10 (``tests/driver/test_expressions``)."""
+    scale = 0 if scale_node is None else _int_literal(scale_node)
+    if scale is None or scale not in _ROUND_SCALES:
+        raise _Refuse("round scale")
+    a, typ = _translate(operand, columns)
+    decimal = _decimal_of(typ)
+    if decimal is not None:
+        precision, digits = decimal
+        if half_even or scale < 0 or precision - digits + 1 + min(digits, scale) > 38:
+            raise _Refuse("bround, a negative scale or a type past 38 digits of a decimal")
+        out = _decimal_tag(precision - digits + 1 + min(digits, scale), min(digits, scale))
+        return f"CAST(round({a}, {scale}) AS {out.upper()})", out
+    if typ in (INT, BIGINT):
+        if scale < 0:
+            raise _Refuse("round of an integer to a negative scale")
+        return a, typ
+    if typ != DOUBLE:
+        raise _Refuse(f"operand type {typ}")
+    x = f"abs({a})"
+    if scale >= 0:
+        scaled = f"({x} * 1e{scale})"
+        half = f"((floor({scaled}) * 10 + 5) / 1e{scale + 1})"
+        limit = Fraction(2**52, 10 ** (scale + 1))
+    else:  # (and below 2**53: Java prints a larger whole double's every digit, not the
+        #      shortest: 5.63055581242145E16 as 5.6305558124214496E16)
+        scaled = f"({x} / 1e{-scale})"
+        half = f"((floor({scaled}) * 10 + 5) * 1e{-scale - 1})"
+        limit = Fraction(min(2**52 * 10 ** (-scale - 1), 2**53))
+    bound = float(limit)
+    if Fraction(bound) >= limit:
+        bound = math.nextafter(bound, 0.0)
+    if half_even:
+        up = f"({x} > {half} OR ({x} = {half} AND floor({scaled}) % 2 = 1))"
+    else:
+        up = f"({x} >= {half})"
+    r = f"(floor({scaled}) + CAST({up} AS DOUBLE))"
+    signed = f"(sign({a}) * {r})"
+    value = f"({signed} / 1e{scale})" if scale >= 0 else f"({signed} * 1e{-scale})"
+    return (f"(CASE WHEN isnan({a}) OR isinf({a}) THEN {a} "
+            f"WHEN {x} >= {bound!r} THEN error('round of a double this large: Spark decides') "
+            f"WHEN {r} = 0 THEN 0.0 ELSE {value} END)"), DOUBLE
 
 
 # --- literals ----------------------------------------------------------------------------------

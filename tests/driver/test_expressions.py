@@ -161,6 +161,8 @@ REFUSED = [
     "trim(BOTH 'x' FROM s)", "trunc(dt, 'DAY')", "date_trunc('fortnight', ts)",
     "date_trunc(s, ts)", "date_trunc('MONTH', tn)", "to_date(s)", "to_date(s, 'yyyy')",
     "date_add(dt, l)", "datediff(s, dt)", "floor(d, 1)", "floor(dec)", "s = 1", "i = '1'",
+    "round(d, i)", "round(d, 16)", "round(i, -1)", "round(f, 1)", "round(s)", "bround(d, 1, 2)",
+    "round(d, 1.5)",
     "l * 1.5", "i + 1.5", "f + 1", "f = 1",
     "unknown_function(i)", "rand()", "current_date()", "current_timestamp()", "(SELECT 1)",
     "i IN (SELECT 1)", "EXISTS (SELECT 1)", "+i", "'a' 'b'", "'it''s'", "'a\\tb'",
@@ -381,6 +383,8 @@ ROUNDED = [
     "m / 2", "m / r", "r / m", "m / i", "m / l", "z / 7", "q / 3", "m / 7.0", "n / n",
     "m * (1 - r) / 3", "100.00 * m / r", "m * 0.0001000000", "-m / 3", "(m / 3) / 7",
     "i / m", "CASE WHEN b THEN m / 3 ELSE 0 END", "r / 3", "r / -3", "m / 800", "n / 8",
+    "round(m, 1)", "round(r, 2)", "round(r)", "round(m, 5)", "round(n, 0)", "round(-r, 3)",
+    "round(m / 7, 3)", "round(q, 2)",
 ]
 ROUNDED_ROWS = [
     (0, None, None, None, None, None, None, None, None, None),
@@ -403,6 +407,8 @@ DEC_REFUSED = [
     "m div 2", "coalesce(m, d)", "CASE WHEN b THEN z ELSE q END",
     # IN and CASE x WHEN of decimals
     "m IN (1, 2)", "CASE m WHEN 1 THEN 1 END",
+    # round: bround, negative scales and types past 38 digits of decimals
+    "bround(m, 1)", "round(m, -1)", "round(z)",
     # unary minus and abs past 34 digits: Spark rounds them to 34 significant digits
     "-z", "abs(z)", "-q", "abs(q)", "-(m * q)", "-z > 0",
 ]
@@ -546,6 +552,7 @@ FN_PROJECTIONS = [
     "last_day(dt)", "last_day(ts)", "greatest(i, l)", "least(s, s2)", "least(i, 3, -2)",
     "greatest(dt, DATE '2000-01-01')", "TIMESTAMP '2024-02-29 23:59:59.999999'",
     "TIMESTAMP '1999-12-31'", "if(ts > TIMESTAMP '2000-01-01 00:00', 1, 0)",
+    "round(i, 2)", "round(l)", "bround(i)", "round(i % 7, 0)",
 ]
 FN_PREDICATES = ["upper(s) = 'HELLO WORLD'", "startswith(s2, 'a')", "i % 2 = 1",
                  "year(ts) >= 2000", "date_trunc('MONTH', ts) < ts", "contains(s, s2)",
@@ -638,3 +645,66 @@ def test_a_decimal_of_up_to_15_digits_is_sparks_double(spark):
         assert duck == want, (precision, scale)
     wide = StructType([StructField("x", DecimalType(16, 2)), StructField("d", DoubleType())])
     assert translate_projection(["x + d"], wide, ["o"]) is None  # Spark rounds first there
+
+
+def _doubles_to_round(rng, count: int) -> list[float]:
+    """Doubles where Spark's ``round`` is easy to get wrong: halfway points of every scale
+    tested and their neighbours (``2.675`` is a little below 2.675, Spark rounds it up),
+    decimals of a few digits, signed zeros, powers of two, random bit patterns below 4e8."""
+    import struct
+
+    values = [0.0, -0.0, 0.5, -0.5, 1.5, 2.5, -2.5, 2.675, -2.675, 0.125, 0.375, 1.005, 1.015,
+              0.045, 1e-300, 5e-324, -5e-324, 0.05, 0.15, 0.25, 0.35, 1234.5, 4.35, 4.45, 8.325,
+              0.049999999999999996, 1.0000000000000002, 0.9999999999999999, 2**-3, 3 * 2**-10,
+              150.0, 250.0, -350.0, 449999999.5, 1e-7, 5e-7]
+    for _ in range(count):
+        digits = rng.randrange(1, 7)
+        n = rng.randrange(-10 ** (digits + 3), 10 ** (digits + 3))
+        tie = (n + 0.5) / 10**digits
+        values += [n / 10**digits, tie, math.nextafter(tie, 0.0), math.nextafter(tie, math.inf),
+                   rng.uniform(-1, 1) * 10 ** rng.randrange(-8, 8)]
+        bits = struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0]
+        if math.isfinite(bits) and abs(bits) < 4e8:
+            values.append(bits)
+    return values
+
+
+def test_round_of_a_double_is_sparks_bit_for_bit(spark):
+    """``round``/``bround`` of a double round the decimal text Java prints for it, not its
+    binary value: DuckDB's values equal Spark's bit for bit (-0.0 against 0.0 included) over
+    ties and their neighbours at scales -2 to 6, with NaN, infinities and NULL passing."""
+    import random
+    import struct
+
+    values = _doubles_to_round(random.Random(3), 1500) + [NAN, INF, -INF, None]
+    schema = StructType([StructField("rid", IntegerType()), StructField("x", DoubleType())])
+    rows = list(enumerate(values))
+    exprs = ["round(x)", "bround(x)"] + [f"{fn}(x, {scale})" for fn in ("round", "bround")
+                                         for scale in (1, 2, 3, 6, -1, -2)]
+    items = [translate_projection([e], schema, [f"c{k}"]) for k, e in enumerate(exprs)]
+    assert None not in items
+    want = _spark(spark.createDataFrame(rows, schema), exprs)
+    got = _duckdb('"rid", ' + ", ".join(items), _arrow(rows, schema))
+
+    def bits(v):
+        return v if v is None else struct.pack("<d", v) if not math.isnan(v) else "NaN"
+
+    for k, e in enumerate(exprs):
+        diffs = [(values[w[0]], w[k + 1], g[k + 1]) for w, g in zip(want, got)
+                 if bits(w[k + 1]) != bits(g[k + 1])]
+        assert diffs == [], f"{e}: (x, Spark, DuckDB) {diffs[:5]}"
+
+
+def test_round_of_a_double_too_large_for_its_scale_raises_so_spark_decides():
+    """Past ``|x| * 10**(scale+1) < 2**52`` a double's neighbours are a tenth of the scale's
+    unit apart or more, and past 2**53 Java prints a whole double's every digit (the double
+    Python prints as 5.63055581242145e16, a tie at scale -3, as 5.6305558124214496E16): the
+    text Java prints decides, so DuckDB raises and Spark computes that step."""
+    schema = StructType([StructField("x", DoubleType())])
+    for e, x in [("round(x, 2)", 4.6e12), ("round(x)", -1e15), ("bround(x, -2)", 5e16),
+                 ("round(x, -3)", 5.63055581242145e16)]:
+        sql = translate_projection([e], schema, ["o"])
+        assert sql is not None
+        with pytest.raises(duckdb.Error, match="Spark decides"):
+            _query(f"SELECT {sql} FROM t", _arrow([(x,)], schema))
+        assert _query(f"SELECT {sql} FROM t", _arrow([(x / 10,)], schema))[0][0] is not None

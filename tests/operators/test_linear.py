@@ -14,7 +14,8 @@ from dbsp_pipeline.operators import linear
 UTC = dt.UTC
 EXPRS = ["upper(region) AS r", "date_trunc('MONTH', ts) AS m", "year(ts) * 100 + month(ts) AS ym",
          "concat(region, '/', cast(id AS STRING)) AS tag", "id % 3 AS bucket",
-         "floor(amount) AS whole", "to_date(ts) AS day", "if(amount > 5, 'big', 'small') AS size"]
+         "floor(amount) AS whole", "to_date(ts) AS day", "if(amount > 5, 'big', 'small') AS size",
+         "round(amount * 1.1, 1) AS rounded"]
 
 
 def _circuit() -> Circuit:
