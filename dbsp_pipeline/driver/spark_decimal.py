@@ -213,3 +213,38 @@ def _narrowed(wide: pa.Array, to: pa.Decimal128Type, what: str) -> pa.Array:
     except pa.ArrowInvalid as e:
         raise ArithmeticError(f"{what} does not fit DECIMAL({to.precision}, {to.scale}) "
                               f"(overflow): {e}") from e
+
+
+def unscaled_int64(values: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray] | None:
+    """The unscaled values of a ``decimal128`` array as int64 (0 where NULL) and its validity
+    mask, read from its 16-byte words; None where a value does not fit 64 bits. (The driver's
+    aggregate sums decimals of up to 18 digits so, as the integers they are.)"""
+    array = _one_chunk(values)
+    n = len(array)
+    valid = (np.ones(n, dtype=bool) if array.null_count == 0
+             else np.asarray(array.is_valid().to_numpy(zero_copy_only=False), dtype=bool))
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), valid
+    words = np.frombuffer(array.buffers()[1], dtype=np.int64)[
+        2 * array.offset: 2 * (array.offset + n)].reshape(n, 2)
+    low, high = words[:, 0], words[:, 1]
+    if not np.all((high == (low >> 63)) | ~valid):
+        return None
+    return np.where(valid, low, 0), valid
+
+
+def from_unscaled_int64(unscaled: np.ndarray, valid: np.ndarray,
+                        to: pa.Decimal128Type) -> pa.Array | None:
+    """The ``decimal128`` array of type ``to`` whose unscaled values are ``unscaled`` (NULL
+    where ``valid`` is not), or None where a value has more digits than ``to.precision``."""
+    if to.precision < 19:
+        limit = 10 ** to.precision
+        if np.any(((unscaled >= limit) | (unscaled <= -limit)) & valid):
+            return None
+    n = len(unscaled)
+    words = np.empty((n, 2), dtype=np.int64)
+    words[:, 0] = unscaled
+    words[:, 1] = unscaled >> 63
+    validity = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.Array.from_buffers(to, n, [validity, pa.py_buffer(words.tobytes())],
+                                 null_count=int(n - valid.sum()))

@@ -123,10 +123,6 @@ class Aggregate(Operator):
                    for a in self.aggs)
         self.groups = Trace(db, self.narrow_groups_name + ("_wide" if wide else ""),
                             self.state_schema, self.keys, updated_in_place=True)
-        #: the state type of each sum or average of decimals (their phases 1 and 4 run as
-        #: DuckDB's exact decimals, never in pyarrow)
-        self.decimal_sums = [a["sum_type"] for a in self.aggs
-                             if isinstance(a.get("sum_type"), DecimalType)]
         self.exact = [FoldSpec(old=f"{_O}_s{a['i']}", pairs=f"_ds{a['i']}", count=f"_c{a['i']}",
                                state=f"_s{a['i']}", result=f"_fv{a['i']}", mean=a["fn"] == "avg",
                                merge=a["fn"] == "sum_of_states")
@@ -437,7 +433,10 @@ class Aggregate(Operator):
         """Phase 1 in pyarrow, or None where it might differ from ``_partials_sql``: a big
         change, keys pyarrow groups otherwise, a weight sum or a weighted value that could
         leave int64. An exact sum's pairs hold every row's value (NULL where the value is, which
-        the exact fold skips), and are NULL for a group without a value, as the query's.
+        the exact fold skips), and are NULL for a group without a value, as the query's. A sum
+        of decimals is summed as the integers their unscaled values are (``_unscaled_products``:
+        where no sum can leave int64), then typed as the query's (a total past the type: None,
+        and the query raises).
 
         With an exact sum a change of any size is grouped here (unless ``FAST_PATH_ROWS`` is 0:
         DuckDB always): DuckDB builds the lists of pairs several times slower than pyarrow's
@@ -446,7 +445,7 @@ class Aggregate(Operator):
         limit = local_sql.FAST_PATH_ROWS
         if self.exact and limit:
             limit = d.num_rows
-        if (d.num_rows > limit or not self.keys or self.decimal_sums
+        if (d.num_rows > limit or not self.keys
                 or not arrow_groups_like_duckdb(d, self.keys) or not weights_fit(d[WEIGHT])):
             return None
         w = d.column(WEIGHT)
@@ -454,6 +453,7 @@ class Aggregate(Operator):
         cols["_dn"] = w
         aggs: list[tuple[str, str]] = [("_dn", "sum")]
         lists: list[tuple[int, str]] = []
+        decimals: dict[str, pa.Decimal128Type] = {}  # partial sums of decimals: unscaled
         for a in self.aggs:
             i, arg = a["i"], a["arg"]
             if arg is None:
@@ -470,6 +470,15 @@ class Aggregate(Operator):
             elif a["fn"] in ("sum", "avg"):
                 if isinstance(a["sum_type"], DoubleType):
                     return None  # double sums are exact; no other double sum runs here
+                if isinstance(a["sum_type"], DecimalType):
+                    st = a["sum_type"]
+                    products = _unscaled_products(value, w, st.scale)
+                    if products is None:
+                        return None
+                    cols[f"_ds{i}"] = products
+                    aggs.append((f"_ds{i}", "sum"))
+                    decimals[f"_ds{i}"] = pa.decimal128(st.precision, st.scale)
+                    continue
                 try:
                     product = pc.multiply_checked(value.cast(pa.int64()), w)
                 except pa.ArrowInvalid:
@@ -498,6 +507,15 @@ class Aggregate(Operator):
                 out[f"_ds{i}"] = pc.if_else(has, listed, pa.nulls(len(listed), listed.type))
             elif name.startswith("_has"):
                 continue
+            elif name in decimals:
+                sums = column.combine_chunks()
+                total = spark_decimal.from_unscaled_int64(
+                    np.asarray(sums.fill_null(0).to_numpy(zero_copy_only=False)),
+                    np.asarray(sums.is_valid().to_numpy(zero_copy_only=False), dtype=bool),
+                    decimals[name])
+                if total is None:  # beyond the sum's type: the query raises its error
+                    return None
+                out[name] = total
             else:
                 out[name] = column.cast(pa.int64())
         return pa.table(out)
@@ -588,7 +606,6 @@ class Aggregate(Operator):
         query in a task of a 1M-row Spark step, 5 groups; 14 ms so)."""
         limit = local_sql.FAST_PATH_ROWS
         if (g.num_rows > limit or old.num_rows > limit or not self.keys
-                or self.decimal_sums
                 or not arrow_groups_like_duckdb(g, self.keys)
                 or not arrow_groups_like_duckdb(old, self.keys)):
             return None
@@ -635,7 +652,13 @@ class Aggregate(Operator):
             if a["arg"] is not None:
                 out = out.append_column(f"_c{i}", pc.add_checked(coalesce0(f"{_O}_c{i}"),
                                                                  j.column(f"_dc{i}")))
-            if a["fn"] in ("sum", "avg") and not a.get("exact"):
+            if a["fn"] in ("sum", "avg") and isinstance(a["sum_type"], DecimalType):
+                total = _unscaled_total(j.column(f"{_O}_s{i}"), j.column(f"_ds{i}"),
+                                        a["sum_type"])
+                if total is None:  # past 64 bits or the type: the query decides
+                    return None
+                out = out.append_column(f"_s{i}", total)
+            elif a["fn"] in ("sum", "avg") and not a.get("exact"):
                 out = out.append_column(f"_s{i}", pc.add_checked(
                     coalesce0(f"{_O}_s{i}"), pc.coalesce(j.column(f"_ds{i}"), 0)))
         for i in self.values:
@@ -780,6 +803,49 @@ class Aggregate(Operator):
 
     def traces(self) -> list[Trace]:
         return [self.groups, *self.values.values()]
+
+
+def _unscaled_products(values: pa.ChunkedArray, weights: pa.ChunkedArray,
+                       scale: int) -> pa.Array | None:
+    """Per row, the unscaled ``value * weight`` of a decimal column of scale ``scale`` as int64
+    (NULL where the value is), where no sum of them can leave 64 bits; else None. Exactly
+    ``_partials_sql``'s ``CAST(value AS DECIMAL(38, scale)) * weight`` then, in integers."""
+    if not pa.types.is_decimal128(values.type) or values.type.scale != scale:
+        return None
+    unscaled = spark_decimal.unscaled_int64(values)
+    if unscaled is None:
+        return None
+    digits, valid = unscaled
+    w = np.asarray(weights.to_numpy(), dtype=np.int64)
+    if len(digits) and _magnitude(digits) * _magnitude(w) * len(digits) >= 2**63:
+        return None
+    return pa.array(digits * w, mask=~valid)
+
+
+def _magnitude(values: np.ndarray) -> int:
+    """The largest absolute value of a non-empty int64 array, as a Python int (``np.abs`` of
+    the smallest int64 wraps around)."""
+    return max(int(values.max()), -int(values.min()))
+
+
+def _unscaled_total(old: pa.ChunkedArray, partial: pa.ChunkedArray,
+                    sum_type: DecimalType) -> pa.Array | None:
+    """``CAST(coalesce(old, 0) + coalesce(partial, 0) AS sum_type)`` of two decimal columns of
+    ``sum_type``'s scale, in int64 on their unscaled values; None where either is not such a
+    decimal, a value passes 62 bits, or a total passes the type's digits (where the query
+    raises its overflow error, or sums a state wider than 64 bits)."""
+    for column in (old, partial):
+        if not pa.types.is_decimal128(column.type) or column.type.scale != sum_type.scale:
+            return None
+    parts = [spark_decimal.unscaled_int64(old), spark_decimal.unscaled_int64(partial)]
+    if parts[0] is None or parts[1] is None:
+        return None
+    a, b = parts[0][0], parts[1][0]
+    if len(a) and max(_magnitude(a), _magnitude(b)) >= 2**62:
+        return None
+    return spark_decimal.from_unscaled_int64(
+        a + b, np.ones(len(a), dtype=bool),
+        pa.decimal128(sum_type.precision, sum_type.scale))
 
 
 def _better_of(a: Any, b: Any, is_min: bool) -> Any:

@@ -201,3 +201,28 @@ def test_averages_of_a_column_equal_the_average_of_each_row(sum_type, avg_type):
         with pytest.raises(ArithmeticError, match="does not fit"):
             spark_decimal.averages(pa.array([rows[i][0]], pa.decimal128(*sum_type)),
                                    pa.array([rows[i][1]], pa.int64()), pa.decimal128(*avg_type))
+
+
+def test_unscaled_int64_reads_the_words_of_a_decimal_and_back():
+    """The driver's aggregate sums decimals of up to 64 bits as int64: the unscaled values of
+    a sliced, chunked decimal column with NULLs read exactly and build the same column back;
+    a value past 64 bits reads as None; a value with more digits than the type builds None."""
+    values = [Decimal("1.25"), None, Decimal("-3.50"), Decimal("-0.01"), Decimal("0.00"),
+              Decimal("92233720368547758.07"), Decimal("-92233720368547758.08")]
+    column = pa.chunked_array([pa.array(values[:3], pa.decimal128(20, 2)),
+                               pa.array(values[3:], pa.decimal128(20, 2))]).slice(1)
+    read = spark_decimal.unscaled_int64(column)
+    assert read is not None
+    unscaled, valid = read
+    assert unscaled.tolist() == [0, -350, -1, 0, 2**63 - 1, -(2**63)]
+    assert valid.tolist() == [False, True, True, True, True, True]
+    back = spark_decimal.from_unscaled_int64(unscaled, valid, pa.decimal128(20, 2))
+    assert back.to_pylist() == values[1:]
+    assert spark_decimal.unscaled_int64(pa.array([Decimal(2**63)], pa.decimal128(38, 0))) \
+        is None
+    assert spark_decimal.unscaled_int64(pa.array([None, Decimal(-(2**63) - 1), None],
+                                                 pa.decimal128(38, 0))) is None
+    narrow = pa.decimal128(4, 2)
+    assert spark_decimal.from_unscaled_int64(unscaled[1:3], valid[1:3], narrow).to_pylist() \
+        == [Decimal("-3.50"), Decimal("-0.01")]
+    assert spark_decimal.from_unscaled_int64(unscaled[1:3] * 100, valid[1:3], narrow) is None

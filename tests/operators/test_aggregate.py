@@ -31,6 +31,7 @@ def _circuit() -> Circuit:
     c.output("multi", facts.group_by("k", "d", "t", "f").agg(
         n="count(*)", nx="count(x)", s="sum(x)", a="avg(x)", lo="min(x)", hi="max(x)",
         si="sum(i)", ai="avg(i)", first="min(k)", last="max(t)"))
+    c.output("money", facts.group_by("k").agg(sd="sum(d)", ad="avg(d)", nd="count(d)"))
     c.output("joined", facts.join(dims, "c").group_by("region").agg(
         n="count(*)", s="sum(x)", lo="min(i)", hi="max(x)"))
     return c
@@ -84,7 +85,7 @@ def test_fast_path_and_duckdb_give_identical_views(spark, tmp_path, monkeypatch,
             live = [r for r in live if r not in deletes or deletes.remove(r)] + inserts
             _step(fast, fast_rows, monkeypatch)
             _step(slow, 0, monkeypatch)
-            for name in ("multi", "joined"):
+            for name in ("multi", "joined", "money"):
                 assert _view(fast, name) == _view(slow, name), (step, name)
         assert len(_view(fast, "multi")) > 5
 
@@ -141,9 +142,12 @@ def test_a_small_step_runs_no_duckdb_query(spark, tmp_path, monkeypatch):
         p.push("facts", [("a", None, None, 1.0, float(j), j, j % 2 + 1) for j in range(100)])
         p.step()
         monkeypatch.setattr(LocalSQL, "query", counted)
-        p.push("facts", [("b", None, None, 2.0, float(j), -j, 1) for j in range(100)])
+        p.push("facts", [("b", decimal.Decimal(j).scaleb(-2), None, 2.0, float(j), -j, 1)
+                         for j in range(100)])
         p.push("facts", [("a", None, None, 1.0, 99.0, 99, 2)], weight=-1)  # the max goes
         p.step()
+        assert p.view_arrow("money").sort_by("k").column("sd").to_pylist() == [
+            None, decimal.Decimal("49.50")]
     assert queries == []
 
 
@@ -586,3 +590,26 @@ def test_a_decimal_sum_that_leaves_its_type_fails_the_step_and_keeps_the_root(sp
         p.push("t", [(1, decimal.Decimal(1 - 10**38))])
         p.step()
         assert p.view_arrow("s").select(["k", "s"]).to_pylist() == [{"k": 1, "s": 0}]
+
+
+@pytest.mark.parametrize("rows_on_driver", [10**9, 0], ids=["driver", "spark"])
+def test_a_narrow_decimal_sum_past_its_type_fails_where_spark_fails(spark, tmp_path,
+                                                                    rows_on_driver):
+    """A DECIMAL(5,2) sums as DECIMAL(15,2): a step's partial past 13 integer digits, and a
+    group's total past them in a later step, fail the step on the driver (whose sums of
+    unscaled int64 values still fit: the check is the type's, not 64 bits') as on Spark."""
+    c = Circuit("narrow")
+    c.output("s", c.input("t", "k BIGINT, m DECIMAL(5,2)").group_by("k").agg(s="sum(m)"))
+    top, weight = decimal.Decimal("999.99"), 2**31 - 1
+    with Pipeline(c, str(tmp_path), spark, driver_step_rows=rows_on_driver) as p:
+        p.push("t", [(1, top)] * 4, weight=weight)
+        p.push("t", [(2, top)] * 5, weight=weight)  # 1.07e13: the partial leaves the type
+        with pytest.raises(StepFailedError, match="(?i)overflow|out of range|precision"):
+            p.step()
+        p.quarantine_step(p.next_step)
+        p.push("t", [(1, top)] * 4, weight=weight)
+        p.step()
+        assert p.view_arrow("s").column("s").to_pylist() == [top * 4 * weight]
+        p.push("t", [(1, top)], weight=weight)  # the group's total leaves the type
+        with pytest.raises(StepFailedError, match="(?i)overflow|out of range|precision"):
+            p.step()
