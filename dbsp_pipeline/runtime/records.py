@@ -19,7 +19,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame as SparkDataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import NumericType, StructType
+from pyspark.sql.types import (
+    ByteType,
+    DataType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    NumericType,
+    ShortType,
+    StructType,
+)
 
 from dbsp_pipeline.errors import InputError
 from dbsp_pipeline.zset import MAX_WEIGHT, WEIGHT, quote
@@ -93,18 +104,41 @@ def _weights_valid(weights: pa.ChunkedArray) -> bool:
 
 def check_spark(input_name: str, df: SparkDataFrame, schema: StructType,
                 weight: int) -> SparkDataFrame:
-    """A pushed Spark DataFrame → columns and types of the input (numeric widening allowed)."""
+    """A pushed Spark DataFrame → columns and types of the input: a column of the input's type,
+    or a number of a type that holds the input's values without rounding them (``_widens``;
+    a narrower integer is cast, and Spark's ANSI cast raises on a value out of its range)."""
     given = {f.name: f.dataType for f in df.schema.fields}
     _check_names(input_name, list(given), schema.fieldNames())
     cols = []
     for f in schema.fields:
         t = given[f.name]
-        if t != f.dataType and not (isinstance(t, NumericType)
-                                    and isinstance(f.dataType, NumericType)):
+        if t != f.dataType and not _widens(t, f.dataType):
+            rounds = isinstance(t, NumericType) and isinstance(f.dataType, NumericType)
             raise InputError(input_name, f"column is {t.simpleString()}, expected "
-                             f"{f.dataType.simpleString()}", column=f.name)
+                             f"{f.dataType.simpleString()}"
+                             + (" (a cast would round its values: cast it yourself)"
+                                if rounds else ""), column=f.name)
         cols.append(F.col(quote(f.name)).cast(f.dataType).alias(f.name))
     return df.select(*cols, F.lit(weight).cast("long").alias(WEIGHT))
+
+
+def _widens(given: DataType, wanted: DataType) -> bool:
+    """Whether Spark's cast of a column of ``given`` to ``wanted`` keeps every value (its ANSI
+    cast raises where a value is out of the type's range): integers to integers, decimals or
+    floating point; a float to a double; a decimal to a decimal of as many fractional digits,
+    or to a floating-point type (as a push of Python values takes integers for a DOUBLE). Not a
+    floating-point or decimal value to an integer, a double to a DECIMAL, nor a decimal to one
+    of fewer fractional digits: those round."""
+    integral = (ByteType, ShortType, IntegerType, LongType)
+    floating = (FloatType, DoubleType)
+    if isinstance(given, integral):
+        return isinstance(wanted, (*integral, *floating, DecimalType))
+    if isinstance(given, FloatType):
+        return isinstance(wanted, DoubleType)
+    if isinstance(given, DecimalType):
+        return isinstance(wanted, floating) or (isinstance(wanted, DecimalType)
+                                                and wanted.scale >= given.scale)
+    return False
 
 
 # -- python rows ---------------------------------------------------------------------------
@@ -294,13 +328,33 @@ def _is_pandas(obj: object) -> bool:
 
 
 def _from_pandas(input_name: str, df: Any, arrow: pa.Schema) -> pa.Table:
+    """A pandas DataFrame's columns as ``arrow``'s: converted to the column's type by pyarrow,
+    where the column's own kind is one a push of Python values or Arrow allows for it
+    (``_converts``: a float64 column for a DECIMAL is refused, not rounded); a column pyarrow
+    does not convert is judged as the Arrow column it is, naming the first bad record."""
     _check_names(input_name, [str(c) for c in df.columns], arrow.names)
     arrays = []
     for field in arrow:
+        series = df[field.name]
         try:
-            arrays.append(pa.Array.from_pandas(df[field.name], type=field.type, safe=True))
+            own = pa.Array.from_pandas(series)
+        except (pa.ArrowException, TypeError, ValueError):
+            own = None  # (mixed objects): pyarrow's conversion to the type decides below
+        try:
+            if own is not None and not _converts(own.type, field.type, False):
+                raise TypeError(f"a {own.type} column")
+            arrays.append(pa.Array.from_pandas(series, type=field.type, safe=True))
         except (pa.ArrowException, TypeError, ValueError) as e:
-            values = df[field.name].tolist()
+            if own is not None:  # as the Arrow column it is (or its error, naming the record)
+                try:
+                    arrays.append(_column_as(input_name, field, own))
+                except InputError as refused:
+                    i = refused.record_index
+                    raise InputError(input_name, refused.problem, column=field.name,
+                                     record_index=i, record=None if i is None
+                                     else df.iloc[i].to_dict()) from None
+                continue
+            values = series.tolist()
             bad = _first_bad(values, field.type)
             raise InputError(input_name, f"{e}", column=field.name, record_index=bad,
                              record=df.iloc[bad].to_dict() if bad is not None else None) from None
@@ -313,35 +367,56 @@ def _from_arrow(input_name: str, table: pa.Table, arrow: pa.Schema,
     the cast is one a push of Python values allows too (``_converts``)."""
     _check_names(input_name, table.column_names, arrow.names)
     table = table.select(arrow.names)
-    columns = []
-    for field, col in zip(arrow, table.columns):
-        if not _converts(col.type, field.type, text_converts) and len(col) - col.null_count:
-            try:  # a value that would not convert anyway is the one to name
-                col.cast(field.type, safe=True)
-            except (pa.ArrowException, TypeError, ValueError) as e:
-                raise _cast_error(input_name, field, col, e) from None
-            bad = next(i for i, v in enumerate(col.to_pylist()) if v is not None)
-            raise InputError(input_name, f"value {col[bad].as_py()!r} is {col.type}, expected "
-                             f"{field.type} (a column of another kind is not converted)",
-                             column=field.name, record_index=bad)
-        try:
-            columns.append(col.cast(field.type, safe=True))
+    columns = [_column_as(input_name, field, col, text_converts)
+               for field, col in zip(arrow, table.columns)]
+    return _with_nullability(input_name, pa.Table.from_arrays(columns, schema=arrow))
+
+
+def _column_as(input_name: str, field: pa.Field, col: pa.ChunkedArray | pa.Array,
+               text_converts: bool = False) -> pa.ChunkedArray | pa.Array:
+    """The pushed column ``col`` as ``field``'s type, by a safe cast (no value changes) where
+    the cast is one a push of Python values allows too (``_converts``); else ``InputError``
+    naming the first record whose value does not convert."""
+    if not _converts(col.type, field.type, text_converts) and len(col) - col.null_count:
+        try:  # a value that would not convert anyway is the one to name
+            _cast(col, field.type)
         except (pa.ArrowException, TypeError, ValueError) as e:
             raise _cast_error(input_name, field, col, e) from None
-    return _with_nullability(input_name, pa.Table.from_arrays(columns, schema=arrow))
+        bad = next(i for i, v in enumerate(col.to_pylist()) if v is not None)
+        why = ("a floating-point value is not converted to a DECIMAL, which would round it: "
+               "push Decimal values or a decimal column" if pa.types.is_decimal(field.type)
+               else "a column of another kind is not converted")
+        raise InputError(input_name, f"value {col[bad].as_py()!r} is {col.type}, expected "
+                         f"{field.type} ({why})", column=field.name, record_index=bad)
+    try:
+        return _cast(col, field.type)
+    except (pa.ArrowException, TypeError, ValueError) as e:
+        raise _cast_error(input_name, field, col, e) from None
+
+
+def _cast(col: pa.ChunkedArray | pa.Array, to: pa.DataType) -> pa.ChunkedArray | pa.Array:
+    """``col.cast(to, safe=True)``, but integers become a DECIMAL through ``DECIMAL(38, 0)``:
+    Arrow refuses an int64 column for a DECIMAL(10, 2) whatever its values (its type could
+    hold 19 digits), where a push of Python integers takes each that fits."""
+    if pa.types.is_integer(col.type) and pa.types.is_decimal(to):
+        col = col.cast(pa.decimal128(38, 0))
+    return col.cast(to, safe=True)
 
 
 def _converts(given: pa.DataType, wanted: pa.DataType, text_converts: bool) -> bool:
     """Whether an Arrow column of type ``given`` may become one of ``wanted`` by a safe cast
     (which still refuses a value that would change): not text to another type, nor a number to
-    a boolean or back, which a push of Python values refuses too (``_value_problem``); text to
-    anything with ``text_converts``. Other casts are Arrow's to judge."""
+    a boolean or back, nor a floating-point number to a DECIMAL (Arrow's cast rounds 12.345 to
+    12.35), which a push of Python values refuses too (``_value_problem``); text to anything
+    with ``text_converts``. Other casts are Arrow's to judge."""
     if pa.types.is_dictionary(given):
         given = given.value_type
     if given == wanted or pa.types.is_null(given):
         return True
     if _is_text(given):
         return text_converts or _is_text(wanted)
+    if pa.types.is_floating(given) and pa.types.is_decimal(wanted):
+        return False  # a push of Python floats for a DECIMAL is refused: Arrow would round
     numeric = (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal)
     return not ((pa.types.is_boolean(given) and any(k(wanted) for k in numeric))
                 or (pa.types.is_boolean(wanted) and any(k(given) for k in numeric)))
@@ -352,15 +427,18 @@ def _is_text(t: pa.DataType) -> bool:
                 or pa.types.is_string_view(t))
 
 
-def _cast_error(input_name: str, field: pa.Field, col: pa.ChunkedArray,
+def _cast_error(input_name: str, field: pa.Field, col: pa.ChunkedArray | pa.Array,
                 error: Exception) -> InputError:
     """The error for a column that does not convert: the first record whose value does not."""
     for i, value in enumerate(col.to_pylist()):
         try:
-            pa.array([value], col.type).cast(field.type, safe=True)
+            _cast(pa.array([value], col.type), field.type)
         except (pa.ArrowException, TypeError, ValueError):
-            return InputError(input_name, f"value {value!r} ({col.type}) does not convert to "
-                              f"{field.type}", column=field.name, record_index=i)
+            why = None
+            if pa.types.is_decimal(field.type) and isinstance(value, (int, decimal.Decimal)):
+                why = _decimal_problem(decimal.Decimal(value), field.type)
+            return InputError(input_name, why or f"value {value!r} ({col.type}) does not "
+                              f"convert to {field.type}", column=field.name, record_index=i)
     return InputError(input_name, f"is {col.type}, which does not convert to {field.type}: "
                       f"{error}", column=field.name)
 

@@ -63,6 +63,13 @@ def test_spark_frames_with_wrong_types_are_rejected(pipeline, spark):
     with pytest.raises(InputError,
                        match=r"column 'customer_id': column is string, expected bigint"):
         pipeline.push("orders", df)
+    rounding = spark.createDataFrame([(1, 2.5, 1.0)],
+                                     "order_id BIGINT, customer_id DOUBLE, amount DOUBLE")
+    with pytest.raises(InputError, match=r"column 'customer_id': column is double, expected "
+                                         r"bigint \(a cast would round its values"):
+        pipeline.push("orders", rounding)  # (Spark's cast would make 2.5 a 2)
+    widened = spark.createDataFrame([(1, 7, 1)], "order_id INT, customer_id INT, amount INT")
+    assert pipeline.push("orders", widened) == 1
 
 
 @pytest.mark.parametrize("table, match", [

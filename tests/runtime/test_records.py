@@ -205,3 +205,51 @@ def test_an_arrow_column_of_another_kind_is_refused_as_a_python_value_is():
                                             "t": ["a", "b"]}), schema, arrow, 1,
                             text_converts=True)
     assert text.column("x").to_pylist() == [1.0, 2.5]
+
+
+def test_money_pushed_from_arrow_or_pandas_is_refused_where_it_would_round():
+    """A DECIMAL column takes what a push of Python values takes, from Arrow and pandas alike:
+    floating-point values are refused, not rounded (Arrow's own cast makes 12.345 a 12.35);
+    integers are taken (Arrow refuses an int64 column for a DECIMAL(10,2) whatever its values)
+    where they fit, else the error says which digits; a pandas column pyarrow does not convert
+    is judged as the Arrow column it is, naming the record."""
+    import pandas as pd
+
+    schema = StructType([StructField("d", DecimalType(10, 2)), StructField("t", TimestampType())])
+    arrow = spark_to_arrow_schema(schema)
+    when = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    floats = r"value 12.345 is double, expected decimal128\(10, 2\) \(a floating-point value"
+    with pytest.raises(InputError, match=r"record 0, column 'd': " + floats):
+        records.to_arrow("pay", pa.table({"d": [12.345], "t": [when]}), schema, arrow, 1)
+    with pytest.raises(InputError, match=r"record 1 \{'d': 12.5, .*\}, column 'd': value 12.5 "
+                                         r"is double"):
+        records.to_arrow("pay", pd.DataFrame({"d": [None, 12.5], "t": [when, when]}), schema,
+                         arrow, 1)
+    for ints in (pa.table({"d": [12, -5], "t": [when, when]}),
+                 pd.DataFrame({"d": [12, -5], "t": [when, when]})):
+        table = records.to_arrow("pay", ints, schema, arrow, 1)
+        assert table.column("d").to_pylist() == [decimal.Decimal("12.00"),
+                                                 decimal.Decimal("-5.00")]
+    with pytest.raises(InputError, match=r"record 1, column 'd': value 1000000000 has 10 digits "
+                                         r"before the point; DECIMAL\(10,2\) holds 8"):
+        records.to_arrow("pay", pa.table({"d": [1, 10**9], "t": [when, when]}), schema, arrow,
+                         1)
+    with pytest.raises(InputError, match=r"record 0 .*, column 'd': value 1.234 has 3 digits "
+                                         r"after the point"):
+        records.to_arrow("pay", pd.DataFrame({"d": [decimal.Decimal("1.234")], "t": [when]}),
+                         schema, arrow, 1)
+    with pytest.raises(InputError, match=r"record 0 .*, column 't': value '2026-11-01 10:00'"):
+        records.to_arrow("pay", pd.DataFrame({"d": [None], "t": ["2026-11-01 10:00"]}), schema,
+                         arrow, 1)
+
+
+@pytest.mark.parametrize("given, wanted, widens", [
+    (IntegerType(), LongType(), True), (LongType(), ShortType(), True),  # ANSI: out of range
+    (LongType(), DecimalType(10, 2), True), (IntegerType(), DoubleType(), True),  # raises
+    (DecimalType(10, 2), DecimalType(12, 3), True), (DecimalType(10, 2), DoubleType(), True),
+    (DecimalType(10, 3), DecimalType(12, 2), False), (DoubleType(), DecimalType(10, 2), False),
+    (DoubleType(), LongType(), False), (DecimalType(10, 2), LongType(), False),
+    (StringType(), LongType(), False), (DoubleType(), IntegerType(), False),
+])
+def test_a_spark_frame_s_numbers_are_cast_only_where_no_value_rounds(given, wanted, widens):
+    assert records._widens(given, wanted) is widens
