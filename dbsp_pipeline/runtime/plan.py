@@ -28,19 +28,23 @@ from pyspark.logger import PySparkLogger
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
+    ArrayType,
     BooleanType,
     ByteType,
+    CharType,
     DataType,
     DecimalType,
     DoubleType,
     FloatType,
     IntegerType,
     LongType,
+    MapType,
     NumericType,
     ShortType,
     StringType,
     StructField,
     StructType,
+    VarcharType,
 )
 
 from dbsp_pipeline import root as root_layout
@@ -487,7 +491,7 @@ class Plan:
                                f"{_first_line(e)}") from None
         if not isinstance(parsed, StructType):  # fromDDL of one bare type
             raise CircuitError(f"{what}: schema '{ddl}' is not a list of columns")
-        return _check_columns(parsed, what)
+        return _check_columns(cast(StructType, _chars_as_strings(parsed)), what)
 
     def _empty(self, schema: StructType) -> DataFrame:
         return self.spark.createDataFrame([], schema)
@@ -790,6 +794,24 @@ def _describe(node: Node) -> str:
     elif node.op == "aggregate":
         detail = f" by {node.params['keys']}"
     return f"operator #{node.id} {node.op}{detail}"
+
+
+def _chars_as_strings(t: DataType) -> DataType:
+    """``t`` with every ``CHAR(n)`` and ``VARCHAR(n)`` a STRING, at any depth: a table declared
+    as a database's DDL usually has them, and Spark keeps them as strings in DataFrames too
+    (its plans refuse them: "should not have output of char/varchar type"); their length is
+    not checked (Spark's ``spark.sql.legacy.charVarcharAsString``)."""
+    if isinstance(t, (CharType, VarcharType)):
+        return StringType()
+    if isinstance(t, StructType):
+        return StructType([StructField(f.name, _chars_as_strings(f.dataType), f.nullable,
+                                       f.metadata) for f in t.fields])
+    if isinstance(t, ArrayType):
+        return ArrayType(_chars_as_strings(t.elementType), t.containsNull)
+    if isinstance(t, MapType):
+        return MapType(_chars_as_strings(t.keyType), _chars_as_strings(t.valueType),
+                       t.valueContainsNull)
+    return t
 
 
 def _check_columns(schema: StructType, what: str) -> StructType:

@@ -130,6 +130,12 @@ def _parse_problem(error: dict[str, object]) -> str | None:
     return (f"{description}, near '{near}'" if near else description) or None
 
 
+#: why a key constraint is refused rather than ignored
+_NOT_ENFORCED = ("PRIMARY KEY and UNIQUE are not enforced: a table is a multiset of rows, so a "
+                 "push of a key already present adds a second row (an update is a delete of "
+                 "the old row and an insert of the new one)")
+
+
 def _declare_table(circuit: Circuit, create: exp.Create) -> None:
     schema = create.this
     if not isinstance(schema, exp.Schema) or not isinstance(schema.this, exp.Table):
@@ -139,11 +145,17 @@ def _declare_table(circuit: Circuit, create: exp.Create) -> None:
     defs = [d for d in schema.expressions if isinstance(d, exp.ColumnDef)]
     if len(defs) != len(schema.expressions):
         other = next(d for d in schema.expressions if not isinstance(d, exp.ColumnDef))
-        raise SqlError(name, other, "table constraints are not supported",
-                       "declare columns only (NOT NULL goes with a column)")
+        raise SqlError(name, other, "table constraints are not supported" + (
+            f": {_NOT_ENFORCED}" if isinstance(other, (exp.PrimaryKey, exp.UniqueColumnConstraint))
+            else ""), "declare columns only (NOT NULL goes with a column)")
     for d in defs:
         if d.args.get("kind") is None:
             raise SqlError(name, d, f"column '{d.name}' has no type")
+        for c in d.args.get("constraints") or []:
+            if isinstance(c.args.get("kind"), (exp.PrimaryKeyColumnConstraint,
+                                               exp.UniqueColumnConstraint)):
+                raise SqlError(name, c, f"column '{d.name}': {_NOT_ENFORCED}",
+                               f"declare '{d.name}' without it")
     _, not_null = column_defs(defs)
     ddl = ", ".join(f"{exp.to_identifier(d.name, quoted=True).sql(dialect='spark')} "
                     f"{d.args['kind'].sql(dialect='spark')}"

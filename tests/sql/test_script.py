@@ -56,3 +56,31 @@ def test_a_failing_view_declares_nothing_and_a_name_is_declared_once():
         c.view("v", "SELECT a FROM t")
     with pytest.raises(CircuitError, match="input 't' is declared twice"):
         Circuit.from_sql("CREATE TABLE t (a BIGINT); CREATE TABLE t (b BIGINT)")
+
+
+def test_char_and_varchar_columns_are_strings(spark, tmp_path):
+    """A database's DDL has CHAR(n) and VARCHAR(n): both open as STRING columns (Spark's plans
+    refuse them in DataFrames), in SQL and in the Python API alike; lengths are not checked."""
+    c = Circuit.from_sql("""
+        CREATE TABLE t (id BIGINT, name VARCHAR(4), code CHAR(2));
+        CREATE VIEW v AS SELECT id, upper(name) AS u FROM t WHERE code = 'ab';
+    """, name="chars")
+    c.output("raw", c.input("more", "id BIGINT, tags ARRAY<VARCHAR(3)>"))
+    with Pipeline(c, str(tmp_path), spark, driver_step_rows=10**9) as p:
+        assert [f.dataType.simpleString() for f in p.input_schema("t").fields] == [
+            "bigint", "string", "string"]
+        assert p.input_schema("more")["tags"].dataType.simpleString() == "array<string>"
+        p.push("t", [(1, "anna", "ab"), (2, "bob", "cd"), (3, "a longer name", "ab")])
+        p.push("more", [(1, ["x", "yz"])])
+        p.step()
+        assert view_rows(p.view_arrow("v")) == Counter({(1, "ANNA"): 1, (3, "A LONGER NAME"): 1})
+
+
+@pytest.mark.parametrize("ddl", ["id BIGINT NOT NULL PRIMARY KEY, v INT", "id BIGINT UNIQUE",
+                                 "id BIGINT, v INT, PRIMARY KEY (id)"])
+def test_a_key_constraint_is_refused_not_ignored(ddl):
+    """A key a user declares would not be enforced (a push of a key present adds a second
+    row): refused, saying so, rather than kept silently as if it were."""
+    with pytest.raises(SqlError, match="PRIMARY KEY and UNIQUE are not enforced: .* adds a "
+                                       "second row"):
+        Circuit.from_sql(f"CREATE TABLE t ({ddl}); CREATE VIEW v AS SELECT id FROM t")
