@@ -123,6 +123,9 @@ def views_asset(ref: PipelineRef) -> dg.AssetsDefinition:
                     "step_phases": phase_summary(results),
                     "slowest_operators": operator_summary(results),
                     "steps_on_driver": sum(1 for r in results if r.on_driver),
+                    # operators that ran a Spark job on a driver step (StepResult.spark_jobs)
+                    "spark_jobs_on_driver": ", ".join(sorted({
+                        label for r in results for label in r.spark_jobs})) or "none",
                     # where the newest step ran and why (runtime/path_choice.py)
                     "last_step_path": results[-1].path_reason,
                     "state_version": pipeline.state_version,

@@ -73,6 +73,11 @@ class StepContext:
     #: the seconds each operator's evaluation took this step, by its label
     #: (``Plan.operator_label``; ``StepResult.operator_seconds``)
     operator_seconds: dict[str, float] = field(default_factory=dict)
+    #: the label of the operator running now (set by ``Plan.evaluate``)
+    running: str = ""
+    #: on a driver step, the labels of the operators that ran a Spark job over their change
+    #: (``StepResult.spark_jobs``)
+    spark_jobs: list[str] = field(default_factory=list)
     _cached: list[DataFrame] = field(default_factory=list)
     _scratch: list[str] = field(default_factory=list)
 

@@ -35,7 +35,7 @@ from dbsp_pipeline.operators.base import Delta, LocalDelta, Operator, StepContex
 from dbsp_pipeline.zset import WEIGHT, canonical_floats, canonical_floats_arrow, quote
 
 
-class _UserSQL(Operator):
+class UserSQL(Operator):
     """An operator that applies the user's Spark SQL to the change's rows (the weight rides
     along): subclasses set ``local_sql``, the same as one DuckDB query over the change ``d``
     (None when only Spark evaluates it exactly), may override ``_arrow`` (the same in pyarrow,
@@ -72,6 +72,7 @@ class _UserSQL(Operator):
             except duckdb.Error:
                 pass  # e.g. an overflow in a branch Spark would not evaluate: Spark decides
         # One Spark job over the small change.
+        ctx.spark_jobs.append(ctx.running)
         frame = ctx.session.createDataFrame(d.cast(zset_arrow_schema(self.input_schema)))
         return conform(self._spark(frame).toArrow(), self.schema)
 
@@ -81,8 +82,14 @@ class _UserSQL(Operator):
     def _spark(self, d: DataFrame) -> DataFrame:
         raise NotImplementedError
 
+    def untranslated(self) -> list[str]:
+        """The user's expressions the driver evaluates only as a Spark job (outside
+        ``driver.expressions``' translation): empty where every driver step runs them in
+        DuckDB or pyarrow."""
+        return []
 
-class Select(_UserSQL):
+
+class Select(UserSQL):
     def __init__(self, exprs: Sequence[str], input_schema: StructType, schema: StructType) -> None:
         self.exprs = list(exprs)
         self.input_schema = input_schema
@@ -104,8 +111,15 @@ class Select(_UserSQL):
     def _spark(self, d: DataFrame) -> DataFrame:
         return canonical_floats(d.select(*[F.expr(e) for e in self.exprs], F.col(WEIGHT)))
 
+    def untranslated(self) -> list[str]:
+        if self.local_sql is not None or self.arrow_columns is not None:
+            return []
+        names = self.schema.fieldNames()
+        return [e for e, name in zip(self.exprs, names)
+                if translate_projection([e], self.input_schema, [name]) is None] or self.exprs
 
-class Filter(_UserSQL):
+
+class Filter(UserSQL):
     keeps_rows = True
 
     def __init__(self, predicate: str, schema: StructType) -> None:
@@ -123,6 +137,10 @@ class Filter(_UserSQL):
     def _spark(self, d: DataFrame) -> DataFrame:
         # NULL is not true: coalesce so a NULL predicate drops the row, as SQL WHERE does.
         return d.where(F.coalesce(F.expr(self.predicate), F.lit(False)))
+
+    def untranslated(self) -> list[str]:
+        return [self.predicate] if self.local_sql is None and self.arrow_condition is None \
+            else []
 
 
 class Union(Operator):

@@ -17,6 +17,7 @@ engine's shared state (``engine_state.EngineState``), to one module per concern:
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -53,6 +54,7 @@ from dbsp_pipeline.runtime.engine_state import EngineState, compile_plan, read_l
 from dbsp_pipeline.runtime.input_log import InputLog, WrittenPush
 from dbsp_pipeline.runtime.layout import Layout
 from dbsp_pipeline.runtime.output_log import OutputLog
+from dbsp_pipeline.runtime.plan import Plan, SparkOperator
 from dbsp_pipeline.runtime.readers import (
     DEFAULT_LEASE_SECONDS,
     LeaseRegistry,
@@ -83,6 +85,7 @@ __all__ = ["DRIVER_STEP_ROWS", "Checkpoint", "CircuitChange", "FailedStep", "Pip
            "QuarantineResult", "RescaleResult", "StepInfo", "StepResult"]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class _EngineSetting(Generic[T]):
@@ -332,6 +335,7 @@ class Pipeline:
             driver_step_rows=driver_step_rows, driver_memory=driver_memory,
             retain_steps=retain_steps,
             retain_checkpoints=retain_checkpoints)
+        _warn_of_spark_operators(plan)
         # tables an older engine created get the engine's Delta properties (once)
         with _fenced_at_open(circuit, root):
             manifest = [engine_upgrade.manifest_path(root)] if manifest_upgraded else []
@@ -450,6 +454,14 @@ class Pipeline:
     def input_schema(self, name: str) -> StructType:
         """The columns of input ``name`` (without ``_weight``)."""
         return self._engine.input(name).schema
+
+    def spark_operators(self) -> list[SparkOperator]:
+        """The operators that run a Spark job over their change at every driver step (their
+        expressions are outside the driver's translation, ``driver/expressions.py``): each
+        costs a job a step (tens of milliseconds) and the JVM's start in a new process (seconds).
+        Each with its label (as ``StepResult.operator_seconds`` and ``spark_jobs`` name it), the
+        views it feeds and the expressions; also logged as a warning at open."""
+        return self._engine.plan.spark_operators()
 
     def input_arrow_schema(self, name: str) -> pa.Schema:
         """The Arrow schema of input ``name``'s log: its columns and ``_weight``."""
@@ -856,3 +868,16 @@ class Pipeline:
     def _output(self, name: str) -> OutputLog:
         self._require_open()
         return self._engine.output(name)
+
+
+def _warn_of_spark_operators(plan: Plan) -> None:
+    """Log, once at open, the operators whose expressions only Spark evaluates
+    (``Pipeline.spark_operators``), naming the views and the expressions."""
+    slow = plan.spark_operators()
+    if slow:
+        log.warning(
+            "%d operator(s) run a Spark job at every driver step (their expressions are outside "
+            "the driver's translation; each costs a job a step, and the JVM's start in a new "
+            "process): %s", len(slow), "; ".join(
+                f"{op.label} (view{'s' if len(op.views) > 1 else ''} "
+                f"{', '.join(op.views) or '-'}): {', '.join(op.expressions)}" for op in slow))

@@ -18,6 +18,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import pyarrow as pa
@@ -57,7 +58,15 @@ from dbsp_pipeline.operators.constant import Constant, constant_table
 from dbsp_pipeline.operators.distinct import Distinct
 from dbsp_pipeline.operators.integration import Delay, Differentiate, Integrate
 from dbsp_pipeline.operators.join import Join
-from dbsp_pipeline.operators.linear import Conform, Filter, Negate, Repeat, Select, Union
+from dbsp_pipeline.operators.linear import (
+    Conform,
+    Filter,
+    Negate,
+    Repeat,
+    Select,
+    Union,
+    UserSQL,
+)
 from dbsp_pipeline.operators.top_k import OrderKey, TopK, ranked_schema
 from dbsp_pipeline.runtime import scatter
 from dbsp_pipeline.runtime.circuit_diff import (
@@ -196,6 +205,7 @@ class Plan:
                 continue
             operator = self.operators[node.id]
             inputs = [changes[i] for i in node.inputs]
+            ctx.running = label
             if ctx.on_driver:
                 try:
                     changes[node.id] = operator.step_local(ctx, inputs)
@@ -218,6 +228,16 @@ class Plan:
                 changes[node.id] = operator.step(ctx, [self._frame_of(ctx, c) for c in inputs])
             add_seconds(ctx.operator_seconds, label, started)
         return changes
+
+    def spark_operators(self) -> list[SparkOperator]:
+        """The operators a driver step runs as a Spark job over their change whatever it
+        holds: their expressions are outside ``driver.expressions``' translation. Each costs a
+        job a step, and the JVM's start in a new process."""
+        fed = _views_fed(self.circuit)
+        return [SparkOperator(self.operator_label(node), fed.get(node.id, []), expressions)
+                for node in self.circuit.nodes
+                if isinstance(op := self.operators.get(node.id), UserSQL)
+                and (expressions := op.untranslated())]
 
     def operator_label(self, node: Node) -> str:
         """How ``StepResult.operator_seconds`` names node ``node``: its state tables' name
@@ -747,6 +767,18 @@ def _store_schemas(path: str | None, circuit: Circuit, schemas: dict[int, Struct
 
 def _schemas_digest(schemas: object) -> str:
     return hashlib.sha256(json.dumps(schemas, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class SparkOperator:
+    """An operator whose expressions only Spark evaluates (``Plan.spark_operators``)."""
+
+    #: as ``StepResult.operator_seconds`` and ``spark_jobs`` name it
+    label: str
+    #: the views its change flows into
+    views: list[str]
+    #: its expressions outside the driver's translation
+    expressions: list[str]
 
 
 def _views_fed(circuit: Circuit) -> dict[int, list[str]]:

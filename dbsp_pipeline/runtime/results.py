@@ -69,6 +69,11 @@ class StepResult:
     committed_version: int | None = None
     #: whether the step ran on the driver (small change) rather than as Spark jobs
     on_driver: bool = False
+    #: on a driver step, the operators (labelled as in ``operator_seconds``) whose change ran
+    #: as a Spark job all the same: an expression outside the driver's translation
+    #: (``Pipeline.spark_operators`` lists those), or rows where DuckDB's value would differ
+    #: from Spark's. Each costs a job a step, and the JVM's start in a new process.
+    spark_jobs: list[str] = field(default_factory=list)
     #: why the step ran where it did (``runtime/path_choice.py``): the rule and its figures
     path_reason: str = ""
     #: per input fed by a tracked source, invalid records left out of the step's pushes (they

@@ -329,6 +329,7 @@ def _compute(state: EngineState, s: int, files: dict[str, list[DataFile]],
         node_changes = state.plan.evaluate(ctx, changes)
         writing = add_seconds(result.phase_seconds, "operators", evaluating)
         result.operator_seconds = dict(ctx.operator_seconds)
+        result.spark_jobs = list(ctx.spark_jobs)
         # (a Spark step's view change the owner stage collected is written on the driver,
         # not consolidated again when its tasks' outputs together are)
         for node_id in ctx.consolidated_changes:

@@ -53,6 +53,7 @@ def test_step_ingests_steps_and_materializes_every_view(defs, root, instance, sp
     slowest = [part.split()[0] for part in m["slowest_operators"].split(", ")]
     assert len(slowest) == 3 and all(name.startswith("n") for name in slowest)
     assert m["steps_on_driver"] == 1 and m["last_step_path"].startswith("driver")
+    assert m["spark_jobs_on_driver"] == "none"  # the shop's expressions run in DuckDB
     columns = [(c.name, c.type) for c in m["dagster/column_schema"].columns]
     assert columns == [("region", "string"), ("total", "double"), ("n", "bigint"),
                        ("top", "double")]

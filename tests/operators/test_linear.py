@@ -68,14 +68,16 @@ def test_date_and_string_functions_run_on_the_driver_and_spark_decides_beyond_as
         assert spark_calls == []  # every select ran in DuckDB or Arrow
         live = rows[1:]
         assert _views(p) == _expected(spark, live)
+        assert p.spark_operators() == []
         beyond = (9, "straße", 3.0, dt.datetime(2026, 3, 1, tzinfo=UTC))  # Java: STRASSE
         p.push("t", [beyond])
-        p.step()
+        result = p.step()
         assert len(spark_calls) == 1  # that step's change, in Spark
+        assert result.on_driver and result.spark_jobs == ["n1_select"]
         assert _views(p) == _expected(spark, live + [beyond])
         assert ("STRASSE", ) == next(r[:1] for r in _views(p)[0] if r[0].startswith("STRA"))
         p.push("t", [(12, "nord", 1.0, dt.datetime(2026, 4, 1, tzinfo=UTC))])
-        p.step()
+        assert p.step().spark_jobs == []
         assert len(spark_calls) == 1  # back on the driver
 
 
@@ -88,3 +90,25 @@ def test_a_select_the_driver_translates_starts_no_spark_job(spark, tmp_path, mon
         p.push("t", [("east", dt.datetime(2026, 5, 5, 5, tzinfo=UTC))])
         assert p.step().on_driver
         assert p.view_arrow("v").num_rows == 1
+
+
+def test_an_expression_only_spark_evaluates_is_named_at_open_and_in_each_step(spark, tmp_path,
+                                                                              caplog):
+    """A select outside the driver's translation runs a Spark job at every driver step: the
+    pipeline says so when it opens (a warning naming the operator, its view and the
+    expression; ``spark_operators``), and each step's ``spark_jobs`` names it."""
+    c = Circuit("slow")
+    t = c.input("t", "id BIGINT, region STRING")
+    c.output("tagged", t.select("id", "regexp_replace(region, '[aeiou]', '') AS consonants",
+                                "upper(region) AS r"))
+    with caplog.at_level("WARNING", logger="dbsp_pipeline.runtime.pipeline"), \
+            Pipeline(c, str(tmp_path), spark, driver_step_rows=10**9) as p:
+        (slow,) = p.spark_operators()
+        assert (slow.label, slow.views, slow.expressions) == (
+            "n1_select", ["tagged"], ["regexp_replace(region, '[aeiou]', '') AS consonants"])
+        assert "1 operator(s) run a Spark job at every driver step" in caplog.text
+        assert "n1_select (view tagged): regexp_replace(region" in caplog.text
+        p.push("t", [(1, "north")])
+        result = p.step()
+        assert result.on_driver and result.spark_jobs == ["n1_select"]
+        assert p.view_arrow("tagged").column("consonants").to_pylist() == ["nrth"]
