@@ -42,7 +42,12 @@ from pyspark.sql.types import DoubleType, FloatType, LongType, StructField, Stru
 from dbsp_pipeline import root as root_layout
 from dbsp_pipeline.driver import hashing
 from dbsp_pipeline.driver.sql import LocalSQL, zset_arrow_schema
-from dbsp_pipeline.errors import ConcurrentWriterError, NonDeterminismError, UsageError
+from dbsp_pipeline.errors import (
+    ComputationError,
+    ConcurrentWriterError,
+    NonDeterminismError,
+    UsageError,
+)
 from dbsp_pipeline.storage.data_files import PORTABLE_COMPRESSION, DataFiles, new_file_path
 from dbsp_pipeline.storage.delta_table import DataFile, SparkDeltaTable
 from dbsp_pipeline.storage.small_files import read_text, write_atomically
@@ -309,7 +314,10 @@ class OutputLog:
             adds = self.table.write_arrow(rows) if rows.num_rows else []
             digest = content_digest(rows, self.schema)
         elif rows is not None:
-            adds = self.table.write_files(rows)
+            try:  # (Spark computes the view's change, all its operators, as it writes it)
+                adds = self.table.write_files(rows)
+            except ComputationError as e:
+                raise ComputationError(f"view '{self.name}': {e}") from e
             digest = content_digest(self.table.read_arrow(
                 [os.path.join(self.table.uri, a.path) for a in adds]), self.schema)
         else:

@@ -395,7 +395,7 @@ class Plan:
             # every value converts exactly (the driver path casts with Arrow, which refuses a
             # lossy conversion where Spark would round)
             try:
-                with _quiet_query_context_logs():
+                with quiet_query_context_logs():
                     widened = self._empty(src)
                     for other in inputs[1:]:
                         widened = widened.unionByName(self._empty(other))
@@ -525,13 +525,13 @@ class Plan:
         expressions, as every step would: ``id > 'abc'`` (the text cast to a number) is refused
         here, not by every step."""
         try:
-            with _quiet_query_context_logs():
+            with quiet_query_context_logs():
                 df = build()
                 schema: StructType = df.schema
         except PySparkException as e:
             raise CircuitError(f"{what}: {_first_line(e)}") from None
         try:
-            with _quiet_query_context_logs():
+            with quiet_query_context_logs():
                 if fold_constants:
                     _optimize(df)
                 changing = _changing_function(df)
@@ -625,7 +625,8 @@ def _changing_function(df: DataFrame) -> tuple[str, bool] | None:
 #: the loggers PySpark logs an analysis error to, with its Java stack trace, when the error is
 #: raised (``PySparkException._log_exception``, in the raising thread), whoever catches it
 _QUERY_CONTEXT_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
-#: per thread: whether it is analysing a circuit (``_quiet_query_context_logs``)
+#: per thread: whether it is analysing a circuit or evaluating a step
+#: (``quiet_query_context_logs``)
 _ANALYSING = threading.local()
 _FILTER_LOCK = threading.Lock()
 _filter_added = False
@@ -639,12 +640,13 @@ class _NotWhileAnalysing(logging.Filter):
 
 
 @contextlib.contextmanager
-def _quiet_query_context_logs() -> Iterator[None]:
-    """PySpark's logs of analysis errors dropped in this thread while it analyses a circuit: an
-    error there is the circuit's, raised as a ``CircuitError`` naming the operator, and the same
-    error logged before it (several KB of JSON and Java frames on stderr) only buries it. Other
-    threads' logs, and this thread's outside, go on as before (a filter on the two loggers, added
-    once, reads a per-thread flag)."""
+def quiet_query_context_logs() -> Iterator[None]:
+    """PySpark's logs of query errors dropped in this thread while it analyses a circuit or
+    evaluates a step: an error there is raised as a ``CircuitError`` or ``StepFailedError``
+    naming the operator, its views and the expression, and the same error logged before it
+    (tens of KB of JSON and Java frames on stderr) only buries it. Other threads' logs, and
+    this thread's outside, go on as before (a filter on the two loggers, added once, reads a
+    per-thread flag)."""
     global _filter_added
     with _FILTER_LOCK:
         if not _filter_added:

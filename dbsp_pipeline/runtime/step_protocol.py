@@ -91,6 +91,7 @@ from dbsp_pipeline.runtime.division_log import CARRIED_RECORDS_KEY
 from dbsp_pipeline.runtime.engine_state import EngineState
 from dbsp_pipeline.runtime.input_log import LandingPush, WrittenPush
 from dbsp_pipeline.runtime.output_log import PreparedWrite
+from dbsp_pipeline.runtime.plan import quiet_query_context_logs
 from dbsp_pipeline.runtime.results import (
     FailedStep,
     QuarantineResult,
@@ -325,24 +326,25 @@ def _compute(state: EngineState, s: int, files: dict[str, list[DataFile]],
                           and (target := state.outputs[name].files_for_tasks(s)) is not None}
     recorded = state.divisions.outputs(s) or {}
     try:
-        evaluating = add_seconds(result.phase_seconds, "read", started)
-        node_changes = state.plan.evaluate(ctx, changes)
-        writing = add_seconds(result.phase_seconds, "operators", evaluating)
-        result.operator_seconds = dict(ctx.operator_seconds)
-        result.spark_jobs = list(ctx.spark_jobs)
-        # (a Spark step's view change the owner stage collected is written on the driver,
-        # not consolidated again when its tasks' outputs together are)
-        for node_id in ctx.consolidated_changes:
-            state.sql.assume_consolidated(node_changes[node_id],
-                                          state.plan.schemas[node_id].fieldNames())
-        prepared = {name: state.outputs[name].prepare(
-                        s, node_changes[node_id],
-                        state.sql if isinstance(node_changes[node_id], pa.Table) else sql,
-                        recorded.get(name))
-                    for name, node_id in state.circuit.outputs.items()}
-        # the trace files written behind the computation are all written before anything of
-        # the step is recorded; a failed one fails the step (``storage/write_behind.py``)
-        state.db.wait_for_writes()
+        with quiet_query_context_logs():  # (a failure is raised named: PySpark's log dropped)
+            evaluating = add_seconds(result.phase_seconds, "read", started)
+            node_changes = state.plan.evaluate(ctx, changes)
+            writing = add_seconds(result.phase_seconds, "operators", evaluating)
+            result.operator_seconds = dict(ctx.operator_seconds)
+            result.spark_jobs = list(ctx.spark_jobs)
+            # (a Spark step's view change the owner stage collected is written on the driver,
+            # not consolidated again when its tasks' outputs together are)
+            for node_id in ctx.consolidated_changes:
+                state.sql.assume_consolidated(node_changes[node_id],
+                                              state.plan.schemas[node_id].fieldNames())
+            prepared = {name: state.outputs[name].prepare(
+                            s, node_changes[node_id],
+                            state.sql if isinstance(node_changes[node_id], pa.Table) else sql,
+                            recorded.get(name))
+                        for name, node_id in state.circuit.outputs.items()}
+            # the trace files written behind the computation are all written before anything of
+            # the step is recorded; a failed one fails the step (``storage/write_behind.py``)
+            state.db.wait_for_writes()
     finally:
         ctx.release()  # (the step's scratch folders: a Spark step's exchange files)
     add_seconds(result.phase_seconds, "outputs", writing)

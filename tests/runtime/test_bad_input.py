@@ -17,6 +17,7 @@ from dbsp_pipeline import (
     InputError,
     Pipeline,
     PipelineClosedError,
+    StepFailedError,
     UnknownNameError,
 )
 from dbsp_pipeline.examples.shop import shop_circuit
@@ -168,6 +169,36 @@ def test_a_bad_circuit_is_reported_once_and_spark_logs_nothing_of_it(spark, tmp_
         with pytest.raises(PySparkException):  # the user's own query: logged as before
             spark.sql("SELECT nope FROM VALUES (1) AS t(a)")
         assert records
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+
+
+@pytest.mark.parametrize("rows_on_driver", [10**9, 0], ids=["driver", "spark"])
+def test_a_failed_step_is_reported_once_and_spark_logs_nothing_of_it(spark, tmp_path,
+                                                                     rows_on_driver):
+    """A step whose Spark job raises (a division by zero in ANSI mode) reports it as the
+    ``StepFailedError`` alone, naming the operator, its view and Spark's error: PySpark's own
+    log of the error (tens of KB of JSON and Java frames) is dropped while the step runs."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    loggers = [PySparkLogger.getLogger(n)
+               for n in ("SQLQueryContextLogger", "DataFrameQueryContextLogger")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        c = Circuit("zero")
+        c.output("o", c.input("x", "a DOUBLE, b DOUBLE").select(
+            "regexp_replace(cast(a / b as string), '0', '') AS q"))
+        with Pipeline(c, root=str(tmp_path), spark=spark,
+                      driver_step_rows=rows_on_driver) as p:
+            p.push("x", [(1.0, 0.0)])
+            # (on Spark the view's operators run as the one job that writes its change)
+            with pytest.raises(StepFailedError, match=r"step 0 .*(operator #1 select .*\(in "
+                               r"view 'o'\)|view 'o': computing the rows).*DIVIDE_BY_ZERO"):
+                p.step()
+        assert records == []
     finally:
         for logger in loggers:
             logger.removeHandler(handler)
