@@ -217,6 +217,9 @@ class QueryCompiler:
             raise self.error(lateral, "LATERAL VIEW and LATERAL subqueries are not supported",
                              "push one input row per element of an array instead of "
                              "exploding it in the view")
+        for grouping in query.find_all(exp.Rollup, exp.Cube, exp.GroupingSets):
+            raise self.error(grouping, "ROLLUP, CUBE and GROUPING SETS are not supported",
+                             "declare one view per grouping")
 
     # -- queries ---------------------------------------------------------------------------
     def relation(self, q: exp.Expr, ctes: Ctes, unnamed: bool = False) -> Relation:

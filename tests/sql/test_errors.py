@@ -101,6 +101,13 @@ def refused(query: str) -> SqlError:
      "UNION ALL"),
     ("SELECT id, t FROM customers LATERAL VIEW explode(array(1, 2)) x AS t", 4, 42,
      "LATERAL VIEW and LATERAL subqueries are not supported", "one input row per element"),
+    # (not "neither grouped nor aggregated", nor a view that compiles and fails at open)
+    ("SELECT region, count(*) AS n FROM customers GROUP BY ROLLUP(region)", 4, 61,
+     "ROLLUP, CUBE and GROUPING SETS are not supported", "one view per grouping"),
+    ("SELECT count(*) AS n FROM customers GROUP BY CUBE(region, id)", 4, 51,
+     "ROLLUP, CUBE and GROUPING SETS are not supported", "one view per grouping"),
+    ("SELECT count(*) AS n FROM customers\nGROUP BY GROUPING SETS ((region), (id))", 5, 26,
+     "ROLLUP, CUBE and GROUPING SETS are not supported", "one view per grouping"),
 ])
 def test_unsupported_sql_is_refused_with_view_position_problem_and_hint(
         query, line, column, problem, hint):
