@@ -19,7 +19,9 @@ sqlglot's ``duckdb`` dialect, numbers re-rendered from their parsed values). Not
 copied through unchecked. Before the walk, the token stream is checked for what sqlglot's tree
 would hide or read differently from Spark: a unary ``+`` (sqlglot drops it) and two comparisons
 or predicates in one operand without parentheses (``a = b < c`` is ``(a = b) < c`` in Spark,
-``a = (b < c)`` in sqlglot); both refuse.
+``a = (b < c)`` in sqlglot); both refuse. The tokens also give what sqlglot's tree loses: the
+pattern of ``date_format`` as written (sqlglot rewrites ``YYYY`` and ``yyyy`` alike) and whether
+``unix_timestamp`` was given a format (sqlglot adds its default one).
 
 Why not ``sqlglot.transpile(..., write="duckdb")`` for the output too: its DuckDB text says what
 the Spark text means in most rows, not in all of them, and this gate needs all. Checked with the
@@ -104,9 +106,28 @@ Whitelist (each item verified against Spark 4.3 + DuckDB 2.0 by ``tests/driver/t
   DAY/DD, HOUR, MINUTE, SECOND, MILLISECOND, MICROSECOND), a TIMESTAMP; ``trunc(d, fmt)``
   (YEAR to WEEK), a DATE; ``date_add``/``date_sub`` of a date (or a timestamp's date) and an
   int; ``datediff(end, start)``, an int;
+* ``date_format(x, 'pattern')`` of a date, a timestamp or a timestamp_ntz (``_date_format``),
+  the pattern a literal read from the text as written, one pattern per text, of the letters
+  ``y yy yyyy M MM MMM MMMM d dd H HH m mm s ss``, ``S`` to ``SSSSSS`` (the fraction cut),
+  ``E EE EEE EEEE`` (English names, Spark's locale), the separators `` -/:.,_`` and quoted
+  text (``'T'``, ``''``); built of the parts of the UTC wall clock. A year outside 1 to 9999
+  (Spark writes ``+10000``) raises (``error()``): Spark decides. Other letters refuse
+  (``YYYY``, the week-based year; ``yyy``, ``hh``, ``a``, ``LLL``, ...);
+* epoch numbers, a BIGINT (``_unix_time``): ``unix_seconds``, ``unix_millis``, ``unix_micros``
+  of a timestamp or a timestamp_ntz and ``CAST(ts AS BIGINT)`` of a timestamp round down
+  (1969-12-31 23:59:59.5 is -1), ``unix_timestamp(x)`` of those cuts toward zero (the same
+  instant is 0, as Spark's) and of a date is its midnight in UTC. Refused: ``unix_timestamp()``
+  and with a format, ``to_unix_timestamp``, a CAST to INT. A timestamp DuckDB reads as an
+  infinity (Spark's largest) raises: Spark decides;
 * strings: ``concat(...)`` and ``||`` of strings (NULL if any is; DuckDB's ``concat`` skips
   NULLs, so ``||``), ``trim``/``ltrim``/``rtrim`` (spaces, U+0020, only, as Spark's),
   ``replace(s, search[, replacement])``, ``startswith``/``endswith``/``contains``;
+  ``lpad``/``rpad(s, n[, pad])`` with an integer literal ``n`` up to 10**6 and a literal pad
+  (code points in both; ``n <= 0`` gives '', a longer string is cut to ``n``, an empty pad
+  leaves a shorter one as it is, where DuckDB would raise: ``substring`` then);
+  ``concat_ws(sep, s, ...)`` of strings and NULLs (NULLs skipped, NULL for a NULL separator,
+  '' for no strings); ``left``/``right(s, n)`` with an integer literal (code points; ``n <= 0``
+  gives '', where DuckDB drops code points from the other end);
   ``upper``/``lower`` where every character is ASCII: Spark uses Java's full case mapping
   (``upper('ß')`` is ``'SS'``, ``lower('İ')`` two code points), DuckDB maps code point by code
   point, so the translation raises (``error()``) on a string with another character and Spark
@@ -181,6 +202,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 from sqlglot import exp
+from sqlglot.dialects.dialect import Dialect
 from sqlglot.tokenizer_core import Token, TokenType
 
 from dbsp_pipeline.driver import spark_decimal
@@ -193,6 +215,7 @@ __all__ = ["translate_predicate", "translate_projection"]
 
 _INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
 _LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
+_SPARK = Dialect.get_or_raise("spark")  # sqlglot's Spark dialect (its rewriting of patterns)
 
 # Types of the little inference. Expression types: the first group. A bare column of a
 # pass-through type is typed "other" and may only be projected as is or tested for NULL.
@@ -303,7 +326,89 @@ def _parse(text: str) -> exp.Expression:
     if pluses != sum(1 for _ in tree.find_all(exp.Add)):
         raise _Refuse("unary plus")
     _check_one_comparison_per_operand(tokens)
+    _mark_calls_from_tokens(tree, tokens, text)
     return tree
+
+
+#: where ``_mark_calls_from_tokens`` leaves what sqlglot's tree does not say (``Expression.meta``)
+_PATTERN, _ONE_ARGUMENT = "spark_datetime_pattern", "spark_one_argument"
+
+
+def _calls(tokens: Sequence[Token], name: str) -> list[list[list[Token]]]:
+    """Each call of the function ``name`` (any case, backticks allowed) in the token stream, in
+    order: its arguments, each the list of its tokens (split at the call's own commas)."""
+    calls = []
+    for k, tok in enumerate(tokens[:-1]):
+        if tok.token_type not in (TokenType.VAR, TokenType.IDENTIFIER) \
+                or tok.text.lower() != name or tokens[k + 1].token_type != TokenType.L_PAREN:
+            continue
+        args: list[list[Token]] = [[]]
+        depth = 0
+        for t in tokens[k + 1:]:
+            if t.token_type in (TokenType.L_PAREN, TokenType.L_BRACKET):
+                depth += 1
+                if depth == 1:
+                    continue
+            elif t.token_type in (TokenType.R_PAREN, TokenType.R_BRACKET):
+                depth -= 1
+                if depth == 0:
+                    break
+            elif t.token_type == TokenType.COMMA and depth == 1:
+                args.append([])
+                continue
+            args[-1].append(t)
+        calls.append(args if args != [[]] else [])
+    return calls
+
+
+def _mark_calls_from_tokens(tree: exp.Expression, tokens: Sequence[Token], text: str) -> None:
+    """Note on sqlglot's nodes what only the text says, or leave them unmarked (then refused)."""
+    _mark_date_formats(tree, tokens, text)
+    _mark_unix_timestamps(tree, tokens)
+
+
+def _mark_date_formats(tree: exp.Expression, tokens: Sequence[Token], text: str) -> None:
+    """Mark each ``date_format`` node with the user's own pattern, where it is certain.
+
+    sqlglot rewrites the pattern into its own strftime-like text, which loses letters Spark
+    tells apart (``yyyy`` and ``YYYY``, the week-based year, both become ``%Y``). So the pattern
+    is read from the token stream: each ``date_format`` call's second argument must be one
+    string literal, quoted alike at both ends with no quote of that kind inside (adjacent
+    literals, ``'a''b'``, are two tokens), all the calls of the text must have the same
+    pattern, as many as sqlglot's ``TimeToStr`` nodes, and sqlglot's rewriting of that pattern
+    must be each node's format; then every node is marked with it."""
+    nodes = [n for n in tree.find_all(exp.TimeToStr) if type(n) is exp.TimeToStr]
+    if not nodes:
+        return
+    calls = _calls(tokens, "date_format")
+    patterns = set()
+    for args in calls:
+        literal = args[1] if len(args) == 2 and len(args[1]) == 1 else None
+        raw = "" if literal is None or literal[0].token_type != TokenType.STRING \
+            else text[literal[0].start:literal[0].end + 1]
+        if len(raw) < 2 or raw[0] not in "'\"" or raw[-1] != raw[0] or raw[0] in raw[1:-1]:
+            return
+        patterns.add(raw[1:-1])
+    if len(calls) != len(nodes) or len(patterns) != 1:
+        return
+    pattern = patterns.pop()
+    if any(n.args.get("format") != _SPARK.format_time(exp.Literal.string(pattern))
+           for n in nodes):
+        return
+    for n in nodes:
+        n.meta[_PATTERN] = pattern
+
+
+def _mark_unix_timestamps(tree: exp.Expression, tokens: Sequence[Token]) -> None:
+    """Mark the ``unix_timestamp(x)`` nodes of one argument. sqlglot adds its default format
+    where none is written, so ``unix_timestamp(x, fmt)`` cannot be told from it in the tree:
+    the nodes are marked when every ``unix_timestamp`` call of the text has exactly one
+    argument and the calls are as many as the nodes (``to_unix_timestamp`` is a node too)."""
+    nodes = [n for n in tree.find_all(exp.StrToUnix) if type(n) is exp.StrToUnix]
+    calls = _calls(tokens, "unix_timestamp")
+    if nodes and len(calls) == len(nodes) and all(len(args) == 1 for args in calls):
+        for n in nodes:
+            n.meta[_ONE_ARGUMENT] = True
 
 
 _COMPARE_TOKENS = {TokenType.EQ, TokenType.NEQ, TokenType.LT, TokenType.LTE, TokenType.GT,
@@ -958,8 +1063,9 @@ def _cast_to(node: exp.Expression, columns: Columns) -> tuple[str, str]:
     convert alike: a date literal and ``TIMESTAMP '...'`` (``_timestamp_literal``); to DATE
     from a date or a timestamp (its UTC date); to STRING from an integer or a string; to INT,
     BIGINT or DOUBLE from an integer (an INT out of range raises in both); to DOUBLE from a
-    double, or a decimal of at most 15 digits (``_decimal_as_double``). Not from a double to
-    an integer (DuckDB rounds, Spark truncates) nor a string to a number (they parse
+    double, or a decimal of at most 15 digits (``_decimal_as_double``); to BIGINT from a
+    TIMESTAMP, its seconds since 1970 UTC rounded down, as Spark's cast does. Not from a double
+    to an integer (DuckDB rounds, Spark truncates) nor a string to a number (they parse
     differently)."""
     if _date_value(node) is not None:
         return _date_literal(node)
@@ -987,6 +1093,8 @@ def _cast_to(node: exp.Expression, columns: Columns) -> tuple[str, str]:
         a, given = _translate(node.this, columns)
         if typ == DOUBLE and _decimal_of(given) is not None:
             return _decimal_as_double(a, given)
+        if typ == BIGINT and given == TIMESTAMP:  # Spark: Math.floorDiv(micros, 1000000)
+            return _floor_divided(_epoch_micros(a), 1_000_000), BIGINT
         if given not in {INT, BIGINT, DOUBLE}:
             raise _Refuse(f"operand type {given}")
         if given == DOUBLE and typ != DOUBLE:
@@ -1176,7 +1284,229 @@ def _function(node: exp.Expression, columns: Columns) -> tuple[str, str]:
             raise _Refuse("bround arguments")
         scale = node.expressions[1] if len(node.expressions) == 2 else None
         return _rounded(node.expressions[0], scale, columns, half_even=True)
+    if t is exp.TimeToStr:  # date_format(x, 'pattern')
+        return _date_format(node, columns)
+    if t is exp.StrToUnix or t in _EPOCH_UNITS:  # unix_timestamp(x), unix_seconds(x), ...
+        return _unix_time(node, columns)
+    if t is exp.Pad:  # lpad(s, n[, pad]), rpad(s, n[, pad])
+        return _pad(node, columns)
+    if t is exp.ConcatWs:  # concat_ws(sep, s, ...): NULLs skipped
+        return _concat_ws(node, columns)
+    if t in (exp.Left, exp.Right):  # left(s, n), right(s, n)
+        return _left_right(node, columns)
     raise _Refuse(f"node {t.__name__}")
+
+
+# --- date_format, epoch numbers, padding and joining strings -----------------------------------
+
+#: Spark's ``date_format`` pattern letters translated here, and the counts of each (a run of
+#: one letter is one field; any other count or letter refuses)
+_PATTERN_COUNTS = {"y": {1, 2, 4}, "M": {1, 2, 3, 4}, "d": {1, 2}, "H": {1, 2}, "m": {1, 2},
+                   "s": {1, 2}, "S": {1, 2, 3, 4, 5, 6}, "E": {1, 2, 3, 4}}
+#: the characters a pattern may hold outside quotes besides the letters above (each itself)
+_PATTERN_SEPARATORS = frozenset(" -/:.,_")
+#: the DuckDB functions of the numeric fields
+_PATTERN_PARTS = {"y": "year", "M": "month", "d": "day", "H": "hour", "m": "minute",
+                  "s": "second"}
+_SHORT_DAYS = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"]
+_DAYS = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"]
+_SHORT_MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov",
+                 "Dec"]
+_MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August",
+           "September", "October", "November", "December"]
+
+
+def _pattern_fields(pattern: str) -> list[tuple[str, int] | str]:
+    """Spark's datetime pattern as fields ``(letter, count)`` and literal texts (adjacent ones
+    joined), read as Java's ``DateTimeFormatterBuilder.appendPattern`` reads it: a quote starts
+    a literal that ends at the next lone quote (``''`` inside is one quote, and so is an empty
+    literal ``''``). Spark rewrites only the unquoted parts (``y`` as ``u``, the proleptic
+    year). Letters and counts outside ``_PATTERN_COUNTS``, other characters outside quotes and
+    a quote left open refuse."""
+    out: list[tuple[str, int] | str] = []
+
+    def text(t: str) -> None:
+        if out and isinstance(out[-1], str):
+            out[-1] += t
+        else:
+            out.append(t)
+
+    k = 0
+    while k < len(pattern):
+        c = pattern[k]
+        if c == "'":
+            end = k + 1
+            while end < len(pattern) and (pattern[end] != "'" or pattern.startswith("''", end)):
+                end += 2 if pattern.startswith("''", end) else 1
+            if end >= len(pattern):
+                raise _Refuse("a pattern ending in an open quote")
+            text(pattern[k + 1:end].replace("''", "'") or "'")
+            k = end + 1
+        elif c in _PATTERN_COUNTS:
+            n = len(pattern) - k - len(pattern[k:].lstrip(c))
+            if n not in _PATTERN_COUNTS[c]:
+                raise _Refuse(f"pattern letters {c * n}")
+            out.append((c, n))
+            k += n
+        elif c in _PATTERN_SEPARATORS:
+            text(c)
+            k += 1
+        else:
+            raise _Refuse(f"pattern character {c!r}")
+    return out
+
+
+def _list_literal(texts: Sequence[str]) -> str:
+    return "[" + ", ".join(exp.Literal.string(t).sql(dialect="duckdb") for t in texts) + "]"
+
+
+def _pattern_piece(field: tuple[str, int], wall: str) -> str:
+    """One field of a pattern as DuckDB text of the wall clock ``wall`` (a TIMESTAMP of a year
+    1 to 9999): a number zero-padded to the letters' count (it never has more digits than that
+    count, which ``lpad`` would cut), ``yy`` the year's last two digits, ``S``... the fraction
+    of the second cut (not rounded) to as many digits, names in English (Spark formats in its
+    default locale, ``Locale.US``; ``E``, ``EE`` and ``EEE`` all abbreviate)."""
+    letter, n = field
+    if letter == "E":
+        names = _DAYS if n == 4 else _SHORT_DAYS
+        return f"({_list_literal(names)}[dayofweek({wall}) + 1])"  # DuckDB: Sunday 0
+    if letter == "M" and n >= 3:
+        names = _MONTHS if n == 4 else _SHORT_MONTHS
+        return f"({_list_literal(names)}[month({wall})])"
+    if letter == "S":  # DuckDB's microsecond() counts from the minute
+        value = f"((microsecond({wall}) % 1000000) // {10 ** (6 - n)})"
+    elif letter == "y" and n == 2:
+        value = f"(year({wall}) % 100)"
+    else:
+        value = f"{_PATTERN_PARTS[letter]}({wall})"
+    text = f"CAST({value} AS VARCHAR)"
+    return text if n == 1 and letter != "S" else f"lpad({text}, {n}, '0')"
+
+
+def _date_format(node: exp.Expression, columns: Columns) -> tuple[str, str]:
+    """``date_format(x, 'pattern')`` of a DATE, a TIMESTAMP or a TIMESTAMP_NTZ with a literal
+    pattern of ``_PATTERN_COUNTS``' letters (``y yy yyyy M MM MMM MMMM d dd H HH m mm s ss``,
+    ``S`` to ``SSSSSS``, ``E EE EEE EEEE``), the separators `` -/:.,_`` and quoted text, the
+    pattern as the user wrote it (``_mark_date_formats``). Spark formats the timestamp (a
+    date: its midnight; a TIMESTAMP_NTZ: the same wall clock) in the session time zone, UTC,
+    so this is built of the parts of the UTC wall clock, as the date parts are. Years outside
+    1 to 9999 (Spark writes ``+10000``, and a sign before year 1; DuckDB's infinite timestamps
+    have no parts) raise (``error()``), and Spark decides that step."""
+    _only(node, "this", "format")
+    pattern = node.meta.get(_PATTERN)
+    if pattern is None:
+        raise _Refuse("date_format pattern not read from the text")
+    arg = node.this
+    if type(arg) is not exp.TimeStrToTime:
+        raise _Refuse("date_format operand")
+    _only(arg, "this")
+    a, typ = _typed(arg.this, columns, {DATE, TIMESTAMP, TIMESTAMP_NTZ})
+    wall = f"CAST({a} AS TIMESTAMP)" if typ == DATE else _utc_wall_clock(a, typ)
+    pieces = [exp.Literal.string(f).sql(dialect="duckdb") if isinstance(f, str)
+              else _pattern_piece(f, wall) for f in _pattern_fields(pattern)]
+    body = " || ".join(pieces) if pieces else "''"
+    return (f"(CASE WHEN year({wall}) BETWEEN 1 AND 9999 THEN ({body}) WHEN {a} IS NULL THEN "
+            f"NULL ELSE error('date_format of a year outside 1 to 9999: Spark decides') END)"
+            ), STRING
+
+
+#: ``unix_seconds``, ``unix_millis``, ``unix_micros``: the microseconds in each unit
+_EPOCH_UNITS: dict[type[exp.Expression], int] = {
+    exp.UnixSeconds: 1_000_000, exp.UnixMillis: 1_000, exp.UnixMicros: 1}
+
+
+def _epoch_micros(sql: str) -> str:
+    """The microseconds of a TIMESTAMP since 1970-01-01 00:00 UTC (a TIMESTAMP_NTZ's wall
+    clock read in UTC), a BIGINT, exact in DuckDB's ``epoch_us`` whatever its time zone; its
+    infinities (Spark's largest and smallest-but-one timestamps, which Spark counts) raise."""
+    return (f"(CASE WHEN NOT isfinite({sql}) THEN error('an infinite DuckDB timestamp: Spark "
+            f"decides') ELSE epoch_us({sql}) END)")
+
+
+def _floor_divided(sql: str, divisor: int) -> str:
+    """``floor(sql / divisor)`` of a BIGINT in integers (DuckDB's ``//`` cuts toward zero)."""
+    if divisor == 1:
+        return sql
+    return f"({sql} // {divisor} - (CASE WHEN {sql} % {divisor} < 0 THEN 1 ELSE 0 END))"
+
+
+def _unix_time(node: exp.Expression, columns: Columns) -> tuple[str, str]:
+    """Spark's epoch numbers, each a BIGINT: ``unix_seconds``, ``unix_millis``,
+    ``unix_micros`` of a TIMESTAMP or a TIMESTAMP_NTZ (its wall clock in UTC) round down
+    (``Math.floorDiv``: 1969-12-31 23:59:59.5 is -1 second); ``unix_timestamp(x)`` (one
+    argument, ``_mark_unix_timestamps``) of those cuts toward zero (Java's ``/``: the same
+    instant is 0), and of a DATE is its midnight in UTC (DuckDB's cast to TIMESTAMP raises
+    on exactly the dates whose midnight overflows Spark's microseconds, where Spark raises)."""
+    if type(node) is exp.StrToUnix:
+        _only(node, "this", "format")
+        if not node.meta.get(_ONE_ARGUMENT):
+            raise _Refuse("unix_timestamp() or unix_timestamp(x, format)")
+        a, typ = _typed(node.this, columns, {DATE, TIMESTAMP, TIMESTAMP_NTZ})
+        if typ == DATE:
+            a = f"CAST({a} AS TIMESTAMP)"
+        return f"({_epoch_micros(a)} // 1000000)", BIGINT
+    _only(node, "this")
+    a, _ = _typed(node.this, columns, {TIMESTAMP, TIMESTAMP_NTZ})
+    return _floor_divided(_epoch_micros(a), _EPOCH_UNITS[type(node)]), BIGINT
+
+
+#: the longest ``lpad``/``rpad`` length translated (past it, memory decides in either engine)
+_PAD_MAX = 1_000_000
+
+
+def _empty_unless_null(sql: str) -> str:
+    return f"(CASE WHEN {sql} IS NULL THEN NULL ELSE '' END)"
+
+
+def _pad(node: exp.Expression, columns: Columns) -> tuple[str, str]:
+    """``lpad(s, n[, pad])`` and ``rpad`` of a string with an integer literal ``n`` (up to
+    ``_PAD_MAX``) and a string literal ``pad`` (a space if omitted), counting code points as
+    both engines do: ``n <= 0`` gives '' (DuckDB too, but written out), a longer string is
+    cut to its first ``n`` code points (by both functions, in both engines), the pad repeats
+    from its start. An empty pad leaves a shorter string as it is in Spark where DuckDB
+    raises: ``substring(s, 1, n)`` then."""
+    _only(node, "this", "expression", "fill_pattern", "is_left")
+    a, _ = _typed(node.this, columns, {STRING})
+    n = _int_literal(node.expression)
+    if n is None or not _INT_MIN <= n <= _PAD_MAX:
+        raise _Refuse("pad length")
+    fill = node.args.get("fill_pattern")
+    if fill is None:
+        fill = exp.Literal.string(" ")
+    if type(fill) is not exp.Literal or not fill.is_string:
+        raise _Refuse("pad not a string literal")
+    if n <= 0:
+        return _empty_unless_null(a), STRING
+    if fill.this == "":
+        return f"substring({a}, 1, {n})", STRING
+    fn = "lpad" if node.args.get("is_left") else "rpad"
+    return f"{fn}({a}, {n}, {_literal(fill)[0]})", STRING
+
+
+def _concat_ws(node: exp.Expression, columns: Columns) -> tuple[str, str]:
+    """``concat_ws(sep, s, ...)`` of strings (and NULLs): both skip NULL strings and give NULL
+    for a NULL separator; Spark's ``concat_ws(sep)`` is '' (DuckDB's wants a string)."""
+    _only(node, "expressions", "safe", "coalesce", "flatten")
+    if not node.expressions:
+        raise _Refuse("concat_ws()")
+    sep, *parts = [_typed(e, columns, {STRING, NULL})[0] for e in node.expressions]
+    if not parts:
+        return _empty_unless_null(sep), STRING
+    return f"concat_ws({sep}, {', '.join(parts)})", STRING
+
+
+def _left_right(node: exp.Expression, columns: Columns) -> tuple[str, str]:
+    """``left(s, n)`` and ``right(s, n)`` of a string with an integer literal ``n``: the first
+    or last ``n`` code points in both (the whole string if shorter); ``n <= 0`` gives '' in
+    Spark, where DuckDB would drop ``-n`` code points from the other end: written out."""
+    _only(node, "this", "expression")
+    a, _ = _typed(node.this, columns, {STRING})
+    n = _int_literal(node.expression)
+    if n is None or not _INT_MIN <= n <= _INT_MAX:
+        raise _Refuse("left/right length")
+    if n <= 0:
+        return _empty_unless_null(a), STRING
+    return f"{'left' if type(node) is exp.Left else 'right'}({a}, {n})", STRING
 
 
 #: the scales ``round`` is translated for (10**scale and 10**(scale+1) are exact doubles)

@@ -124,6 +124,11 @@ PROJECTIONS = [
     "DATE '2024-01-31' - INTERVAL '3' MONTH", "INTERVAL 2 DAYS + DATE '2000-12-30'",
     "(DATE '2000-01-31' + INTERVAL '1' MONTH) + INTERVAL '1' DAY", "0.06 - 0.01",
     "0.06 + 0.01", "2 * 1.5", "d * (1 - 0.25)", " * ".join(["1.1"] * 5), "d * 1.1 * 1.1",
+    # date_format, epoch numbers, padding, concat_ws, left/right (years 1 to 9999; code points)
+    "date_format(dt, 'yyyy-MM-dd EEE')", "date_format(tn, 'yyyy-MM-dd HH:mm:ss.SSSSSS')",
+    "date_format(ts, 'y/M/d H:m:s.S')", "unix_timestamp(dt)", "unix_seconds(ts)",
+    "unix_micros(tn)", "cast(ts2 as bigint)", "lpad(s, 4, 'é')", "rpad(s, 3, 'ab')",
+    "rpad(s2, 1)", "concat_ws('·', s, s2)", "left(s, 2)", "right(s, 1)",
 ]
 
 PREDICATES = [
@@ -174,6 +179,25 @@ REFUSED = [
     "abs(NULL)", "-NULL", "i IN (j, 1)", "x'00' = bin", "dt + 1",
     "length(i)", "coalesce(i, 1.5)", "tn = ts", "tn > dt", "greatest(i, d)",
     "s COLLATE UNICODE_CI = 'a'",
+    # date_format: only a literal pattern, as written (sqlglot reads YYYY, the week-based year,
+    # as yyyy), one pattern in the text, of the letters and counts checked; other operand types
+    "date_format(ts, 'YYYY')", "date_format(ts, 'yyyy') || date_format(dt, 'yy')",
+    "date_format(ts, s)", "date_format(ts, 'y' 'y')", "date_format(s, 'yyyy')",
+    "date_format(i, 'yyyy')", "date_format(ts, 'yyy')", "date_format(ts, 'hh a')",
+    "date_format(ts, 'SSSSSSS')", "date_format(ts, \"'open\")", "date_format(ts, 'yyyy[MM]')",
+    "date_format(ts, 'ddd')", "date_format(ts, 'LLL')", "date_format(ts, 'uuuu')",
+    "date_format(ts, 'yyyy#')", "date_format(ts, concat('y', 'y'))",
+    # unix_timestamp: no argument (now), a format (parses strings), to_unix_timestamp (not
+    # checked); a DATE only where Spark takes it; CAST to an integer of a TIMESTAMP only
+    "unix_timestamp()", "unix_timestamp(ts, 'yyyy-MM-dd')", "unix_timestamp(s)",
+    "to_unix_timestamp(ts)", "unix_seconds(dt)", "unix_millis(s)", "cast(tn as bigint)",
+    "cast(ts as int)", "cast(dt as bigint)",
+    # lpad/rpad/left/right: literal lengths and pads only, lengths Spark takes as an int
+    "lpad(s, i, 'x')", "lpad(s, 5, s2)", "lpad(s, 3000000000)", "lpad(s, 2000000)",
+    "lpad(i, 5)", "rpad(s, 5, NULL)", "left(s, i)", "right(s, 3000000000)", "left(i, 1)",
+    "right(s, NULL)",
+    # concat_ws of strings only
+    "concat_ws(',', s, i)", "concat_ws()", "concat_ws(i, s)",
     # comparison chains: Spark reads ``a = b < c`` as ``(a = b) < c``, sqlglot as ``a = (b < c)``
     "i = j = true", "b = s < 'a'", "i = j IS NULL", "b <=> b = b", "i BETWEEN 1 AND 2 = b",
     "b = CASE WHEN b THEN i END < 2", "b = NOT b", "CASE WHEN NULL THEN 1 ELSE 2 END > 0",
@@ -553,6 +577,18 @@ FN_PROJECTIONS = [
     "greatest(dt, DATE '2000-01-01')", "TIMESTAMP '2024-02-29 23:59:59.999999'",
     "TIMESTAMP '1999-12-31'", "if(ts > TIMESTAMP '2000-01-01 00:00', 1, 0)",
     "round(i, 2)", "round(l)", "bround(i)", "round(i % 7, 0)",
+    "date_format(ts, 'yyyy-MM-dd HH:mm:ss.SSS')", "date_format(dt, 'yyyy/MM/dd')",
+    "date_format(tn, \"yyyy-MM-dd'T'HH:mm:ss\")", "date_format(ts, 'y yy M d H m s S SS SSSS')",
+    "date_format(ts, 'EEE EEEE MMM MMMM E EE, SSSSS SSSSSS')", "date_format(dt, 'd.M.yy, EEEE')",
+    "date_format(tn, 'HH_mm')", "date_format(ts, '')",
+    "unix_timestamp(ts)", "unix_timestamp(dt)", "unix_timestamp(tn)", "unix_seconds(ts)",
+    "unix_millis(ts)", "unix_micros(ts)", "unix_seconds(tn)", "unix_millis(tn)",
+    "unix_micros(tn)", "cast(ts as bigint)", "unix_seconds(date_trunc('HOUR', ts))",
+    "lpad(s, 15, 'ab')", "rpad(s, 15, 'ab')", "lpad(s2, 3)", "rpad(s, 2, '')", "lpad(s, 0, 'x')",
+    "rpad(s, -2, 'x')", "lpad(s, 20, '')", "rpad(s2, 4)",
+    "concat_ws('-', s, s2)", "concat_ws(s2, s, 'x')", "concat_ws(',')", "concat_ws(',', NULL, s)",
+    "concat_ws(',', s)", "left(s, 3)", "right(s, 3)", "left(s, 0)", "right(s, -1)",
+    "left(s, 100)", "right(s2, 2147483647)",
 ]
 FN_PREDICATES = ["upper(s) = 'HELLO WORLD'", "startswith(s2, 'a')", "i % 2 = 1",
                  "year(ts) >= 2000", "date_trunc('MONTH', ts) < ts", "contains(s, s2)",
@@ -561,7 +597,10 @@ FN_PREDICATES = ["upper(s) = 'HELLO WORLD'", "startswith(s2, 'a')", "i % 2 = 1",
                  "ts >= DATE '2021-01-01'", "DATE '2000-12-31' <= ts", "dt < ts",
                  "ts BETWEEN '2020-01-01' AND '2021-12-31 23:59:59.5'", "dt >= '2000-01-01'",
                  "dt < '2021-01-01'", "ts = TIMESTAMP '1970-01-01'", "'1999-12-31 23:00' = ts",
-                 "dt BETWEEN '1900-01-01' AND '2000-12-31'"]
+                 "dt BETWEEN '1900-01-01' AND '2000-12-31'",
+                 "date_format(ts, 'yyyy-MM') = '2024-02'", "unix_seconds(ts) < 0",
+                 "unix_timestamp(ts) = 0", "lpad(s2, 3, '*') = '*ad'", "left(s, 1) = 'H'",
+                 "concat_ws('', s, s2) LIKE '%x%'", "right(s, 2) = 'ld'"]
 
 
 def test_functions_of_dates_timestamps_and_strings_match_spark(spark):
@@ -612,7 +651,9 @@ def test_timestamp_parts_are_utcs_whatever_duckdbs_time_zone(spark):
     schema = StructType([StructField("ts", TimestampType())])
     exprs = ["hour(ts)", "day(ts)", "to_date(ts)", "date_trunc('DAY', ts)", "dayofweek(ts)",
              "ts >= TIMESTAMP '2024-03-31 23:30'", "ts < DATE '2024-04-01'",
-             "ts < '2024-03-31 23:30:00.000001'"]
+             "ts < '2024-03-31 23:30:00.000001'", "date_format(ts, 'yyyy-MM-dd HH:mm EEE')",
+             "unix_seconds(ts)", "unix_timestamp(ts)", "cast(ts as bigint)",
+             "unix_timestamp(to_date(ts))"]
     want = [_norm(v) for v in _spark(spark.createDataFrame(
         [(0, *row[0])], StructType([StructField("rid", IntegerType()), *schema.fields])),
         exprs)[0][1:]]
@@ -624,6 +665,113 @@ def test_timestamp_parts_are_utcs_whatever_duckdbs_time_zone(spark):
         + " FROM t").fetchone()]
     con.close()
     assert got == want
+
+
+EDGE_SCHEMA = StructType([
+    StructField("rid", IntegerType()), StructField("s", StringType()),
+    StructField("dt", DateType()), StructField("ts", TimestampType()),
+    StructField("tn", TimestampNTZType()),
+])
+#: years 1 to 9999 (those below 1000 and 100 too), negative epochs with and without a
+#: fraction of a second, the Julian-Gregorian switch, NULLs; strings of several code points
+#: per character, empty, NUL-holding
+EDGE_ROWS = [
+    (0, None, None, None, None),
+    (1, "e\u0301😀x", dt.date(1, 1, 1), _ts(1, 1, 1, 0, 0, 0, 1), dt.datetime(1, 1, 1)),
+    (2, "", dt.date(99, 12, 31), _ts(99, 6, 15, 13, 5, 9, 999999),
+     dt.datetime(999, 1, 2, 3, 4, 5, 6)),
+    (3, "中文字符串", dt.date(999, 3, 1), _ts(999, 12, 31, 23, 59, 59, 999500),
+     dt.datetime(1000, 1, 1)),
+    (4, "a\x00b", dt.date(9999, 12, 31), _ts(9999, 12, 31, 23, 59, 59, 999999),
+     dt.datetime(9999, 12, 31, 23, 59, 59, 999999)),
+    (5, "e\u0301😀", dt.date(1969, 12, 31), _ts(1969, 12, 31, 23, 59, 59, 500000),
+     dt.datetime(1969, 12, 31, 23, 59, 58, 999999)),
+    (6, "abc", dt.date(1582, 10, 4), _ts(1582, 10, 15), dt.datetime(1582, 10, 4, 12)),
+    (7, "ß", dt.date(1970, 1, 1), _ts(1969, 12, 31, 23, 59, 59, 999999),
+     dt.datetime(1970, 1, 1, 0, 0, 0, 1)),
+    (8, " x ", dt.date(2000, 2, 29), _ts(1960, 1, 1, 0, 0, 0, 1),
+     dt.datetime(2038, 1, 19, 3, 14, 8)),
+]
+EDGE_PROJECTIONS = [
+    "date_format(ts, 'yyyy-MM-dd HH:mm:ss.SSSSSS')", "date_format(dt, 'yyyy-MM-dd HH:mm:ss.SSS')",
+    "date_format(tn, 'yyyy-MM-dd HH:mm:ss.SSSSSS')", "date_format(ts, 'y yy S SS SSS')",
+    "date_format(tn, 'y yy M d H m s')", "date_format(dt, 'EEEE MMMM EEE MMM E')",
+    """date_format(ts, "'it''s' '' 'y' ''''yyyy")""", """date_format(tn, "'é中' yyyy'T'HH")""",
+    "unix_timestamp(ts)", "unix_timestamp(dt)", "unix_timestamp(tn)", "unix_seconds(ts)",
+    "unix_millis(ts)", "unix_micros(ts)", "unix_seconds(tn)", "unix_millis(tn)",
+    "unix_micros(tn)", "cast(ts as bigint)",
+    "lpad(s, 6, '😀é')", "rpad(s, 6, 'e\u0301')", "lpad(s, 2, 'x')", "rpad(s, 2, 'x')",
+    "rpad(s, 1)", "lpad(s, 8, '')", "rpad(s, 2, '')", "lpad(s, 0)", "rpad(s, -5, 'x')",
+    "lpad(s, 5, 'ab')",
+    "concat_ws('·', s, NULL, s)", "concat_ws(NULL, s)", "concat_ws('', s, s)", "concat_ws(',')",
+    "concat_ws(',', NULL)", "concat_ws('😀', s)",
+    "left(s, 1)", "left(s, 2)", "right(s, 1)", "right(s, 2)", "left(s, -1)", "right(s, 0)",
+    "left(s, 2147483647)",
+]
+
+
+def test_date_format_epochs_and_padding_match_spark_on_edge_rows(spark):
+    """``date_format`` (years 1 to 9999, fractions cut not rounded, English names, quoted
+    text), the epoch numbers (rounded down, but ``unix_timestamp`` cut toward zero, as Spark
+    does), ``lpad``/``rpad``/``left``/``right`` (code points; lengths <= 0; an empty pad) and
+    ``concat_ws`` (NULLs skipped, a NULL separator) give Spark's values."""
+    df, table = spark.createDataFrame(EDGE_ROWS, EDGE_SCHEMA), _arrow(EDGE_ROWS, EDGE_SCHEMA)
+    names = [f"c{k}" for k in range(len(EDGE_PROJECTIONS))]
+    items = [translate_projection([e], EDGE_SCHEMA, [n]) for e, n in zip(EDGE_PROJECTIONS, names)]
+    assert [e for e, t in zip(EDGE_PROJECTIONS, items) if t is None] == []
+    _assert_same(EDGE_PROJECTIONS, items, _spark(df, EDGE_PROJECTIONS),
+                 _duckdb('"rid", ' + ", ".join(items), table))
+
+
+def test_date_format_and_epochs_past_duckdbs_reach_raise_so_spark_decides(spark):
+    """Where Spark formats a year outside 1 to 9999 (``+10000``, ``0000``) and counts the
+    timestamps DuckDB reads as infinities (Spark's largest, ``Long.MaxValue`` microseconds),
+    DuckDB raises, and Spark computes that step."""
+    schema = StructType([StructField("ts", TimestampType())])
+    for micros, expr in [(253402300800000000, "date_format(ts, 'yyyy-MM-dd')"),
+                         (-62135596800000001, "date_format(ts, 'yy')"),
+                         (2**63 - 1, "date_format(ts, 'MM')"), (2**63 - 1, "unix_micros(ts)"),
+                         (2**63 - 1, "unix_seconds(ts)"), (2**63 - 1, "unix_timestamp(ts)"),
+                         (2**63 - 1, "cast(ts as bigint)")]:
+        sql = translate_projection([expr], schema, ["o"])
+        assert sql is not None, expr
+        value = spark.range(1).select(F.expr(f"timestamp_micros({micros}L)").alias("ts")) \
+            .select(F.expr(expr)).collect()[0][0]
+        assert value is not None, expr  # Spark gives a value
+        table = pa.table({"ts": pa.array([micros], pa.timestamp("us", tz="UTC"))})
+        with pytest.raises(duckdb.Error, match="Spark decides"):
+            _query(f"SELECT {sql} FROM t", table)
+
+
+def test_unix_timestamp_of_a_date_raises_in_both_past_sparks_microseconds(spark):
+    """A date's midnight past Spark's microseconds (after +294247-01-10, before -290308-12-22)
+    overflows in Spark, and DuckDB's cast to TIMESTAMP raises on the same dates."""
+    schema = StructType([StructField("dt", DateType())])
+    sql = translate_projection(["unix_timestamp(dt)"], schema, ["o"])
+    for days in [106751991, 106751992, -106751991, -106751992]:
+        table = pa.table({"dt": pa.array([days], pa.date32())})
+        frame = spark.range(1).select(F.expr(f"date_from_unix_date({days})").alias("dt"))
+        if abs(days) > 106751991:
+            with pytest.raises(Exception, match="(?i)overflow"):
+                frame.select(F.expr("unix_timestamp(dt)")).collect()
+            with pytest.raises(duckdb.Error):
+                _query(f"SELECT {sql} FROM t", table)
+        else:
+            want = frame.select(F.expr("unix_timestamp(dt)")).collect()[0][0]
+            assert _query(f"SELECT {sql} FROM t", table) == [(want,)] == [(days * 86400,)]
+
+
+def test_date_format_reads_the_pattern_as_written():
+    """sqlglot reads ``YYYY`` (the week-based year) and ``yyyy`` alike; the translation reads
+    the user's text, so the two differ, and a text of two patterns is refused."""
+    schema = StructType([StructField("ts", TimestampType()), StructField("dt", DateType())])
+    assert translate_projection(["date_format(ts, 'YYYY-MM')"], schema, ["o"]) is None
+    assert translate_projection(["DATE_FORMAT(ts, 'yyyy-MM')"], schema, ["o"]) is not None
+    assert translate_projection(['`date_format`(ts, "yyyy-MM")'], schema, ["o"]) is not None
+    same = "date_format(ts, 'yyyy') = date_format(dt, 'yyyy')"
+    assert translate_predicate(same, schema) is not None
+    assert translate_predicate("date_format(ts, 'yyyy') = date_format(dt, 'yy')", schema) is None
+    assert translate_predicate("date_format(ts, 'yyyy') = 'date_format(ts, 1)'", schema)
 
 
 def test_a_decimal_of_up_to_15_digits_is_sparks_double(spark):
