@@ -51,30 +51,31 @@ Whitelist (each item verified against Spark 4.3 + DuckDB 2.0 by ``tests/driver/t
   minus ``INTERVAL 'n' DAY|MONTH|YEAR`` (month arithmetic clamps to the month's last day, as
   Spark's ``add_months``; DuckDB would give a TIMESTAMP), and decimal literals joined by
   ``+ - *`` (exact in Spark: ``0.06 - 0.01`` is ``0.05``), typed as a decimal literal;
-* ``+ - *`` and unary minus on int/bigint/double (a decimal literal only with a double; never
-  ``% div``);
+* ``+ - *`` and unary minus on int/bigint/double (a decimal literal with a double; beside an
+  int or a bigint it is decimal arithmetic, below; never ``% div``);
 * decimals (``_decimal_arithmetic``, ``_decimal_division``, ``_decimal_comparison``,
-  ``_decimal_branches``): ``+ - * /`` of a decimal with a decimal, an int, a bigint or a decimal
-  or integer literal, of Spark's result type (its precision rules, a type past 38 digits adjusted
-  to fewer fractional digits) and value: the exact result, rounded half up to that type's scale
-  (where Spark rounds; a quotient always), raising where it does not fit the type, as Spark's ANSI
-  mode does, and on a zero divisor; computed by DuckDB exactly (operands cast to 38 digits; a
-  quotient in 128-bit integers) and cast to Spark's type, which rounds half away from zero as
-  Spark does. Where an exact intermediate passes 38 digits, or an operand of ``+ -`` does not fit
-  38 digits of the other's scale (only where Spark rounds), DuckDB raises and Spark does not (see
+  ``_decimal_branches``): ``+ - * /`` of a decimal with a decimal, an int, a bigint or a decimal or
+  integer literal, and of an int or a bigint with a decimal literal (``minutes / 60.0``: Spark's
+  decimals, not doubles), of Spark's result type (its precision rules, a type past 38 digits
+  adjusted to fewer fractional digits) and value: the exact result, rounded half up to that type's
+  scale (where Spark rounds; a quotient always), raising where it does not fit the type, as Spark's
+  ANSI mode does, and on a zero divisor; computed by DuckDB exactly (operands cast to 38 digits; a
+  quotient in 128-bit integers) and cast to Spark's type, which rounds half away from zero as Spark
+  does. Where an exact intermediate passes 38 digits, or an operand of ``+ -`` does not fit 38
+  digits of the other's scale (only where Spark rounds), DuckDB raises and Spark does not (see
   "Errors"). Unary minus and ``abs`` (the same type, up to 34 digits); comparisons and ``BETWEEN``
-  with a decimal, integer or decimal literal, exact in both once cast to their common type within
-  38 digits; CASE branches and COALESCE arguments of decimals, ints, bigints, literals and NULL,
-  cast to Spark's common type (an integer literal there counts as an int: ``DECIMAL(10,0)``). Each
-  result with a decimal column in it is typed as Spark types it (checked against Spark's schema).
-  A decimal of at most 15 digits beside a double in ``+ - *`` or a comparison, or cast to
-  DOUBLE, is the double Spark makes of it (its unscaled value divided by a power of ten, both
-  exact doubles: the correctly rounded double, which DuckDB's conversion is too).
-  Refused: unary minus and ``abs`` of more than 34 digits (Spark rounds them to 34 significant
-  digits), a decimal of more than 15 digits beside a double (Spark rounds its unscaled value to
-  a double first) or a bare NULL, ``%`` and ``div`` of decimals, common types past 38 digits,
-  ``IN`` lists and ``CASE x WHEN`` of decimals, a decimal and a double in ``BETWEEN``;
-* ``/`` of int/bigint/double (a decimal literal only with a double): Spark divides as doubles;
+  with a decimal, integer or decimal literal, exact in both once cast to their common type within 38
+  digits; CASE branches and COALESCE arguments of decimals, ints, bigints, literals and NULL, cast
+  to Spark's common type (an integer literal there counts as an int: ``DECIMAL(10,0)``). Each result
+  with a decimal column in it is typed as Spark types it (checked against Spark's schema). A decimal
+  of at most 15 digits beside a double in ``+ - *`` or a comparison, or cast to DOUBLE, is the
+  double Spark makes of it (its unscaled value divided by a power of ten, both exact doubles: the
+  correctly rounded double, which DuckDB's conversion is too). Refused: unary minus and ``abs`` of
+  more than 34 digits (Spark rounds them to 34 significant digits), a decimal of more than 15 digits
+  beside a double (Spark rounds its unscaled value to a double first) or a bare NULL, ``%`` and
+  ``div`` of decimals, common types past 38 digits, ``IN`` lists and ``CASE x WHEN`` of decimals, a
+  decimal and a double in ``BETWEEN``;
+* ``/`` of int/bigint/double (a decimal literal with a double): Spark divides as doubles;
   on a zero divisor Spark (ANSI) raises where DuckDB gives NULL, so the translation raises
   (``error()``) on every zero divisor and the caller lets Spark decide.
   Integer arithmetic is generated as ``add``/``subtract``/``multiply`` calls, which DuckDB types
@@ -700,7 +701,8 @@ def _arithmetic(fn: str, left: exp.Expression, right: exp.Expression,
     if DOUBLE in (ta, tb):  # Spark takes a decimal beside a double as a double
         a, ta = _decimal_as_double(a, ta)
         b, tb = _decimal_as_double(b, tb)
-    if _decimal_of(ta) is not None or _decimal_of(tb) is not None:
+    if _decimal_of(ta) is not None or _decimal_of(tb) is not None \
+            or _integer_beside_decimal_literal(ta, tb):
         return _decimal_arithmetic(fn, (left, a, ta), (right, b, tb))
     for typ in (ta, tb):
         if typ not in _ARITH | {DECIMAL_LIT, NULL}:
@@ -723,6 +725,16 @@ def _arithmetic(fn: str, left: exp.Expression, right: exp.Expression,
     return f"{fn}({a}, {b})", typ
 
 
+def _integer_beside_decimal_literal(ta: str, tb: str) -> bool:
+    """Whether an operator's operands are an integer (not a literal: those fold) and a decimal
+    literal: Spark computes ``minutes / 60.0`` or ``qty * 1.5`` in decimals (the integer as
+    ``DECIMAL(10,0)`` or ``DECIMAL(20,0)``, the literal of its own digits), as
+    ``_decimal_arithmetic`` and ``_decimal_division`` do."""
+    literals = {DECIMAL_LIT, DECIMAL_WIDE}
+    return bool({ta, tb} & literals) and bool({ta, tb} - literals) \
+        and {ta, tb} - literals <= {INT, BIGINT}
+
+
 def _division(left: exp.Expression, right: exp.Expression, columns: Columns) -> tuple[str, str]:
     """``a / b`` of int, bigint and double (a decimal literal only beside a double): Spark
     divides as doubles (``CAST`` of both) and, in ANSI mode, raises on a zero divisor, where
@@ -730,7 +742,8 @@ def _division(left: exp.Expression, right: exp.Expression, columns: Columns) -> 
     lets Spark decide, as for an overflow. With a decimal operand: ``_decimal_division``."""
     a, ta = _translate(left, columns)
     b, tb = _translate(right, columns)
-    if _decimal_of(ta) is not None or _decimal_of(tb) is not None:
+    if _decimal_of(ta) is not None or _decimal_of(tb) is not None \
+            or _integer_beside_decimal_literal(ta, tb):
         return _decimal_division((left, a, ta), (right, b, tb))
     for typ in (ta, tb):
         if typ not in _ARITH | {DECIMAL_LIT, NULL}:
