@@ -101,12 +101,24 @@ Whitelist (each item verified against Spark 4.3 + DuckDB 2.0 by ``tests/driver/t
   whatever DuckDB's own is: ``timezone('UTC', ts)``): ``year month day dayofmonth quarter
   dayofyear weekofyear dayofweek`` (Spark counts Sunday as 1) of a date or a timestamp,
   ``hour minute second`` of a timestamp, and ``EXTRACT`` of those but SECOND (Spark's is a
-  decimal with the fraction), each an int; ``to_date(x)`` (no format), ``date(x)`` and
-  ``CAST(x AS DATE)`` of a date or a timestamp; ``date_trunc(unit, x)`` of a date or a
-  TIMESTAMP with a literal unit Spark knows (YEAR/YYYY/YY, QUARTER, MONTH/MM/MON, WEEK,
-  DAY/DD, HOUR, MINUTE, SECOND, MILLISECOND, MICROSECOND), a TIMESTAMP; ``trunc(d, fmt)``
-  (YEAR to WEEK), a DATE; ``date_add``/``date_sub`` of a date (or a timestamp's date) and an
-  int; ``datediff(end, start)``, an int;
+  decimal with the fraction), each an int, in each of Spark's spellings (``Y YEARS YR YRS``,
+  ``QTR``, ``MON MONS MONTHS``, ``WEEK W WEEKS`` the ISO week, ``D DAYS``, ``DAYOFWEEK DOW``
+  from Sunday as 1, ``DAYOFWEEK_ISO DOW_ISO`` from Monday as 1, ``DOY``, ``YEAROFWEEK`` the
+  ISO week-based year, ``H HOURS HR HRS``, ``M MIN MINS MINUTES``: ``M`` is the minute);
+  ``to_date(x)`` (no format), ``date(x)`` and ``CAST(x AS DATE)`` of a date or a timestamp;
+  ``date_trunc(unit, x)`` of a date or a TIMESTAMP with a literal unit Spark knows (YEAR/YYYY/YY,
+  QUARTER, MONTH/MM/MON, WEEK, DAY/DD, HOUR, MINUTE, SECOND, MILLISECOND, MICROSECOND), a TIMESTAMP;
+  ``trunc(d, fmt)`` (YEAR to WEEK), a DATE; ``date_add``/``date_sub`` of a date (or a timestamp's
+  date) and an int; ``datediff(end, start)``, an int;
+* ``timestampdiff(unit, start, end)`` and ``datediff``/``date_diff(unit, start, end)`` of
+  dates, timestamps and timestamps_ntz (``_timestamp_diff``), a BIGINT, for the units
+  ``MICROSECOND MILLISECOND SECOND MINUTE HOUR DAY WEEK`` (the difference cut toward zero) and
+  ``MONTH QUARTER YEAR`` (Java's ``LocalDateTime.until``: a month counts once the day of the
+  month and the time of day are reached, January 31 to February 29 is 0; cut toward zero);
+  the unit a bare word, as Spark's grammar wants (a quoted one refuses);
+* ``add_months(d, n)`` of a date (or a timestamp's date) and an int, a DATE clamped to the
+  month's last day (``_add_months``; past DuckDB's timestamps, about 290000 years, DuckDB
+  raises: Spark decides); ``make_date(y, m, d)`` of ints (an invalid date raises in both);
 * ``date_format(x, 'pattern')`` of a date, a timestamp or a timestamp_ntz (``_date_format``),
   the pattern a literal read from the text as written, one pattern per text, of the letters
   ``y yy yyyy M MM MMM MMMM d dd H HH m mm s ss``, ``S`` to ``SSSSSS`` (the fraction cut),
@@ -138,8 +150,15 @@ Whitelist (each item verified against Spark 4.3 + DuckDB 2.0 by ``tests/driver/t
   them: only ``yyyy-mm-dd[ hh:mm[:ss[.ffffff]]]`` texts (a date's ``yyyy-mm-dd``), written
   as DuckDB's TIMESTAMPTZ with the UTC offset (Spark reads them in the session time zone);
 * ``nullif(a, b)`` (not of decimals), ``last_day`` of a date (or a timestamp's date),
-  ``greatest``/``least`` of ints, bigints, strings or dates (NULLs skipped in both; not of
-  doubles, whose NaN and -0.0 order is not checked);
+  ``greatest``/``least`` of ints, bigints, doubles, strings or dates (NULLs skipped in both;
+  the first of equal values kept, -0.0 equal to 0.0, NaN above every number, in both);
+* ``sqrt(x)`` and ``sign``/``signum(x)`` of an int, a bigint, a double or a decimal of at most
+  15 digits, a DOUBLE (``_sqrt_sign``: IEEE's square root in both, NaN for a negative number,
+  written out; Java's ``signum``, -0.0 and NaN themselves); ``initcap(s)`` of ASCII strings
+  (``_initcap``: upper case after a space only; another character raises, Spark decides);
+  ``split(s, 'sep')[i]`` and ``element_at(split(s, 'sep'), i)`` with a separator of no
+  regular-expression syntax and an integer literal index (``_split_part``: an index past the
+  pieces raises in both);
 * ``if(c, a, b)`` as ``CASE WHEN c THEN a ELSE b END``; ``%`` of ints and bigints (the sign of
   the dividend in both; a zero divisor and the smallest integer by -1, where Spark ANSI raises
   or gives 0, raise in DuckDB: Spark decides); ``floor``/``ceil`` of an integer or a double, a
@@ -157,10 +176,12 @@ Whitelist (each item verified against Spark 4.3 + DuckDB 2.0 by ``tests/driver/t
 * ``expr AS name`` (and ``expr name``) in projections; the output is aliased to the given name.
 
 Dropped from the first plan, because the engines differ: ``upper``/``lower`` beyond ASCII (see
-above), ``%`` of doubles and decimals, ``div``, string/number comparisons, timestamp
-literals in other texts than the above (Spark reads several forms), arithmetic on
-tinyint/smallint/float columns (DuckDB keeps ``tinyint + 1`` a TINYINT that overflows at 127,
-Spark widens to int).
+above), ``exp``, ``ln``/``log``, ``log10``, ``pow``/``power`` and ``cbrt`` (Java's ``StrictMath``
+and DuckDB's C library differ in the last bit on some values: ``exp(1.0)`` is
+2.7182818284590455 in Spark, 2.718281828459045 in DuckDB), ``%`` of doubles and decimals,
+``div``, string/number comparisons, timestamp literals in other texts than the above (Spark reads
+several forms), arithmetic on tinyint/smallint/float columns (DuckDB keeps ``tinyint + 1`` a TINYINT
+that overflows at 127, Spark widens to int).
 
 Errors. Where Spark raises (integer overflow in an evaluated operation), DuckDB raises too on
 the same operation (checked in the tests, including the forms DuckDB's optimizer would otherwise
@@ -238,10 +259,20 @@ _COMPARISONS: dict[type[exp.Expression], str] = {exp.EQ: "=", exp.NEQ: "<>", exp
                 exp.NullSafeNEQ: "IS DISTINCT FROM"}
 
 
-#: EXTRACT units, and the DuckDB function of each (Spark returns an int; its EXTRACT(SECOND)
-#: is a decimal with the fraction, not translated)
-_EXTRACT_PARTS = {"YEAR": "year", "MONTH": "month", "DAY": "day", "QUARTER": "quarter",
-                  "HOUR": "hour", "MINUTE": "minute"}
+#: EXTRACT fields, Spark's spellings of each (``DatePart.parseExtractField``), and the DuckDB
+#: function of each (Spark returns an int; its EXTRACT(SECOND) is a decimal with the fraction,
+#: not translated). ``M`` is the minute to Spark. ``dayofweek`` counts Sunday as 1 (see
+#: ``_date_part``), ``isodow`` Monday as 1, ``isoyear`` is the ISO week-based year
+_EXTRACT_PARTS = {
+    **dict.fromkeys(("YEAR", "Y", "YEARS", "YR", "YRS"), "year"),
+    "YEAROFWEEK": "isoyear", "QUARTER": "quarter", "QTR": "quarter",
+    **dict.fromkeys(("MONTH", "MON", "MONS", "MONTHS"), "month"),
+    **dict.fromkeys(("WEEK", "W", "WEEKS"), "weekofyear"),
+    **dict.fromkeys(("DAY", "D", "DAYS"), "day"),
+    **dict.fromkeys(("DAYOFWEEK", "DOW"), "dayofweek"),
+    **dict.fromkeys(("DAYOFWEEK_ISO", "DOW_ISO"), "isodow"), "DOY": "dayofyear",
+    **dict.fromkeys(("HOUR", "H", "HOURS", "HR", "HRS"), "hour"),
+    **dict.fromkeys(("MINUTE", "M", "MIN", "MINS", "MINUTES"), "minute")}
 #: Spark's functions of a date's or a timestamp's parts, and DuckDB's function of each
 _DATE_PART_FUNCTIONS: dict[type[exp.Expression], str] = {
     exp.Year: "year", exp.Month: "month", exp.Day: "day", exp.DayOfMonth: "day",
@@ -333,6 +364,7 @@ def _parse(text: str) -> exp.Expression:
 
 #: where ``_mark_calls_from_tokens`` leaves what sqlglot's tree does not say (``Expression.meta``)
 _PATTERN, _ONE_ARGUMENT = "spark_datetime_pattern", "spark_one_argument"
+_BARE_UNIT = "spark_bare_unit"
 
 
 def _calls(tokens: Sequence[Token], name: str) -> list[list[list[Token]]]:
@@ -366,6 +398,7 @@ def _mark_calls_from_tokens(tree: exp.Expression, tokens: Sequence[Token], text:
     """Note on sqlglot's nodes what only the text says, or leave them unmarked (then refused)."""
     _mark_date_formats(tree, tokens, text)
     _mark_unix_timestamps(tree, tokens)
+    _mark_diff_units(tree, tokens)
 
 
 def _mark_date_formats(tree: exp.Expression, tokens: Sequence[Token], text: str) -> None:
@@ -410,6 +443,22 @@ def _mark_unix_timestamps(tree: exp.Expression, tokens: Sequence[Token]) -> None
     if nodes and len(calls) == len(nodes) and all(len(args) == 1 for args in calls):
         for n in nodes:
             n.meta[_ONE_ARGUMENT] = True
+
+
+def _mark_diff_units(tree: exp.Expression, tokens: Sequence[Token]) -> None:
+    """Mark the ``timestampdiff``/``datediff``/``date_diff(unit, start, end)`` nodes whose unit
+    is written as a bare word, as Spark's grammar wants it: sqlglot reads a quoted ``'HOUR'``
+    (which Spark rejects) as the same unit. Marked when every three-argument call of those
+    names has a unit of one word token and the calls are as many as the nodes."""
+    nodes = [n for n in tree.find_all(exp.TimestampDiff, exp.DateDiff)
+             if type(n) is exp.TimestampDiff or (type(n) is exp.DateDiff
+                                                 and n.args.get("unit") is not None)]
+    calls = [args for name in ("timestampdiff", "datediff", "date_diff")
+             for args in _calls(tokens, name) if len(args) == 3]
+    if nodes and len(calls) == len(nodes) and all(
+            len(args[0]) == 1 and args[0][0].token_type == TokenType.VAR for args in calls):
+        for n in nodes:
+            n.meta[_BARE_UNIT] = True
 
 
 _COMPARE_TOKENS = {TokenType.EQ, TokenType.NEQ, TokenType.LT, TokenType.LTE, TokenType.GT,
@@ -1206,6 +1255,8 @@ def _function(node: exp.Expression, columns: Columns) -> tuple[str, str]:
             days, sign = days.this, "-"
         n, _ = _typed(days, columns, {INT})
         return f"({_as_date(node.this, columns)} {sign} {n})", DATE
+    if t is exp.TimestampDiff or (t is exp.DateDiff and node.args.get("unit") is not None):
+        return _timestamp_diff(node, columns)  # timestampdiff/datediff(unit, start, end)
     if t is exp.DateDiff:  # datediff(end, start): days, an int
         _only(node, "this", "expression")
         ends = []
@@ -1265,9 +1316,9 @@ def _function(node: exp.Expression, columns: Columns) -> tuple[str, str]:
     if t is exp.LastDay:  # the month's last day of a date (or a timestamp's date)
         _only(node, "this")
         return f"last_day({_as_date(node.this, columns)})", DATE
-    if t in (exp.Greatest, exp.Least):  # NULLs skipped in both; not of doubles (NaN, -0.0)
+    if t in (exp.Greatest, exp.Least):  # NULLs skipped, the first of equals kept in both
         _only(node, "this", "expressions", "ignore_nulls")
-        parts = [_typed(a, columns, {INT, BIGINT, STRING, DATE})
+        parts = [_typed(a, columns, {INT, BIGINT, DOUBLE, STRING, DATE})
                  for a in [node.this, *node.expressions]]
         typ = _unify([p[1] for p in parts])
         fn = "greatest" if t is exp.Greatest else "least"
@@ -1307,6 +1358,16 @@ def _function(node: exp.Expression, columns: Columns) -> tuple[str, str]:
         return _concat_ws(node, columns)
     if t in (exp.Left, exp.Right):  # left(s, n), right(s, n)
         return _left_right(node, columns)
+    if t is exp.AddMonths:  # add_months(d, n)
+        return _add_months(node, columns)
+    if t in (exp.Sqrt, exp.Sign):  # sqrt(x), sign(x)/signum(x): doubles
+        return _sqrt_sign(node, columns)
+    if t is exp.Anonymous and str(node.this).lower() == "make_date":
+        return _make_date(node, columns)
+    if t is exp.Initcap:  # initcap(s) of ASCII strings
+        return _initcap(node, columns)
+    if t is exp.Bracket:  # split(s, 'sep')[i], element_at(split(s, 'sep'), i)
+        return _split_part(node, columns)
     raise _Refuse(f"node {t.__name__}")
 
 
@@ -1520,6 +1581,184 @@ def _left_right(node: exp.Expression, columns: Columns) -> tuple[str, str]:
     if n <= 0:
         return _empty_unless_null(a), STRING
     return f"{'left' if type(node) is exp.Left else 'right'}({a}, {n})", STRING
+
+
+# --- timestampdiff, add_months, sqrt and sign, make_date, initcap, split ------------------------
+
+#: ``timestampdiff`` units of a fixed length in microseconds (the session time zone, UTC, has no
+#: daylight saving time: every day is 86400 seconds), and the calendar units, in months
+_DIFF_MICROS = {"MICROSECOND": 1, "MILLISECOND": 1_000, "SECOND": 1_000_000,
+                "MINUTE": 60_000_000, "HOUR": 3_600_000_000, "DAY": 86_400_000_000,
+                "WEEK": 604_800_000_000}
+_DIFF_MONTHS = {"MONTH": 1, "QUARTER": 3, "YEAR": 12}
+#: the longest operand a calendar difference repeats (each about a dozen times)
+_DIFF_OPERAND_CHARS = 2_000
+
+
+def _micros_of(node: exp.Expression, columns: Columns) -> str:
+    """A DATE (its midnight in UTC, as Spark casts it to a TIMESTAMP), a TIMESTAMP or a
+    TIMESTAMP_NTZ (its wall clock read in UTC, as Spark casts it) as microseconds since 1970."""
+    a, typ = _typed(node, columns, {DATE, TIMESTAMP, TIMESTAMP_NTZ})
+    return _epoch_micros(f"CAST({a} AS TIMESTAMP)" if typ == DATE else a)
+
+
+def _timestamp_diff(node: exp.Expression, columns: Columns) -> tuple[str, str]:
+    """``timestampdiff(unit, start, end)`` and its spellings ``datediff``/``date_diff(unit,
+    start, end)``, a BIGINT, of dates, timestamps and timestamps_ntz (Spark casts each to a
+    TIMESTAMP: a date is its midnight in UTC, a TIMESTAMP_NTZ its wall clock in UTC). Spark
+    computes ``ChronoUnit.between`` of the two wall clocks in UTC (``LocalDateTime.until``):
+
+    * ``MICROSECOND MILLISECOND SECOND MINUTE HOUR DAY WEEK``: the exact difference cut toward
+      zero to whole units (``-1 h 59 min`` is -1 HOUR); here the microseconds' difference
+      (overflow-checked: Spark raises "long overflow" for MICROSECOND, and DuckDB too where a
+      larger unit's would fit: Spark decides), cut by DuckDB's ``//`` (toward zero, as Java's);
+    * ``MONTH QUARTER YEAR``: the end's date is moved one day toward the start where its time
+      of day has not reached the start's, then the months between the dates are Java's
+      ``(packed(end) - packed(start)) / 32`` with ``packed = (year * 12 + month - 1) * 32 +
+      day`` (a month counts only once the day of the month is reached: January 31 to February
+      29 is 0 months, not clamped), cut toward zero, then divided by 3 or 12, cut toward zero.
+
+    A DuckDB infinite timestamp raises (``_epoch_micros``). Other units (``DAYOFYEAR``, and a
+    quoted one, which Spark rejects: ``_mark_diff_units``) refuse; sqlglot wraps each argument
+    of ``datediff`` in a date conversion of its own, which is taken off here (Spark does not
+    convert them)."""
+    _only(node, "this", "expression", "unit")
+    if not node.meta.get(_BARE_UNIT):
+        raise _Refuse("a unit not written as a bare word (_mark_diff_units)")
+    end, start = node.this, node.expression
+    if type(node) is exp.DateDiff:
+        if type(end) is not exp.TsOrDsToDate or type(start) is not exp.TsOrDsToDate:
+            raise _Refuse("datediff arguments")
+        _only(end, "this")
+        _only(start, "this")
+        end, start = end.this, start.this
+    unit = node.args.get("unit")
+    name = unit.name.upper() if type(unit) is exp.Var else ""
+    if name not in _DIFF_MICROS and name not in _DIFF_MONTHS:
+        raise _Refuse("timestampdiff unit")
+    s, e = _micros_of(start, columns), _micros_of(end, columns)
+    if name in _DIFF_MICROS:
+        return f"(subtract({e}, {s}) // {_DIFF_MICROS[name]})", BIGINT
+    if max(len(s), len(e)) > _DIFF_OPERAND_CHARS:
+        raise _Refuse("a calendar difference of long operands")
+    day = _DIFF_MICROS["DAY"]
+
+    def day_and_time(micros: str) -> tuple[str, str]:  # the day since 1970, the time of day
+        time = f"((({micros}) % {day} + {day}) % {day})"
+        return f"((({micros}) - {time}) // {day})", time
+
+    def packed(days: str) -> str:
+        date = f"(DATE '1970-01-01' + CAST({days} AS INTEGER))"
+        return f"((year({date}) * 12 + month({date}) - 1) * 32 + day({date}))"
+
+    (sd, st), (ed, et) = day_and_time(s), day_and_time(e)
+    moved = (f"(CASE WHEN {ed} > {sd} AND {et} < {st} THEN {ed} - 1 "
+             f"WHEN {ed} < {sd} AND {et} > {st} THEN {ed} + 1 ELSE {ed} END)")
+    months = f"(({packed(moved)} - {packed(sd)}) // 32)"
+    per = _DIFF_MONTHS[name]
+    return (months if per == 1 else f"({months} // {per})"), BIGINT
+
+
+def _add_months(node: exp.Expression, columns: Columns) -> tuple[str, str]:
+    """``add_months(d, n)`` of a date (or a timestamp's date in UTC, as Spark casts it) and an
+    int (or NULL), a DATE: Spark's ``LocalDate.plusMonths`` keeps the day of the month or
+    clamps it to the month's last day, as DuckDB's ``date + INTERVAL n MONTH`` does (a
+    TIMESTAMP there, cast back), on the proleptic Gregorian calendar in both, years 0 and
+    below (1 BC ...) and past 9999 included. Past DuckDB's timestamps (about 290000 years either
+    way), where Spark still gives a date or raises, DuckDB raises; a DuckDB infinite date
+    raises too: Spark decides."""
+    _only(node, "this", "expression")
+    d = _as_date(node.this, columns)
+    n, _ = _typed(node.expression, columns, {INT, NULL})
+    return (f"(CASE WHEN NOT isfinite({d}) THEN error('an infinite DuckDB date: Spark decides') "
+            f"ELSE CAST({d} + to_months({n}) AS DATE) END)"), DATE
+
+
+def _sqrt_sign(node: exp.Expression, columns: Columns) -> tuple[str, str]:
+    """``sqrt(x)`` and ``sign(x)``/``signum(x)`` of an int, a bigint, a double, a decimal
+    literal or a decimal of at most 15 digits, each taken as a double as Spark casts it (the
+    same double in DuckDB, ``_decimal_as_double``), a DOUBLE. ``sqrt`` is IEEE's correctly
+    rounded square root in both (Java's ``Math.sqrt``, C's ``sqrt``; -0.0 is -0.0); a negative
+    number (-inf too) is NaN in Spark, written out (older DuckDBs raise). ``signum`` is Java's
+    ``Math.signum``: 1.0 or -1.0, and 0.0, -0.0 and NaN are themselves; DuckDB's ``sign`` is
+    a TINYINT (0 for NaN), so it is written out."""
+    _only(node, "this")
+    a, typ = _translate(node.this, columns)
+    if typ in (INT, BIGINT, DECIMAL_LIT):
+        a = f"CAST({a} AS DOUBLE)"
+    elif _decimal_of(typ) is not None:
+        a, typ = _decimal_as_double(a, typ)
+    elif typ != DOUBLE:
+        raise _Refuse(f"operand type {typ}")
+    if type(node) is exp.Sqrt:
+        return f"(CASE WHEN {a} < 0 THEN CAST('NaN' AS DOUBLE) ELSE sqrt({a}) END)", DOUBLE
+    return (f"(CASE WHEN {a} > 0 AND NOT isnan({a}) THEN CAST(1 AS DOUBLE) WHEN {a} < 0 THEN "
+            f"CAST(-1 AS DOUBLE) ELSE {a} END)"), DOUBLE
+
+
+def _make_date(node: exp.Expression, columns: Columns) -> tuple[str, str]:
+    """``make_date(year, month, day)`` of ints, a DATE (NULL if any is): a valid date of the
+    proleptic Gregorian calendar in both (year 0 is 1 BC in both), and an invalid one (February
+    30, month 13, day 0) raises in both (Spark's ANSI mode); past DuckDB's dates (about 5.8
+    million years), DuckDB raises."""
+    _only(node, "this", "expressions")
+    if len(node.expressions) != 3:
+        raise _Refuse("make_date arguments")
+    parts = [_typed(a, columns, {INT})[0] for a in node.expressions]
+    return f"make_date({', '.join(parts)})", DATE
+
+
+def _initcap(node: exp.Expression, columns: Columns) -> tuple[str, str]:
+    """``initcap(s)`` of a string of ASCII characters: Spark lower-cases it and upper-cases the
+    first character and each one after a space (U+0020 only: not after a tab, a hyphen or an
+    apostrophe); here each piece between spaces, its first character upper-cased and the rest
+    lower-cased. Beyond ASCII Spark maps case its own way (title case, full mappings): a string
+    with another character raises (``error()``), Spark decides, as for ``upper``/``lower``."""
+    _only(node, "this", "expression")
+    delimiter = node.args.get("expression")  # sqlglot's default: a space (Spark takes no other)
+    if delimiter is not None and not (type(delimiter) is exp.Literal and delimiter.is_string
+                                      and delimiter.this == " "):
+        raise _Refuse("initcap delimiter")
+    a, _ = _typed(node.this, columns, {STRING})
+    words = (f"list_transform(string_split({a}, ' '), lambda w: upper(substring(w, 1, 1)) || "
+             f"lower(substring(w, 2)))")
+    return (f"(CASE WHEN strlen({a}) <> length({a}) THEN error('not ASCII: Spark maps its "
+            f"case') ELSE array_to_string({words}, ' ') END)"), STRING
+
+
+#: the characters a ``split`` separator may not hold: Java's regular expression syntax
+_REGEX_SYNTAX = frozenset("\\^$.|?*+()[]{}")
+
+
+def _split_part(node: exp.Expression, columns: Columns) -> tuple[str, str]:
+    """``split(s, 'sep')[i]`` (from 0) and ``element_at(split(s, 'sep'), i)`` (from 1, or from
+    the end when negative) of a string, a separator literal of no regular-expression syntax
+    (``_REGEX_SYNTAX``; then Java's ``String.split(sep, -1)`` is a plain split) and an integer
+    literal index: DuckDB's ``string_split`` gives the same pieces (empty ones kept, at both
+    ends too; '' is ['']). A NULL string gives NULL; an index past the pieces raises in Spark
+    (ANSI), and in DuckDB (``error()``); ``[i]`` of a negative ``i`` and ``element_at`` of 0
+    (Spark raises on every row), ``try_element_at`` and ``split``'s limit refuse."""
+    _only(node, "this", "expressions", "offset", "safe")
+    split = node.this
+    if type(split) is not exp.RegexpSplit or node.args.get("safe") \
+            or len(node.expressions) != 1:
+        raise _Refuse("bracket form")
+    _only(split, "this", "expression")
+    sep = split.expression
+    if type(sep) is not exp.Literal or not sep.is_string or not sep.this \
+            or set(sep.this) & _REGEX_SYNTAX:
+        raise _Refuse("split separator")
+    k = _int_literal(node.expressions[0])
+    base = node.args.get("offset") or 0
+    if k is None or base not in (0, 1) or not _INT_MIN <= k <= _INT_MAX \
+            or (base == 0 and k < 0) or (base == 1 and k == 0):
+        raise _Refuse("split index")
+    position = k + 1 if base == 0 else k  # DuckDB's lists count from 1, and from -1 at the end
+    s, _ = _typed(split.this, columns, {STRING})
+    parts = f"string_split({s}, {_literal(sep)[0]})"
+    return (f"(CASE WHEN {s} IS NULL THEN NULL WHEN len({parts}) >= {abs(position)} THEN "
+            f"{parts}[{position}] ELSE error('an index past the split: Spark decides') END)"
+            ), STRING
 
 
 #: the scales ``round`` is translated for (10**scale and 10**(scale+1) are exact doubles)
