@@ -10,14 +10,17 @@ pages written with their CRC-32 and checked when read.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any, cast
 
 from pyspark.errors import PythonException
+from pyspark.logger import PySparkLogger
 from pyspark.sql import SparkSession
 
 from dbsp_pipeline.errors import ComputationError
@@ -308,3 +311,43 @@ def as_session(spark: SparkSession | LazySession) -> SparkSession:
     the session it starts on first use, so it stands for that session (and starts nothing until
     a handle actually asks Spark for something)."""
     return cast(SparkSession, spark)
+
+
+#: the loggers PySpark logs an analysis error to, with its Java stack trace, when the error is
+#: raised (``PySparkException._log_exception``, in the raising thread), whoever catches it
+_QUERY_CONTEXT_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
+#: per thread: whether its query errors' logs are dropped (``quiet_query_context_logs``)
+_QUIET = threading.local()
+_FILTER_LOCK = threading.Lock()
+_filter_added = False
+
+
+class _NotWhileQuiet(logging.Filter):
+    """Drops the records a thread logs inside ``quiet_query_context_logs``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(_QUIET, "on", False)
+
+
+@contextlib.contextmanager
+def quiet_query_context_logs() -> Iterator[None]:
+    """PySpark's logs of query errors dropped in this thread inside the block: where an error
+    is raised again with its context (a circuit's analysis, ``CircuitError``; a step's
+    computation, ``StepFailedError``: the operator, its views, the expression), the same error
+    logged before it (tens of KB of JSON and Java frames on stderr) only buries it. Other
+    threads' logs, and this thread's outside, go on as before (a filter on the two loggers,
+    added once, reads a per-thread flag)."""
+    global _filter_added
+    with _FILTER_LOCK:
+        if not _filter_added:
+            # (made as PySpark makes them: a plain logger made first would be the one PySpark
+            # takes, and it refuses the fields PySpark logs with)
+            for name in _QUERY_CONTEXT_LOGGERS:
+                PySparkLogger.getLogger(name).addFilter(_NotWhileQuiet())
+            _filter_added = True
+    before = getattr(_QUIET, "on", False)
+    _QUIET.on = True
+    try:
+        yield
+    finally:
+        _QUIET.on = before

@@ -218,7 +218,8 @@ def _narrowed(wide: pa.Array, to: pa.Decimal128Type, what: str) -> pa.Array:
 def unscaled_int64(values: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray] | None:
     """The unscaled values of a ``decimal128`` array as int64 (0 where NULL) and its validity
     mask, read from its 16-byte words; None where a value does not fit 64 bits. (The driver's
-    aggregate sums decimals of up to 18 digits so, as the integers they are.)"""
+    aggregate sums decimals whose values fit 64 bits so, of any type, as the integers they
+    are.)"""
     array = _one_chunk(values)
     n = len(array)
     valid = (np.ones(n, dtype=bool) if array.null_count == 0

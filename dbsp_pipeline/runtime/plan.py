@@ -10,14 +10,12 @@ is a topological order (a node can only read nodes declared before it).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import re
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -25,7 +23,6 @@ import pyarrow as pa
 import pyspark
 from py4j.protocol import Py4JError  # type: ignore[import-untyped]
 from pyspark.errors import PySparkException
-from pyspark.logger import PySparkLogger
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -77,7 +74,7 @@ from dbsp_pipeline.runtime.circuit_diff import (
 from dbsp_pipeline.runtime.exchange import OwnedChange
 from dbsp_pipeline.runtime.owner_exec import gang_stages, owner_stage
 from dbsp_pipeline.runtime.results import add_seconds
-from dbsp_pipeline.spark_session import LazySession
+from dbsp_pipeline.spark_session import LazySession, quiet_query_context_logs
 from dbsp_pipeline.storage.small_files import read_text, write_atomically
 from dbsp_pipeline.storage.state_db import StateDatabase
 from dbsp_pipeline.storage.task_table import TaskStateDb
@@ -620,47 +617,6 @@ def _changing_function(df: DataFrame) -> tuple[str, bool] | None:
         children = plan.children()
         plans.extend(children.apply(i) for i in range(children.size()))
     return None
-
-
-#: the loggers PySpark logs an analysis error to, with its Java stack trace, when the error is
-#: raised (``PySparkException._log_exception``, in the raising thread), whoever catches it
-_QUERY_CONTEXT_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
-#: per thread: whether it is analysing a circuit or evaluating a step
-#: (``quiet_query_context_logs``)
-_ANALYSING = threading.local()
-_FILTER_LOCK = threading.Lock()
-_filter_added = False
-
-
-class _NotWhileAnalysing(logging.Filter):
-    """Drops the records a thread logs while it analyses a circuit."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not getattr(_ANALYSING, "on", False)
-
-
-@contextlib.contextmanager
-def quiet_query_context_logs() -> Iterator[None]:
-    """PySpark's logs of query errors dropped in this thread while it analyses a circuit or
-    evaluates a step: an error there is raised as a ``CircuitError`` or ``StepFailedError``
-    naming the operator, its views and the expression, and the same error logged before it
-    (tens of KB of JSON and Java frames on stderr) only buries it. Other threads' logs, and
-    this thread's outside, go on as before (a filter on the two loggers, added once, reads a
-    per-thread flag)."""
-    global _filter_added
-    with _FILTER_LOCK:
-        if not _filter_added:
-            # (made as PySpark makes them: a plain logger made first would be the one PySpark
-            # takes, and it refuses the fields PySpark logs with)
-            for name in _QUERY_CONTEXT_LOGGERS:
-                PySparkLogger.getLogger(name).addFilter(_NotWhileAnalysing())
-            _filter_added = True
-    before = getattr(_ANALYSING, "on", False)
-    _ANALYSING.on = True
-    try:
-        yield
-    finally:
-        _ANALYSING.on = before
 
 
 def make_operator(node: Node, schemas: Mapping[int, StructType],

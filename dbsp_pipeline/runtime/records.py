@@ -124,20 +124,25 @@ def check_spark(input_name: str, df: SparkDataFrame, schema: StructType,
 
 def _widens(given: DataType, wanted: DataType) -> bool:
     """Whether Spark's cast of a column of ``given`` to ``wanted`` keeps every value (its ANSI
-    cast raises where a value is out of the type's range): integers to integers, decimals or
-    floating point; a float to a double; a decimal to a decimal of as many fractional digits,
-    or to a floating-point type (as a push of Python values takes integers for a DOUBLE). Not a
-    floating-point or decimal value to an integer, a double to a DECIMAL, nor a decimal to one
-    of fewer fractional digits: those round."""
+    cast raises where a value is out of the type's range): integers to integers or decimals;
+    to a DOUBLE the integers it holds exactly (INT and narrower; a BIGINT past 2**53 would be
+    rounded), to a FLOAT those of up to 16 bits; a float to a double; a decimal to a decimal of
+    as many fractional digits, or of at most 15 digits to a DOUBLE. Not a floating-point or
+    decimal value to an integer, a double to a DECIMAL, nor a decimal to one of fewer
+    fractional digits: those round."""
     integral = (ByteType, ShortType, IntegerType, LongType)
-    floating = (FloatType, DoubleType)
     if isinstance(given, integral):
-        return isinstance(wanted, (*integral, *floating, DecimalType))
+        if isinstance(wanted, DoubleType):
+            return not isinstance(given, LongType)
+        if isinstance(wanted, FloatType):
+            return isinstance(given, (ByteType, ShortType))
+        return isinstance(wanted, (*integral, DecimalType))
     if isinstance(given, FloatType):
         return isinstance(wanted, DoubleType)
     if isinstance(given, DecimalType):
-        return isinstance(wanted, floating) or (isinstance(wanted, DecimalType)
-                                                and wanted.scale >= given.scale)
+        if isinstance(wanted, DoubleType):
+            return given.precision <= 15
+        return isinstance(wanted, DecimalType) and wanted.scale >= given.scale
     return False
 
 
@@ -328,10 +333,11 @@ def _is_pandas(obj: object) -> bool:
 
 
 def _from_pandas(input_name: str, df: Any, arrow: pa.Schema) -> pa.Table:
-    """A pandas DataFrame's columns as ``arrow``'s: converted to the column's type by pyarrow,
-    where the column's own kind is one a push of Python values or Arrow allows for it
-    (``_converts``: a float64 column for a DECIMAL is refused, not rounded); a column pyarrow
-    does not convert is judged as the Arrow column it is, naming the first bad record."""
+    """A pandas DataFrame's columns as ``arrow``'s, each judged as the Arrow column pyarrow makes
+    of it (``_column_as``: the conversions an Arrow push allows, none that changes a value; a
+    float64 column for a DECIMAL or an INT is refused where a value would be rounded or cut),
+    or, for a column of mixed objects pyarrow does not convert, value by value as a push of
+    Python values is; the error names the record."""
     _check_names(input_name, [str(c) for c in df.columns], arrow.names)
     arrays = []
     for field in arrow:
@@ -339,26 +345,25 @@ def _from_pandas(input_name: str, df: Any, arrow: pa.Schema) -> pa.Table:
         try:
             own = pa.Array.from_pandas(series)
         except (pa.ArrowException, TypeError, ValueError):
-            own = None  # (mixed objects): pyarrow's conversion to the type decides below
+            own = None  # (mixed objects)
         try:
-            if own is not None and not _converts(own.type, field.type, False):
-                raise TypeError(f"a {own.type} column")
-            arrays.append(pa.Array.from_pandas(series, type=field.type, safe=True))
-        except (pa.ArrowException, TypeError, ValueError) as e:
-            if own is not None:  # as the Arrow column it is (or its error, naming the record)
-                try:
-                    arrays.append(_column_as(input_name, field, own))
-                except InputError as refused:
-                    i = refused.record_index
-                    raise InputError(input_name, refused.problem, column=field.name,
-                                     record_index=i, record=None if i is None
-                                     else df.iloc[i].to_dict()) from None
-                continue
-            values = series.tolist()
-            bad = _first_bad(values, field.type)
-            raise InputError(input_name, f"{e}", column=field.name, record_index=bad,
-                             record=df.iloc[bad].to_dict() if bad is not None else None) from None
+            arrays.append(_column_as(input_name, field, own) if own is not None
+                          else _python_column(input_name, field, series.tolist()))
+        except InputError as refused:
+            i = refused.record_index
+            raise InputError(input_name, refused.problem, column=field.name, record_index=i,
+                             record=None if i is None else df.iloc[i].to_dict()) from None
     return _with_nullability(input_name, pa.Table.from_arrays(arrays, schema=arrow))
+
+
+def _python_column(input_name: str, field: pa.Field, values: list[Any]) -> pa.Array:
+    """A column of Python values as ``field``'s type, each value checked as a push of Python
+    rows checks it (``_value_problem``)."""
+    for i, v in enumerate(values):
+        problem = _value_problem(v, field)
+        if problem is not None:
+            raise InputError(input_name, problem, column=field.name, record_index=i)
+    return pa.array(values, type=field.type)
 
 
 def _from_arrow(input_name: str, table: pa.Table, arrow: pa.Schema,
@@ -384,8 +389,11 @@ def _column_as(input_name: str, field: pa.Field, col: pa.ChunkedArray | pa.Array
             raise _cast_error(input_name, field, col, e) from None
         bad = next(i for i, v in enumerate(col.to_pylist()) if v is not None)
         why = ("a floating-point value is not converted to a DECIMAL, which would round it: "
-               "push Decimal values or a decimal column" if pa.types.is_decimal(field.type)
-               else "a column of another kind is not converted")
+               "push Decimal values or a decimal column"
+               if pa.types.is_decimal(field.type) and pa.types.is_floating(col.type) else
+               "a DECIMAL of more than 15 digits is not converted to a floating-point number, "
+               "which would round it" if pa.types.is_decimal(col.type) else
+               "a column of another kind is not converted")
         raise InputError(input_name, f"value {col[bad].as_py()!r} is {col.type}, expected "
                          f"{field.type} ({why})", column=field.name, record_index=bad)
     try:
@@ -405,10 +413,13 @@ def _cast(col: pa.ChunkedArray | pa.Array, to: pa.DataType) -> pa.ChunkedArray |
 
 def _converts(given: pa.DataType, wanted: pa.DataType, text_converts: bool) -> bool:
     """Whether an Arrow column of type ``given`` may become one of ``wanted`` by a safe cast
-    (which still refuses a value that would change): not text to another type, nor a number to
-    a boolean or back, nor a floating-point number to a DECIMAL (Arrow's cast rounds 12.345 to
-    12.35), which a push of Python values refuses too (``_value_problem``); text to anything
-    with ``text_converts``. Other casts are Arrow's to judge."""
+    (which still refuses a value that would change: a fraction of a float for an integer, a
+    digit of a decimal, an integer past 2**53 for a double): not text to another type, nor a
+    number to a boolean or back, nor a date to a timestamp or back, nor a floating-point number
+    to a DECIMAL (Arrow's cast rounds 12.345 to 12.35, where its safe cast checks nothing),
+    nor a DECIMAL of more than 15 digits to a DOUBLE (6 to a FLOAT) (rounded unchecked too),
+    all of which a push of Python values refuses (``_value_problem``); text to anything with
+    ``text_converts``. Other casts are Arrow's to judge."""
     if pa.types.is_dictionary(given):
         given = given.value_type
     if given == wanted or pa.types.is_null(given):
@@ -417,6 +428,11 @@ def _converts(given: pa.DataType, wanted: pa.DataType, text_converts: bool) -> b
         return text_converts or _is_text(wanted)
     if pa.types.is_floating(given) and pa.types.is_decimal(wanted):
         return False  # a push of Python floats for a DECIMAL is refused: Arrow would round
+    if pa.types.is_decimal(given) and pa.types.is_floating(wanted):
+        return bool(given.precision <= (15 if pa.types.is_float64(wanted) else 6))
+    if pa.types.is_temporal(given) and pa.types.is_temporal(wanted) \
+            and pa.types.is_date(given) != pa.types.is_date(wanted):
+        return False  # (a timestamp's time of day would go)
     numeric = (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal)
     return not ((pa.types.is_boolean(given) and any(k(wanted) for k in numeric))
                 or (pa.types.is_boolean(wanted) and any(k(given) for k in numeric)))

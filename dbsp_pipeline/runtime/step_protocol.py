@@ -91,7 +91,6 @@ from dbsp_pipeline.runtime.division_log import CARRIED_RECORDS_KEY
 from dbsp_pipeline.runtime.engine_state import EngineState
 from dbsp_pipeline.runtime.input_log import LandingPush, WrittenPush
 from dbsp_pipeline.runtime.output_log import PreparedWrite
-from dbsp_pipeline.runtime.plan import quiet_query_context_logs
 from dbsp_pipeline.runtime.results import (
     FailedStep,
     QuarantineResult,
@@ -99,6 +98,7 @@ from dbsp_pipeline.runtime.results import (
     StepResult,
     add_seconds,
 )
+from dbsp_pipeline.spark_session import quiet_query_context_logs
 from dbsp_pipeline.storage.delta_table import DataFile
 
 #: The errors-sink producer of a quarantined step's records of one input: ``quarantine/<input>``

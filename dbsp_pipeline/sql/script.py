@@ -145,16 +145,23 @@ def _declare_table(circuit: Circuit, create: exp.Create) -> None:
     defs = [d for d in schema.expressions if isinstance(d, exp.ColumnDef)]
     if len(defs) != len(schema.expressions):
         other = next(d for d in schema.expressions if not isinstance(d, exp.ColumnDef))
+        keys = (exp.PrimaryKey, exp.UniqueColumnConstraint)
+        is_key = isinstance(other, keys) or any(isinstance(e, keys) for e in other.expressions)
         raise SqlError(name, other, "table constraints are not supported" + (
-            f": {_NOT_ENFORCED}" if isinstance(other, (exp.PrimaryKey, exp.UniqueColumnConstraint))
-            else ""), "declare columns only (NOT NULL goes with a column)")
+            f": {_NOT_ENFORCED}" if is_key else ""),
+            "declare columns only (NOT NULL goes with a column)")
     for d in defs:
         if d.args.get("kind") is None:
             raise SqlError(name, d, f"column '{d.name}' has no type")
         for c in d.args.get("constraints") or []:
-            if isinstance(c.args.get("kind"), (exp.PrimaryKeyColumnConstraint,
-                                               exp.UniqueColumnConstraint)):
+            kind = c.args.get("kind")
+            if isinstance(kind, (exp.PrimaryKeyColumnConstraint, exp.UniqueColumnConstraint)):
                 raise SqlError(name, c, f"column '{d.name}': {_NOT_ENFORCED}",
+                               f"declare '{d.name}' without it")
+            if isinstance(kind, (exp.CheckColumnConstraint, exp.DefaultColumnConstraint)):
+                raise SqlError(name, c, f"column '{d.name}': CHECK and DEFAULT are not "
+                               "supported (a push is checked against the column's type and "
+                               "NOT NULL only, and names every column)",
                                f"declare '{d.name}' without it")
     _, not_null = column_defs(defs)
     ddl = ", ".join(f"{exp.to_identifier(d.name, quoted=True).sql(dialect='spark')} "

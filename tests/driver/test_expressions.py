@@ -871,6 +871,40 @@ def test_round_of_a_double_is_sparks_bit_for_bit(spark):
         assert diffs == [], f"{e}: (x, Spark, DuckDB) {diffs[:5]}"
 
 
+def test_round_of_the_largest_doubles_a_scale_takes_is_sparks(spark):
+    """Near the translation's bound for each scale (``|x| * 10**(scale+1) < 2**52``, and 2**53),
+    where a tie has 16 significant digits and the doubles are a tenth of the unit apart: ties,
+    their neighbours and random values give Spark's bits, at scales -3 to 15."""
+    import random
+    import struct
+
+    rng = random.Random(52)
+    scales = [-3, -1, 0, 2, 5, 9, 15]
+    rows = []
+    for scale in scales:
+        bound = min(2**52 / 10 ** (scale + 1), 2**53)
+        for _ in range(60):
+            k = int(rng.uniform(0.5, 0.999) * bound * 10**scale)
+            tie = (k + 0.5) / 10**scale
+            sign = rng.choice([1, -1])
+            for x in (tie, math.nextafter(tie, 0.0), math.nextafter(tie, math.inf),
+                      rng.uniform(0.5, 0.999) * bound):
+                if abs(x) < bound:
+                    rows.append((len(rows), scale, sign * x))
+    schema = StructType([StructField("rid", IntegerType()), StructField("s", IntegerType()),
+                         StructField("x", DoubleType())])
+    exprs = [f"{fn}(x, {scale})" for scale in scales for fn in ("round", "bround")]
+    want = {r[0]: r[1:] for r in _spark(spark.createDataFrame(rows, schema), exprs)}
+    for k, e in enumerate(exprs):
+        scale = scales[k // 2]
+        mine = [r for r in rows if r[1] == scale]
+        sql = translate_projection([e], schema, ["o"])
+        got = _duckdb(f'"rid", {sql}', _arrow(mine, schema))
+        diffs = [(r[2], want[i][k], v) for r, (i, v) in zip(mine, got)
+                 if struct.pack("<d", v) != struct.pack("<d", want[i][k])]
+        assert diffs == [], f"{e}: (x, Spark, DuckDB) {diffs[:5]}"
+
+
 def test_round_of_a_double_too_large_for_its_scale_raises_so_spark_decides():
     """Past ``|x| * 10**(scale+1) < 2**52`` a double's neighbours are a tenth of the scale's
     unit apart or more, and past 2**53 Java prints a whole double's every digit (the double

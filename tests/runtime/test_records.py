@@ -17,6 +17,7 @@ from pyspark.sql.types import (
     DateType,
     DecimalType,
     DoubleType,
+    FloatType,
     IntegerType,
     LongType,
     ShortType,
@@ -246,10 +247,49 @@ def test_money_pushed_from_arrow_or_pandas_is_refused_where_it_would_round():
 @pytest.mark.parametrize("given, wanted, widens", [
     (IntegerType(), LongType(), True), (LongType(), ShortType(), True),  # ANSI: out of range
     (LongType(), DecimalType(10, 2), True), (IntegerType(), DoubleType(), True),  # raises
-    (DecimalType(10, 2), DecimalType(12, 3), True), (DecimalType(10, 2), DoubleType(), True),
+    (DecimalType(10, 2), DecimalType(12, 3), True), (DecimalType(15, 2), DoubleType(), True),
     (DecimalType(10, 3), DecimalType(12, 2), False), (DoubleType(), DecimalType(10, 2), False),
     (DoubleType(), LongType(), False), (DecimalType(10, 2), LongType(), False),
     (StringType(), LongType(), False), (DoubleType(), IntegerType(), False),
+    (LongType(), DoubleType(), False), (DecimalType(38, 0), DoubleType(), False),  # 2**53 + 1
+    (IntegerType(), FloatType(), False), (ShortType(), FloatType(), True),  # 16777217
 ])
 def test_a_spark_frame_s_numbers_are_cast_only_where_no_value_rounds(given, wanted, widens):
     assert records._widens(given, wanted) is widens
+
+
+def test_a_pandas_or_arrow_push_never_cuts_or_rounds_a_value():
+    """An object column of floats and Decimals for an integer column, a decimal of 20 digits for
+    a DOUBLE, a timestamp for a DATE: refused from pandas and Arrow alike, naming the record
+    (pyarrow's own conversion to the type would cut 2.5 to 2, round the decimal, drop the time
+    of day); the same columns holding whole values, 15-digit decimals and dates are taken."""
+    import pandas as pd
+
+    schema = StructType([StructField("q", IntegerType()), StructField("x", DoubleType()),
+                         StructField("day", DateType())])
+    arrow = spark_to_arrow_schema(schema)
+    day = dt.date(2026, 1, 1)
+
+    def frame(**changed):
+        columns = {"q": [1, 2], "x": [1.5, 2.5], "day": [day, day], **changed}
+        return pd.DataFrame({k: pd.Series(v, dtype=object) for k, v in columns.items()})
+
+    for rows, problem in [
+            (frame(q=[2, 2.5]), r"record 1 .*column 'q': value 2.5 .*does not convert"),
+            (frame(q=[decimal.Decimal("7.9"), 1]), r"record 0 .*column 'q'"),
+            (frame(x=[decimal.Decimal("12345678901234567891"), 1.0]),
+             r"record 0 .*column 'x'"),
+            (frame(day=[dt.datetime(2026, 1, 1, 10), day]), r"record 0 .*column 'day'")]:
+        with pytest.raises(InputError, match=problem):
+            records.to_arrow("in", rows, schema, arrow, 1)
+    wide = pa.table({"q": [1, 2], "x": pa.array([decimal.Decimal(10**19)] * 2,
+                                                 pa.decimal128(20, 0)), "day": [day, day]})
+    with pytest.raises(InputError, match=r"record 0, column 'x': .*more than 15 digits"):
+        records.to_arrow("in", wide, schema, arrow, 1)
+    stamps = pa.table({"q": [1, 2], "x": [1.0, 2.0],
+                       "day": pa.array([dt.datetime(2026, 1, 1)] * 2, pa.timestamp("us"))})
+    with pytest.raises(InputError, match=r"record 0, column 'day': .*another kind"):
+        records.to_arrow("in", stamps, schema, arrow, 1)
+    fine = records.to_arrow("in", frame(q=[2.0, 3], x=[decimal.Decimal("1.25"), 2]), schema,
+                            arrow, 1)
+    assert fine.column("q").to_pylist() == [2, 3] and fine.column("x").to_pylist() == [1.25, 2.0]

@@ -77,10 +77,23 @@ def test_char_and_varchar_columns_are_strings(spark, tmp_path):
 
 
 @pytest.mark.parametrize("ddl", ["id BIGINT NOT NULL PRIMARY KEY, v INT", "id BIGINT UNIQUE",
-                                 "id BIGINT, v INT, PRIMARY KEY (id)"])
+                                 "id BIGINT, v INT, PRIMARY KEY (id)",
+                                 "id BIGINT, CONSTRAINT pk PRIMARY KEY (id)"])
 def test_a_key_constraint_is_refused_not_ignored(ddl):
     """A key a user declares would not be enforced (a push of a key present adds a second
     row): refused, saying so, rather than kept silently as if it were."""
     with pytest.raises(SqlError, match="PRIMARY KEY and UNIQUE are not enforced: .* adds a "
                                        "second row"):
         Circuit.from_sql(f"CREATE TABLE t ({ddl}); CREATE VIEW v AS SELECT id FROM t")
+
+
+@pytest.mark.parametrize("ddl", ["id BIGINT CHECK (id > 0)", "id BIGINT DEFAULT 5"])
+def test_a_check_or_default_is_refused_not_ignored(ddl):
+    with pytest.raises(SqlError, match="CHECK and DEFAULT are not supported"):
+        Circuit.from_sql(f"CREATE TABLE t ({ddl}); CREATE VIEW v AS SELECT id FROM t")
+
+
+def test_group_by_with_rollup_is_refused():
+    with pytest.raises(SqlError, match="ROLLUP, CUBE and GROUPING SETS are not supported"):
+        Circuit.from_sql("CREATE TABLE t (a INT); CREATE VIEW v AS SELECT a, count(*) AS n "
+                         "FROM t GROUP BY a WITH ROLLUP")
