@@ -318,17 +318,39 @@ class LocalSQL:
         self._con.close()
 
 
+#: ``zset_arrow_schema`` of a payload schema without extra columns, by the schema's ``id``,
+#: with a weak reference to it (a schema is immutable; an ``id`` reused after it died misses)
+_ZSET_SCHEMAS: dict[int, tuple[weakref.ref[StructType], pa.Schema]] = {}
+
+
 def zset_arrow_schema(schema: StructType, extra: Sequence[StructField] = ()) -> pa.Schema:
-    """The Arrow schema of a Z-set with payload ``schema`` (+ ``extra`` columns) and ``_weight``."""
-    return spark_to_arrow_schema(StructType([*schema.fields, *extra,
-                                             StructField(WEIGHT, LongType(), False)]))
+    """The Arrow schema of a Z-set with payload ``schema`` (+ ``extra`` columns) and ``_weight``
+    (remembered per ``schema`` object without ``extra``: every operator of every driver step
+    asks for its own, and PySpark's conversion takes tens of microseconds a column)."""
+    if not extra:
+        seen = _ZSET_SCHEMAS.get(id(schema))
+        if seen is not None and seen[0]() is schema:
+            return seen[1]
+    arrow = spark_to_arrow_schema(StructType([*schema.fields, *extra,
+                                              StructField(WEIGHT, LongType(), False)]))
+    if not extra:
+        key = id(schema)
+
+        def forget(_: weakref.ref[StructType]) -> None:
+            _ZSET_SCHEMAS.pop(key, None)
+
+        _ZSET_SCHEMAS[key] = (weakref.ref(schema, forget), arrow)
+    return arrow
 
 
 def conform(table: pa.Table, schema: StructType, extra: Sequence[StructField] = ()) -> pa.Table:
     """``table``'s payload (by name, in ``schema``'s order) and ``_weight``, cast to Spark's
-    types."""
+    types (``table`` itself where it is that already)."""
     target = zset_arrow_schema(schema, extra)
-    columns = [table.column(f.name).cast(f.type) for f in target]
+    if table.schema.equals(target):
+        return table
+    columns = [column if column.type == f.type else column.cast(f.type)
+               for f in target for column in (table.column(f.name),)]
     return pa.Table.from_arrays(columns, schema=target)
 
 
