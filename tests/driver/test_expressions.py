@@ -259,6 +259,21 @@ def _assert_same(exprs, translations, spark_rows, duck_rows):
         assert got == want, f"{e!r} -> {sql!r}: Spark {want} vs DuckDB {got}"
 
 
+def _translated(exprs: list[str], schema: StructType) -> list[str]:
+    """Each of ``exprs`` translated as a projection named ``c<k>``; none refused."""
+    items = [translate_projection([e], schema, [f"c{k}"]) for k, e in enumerate(exprs)]
+    assert [e for e, t in zip(exprs, items) if t is None] == []
+    return [t for t in items if t is not None]
+
+
+def _assert_translations_are_sparks(spark, exprs: list[str], rows: list[tuple],
+                                    schema: StructType) -> None:
+    """Each of ``exprs`` translated, its DuckDB values over ``rows`` Spark's, row by row."""
+    items = _translated(exprs, schema)
+    _assert_same(exprs, items, _spark(spark.createDataFrame(rows, schema), exprs),
+                 _duckdb('"rid", ' + ", ".join(items), _arrow(rows, schema)))
+
+
 def test_spark_runs_ansi(spark):
     assert spark.conf.get("spark.sql.ansi.enabled") == "true"
 
@@ -621,11 +636,7 @@ FN_PREDICATES = ["upper(s) = 'HELLO WORLD'", "startswith(s2, 'a')", "i % 2 = 1",
 
 def test_functions_of_dates_timestamps_and_strings_match_spark(spark):
     df, table = spark.createDataFrame(FN_ROWS, FN_SCHEMA), _arrow(FN_ROWS, FN_SCHEMA)
-    names = [f"c{k}" for k in range(len(FN_PROJECTIONS))]
-    items = [translate_projection([e], FN_SCHEMA, [n]) for e, n in zip(FN_PROJECTIONS, names)]
-    assert [e for e, t in zip(FN_PROJECTIONS, items) if t is None] == []
-    _assert_same(FN_PROJECTIONS, items, _spark(df, FN_PROJECTIONS),
-                 _duckdb('"rid", ' + ", ".join(items), table))
+    _assert_translations_are_sparks(spark, FN_PROJECTIONS, FN_ROWS, FN_SCHEMA)
     for pred in FN_PREDICATES:
         sql = translate_predicate(pred, FN_SCHEMA)
         assert sql is not None, pred
@@ -743,12 +754,7 @@ def test_date_format_epochs_and_padding_match_spark_on_edge_rows(spark):
     text), the epoch numbers (rounded down, but ``unix_timestamp`` cut toward zero, as Spark
     does), ``lpad``/``rpad``/``left``/``right`` (code points; lengths <= 0; an empty pad) and
     ``concat_ws`` (NULLs skipped, a NULL separator) give Spark's values."""
-    df, table = spark.createDataFrame(EDGE_ROWS, EDGE_SCHEMA), _arrow(EDGE_ROWS, EDGE_SCHEMA)
-    names = [f"c{k}" for k in range(len(EDGE_PROJECTIONS))]
-    items = [translate_projection([e], EDGE_SCHEMA, [n]) for e, n in zip(EDGE_PROJECTIONS, names)]
-    assert [e for e, t in zip(EDGE_PROJECTIONS, items) if t is None] == []
-    _assert_same(EDGE_PROJECTIONS, items, _spark(df, EDGE_PROJECTIONS),
-                 _duckdb('"rid", ' + ", ".join(items), table))
+    _assert_translations_are_sparks(spark, EDGE_PROJECTIONS, EDGE_ROWS, EDGE_SCHEMA)
 
 
 def test_date_format_and_epochs_past_duckdbs_reach_raise_so_spark_decides(spark):
@@ -857,8 +863,7 @@ def test_round_of_a_double_is_sparks_bit_for_bit(spark):
     rows = list(enumerate(values))
     exprs = ["round(x)", "bround(x)"] + [f"{fn}(x, {scale})" for fn in ("round", "bround")
                                          for scale in (1, 2, 3, 6, -1, -2)]
-    items = [translate_projection([e], schema, [f"c{k}"]) for k, e in enumerate(exprs)]
-    assert None not in items
+    items = _translated(exprs, schema)
     want = _spark(spark.createDataFrame(rows, schema), exprs)
     got = _duckdb('"rid", ' + ", ".join(items), _arrow(rows, schema))
 
@@ -998,10 +1003,7 @@ def test_timestampdiff_is_sparks_over_month_ends_and_random_pairs(spark):
     exprs += [f"date_diff({u}, dt, b)" for u in DIFF_UNITS]
     exprs += ["timestampdiff(MONTH, dt, n)", "datediff(year, b, dt)", "timestampdiff(Day, n, n)",
               "datediff(MONTH, to_date(a), b)", "timestampdiff(HOUR, date(b), a)"]
-    items = [translate_projection([e], DIFF_SCHEMA, [f"c{k}"]) for k, e in enumerate(exprs)]
-    assert [e for e, t in zip(exprs, items) if t is None] == []
-    _assert_same(exprs, items, _spark(spark.createDataFrame(rows, DIFF_SCHEMA), exprs),
-                 _duckdb('"rid", ' + ", ".join(items), _arrow(rows, DIFF_SCHEMA)))
+    _assert_translations_are_sparks(spark, exprs, rows, DIFF_SCHEMA)
 
 
 def test_timestampdiff_past_duckdbs_reach_raises_so_spark_decides(spark):
@@ -1057,8 +1059,7 @@ def test_add_months_and_make_date_are_sparks_over_the_calendar(spark):
         "rid", F.expr("date_from_unix_date(k)").alias("dt"), "n")
     exprs = ["add_months(dt, n)", "add_months(dt, 1)", "add_months(dt, -1)",
              "add_months(dt, n % 100)"]
-    items = [translate_projection([e], schema, [f"c{k}"]) for k, e in enumerate(exprs)]
-    assert None not in items
+    items = _translated(exprs, schema)
     want = _days(frame.select("rid", *[F.expr(e).alias(f"c{k}") for k, e in enumerate(exprs)])
                  .toArrow())
     con = duckdb.connect()
@@ -1113,8 +1114,7 @@ def test_sqrt_and_sign_are_sparks_bit_for_bit(spark):
     rows = [(k, v, w) for k, (v, w) in enumerate(zip(values, longs))]
     exprs = ["sqrt(x)", "sign(x)", "signum(x)", "sqrt(l)", "signum(l)", "sqrt(2.25)",
              "sqrt(-x)"]
-    items = [translate_projection([e], schema, [f"c{k}"]) for k, e in enumerate(exprs)]
-    assert None not in items
+    items = _translated(exprs, schema)
     want = _spark(spark.createDataFrame(rows, schema), exprs)
     got = _duckdb('"rid", ' + ", ".join(items), _arrow(rows, schema))
 
@@ -1139,8 +1139,7 @@ def test_greatest_and_least_of_doubles_order_nan_and_signed_zeros_as_spark(spark
         StructField(c, DoubleType()) for c in ("x", "y", "z")])
     exprs = ["greatest(x, y, z)", "least(x, y, z)", "greatest(x, y)", "least(y, x)",
              "greatest(x, 0)", "least(z, -0.0e0, y)", "greatest(x, y, z, x)"]
-    items = [translate_projection([e], schema, [f"c{k}"]) for k, e in enumerate(exprs)]
-    assert None not in items
+    items = _translated(exprs, schema)
     want = _spark(spark.createDataFrame(rows, schema), exprs)
     got = _duckdb('"rid", ' + ", ".join(items), _arrow(rows, schema))
 
@@ -1165,17 +1164,11 @@ def test_initcap_and_split_are_sparks(spark):
              (4, ""), (5, "  "), (6, "ABC DEF ghi"), (7, "x"), (8, "a\x00b c_d 9z"),
              (9, "mIxEd CaSe.sentence! here?"), (10, "trailing ")]
     exprs = ["initcap(s)", "initcap(lower(s))"]
-    items = [translate_projection([e], schema, [f"c{k}"]) for k, e in enumerate(exprs)]
-    assert None not in items
-    _assert_same(exprs, items, _spark(spark.createDataFrame(words, schema), exprs),
-                 _duckdb('"rid", ' + ", ".join(items), _arrow(words, schema)))
+    _assert_translations_are_sparks(spark, exprs, words, schema)
     exprs = ["split(s, ',')[0]", "element_at(split(s, ','), 1)", "element_at(split(s, ','), -1)",
              "split(s, ', ')[0]", "element_at(split(s, '😀'), -1)", "split(s, ',') [0] = 'a'",
              "element_at(split(s, 'a'), 1)", "split(s, '\x00')[0]"]
-    items = [translate_projection([e], SPLIT_SCHEMA, [f"c{k}"]) for k, e in enumerate(exprs)]
-    assert [e for e, t in zip(exprs, items) if t is None] == []
-    _assert_same(exprs, items, _spark(spark.createDataFrame(SPLIT_ROWS, SPLIT_SCHEMA), exprs),
-                 _duckdb('"rid", ' + ", ".join(items), _arrow(SPLIT_ROWS, SPLIT_SCHEMA)))
+    _assert_translations_are_sparks(spark, exprs, SPLIT_ROWS, SPLIT_SCHEMA)
 
 
 def test_split_and_initcap_rows_spark_would_differ_on_raise_so_spark_decides(spark):

@@ -3,7 +3,9 @@ pushed is lost."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 
 import pandas as pd
 import pyarrow as pa
@@ -148,10 +150,9 @@ def test_bad_circuits_fail_when_the_pipeline_opens(spark, tmp_path, build, match
         Pipeline(c, root=str(tmp_path), spark=spark)
 
 
-def test_a_bad_circuit_is_reported_once_and_spark_logs_nothing_of_it(spark, tmp_path):
-    """PySpark logs an analysis error (its message and Java frames, several KB on stderr) when
-    it is raised, whoever catches it: a circuit analysed at open reports its error as the
-    ``CircuitError`` alone, and PySpark's loggers work as before afterwards."""
+@contextlib.contextmanager
+def _pyspark_query_logs() -> Iterator[list[logging.LogRecord]]:
+    """The records PySpark logs of query errors (with their Java frames) while inside."""
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]
@@ -160,6 +161,17 @@ def test_a_bad_circuit_is_reported_once_and_spark_logs_nothing_of_it(spark, tmp_
     for logger in loggers:
         logger.addHandler(handler)
     try:
+        yield records
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+
+
+def test_a_bad_circuit_is_reported_once_and_spark_logs_nothing_of_it(spark, tmp_path):
+    """PySpark logs an analysis error (its message and Java frames, several KB on stderr) when
+    it is raised, whoever catches it: a circuit analysed at open reports its error as the
+    ``CircuitError`` alone, and PySpark's loggers work as before afterwards."""
+    with _pyspark_query_logs() as records:
         c = Circuit("bad")
         c.output("o", c.input("x", "a INT, b INT").filter("aa > 1"))
         with pytest.raises(CircuitError,
@@ -169,9 +181,6 @@ def test_a_bad_circuit_is_reported_once_and_spark_logs_nothing_of_it(spark, tmp_
         with pytest.raises(PySparkException):  # the user's own query: logged as before
             spark.sql("SELECT nope FROM VALUES (1) AS t(a)")
         assert records
-    finally:
-        for logger in loggers:
-            logger.removeHandler(handler)
 
 
 @pytest.mark.parametrize("rows_on_driver", [10**9, 0], ids=["driver", "spark"])
@@ -180,14 +189,7 @@ def test_a_failed_step_is_reported_once_and_spark_logs_nothing_of_it(spark, tmp_
     """A step whose Spark job raises (a division by zero in ANSI mode) reports it as the
     ``StepFailedError`` alone, naming the operator, its view and Spark's error: PySpark's own
     log of the error (tens of KB of JSON and Java frames) is dropped while the step runs."""
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append  # type: ignore[method-assign]
-    loggers = [PySparkLogger.getLogger(n)
-               for n in ("SQLQueryContextLogger", "DataFrameQueryContextLogger")]
-    for logger in loggers:
-        logger.addHandler(handler)
-    try:
+    with _pyspark_query_logs() as records:
         c = Circuit("zero")
         c.output("o", c.input("x", "a DOUBLE, b DOUBLE").select(
             "regexp_replace(cast(a / b as string), '0', '') AS q"))
@@ -199,9 +201,6 @@ def test_a_failed_step_is_reported_once_and_spark_logs_nothing_of_it(spark, tmp_
                                r"view 'o'\)|view 'o': computing the rows).*DIVIDE_BY_ZERO"):
                 p.step()
         assert records == []
-    finally:
-        for logger in loggers:
-            logger.removeHandler(handler)
 
 
 @pytest.mark.parametrize("build, message", [
