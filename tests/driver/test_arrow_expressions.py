@@ -11,7 +11,14 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
-from pyspark.sql.types import DoubleType, IntegerType, StringType, StructField, StructType
+from pyspark.sql.types import (
+    DecimalType,
+    DoubleType,
+    IntegerType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 from dbsp_pipeline.driver.arrow_expressions import arrow_predicate, arrow_projection
 from dbsp_pipeline.driver.expressions import translate_predicate
@@ -20,13 +27,17 @@ from dbsp_pipeline.operators.base import StepContext
 from dbsp_pipeline.operators.linear import Filter, Select
 from dbsp_pipeline.zset import WEIGHT
 from tests.driver.test_expressions import (
+    INF,
+    NAN,
     PREDICATES,
     REFUSED,
     ROWS,
     SCHEMA,
     _arrow,
+    _doubles_to_round,
     _norm,
     _query,
+    _spark,
 )
 
 #: predicates pyarrow takes, beyond those of ``test_expressions.PREDICATES`` it takes: doubles
@@ -51,6 +62,19 @@ ARROW_PREDICATES = [
     # becomes the double Spark casts it to)
     "d * 2 > e", "-d < e", "d - e IN (0, 1.5)", "d * 2 BETWEEN e AND 3", "d + e IS NULL",
     "d + 9007199254740993 > l", "l - d = 0", "d * (1 - 0.25) >= i", "e - -1 <= d * -0.5",
+    # IS [NOT] NULL of every type, pass-through ones included
+    "ts IS NULL", "NOT tn IS NULL", "dec IS NOT NULL", "f IS NULL", "bin IS NOT NULL",
+    "NOT (dt IS NULL)", "dec IS NULL AND ts IS NOT NULL",
+    # timestamps with themselves; decimals of one scale, and with integer or decimal literals
+    "ts < ts2", "ts = ts2", "ts <> ts2", "ts >= ts2", "ts2 > ts", "tn <= tn", "tn = tn",
+    "dec > 1", "dec = 12.34", "dec < 1.5", "dec >= -99999999.99", "0 <> dec", "dec = dec",
+    "dec <= -1", "dec > 9223372036854775807", "dec BETWEEN 0 AND 12.3",
+    # CASE (and if) of predicates, of columns and literals; COALESCE
+    "CASE WHEN i > 0 THEN b ELSE NOT b END", "coalesce(b, i > 0)", "coalesce(i, l) > 5",
+    "CASE i WHEN 7 THEN d WHEN 0 THEN e END > 0", "CASE WHEN b THEN i ELSE l END >= 3",
+    "coalesce(d, i, 0) < e", "CASE WHEN s = 'a' THEN s2 WHEN b THEN s END = 'b'",
+    "if(b, ts, ts2) > ts", "coalesce(dec, dec) < 1", "CASE WHEN d > 0 THEN dec END = dec",
+    "nvl(s, '') = ''", "CASE WHEN false THEN i END IS NULL", "CAST(i AS BIGINT) < l",
 ]
 
 
@@ -85,15 +109,18 @@ def test_arrow_predicates_keep_spark_rows(frames):
 @pytest.mark.parametrize("pred", [
     # what pyarrow would compute otherwise than Spark, or not at all: integers against decimals
     # (Spark compares exactly), arithmetic (overflow), IN with a NULL or a non-literal item or
-    # too many items, LIKE, CASE, COALESCE, functions, NULL-safe equality, timestamps,
-    # pass-through types, a predicate of no column
+    # too many items, LIKE, functions, NULL-safe equality, a timestamp against a date or a
+    # string, decimals against doubles, integer columns, literals past their scale, pass-through
+    # types in comparisons, CASE branches Spark widens otherwise, a predicate of no column
     "i = 7.0", "i <= 2.5", "l > 9007199254740992.5", "i + 1 > 5", "-i > 5", "i / 7 > 0.5",
     "i not in (1, NULL)", "l in (9007199254740992.0, 5)", "i IN (j, 1)",
-    f"i IN ({', '.join(map(str, range(33)))})", "s LIKE 'a%'",
-    "CASE WHEN i > 0 THEN b ELSE NOT b END", "coalesce(b, i > 0)", "length(s) > 2", "d <=> e",
-    "s2 IS DISTINCT FROM s", "ts < ts2", "f is not null", "dec is null", "i = NULL",
+    f"i IN ({', '.join(map(str, range(33)))})", "s LIKE 'a%'", "length(s) > 2", "d <=> e",
+    "s2 IS DISTINCT FROM s", "ts < dt", "ts >= '2024-06-01'", "tn = tn + INTERVAL 1 DAY",
+    "dec > d", "dec = i", "dec < 1.234", "dec IN (1, 2)", "f > 1", "i = NULL",
+    "coalesce(dec, 1) > 0", "CASE WHEN b THEN dec ELSE 1.5 END > 0", "coalesce(i, 1.5) > 0",
+    "coalesce(f, 0) > 0", "CASE WHEN b THEN i END = NULL", "coalesce(NULL, NULL) IS NULL",
     "NULL AND b", "NOT NULL", "1 = 1", "1 IN (1, 2)", "DATE '2000-01-01' < DATE '2001-01-01'",
-    "true", "i", "dt",
+    "true", "i", "dt", "CASE WHEN true THEN 1 END = 1",
 ])
 def test_refused_predicates(pred):
     assert arrow_predicate(pred, SCHEMA) is None
@@ -113,6 +140,21 @@ ARROW_PROJECTIONS = [
     "l + d", "d - l", "i * 0.5e0", "d * (1 - 0.25)", "d * 1.1 * 1.1", "d * (1 - e)",
     "(d + 1) * (e - 2)", "l - d * d", "2.5 - d", "-d * e", "1 - d", "d > 1.0", "d * 2 >= e",
     "s = 'a'", "i IS NULL", "d - -1", "d * -0.5", "d * -0.0", "1 = 1", "d * 2 IS NULL",
+    # IS NULL of any type, timestamp and decimal comparisons
+    "ts IS NULL", "dec IS NOT NULL", "NOT bin IS NULL", "tn IS NULL", "ts < ts2", "dec > 1",
+    # CASE / if / COALESCE of columns and literals, as the SQL compiler writes them
+    "CASE WHEN false THEN dec END", "CASE WHEN false THEN ts END", "CASE WHEN false THEN s END",
+    "1 AS row_marker", "CAST(0 AS BIGINT)", "CAST(i AS BIGINT)", "CAST(l AS DOUBLE)", "1L",
+    "CASE WHEN i > 0 THEN 'pos' WHEN i < 0 THEN 'neg' ELSE 'zero' END",
+    "CASE i WHEN 7 THEN d WHEN 0 THEN e END", "CASE WHEN b THEN i ELSE l END",
+    "CASE WHEN b THEN i ELSE d END", "CASE WHEN b THEN NULL ELSE s END",
+    "CASE WHEN d > 0 THEN d END", "CASE WHEN d > e THEN dec WHEN b THEN NULL ELSE dec END",
+    "CASE WHEN s IS NULL THEN dt ELSE DATE '2000-01-01' END", "if(b, ts, ts2)", "if(b, 1, 0)",
+    "CASE WHEN b THEN 1 ELSE 3000000000 END", "CASE WHEN b THEN d ELSE 0.5 END",
+    "CASE WHEN dec IS NULL THEN i ELSE 0 END", "CASE WHEN b THEN tn END",
+    "coalesce(i, j, 0)", "coalesce(s, s2, 'none')", "coalesce(d, i)", "nvl(b, false)",
+    "ifnull(l, j)", "coalesce(NULL, s)", "coalesce(dec, dec)", "coalesce(ts, ts2)",
+    "coalesce(dt, DATE '1970-01-01')", "coalesce(e, 1e0, l)", "coalesce(d, -0.5)",
 ]
 
 
@@ -137,9 +179,16 @@ def test_arrow_projections_match_spark(frames):
 
 @pytest.mark.parametrize("expr", [
     # integer arithmetic (ANSI Spark raises on overflow), division, literals alone, floats,
-    # decimals (Spark's decimal types), NULL
+    # decimals (Spark's decimal types), NULL, CASE/COALESCE of types Spark widens otherwise
+    # (or of no type), CASTs of doubles to integers, round of decimals, floats, integers to a
+    # negative scale, bround, a scale not a literal or out of range
     "i + 1", "-i", "i * j", "l - 1", "d / 2", "i / 7", "1e0 * 2e0", "f * 2", "f + d",
-    "dec * d", "100.00", "d + NULL", "CASE WHEN d > 0 THEN d END", "abs(d)", "d * dec",
+    "dec * d", "100.00", "d + NULL", "abs(d)", "d * dec", "CASE WHEN b THEN NULL END",
+    "CASE WHEN b THEN dec ELSE 1 END", "coalesce(dec, 1.5)", "coalesce(1.5, 2.5)",
+    "CASE WHEN b THEN 1.5 ELSE 2 END", "coalesce(f, 1)", "coalesce(bin, bin)",
+    "CASE WHEN b THEN f END", "coalesce(ts, dt)", "CAST(d AS BIGINT)", "CAST(s AS INT)",
+    "CAST(dec AS DOUBLE)", "round(dec, 1)", "round(f, 1)", "round(l, -1)", "bround(d, 1)",
+    "round(d, i)", "round(d, 16)", "round(1.5e0, 1)",
 ])
 def test_refused_projections(expr):
     assert arrow_projection([expr], SCHEMA, ["o"]) is None
@@ -155,6 +204,65 @@ def test_projection_of_bare_columns():
                 == [_norm(v) for v in table.column(name).to_pylist()]), name
     assert arrow_projection(["i", "i + 1"], SCHEMA, ["i", "o"]) is None
     assert arrow_projection(["i"], SCHEMA, ["i", "j"]) is None
+
+
+def test_decimals_of_one_scale_and_literals_compare_as_spark(spark):
+    """Decimals of one scale and different precisions, up to 38 digits, against each other and
+    against integer and decimal literals at their limits; other scales refused."""
+    from decimal import Decimal
+
+    schema = StructType([StructField("rid", IntegerType()), StructField("a", DecimalType(12, 2)),
+                         StructField("b", DecimalType(38, 2)),
+                         StructField("c", DecimalType(38, 18))])
+    big = Decimal("9" * 36 + ".99")
+    rows = [(0, None, None, None), (1, Decimal("0.00"), Decimal("-0.00"), Decimal(0)),
+            (2, Decimal("9999999999.99"), big, Decimal("1.000000000000000001")),
+            (3, Decimal("-9999999999.99"), Decimal(f"-{big}"),
+             Decimal("-99999999999999999999.999999999999")),
+            (4, Decimal("1.50"), Decimal("1.50"), Decimal("0.000000000000000001")),
+            (5, Decimal("-0.01"), None, Decimal("1"))]
+    predicates = ["a < b", "a = b", "b >= a", "a <> b", "a > 9999999999.98", "b < -1",
+                  "b > 9223372036854775807", "b < 1.5", "c > 1", "c = 0.5", "c < 0.000000000000001",
+                  "c <= -9223372036854775808", "coalesce(a, a) = 1.5", "a IS NULL OR b > a"]
+    table = _arrow(rows, schema)
+    want = _spark_kept(spark.createDataFrame(rows, schema), predicates)
+    for p, spark_rows in zip(predicates, want, strict=True):
+        f = arrow_predicate(p, schema)
+        assert f is not None, p
+        assert sorted(table.filter(f(table)).column("rid").to_pylist()) == spark_rows, p
+    for p in ["a = c", "b < c", "c > 1.0000000000000000001", "a = 1e0", "coalesce(a, b) > 0"]:
+        assert arrow_predicate(p, schema) is None, p
+
+
+def test_round_of_a_double_is_sparks_bit_for_bit(spark):
+    """``round`` of a double (the formula of ``expressions._rounded``) gives Spark's bits (-0.0
+    against 0.0 included) over ties and their neighbours at scales -2 to 6, NaN, infinities and
+    NULL passing; past the formula's bound it raises, as the DuckDB translation does."""
+    import math
+    import random
+    import struct
+
+    values = _doubles_to_round(random.Random(5), 1500) + [NAN, INF, -INF, None]
+    schema = StructType([StructField("rid", IntegerType()), StructField("x", DoubleType())])
+    rows = list(enumerate(values))
+    exprs = ["round(x)", "round(x * 3)", *[f"round(x, {scale})" for scale in (1, 2, 3, 6, -1, -2)]]
+    columns = [arrow_projection([e], schema, ["o"]) for e in exprs]
+    want = _spark(spark.createDataFrame(rows, schema), exprs)
+    table = _arrow(rows, schema)
+
+    def bits(v):
+        return v if v is None else struct.pack("<d", v) if not math.isnan(v) else "NaN"
+
+    for k, (e, column) in enumerate(zip(exprs, columns, strict=True)):
+        assert column is not None, e
+        got = column[0](table).to_pylist()
+        diffs = [(values[w[0]], w[k + 1], g) for w, g in zip(want, got, strict=True)
+                 if bits(w[k + 1]) != bits(g)]
+        assert diffs == [], f"{e}: (x, Spark, pyarrow) {diffs[:5]}"
+    large = arrow_projection(["round(x, 2)"], schema, ["o"])
+    assert large is not None
+    with pytest.raises(pa.ArrowInvalid):
+        large[0](_arrow([(0, 1e14)], schema))
 
 
 class _NoQueries:
