@@ -243,7 +243,13 @@ def _walk(node: exp.Expression, columns: Columns) -> _Operand:
         if not items or len(items) > IN_ITEMS or not all(_is_literal(i) for i in items):
             raise _Refuse("IN list")
         x = _walk(node.this, columns)
-        equal = [_compare(_EQ, x, _walk(item, columns)) for item in items]
+        operands = [_walk(item, columns) for item in items]
+        kinds = {x.typ, *(o.typ for o in operands)}
+        if DOUBLE in kinds and kinds <= {INT, BIGINT, DOUBLE, DECIMAL_LIT}:
+            # Spark compares the value and every item in their common type, a double: an
+            # integer item too (9007199254740993 IN (9007199254740992, 1e0) is TRUE)
+            x, operands = _as_double(x), [_as_double(o) for o in operands]
+        equal = [_compare(_EQ, x, o) for o in operands]
         return _Operand(lambda table: _any(e.value(table) for e in equal), BOOLEAN,
                         all(e.literal for e in equal))
     if t in _KINDS:
@@ -369,7 +375,11 @@ def _cast(node: exp.Expression, columns: Columns) -> _Operand:
     if typ == DOUBLE:
         return _as_double(a)
     target = _ARROW_TYPES[typ]
-    return _Operand(lambda table: pc.cast(a.value(table), target), typ, a.literal, a.exact)
+    exact = a.exact
+    if exact is not None and not (-(2**31) <= exact < 2**31 if typ == INT
+                                  else -(2**63) <= exact < 2**63):
+        raise _Refuse("CAST of a literal out of the type's range (Spark raises)")
+    return _Operand(lambda table: pc.cast(a.value(table), target), typ, a.literal, exact)
 
 
 def _case(node: exp.Case, columns: Columns) -> _Operand:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -319,8 +320,13 @@ class LocalSQL:
 
 
 #: ``zset_arrow_schema`` of a payload schema without extra columns, by the schema's ``id``,
-#: with a weak reference to it (a schema is immutable; an ``id`` reused after it died misses)
-_ZSET_SCHEMAS: dict[int, tuple[weakref.ref[StructType], pa.Schema]] = {}
+#: with a weak reference to it (an ``id`` reused after it died misses) and its fields as they
+#: were (``StructType.add`` appends in place, a field's attributes can be set: then it misses)
+_ZSET_SCHEMAS: dict[int, tuple[weakref.ref[StructType], tuple[Any, ...], pa.Schema]] = {}
+
+
+def _fields_now(schema: StructType) -> tuple[Any, ...]:
+    return tuple((id(f), f.name, id(f.dataType), f.nullable) for f in schema.fields)
 
 
 def zset_arrow_schema(schema: StructType, extra: Sequence[StructField] = ()) -> pa.Schema:
@@ -329,8 +335,8 @@ def zset_arrow_schema(schema: StructType, extra: Sequence[StructField] = ()) -> 
     asks for its own, and PySpark's conversion takes tens of microseconds a column)."""
     if not extra:
         seen = _ZSET_SCHEMAS.get(id(schema))
-        if seen is not None and seen[0]() is schema:
-            return seen[1]
+        if seen is not None and seen[0]() is schema and seen[1] == _fields_now(schema):
+            return seen[2]
     arrow = spark_to_arrow_schema(StructType([*schema.fields, *extra,
                                               StructField(WEIGHT, LongType(), False)]))
     if not extra:
@@ -339,7 +345,7 @@ def zset_arrow_schema(schema: StructType, extra: Sequence[StructField] = ()) -> 
         def forget(_: weakref.ref[StructType]) -> None:
             _ZSET_SCHEMAS.pop(key, None)
 
-        _ZSET_SCHEMAS[key] = (weakref.ref(schema, forget), arrow)
+        _ZSET_SCHEMAS[key] = (weakref.ref(schema, forget), _fields_now(schema), arrow)
     return arrow
 
 
@@ -347,7 +353,7 @@ def conform(table: pa.Table, schema: StructType, extra: Sequence[StructField] = 
     """``table``'s payload (by name, in ``schema``'s order) and ``_weight``, cast to Spark's
     types (``table`` itself where it is that already)."""
     target = zset_arrow_schema(schema, extra)
-    if table.schema.equals(target):
+    if table.schema.equals(target, check_metadata=True):
         return table
     columns = [column if column.type == f.type else column.cast(f.type)
                for f in target for column in (table.column(f.name),)]

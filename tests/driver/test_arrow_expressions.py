@@ -44,6 +44,8 @@ from tests.driver.test_expressions import (
 #: against integers and decimals, NaN and infinities against each other and literals, literals
 #: on the left, BETWEEN of doubles, NOT of comparisons, IS [NOT] NULL of each column type
 ARROW_PREDICATES = [
+    # an IN list with a double compares every item as a double, as Spark does
+    "l in (9007199254740992, 1e0)", "i in (3, 2.5e0, 7)",
     "d > 1.0", "d >= 1.0", "d < 1.0", "d <= 1.0", "d = 1.0", "d <> 1.0", "d != -1.5",
     "1.0 < d", "1.0 >= d", "-1.5 = d", "100 <= d", "d > i", "d < l", "l >= d", "i = d",
     "d = e", "d <> e", "d < e", "d <= e", "d > e", "d >= e", "e > 1e300", "-1e300 > e",
@@ -121,6 +123,7 @@ def test_arrow_predicates_keep_spark_rows(frames):
     "coalesce(f, 0) > 0", "CASE WHEN b THEN i END = NULL", "coalesce(NULL, NULL) IS NULL",
     "NULL AND b", "NOT NULL", "1 = 1", "1 IN (1, 2)", "DATE '2000-01-01' < DATE '2001-01-01'",
     "true", "i", "dt", "CASE WHEN true THEN 1 END = 1",
+    "dec = CAST(3000000000 AS INT)",  # (Spark's ANSI CAST raises)
 ])
 def test_refused_predicates(pred):
     assert arrow_predicate(pred, SCHEMA) is None

@@ -251,3 +251,19 @@ def test_filtered_returns_the_table_itself_when_the_mask_keeps_every_row():
     assert local_sql.filtered(table, np.zeros(3, dtype=bool)).num_rows == 0
     kept = local_sql.filtered(table, pa.array([True, None, True]))  # NULL drops, as in filter
     assert kept.to_pydict() == {"k": [1, 3], "_weight": [1, 2]}
+
+
+def test_a_zset_schema_follows_its_spark_schema_changed_in_place():
+    """``zset_arrow_schema`` remembers a schema's Arrow form, but not past ``StructType.add``
+    (which appends in place) or a new object at a dead one's address."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from dbsp_pipeline.driver.sql import zset_arrow_schema
+
+    schema = StructType([StructField("a", LongType())])
+    assert zset_arrow_schema(schema).names == ["a", "_weight"]
+    assert zset_arrow_schema(schema) is zset_arrow_schema(schema)
+    schema.add("b", LongType())
+    assert zset_arrow_schema(schema).names == ["a", "b", "_weight"]
+    schema.fields[0].name = "z"
+    assert zset_arrow_schema(schema).names == ["z", "b", "_weight"]
