@@ -144,6 +144,17 @@ class StateDatabase:
                 f"state version {version} of the pipeline at {self.root} was recorded by a "
                 f"different circuit (fingerprint {recorded_fp[:12]}, this circuit "
                 f"{self.fingerprint[:12]}); {remedy}")
+        upgrade = next((e for _, e in reversed(entries) if e["version"] > version and (
+            CIRCUIT_CHANGE_KEY in e
+            or (recorded_fp and e.get("fingerprint") not in (None, recorded_fp)))), None)
+        if upgrade is not None:  # (refused before anything is rolled back)
+            raise CircuitChangedError(
+                f"state version {version} of the pipeline at {self.root} is from before the "
+                f"upgrade its version {upgrade['version']} recorded (step "
+                f"{upgrade.get('step', '?')}): a pipeline is not taken back past an upgrade, "
+                "with either circuit (the views' logs hold what the upgrade and the steps since "
+                "wrote); open the newest state, or restore a checkpoint taken since "
+                "(Pipeline.checkpoints() lists them)")
         if version != latest["version"]:
             # Discard the newer versions: a new manifest commit whose entry is a copy of
             # ``version`` (so the next commit's base chain leads back through ``version``).

@@ -307,7 +307,7 @@ def test_what_an_upgrade_cannot_do_is_refused_and_the_root_stays_the_old_circuit
         assert_views_recompute(p)
 
 
-def test_a_checkpoint_from_before_an_upgrade_is_not_restored_with_the_new_circuit(
+def test_a_checkpoint_from_before_an_upgrade_is_not_restored_with_either_circuit(
         spark, tmp_path):
     root = str(tmp_path / "shop")
     seeded_root(spark, root)
@@ -317,6 +317,16 @@ def test_a_checkpoint_from_before_an_upgrade_is_not_restored_with_the_new_circui
         with pytest.raises(CircuitChangedError, match=r"different circuit .*; a checkpoint "
                            r"from before an upgrade is not restored .*restore one taken since"):
             p.restore(old[0].version)
+        newest, views = p.state_version, {v: view_rows(p, v) for v in p.circuit.outputs}
+    # nor with the old circuit, whose replay of the upgrade's step would differ from what the
+    # views' logs hold: refused before anything is rolled back, so both still open as before
+    with pytest.raises(CircuitChangedError, match=r"is from before the upgrade its version "
+                       r"\d+ recorded .*not taken back past an upgrade, with either circuit"):
+        Pipeline(shop(), root, spark, checkpoint=old[0].version)
+    with Pipeline(shop(**V2), root, spark) as p:
+        assert p.state_version == newest
+        assert {v: view_rows(p, v) for v in p.circuit.outputs} == views
+        assert_views_recompute(p)
 
 
 def test_a_crash_at_every_durable_action_of_an_upgrade_leaves_one_circuit(spark, tmp_path):
