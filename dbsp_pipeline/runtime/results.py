@@ -57,14 +57,14 @@ class StepResult:
     #: ``seconds`` by phase (``STEP_PHASES``; a phase the step did not go through is absent):
     #: where a step's time goes, the fixed part (a durable commit) beside the part that grows
     #: with the change and the state (the operators' lookups)
-    phase_seconds: dict[str, float] = field(default_factory=dict)
+    phase_seconds: dict[str, float] = field(default_factory=dict, repr=False)
     #: the ``operators`` phase by operator: the seconds each took, by its state tables' name
     #: (``n<id>_<op>``, as under ``state/``; ``Plan.operator_label``). On Spark, the jobs each
     #: ran (an operator Spark plans lazily counts little here, its job where it runs), and
     #: the stages one job ran together as one (their names joined by ``+``); an input whose
     #: pushed files the tasks split themselves (``runtime/scatter.py``) as ``input:<name>``,
     #: with the row-wise operators after it counted in their reader's
-    operator_seconds: dict[str, float] = field(default_factory=dict)
+    operator_seconds: dict[str, float] = field(default_factory=dict, repr=False)
     #: the state version committed after this step, if the step ended with a commit
     committed_version: int | None = None
     #: whether the step ran on the driver (small change) rather than as Spark jobs

@@ -483,7 +483,10 @@ class StateDatabase:
                         f"from step {from_step} on (compacted_below) and restoring it would "
                         f"execute steps {step}..{from_step - 1} again; retained checkpoints: "
                         f"{available}")
-        return f"state version {version} cannot be opened; available: {available}"
+        return (f"state version {version} cannot be opened: it is not among the "
+                f"{max(1, retained)} newest checkpoints this pipeline retains "
+                f"(retain_checkpoints), whose files garbage collection keeps; available: "
+                f"{available}")
 
     def _latest_entry(self) -> dict[str, Any]:
         entry = self._entry_of(self._manifest.version())[1]
