@@ -74,11 +74,9 @@ Tested against Spark on the edge rows of ``tests/driver/test_expressions.py`` (N
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Context, Decimal, localcontext
-from fractions import Fraction
 from typing import Any, cast
 
 import pyarrow as pa
@@ -94,6 +92,7 @@ from dbsp_pipeline.driver.expressions import (
     DOUBLE,
     INT,
     NULL,
+    ROUND_SCALES,
     STRING,
     TIMESTAMP,
     TIMESTAMP_NTZ,
@@ -112,6 +111,7 @@ from dbsp_pipeline.driver.expressions import (
     _parse,
     _Refuse,
     _unparen,
+    round_bound,
     translate_predicate,
     translate_projection,
 )
@@ -464,11 +464,6 @@ def _arrow_type(typ: str) -> pa.DataType:
     return _ARROW_TYPES[typ]
 
 
-#: the scales ``round`` is taken for (``expressions._ROUND_SCALES``: 10**scale and
-#: 10**(scale+1) are exact doubles)
-_ROUND_SCALES = range(-15, 16)
-
-
 def _rounded(a: _Operand, scale_node: exp.Expression | None) -> _Operand:
     """Spark's ``round(x, scale)`` (half up) of a double to a literal scale (0 when omitted), by
     exactly the formula of ``expressions._rounded`` (whose docstring shows it is Spark's, bit for
@@ -479,7 +474,7 @@ def _rounded(a: _Operand, scale_node: exp.Expression | None) -> _Operand:
     (``|x| * 10**(scale+1) < 2**52`` and ``|x| < 2**53``) it raises ``ArrowInvalid``: DuckDB (which
     raises there too) and then Spark decide. An int or a bigint to a scale >= 0 is itself."""
     scale = 0 if scale_node is None else _int_literal(scale_node)
-    if scale is None or scale not in _ROUND_SCALES or a.literal:
+    if scale is None or scale not in ROUND_SCALES or a.literal:
         raise _Refuse("round scale or operand")
     if a.typ in _INTEGERS and scale >= 0:
         return a
@@ -487,13 +482,9 @@ def _rounded(a: _Operand, scale_node: exp.Expression | None) -> _Operand:
         raise _Refuse(f"round of {a.typ}")
     if scale >= 0:
         unit, tenth = pa.scalar(10.0 ** scale), pa.scalar(10.0 ** (scale + 1))
-        limit = Fraction(2**52, 10 ** (scale + 1))
     else:
         unit, tenth = pa.scalar(10.0 ** -scale), pa.scalar(10.0 ** (-scale - 1))
-        limit = Fraction(min(2**52 * 10 ** (-scale - 1), 2**53))
-    bound = float(limit)
-    if Fraction(bound) >= limit:
-        bound = math.nextafter(bound, 0.0)
+    bound = round_bound(scale)
     up, down = (pc.multiply, pc.divide) if scale >= 0 else (pc.divide, pc.multiply)
 
     def value(table: pa.Table) -> Any:

@@ -1762,7 +1762,19 @@ def _split_part(node: exp.Expression, columns: Columns) -> tuple[str, str]:
 
 
 #: the scales ``round`` is translated for (10**scale and 10**(scale+1) are exact doubles)
-_ROUND_SCALES = range(-15, 16)
+ROUND_SCALES = range(-15, 16)
+
+
+def round_bound(scale: int) -> float:
+    """The double below which ``_rounded``'s formula gives Spark's ``round(x, scale)``: the
+    largest double under ``2**52 / 10**(scale+1)`` (a double's neighbours closer than a tenth of
+    the scale's unit), and under 2**53 (past it Java prints a whole double's every digit, not
+    the shortest: 5.63055581242145E16 as 5.6305558124214496E16). The pyarrow path
+    (``arrow_expressions``) takes the same bound."""
+    limit = (Fraction(2**52, 10 ** (scale + 1)) if scale >= 0
+             else Fraction(min(2**52 * 10 ** (-scale - 1), 2**53)))
+    bound = float(limit)
+    return math.nextafter(bound, 0.0) if Fraction(bound) >= limit else bound
 
 
 def _rounded(operand: exp.Expression, scale_node: exp.Expression | None, columns: Columns,
@@ -1793,7 +1805,7 @@ def _rounded(operand: exp.Expression, scale_node: exp.Expression | None, columns
     random bit patterns at scales -2 to 6, with the largest values each scale takes
     (``tests/driver/test_expressions``), and once on 20M values at scales -15 to 15."""
     scale = 0 if scale_node is None else _int_literal(scale_node)
-    if scale is None or scale not in _ROUND_SCALES:
+    if scale is None or scale not in ROUND_SCALES:
         raise _Refuse("round scale")
     a, typ = _translate(operand, columns)
     decimal = _decimal_of(typ)
@@ -1813,15 +1825,10 @@ def _rounded(operand: exp.Expression, scale_node: exp.Expression | None, columns
     if scale >= 0:
         scaled = f"({x} * 1e{scale})"
         half = f"((floor({scaled}) * 10 + 5) / 1e{scale + 1})"
-        limit = Fraction(2**52, 10 ** (scale + 1))
-    else:  # (and below 2**53: Java prints a larger whole double's every digit, not the
-        #      shortest: 5.63055581242145E16 as 5.6305558124214496E16)
+    else:
         scaled = f"({x} / 1e{-scale})"
         half = f"((floor({scaled}) * 10 + 5) * 1e{-scale - 1})"
-        limit = Fraction(min(2**52 * 10 ** (-scale - 1), 2**53))
-    bound = float(limit)
-    if Fraction(bound) >= limit:
-        bound = math.nextafter(bound, 0.0)
+    bound = round_bound(scale)
     if half_even:
         up = f"({x} > {half} OR ({x} = {half} AND floor({scaled}) % 2 = 1))"
     else:
