@@ -218,6 +218,7 @@ class QueryCompiler:
                              "push one input row per element of an array instead of "
                              "exploding it in the view")
         for grouping in query.find_all(exp.Rollup, exp.Cube, exp.GroupingSets):
+            # (``GROUP BY ROLLUP(a)`` and ``GROUP BY a WITH ROLLUP`` alike)
             raise self.error(grouping, "ROLLUP, CUBE and GROUPING SETS are not supported",
                              "declare one view per grouping")
 
@@ -1332,10 +1333,6 @@ class QueryCompiler:
         assert scope.collection is not None
         group = q.args.get("group")
         having = q.args.get("having")
-        if group is not None and any(group.args.get(a) for a in ("rollup", "cube",
-                                                                  "grouping_sets")):
-            raise self.error(group, "ROLLUP, CUBE and GROUPING SETS are not supported",
-                             "declare one view per grouping")
         group_exprs: list[exp.Expr] = list(group.expressions) if group else []
         if group is not None and group.args.get("all"):  # GROUP BY ALL: the items without
             group_exprs = [node for _, node in items if not _aggregates(node)]  # aggregates
