@@ -63,6 +63,12 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))')"
     printf 'AWS_ACCESS_KEY_ID=%s\nAWS_SECRET_ACCESS_KEY=%s\nAWS_ENDPOINT_URL=http://127.0.0.1:%s\nAWS_REGION=us-east-1\n' \
       "$KEY" "$SECRET" "$PORT" >"$ENVFILE"
     mkdir -p "$VAR/data"
+    # weed also serves gRPC on unix sockets at fixed places in /tmp, named by the gRPC ports:
+    # `stop` removes these; leftovers of a store killed without `stop` at these places would
+    # fail this start and are removed (infra/stale_sockets.py).
+    printf '/tmp/seaweedfs-%s-grpc-%s.sock\n' master "${P[1]}" volume "${P[3]}" filer "${P[5]}" \
+      s3 "${P[6]}" >"$VAR/object-store.sockets"
+    "$VENV/bin/python" "$(dirname "$0")/stale_sockets.py" "$VAR/object-store.sockets"
     "$VENV/bin/weed" server -ip=127.0.0.1 -ip.bind=127.0.0.1 -dir="$VAR/data" \
       -master.port="${P[0]}" -master.port.grpc="${P[1]}" -master.volumeSizeLimitMB=64 \
       -volume.port="${P[2]}" -volume.port.grpc="${P[3]}" -volume.max=0 -volume.preStopSeconds=0 \
@@ -71,9 +77,6 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))')"
       -s3.port.lance="${P[8]}" -s3.config="$VAR/s3.json" \
       -filer.localSocket="$VAR/filer.sock" -s3.localSocket="$VAR/s3.sock" >"$VAR/object-store.log" 2>&1 &
     echo $! >"$PIDFILE"
-    # weed also serves gRPC on unix sockets at fixed places in /tmp: `stop` removes these
-    printf '/tmp/seaweedfs-%s-grpc-%s.sock\n' master "${P[1]}" volume "${P[3]}" filer "${P[5]}" \
-      s3 "${P[6]}" >"$VAR/object-store.sockets"
     for _ in $(seq 1 120); do
       if ready 2>/dev/null; then
         echo "object store: http://127.0.0.1:$PORT (pid $(cat "$PIDFILE"), data $VAR/data, credentials $ENVFILE)"
