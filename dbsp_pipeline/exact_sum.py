@@ -171,19 +171,19 @@ def fold_arrow(batch: pa.RecordBatch, specs: Sequence[FoldSpec]) -> pa.RecordBat
     """Add each spec's ``state`` and ``result`` columns to ``batch`` (per row: old state plus
     the step's pairs). A pure function of each row, so the same on any engine path or batching.
 
-    From ``_VECTOR_ROWS`` rows on, whole columns at a time (:func:`_fold_column`: the old
-    states parsed, added to the pairs, encoded and rounded with numpy and pyarrow); a few rows,
-    and the rows with NaN or infinities or beyond the vectorized ranges, one at a time
+    From ``_VECTOR_ROWS`` rows or pairs on, whole columns at a time (:func:`_fold_column`: a
+    compiled pass per row, ``exact_sum_kernel``); a few rows of a few pairs, and the rows with
+    NaN or infinities or beyond the kernel's ranges, one at a time in Python integers
     (:func:`_fold_rows`). Bit for bit the same as :func:`fold_arrow_reference`
     (``tests/test_exact_sum.py`` compares them)."""
     columns, names = list(batch.columns), list(batch.schema.names)
     for spec in specs:
         olds, pairs = batch.column(spec.old), batch.column(spec.pairs)
-        if spec.merge:
-            pairs = pieces_of_states(pairs)
-        if batch.num_rows >= _VECTOR_ROWS:
-            states, values = _fold_column(olds, pairs)
+        if batch.num_rows >= _VECTOR_ROWS or _entries(pairs) >= _VECTOR_ROWS:
+            states, values = _fold_column(olds, pairs, spec.merge)
         else:
+            if spec.merge:
+                pairs = pieces_of_states(pairs)
             texts, floats = _fold_rows(olds.to_pylist(), _pair_parts(pairs))
             states, values = pa.array(texts, pa.string()), np.array(floats, dtype=np.float64)
         counts = batch.column(spec.count).fill_null(0).to_numpy(zero_copy_only=False)
@@ -194,6 +194,14 @@ def fold_arrow(batch: pa.RecordBatch, specs: Sequence[FoldSpec]) -> pa.RecordBat
                     pa.array(results, pa.float64(), mask=~counted)]
         names += [spec.state, spec.result]
     return pa.RecordBatch.from_arrays(columns, names=names)
+
+
+def _entries(pairs: pa.Array) -> int:
+    """How many pairs a list column holds over its rows (NULL lists' included)."""
+    if len(pairs) == 0:
+        return 0
+    offsets = pairs.offsets
+    return int(offsets[len(offsets) - 1].as_py()) - int(offsets[0].as_py())
 
 
 def _fold_rows(olds: list[str | None], parts: tuple[list[int], list[int], list[int], list[int]]
@@ -235,51 +243,79 @@ _HEX_PAIRS = np.stack([_HEX_DIGITS[np.arange(256) >> 4], _HEX_DIGITS[np.arange(2
                       axis=1).copy().view(np.uint16)[:, 0]
 
 
-def _fold_column(olds: pa.Array, pairs: pa.Array) -> tuple[pa.Array, np.ndarray]:
-    """:func:`_fold_rows` of whole columns (old states, a pairs column), vectorized.
+def _fold_column(olds: pa.Array, pairs: pa.Array, merge: bool) -> tuple[pa.Array, np.ndarray]:
+    """:func:`_fold_rows` of whole columns (old states; the step's pairs, or with ``merge``
+    its encoded partial sums with weights), in one compiled pass per row
+    (``exact_sum_kernel.fold_rows``: the same integers, in 32-bit limbs).
+    The rows the kernel does not take go through :func:`_fold_rows`: pairs with NaN,
+    infinities or :func:`_pair_arrays`' fallback, states with NaN or infinities or a mantissa
+    beyond ``_LONG_DIGITS`` hex digits (or near the top of the double range), results of more
+    than ``_LONG_BITS`` significant bits (see the kernel's module)."""
+    from dbsp_pipeline import exact_sum_kernel  # (compiled or loaded from its cache at first use)
 
-    Exact by the same integers: each old state's finite mantissa is cut into 52-bit pieces,
-    each an exact double (a piece times a power of two at least ``2**-1074`` and below
-    ``2**1024``), which join the step's finite pairs as pairs of weight ±1; the limbs of their
-    exact sum per row (:func:`_limb_blocks`) are encoded and rounded by :func:`_encode_limbs`.
-    The rows this cannot take go through :func:`_fold_rows`: an old state with NaN or
-    infinities or a mantissa beyond ``_LONG_DIGITS`` hex digits (or near the top of the
-    double range), pairs with NaN, infinities or :func:`_pair_arrays`' fallback."""
     rows = len(olds)
-    a = _pair_arrays(pairs)
-    slow = a.fallback | (a.nan != 0) | (a.pos_inf != 0) | (a.neg_inf != 0)
-    # the old states' mantissas as pairs: pieces of 13 hex digits, from the least significant
-    pieces_row, pieces_bits, pieces_sign, unfit = _state_pieces(olds)
-    slow |= unfit
-    kept = ~slow[pieces_row]
-    pieces_row, pieces_bits, pieces_sign = pieces_row[kept], pieces_bits[kept], pieces_sign[kept]
-    keep = ~slow[a.pair_row] & ((a.exponent != 0) | (a.fraction != 0))  # zeros add nothing
-    pair_row = np.concatenate([a.pair_row[keep], pieces_row])
-    order = np.argsort(pair_row, kind="stable")
-    exponent = np.concatenate([
-        a.exponent[keep], ((pieces_bits >> np.uint64(52)) & np.uint64(0x7FF)).astype(np.int64)])
-    fraction = np.concatenate([a.fraction[keep], pieces_bits & np.uint64((1 << 52) - 1)])
-    weight = np.concatenate([a.weight[keep], np.where(pieces_sign, -1, 1)])
-
-    states: list[pa.Array] = []
-    values = np.zeros(rows, dtype=np.float64)
-    for row0, acc, first in _limb_blocks(rows, pair_row[order], exponent[order],
-                                         fraction[order], weight[order]):
-        block_states, values[row0:row0 + len(acc)] = _encode_limbs(acc, first)
-        states.append(block_states)
-    if not states:  # no pairs and no old state: every sum is zero
-        states.append(pa.array(["0"] * rows, pa.string()))
-    state = pa.concat_arrays(states) if len(states) > 1 else states[0]
-
+    if isinstance(pairs, pa.ChunkedArray):
+        pairs = pairs.combine_chunks()
+    if isinstance(olds, pa.ChunkedArray):
+        olds = olds.combine_chunks()
+    texts, text_row, text_weight = olds, np.arange(rows, dtype=np.int64), np.ones(rows, np.int64)
+    no_pairs = np.zeros(0, dtype=np.int64)
+    pair_row, exponent, weight = no_pairs, no_pairs, no_pairs
+    fraction = no_pairs
+    if merge:  # the partial sums are texts too, each of its row, times its weight
+        slow = np.zeros(rows, dtype=bool)
+        offsets = pairs.offsets.to_numpy().astype(np.int64)
+        lo, hi = int(offsets[0]), int(offsets[-1])
+        child = pairs.values.slice(lo, hi - lo)
+        parent = np.repeat(np.arange(rows, dtype=np.int64), np.diff(offsets))
+        weights = child.field("_w").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        if pairs.null_count:  # (a NULL list's entries count for nothing)
+            weights = np.where(pairs.is_valid().to_numpy(zero_copy_only=False)[parent],
+                               weights, 0)
+        states = child.field("_v")
+        if not pa.types.is_string(states.type):
+            states = states.cast(pa.string())
+        order = np.argsort(np.concatenate([text_row, parent]), kind="stable")
+        texts = pa.concat_arrays([olds.cast(pa.string()), states]).take(pa.array(order))
+        text_row = np.concatenate([text_row, parent])[order]
+        text_weight = np.concatenate([text_weight, weights])[order]
+    else:
+        a = _pair_arrays(pairs)
+        slow = a.fallback | (a.nan != 0) | (a.pos_inf != 0) | (a.neg_inf != 0)
+        pair_row, exponent, weight = a.pair_row, a.exponent, a.weight
+        fraction = a.fraction.astype(np.int64)  # (below 2**52)
+    text_offsets, text_data, text_valid = _string_buffers(texts)
+    data, offsets_out, values = exact_sum_kernel.fold_rows(
+        rows, text_offsets, text_data, text_valid, text_row, text_weight, pair_row, exponent,
+        fraction, weight, slow)
+    state = pa.StringArray.from_buffers(rows, pa.py_buffer(offsets_out), pa.py_buffer(data))
     slow_rows = np.flatnonzero(slow)
     if len(slow_rows):
         taken = pa.array(slow_rows)
-        texts, floats = _fold_rows(olds.take(taken).to_pylist(), _pair_parts(pairs.take(taken)))
+        slow_pairs = pairs.take(taken)
+        if merge:
+            slow_pairs = pieces_of_states(slow_pairs)
+        slow_texts, floats = _fold_rows(olds.take(taken).to_pylist(), _pair_parts(slow_pairs))
         values[slow_rows] = floats
         index = np.arange(rows)
         index[slow_rows] = rows + np.arange(len(slow_rows))
-        state = pa.concat_arrays([state, pa.array(texts, pa.string())]).take(pa.array(index))
+        state = pa.concat_arrays([state, pa.array(slow_texts, pa.string())]).take(
+            pa.array(index))
     return state, values
+
+
+def _string_buffers(texts: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A string array's offsets (int64, from its first row), bytes and validity, as numpy."""
+    if pa.types.is_large_string(texts.type):
+        texts = texts.cast(pa.string())
+    n = len(texts)
+    _, offset_buffer, data_buffer = texts.buffers()
+    offsets = np.frombuffer(offset_buffer, dtype=np.int32)[texts.offset:texts.offset + n + 1]
+    data = (np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None
+            else np.zeros(0, dtype=np.uint8))
+    valid = texts.is_valid().to_numpy(zero_copy_only=False) if texts.null_count else np.ones(
+        n, dtype=bool)
+    return offsets.astype(np.int64), data, valid
 
 
 def _state_pieces(states: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -334,90 +370,6 @@ def _old_pieces(rows: np.ndarray, digits: pa.Array, exponent: np.ndarray, negati
     row = np.broadcast_to(rows[:, None], piece.shape)[nonzero]
     sign = np.broadcast_to(negative[:, None], piece.shape)[nonzero]
     return row, doubles[nonzero].view(np.uint64), sign
-
-
-def _encode_limbs(acc: np.ndarray, first: int) -> tuple[pa.Array, np.ndarray]:
-    """The state texts (:func:`_finite_text`) and rounded values (:func:`_rounded`) of the
-    sums in the limbs of :func:`_limb_blocks` (row ``i``: ``sum(acc[i, k] << 32 * (first +
-    k))`` in units of ``2**-1074``).
-
-    Each sum's magnitude gets its lowest and highest set bit; its odd mantissa is written in
-    hex from the nibbles above the lowest; its top 64 bits are rounded to 53, to nearest with
-    ties to even (the bits below them are non-zero exactly when the mantissa is longer than
-    64 bits, for it is odd), and scaled with ``ldexp``, exact for a normal result (a subnormal
-    one has at most 52 bits and is not rounded; beyond the range it is ±inf, as ``int / int``
-    raising ``OverflowError`` gives in :func:`_rounded`). Sums of more than ``_LONG_BITS``
-    significant bits are written through Python integers."""
-    rows, width = acc.shape
-    negative = acc[:, -1] < 0
-    magnitude = np.where(negative[:, None], -acc, acc)
-    _carry(magnitude)
-    nonzero = magnitude != 0
-    zero = ~nonzero.any(axis=1)
-    low_limb = np.argmax(nonzero, axis=1)
-    high_limb = width - 1 - np.argmax(nonzero[:, ::-1], axis=1)
-    every = np.arange(rows)
-    lowest = magnitude[every, low_limb]
-    low_bit = 32 * low_limb + np.frexp((lowest & -lowest).astype(np.float64))[1] - 1
-    high_bit = 32 * high_limb + np.frexp(magnitude[every, high_limb].astype(np.float64))[1] - 1
-    bits = np.where(zero, 0, high_bit - low_bit + 1)
-    long = bits > _LONG_BITS
-    bits[long] = 0
-
-    # the odd mantissa's limbs (the magnitude shifted down by its lowest set bit), in hex,
-    # most significant digit first, after an optional '-'
-    limbs = max(-(-int(bits.max()) // _LIMB), 1)
-    padded = np.zeros((rows, 2 + width + limbs + 1), dtype=np.uint64)  # 2 zero limbs below
-    padded[:, 2:2 + width] = magnitude
-    taken = padded[every[:, None], 2 + (low_bit >> 5)[:, None] + np.arange(limbs + 1)]
-    shift = (low_bit & 31).astype(np.uint64)[:, None]
-    odd = ((taken[:, :-1] >> shift) | (taken[:, 1:] << (np.uint64(_LIMB) - shift))) & _LIMB_MASK
-    big_endian = np.ascontiguousarray(odd[:, ::-1]).astype(">u4").view(np.uint8)
-    chars = np.concatenate([np.full((rows, 1), ord("-"), dtype=np.uint8),
-                            _HEX_PAIRS[big_endian].view(np.uint8).reshape(rows, 8 * limbs)],
-                           axis=1)
-    digits = (bits + 3) // 4
-    shown = np.arange(8 * limbs + 1)[None, :] > (8 * limbs - digits)[:, None]
-    shown[:, 0] = negative & (digits > 0)
-    lengths = shown.sum(axis=1)
-    offsets = np.zeros(rows + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    mantissa = pa.StringArray.from_buffers(rows, pa.py_buffer(offsets),
-                                           pa.py_buffer(chars[shown].tobytes()))
-    exponent = pa.array(low_bit + _LIMB * first - SCALE_BITS, pa.int64()).cast(pa.string())
-    text = pc.binary_join_element_wise(mantissa, exponent, "p")
-    text = pc.if_else(pa.array(zero | long), pa.scalar("0"), text)
-
-    # the top 64 bits (s .. s + 63, s = high_bit - 63; two zero limbs below the lowest)
-    start = high_bit + 1  # = (high_bit - 63) + 64
-    limb = start >> 5
-    shift = (start & 31).astype(np.uint64)
-    pair = padded[every, limb] | (padded[every, limb + 1] << np.uint64(32))
-    third = padded[every, limb + 2]
-    top = (pair >> shift) | np.where(shift > 0, third << ((np.uint64(64) - shift)
-                                                          & np.uint64(63)), np.uint64(0))
-    kept = top >> np.uint64(11)
-    rest = top & np.uint64(0x7FF)
-    half = np.uint64(0x400)
-    up = (rest > half) | ((rest == half) & ((bits > 64) | ((kept & np.uint64(1)) == 1)))
-    kept = kept + up.astype(np.uint64)
-    with np.errstate(over="ignore"):
-        values = np.ldexp(kept.astype(np.float64), high_bit - 52 + _LIMB * first - SCALE_BITS)
-    values = np.where(negative, -values, values)
-    values[zero] = 0.0
-
-    if long.any():  # written through Python integers
-        texts = text.to_pylist()
-        low_bytes = magnitude.astype("<u4").tobytes()
-        stride = 4 * width
-        for i in np.flatnonzero(long).tolist():
-            finite = int.from_bytes(low_bytes[i * stride:(i + 1) * stride], "little") << (
-                _LIMB * first)
-            finite = -finite if negative[i] else finite
-            texts[i] = _finite_text(finite)
-            values[i] = _rounded(finite)
-        text = pa.array(texts, pa.string())
-    return text, values
 
 
 def fold_arrow_reference(batch: pa.RecordBatch, specs: Sequence[FoldSpec]) -> pa.RecordBatch:
@@ -514,6 +466,8 @@ def _python_pieces(text: str, weight: int) -> list[tuple[float, int]]:
     integers: a piece beyond the double range is scaled down by a power of two that its weight
     takes up (exact; ``ArithmeticError`` if the weight would leave int64, for a sum beyond
     ``2**1085``: more than ``2**60`` doubles at the top of the range)."""
+    if not text:  # (as ``decode``: no sum)
+        return []
     finite, nan, pos_inf, neg_inf = _decode(text)
     out = [(v, c * weight) for v, c in ((math.nan, nan), (math.inf, pos_inf),
                                         (-math.inf, neg_inf)) if c]
