@@ -32,9 +32,9 @@ A NULL leaves ``h`` unchanged. Per value:
 byte hashes are standard XXH64 of the bytes (Spark's ``XXH64.hashUnsafeBytes``), all with the
 running ``h`` as seed.
 
-Implementation: fixed-width columns are hashed vectorized with numpy ``uint64`` arithmetic (the
-XXH64 short-input formulas with a per-row seed); strings, binaries and wide decimals loop in
-Python over ``xxhash.xxh64_intdigest``.
+Implementation: each column updates the running hashes in one compiled pass
+(``driver/hashing_kernel.py``: XXH64 of 4 or 8 bytes, or of each value's bytes, with a per-row
+seed); wide decimals (their bytes built by Python's ``int``) loop over ``xxhash.xxh64_intdigest``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import xxhash
 from pyspark.sql import types as T
 
@@ -56,11 +55,6 @@ SEED = 42
 #: Widest decimal precision Spark hashes as a long (``Decimal.MAX_LONG_DIGITS``).
 _MAX_LONG_DIGITS = 18
 
-_P1 = np.uint64(0x9E3779B185EBCA87)
-_P2 = np.uint64(0xC2B2AE3D27D4EB4F)
-_P3 = np.uint64(0x165667B19E3779F9)
-_P4 = np.uint64(0x85EBCA77C2B2AE63)
-_P5 = np.uint64(0x27D4EB2F165667C5)
 _FLOAT_NAN_BITS = np.uint32(0x7FC00000)          # Java Float.floatToIntBits(NaN)
 _DOUBLE_NAN_BITS = np.uint64(0x7FF8000000000000)  # Java Double.doubleToLongBits(NaN)
 
@@ -81,39 +75,6 @@ def supports(data_type: T.DataType) -> bool:
     if isinstance(data_type, T.StringType):
         return getattr(data_type, "collation", "UTF8_BINARY") == "UTF8_BINARY"
     return isinstance(data_type, _SUPPORTED_SPARK_TYPES)
-
-
-# --- XXH64 for 4- and 8-byte inputs, vectorized, one seed per row --------------------------------
-# numpy uint64 array arithmetic wraps modulo 2**64 without warnings (only scalar ops warn, and
-# every operation below has an array operand).
-
-def _rotl(x: np.ndarray, r: int) -> np.ndarray:
-    return (x << np.uint64(r)) | (x >> np.uint64(64 - r))
-
-
-def _fmix(h: np.ndarray) -> np.ndarray:
-    h ^= h >> np.uint64(33)
-    h *= _P2
-    h ^= h >> np.uint64(29)
-    h *= _P3
-    h ^= h >> np.uint64(32)
-    return h
-
-
-def _hash_int(v: np.ndarray, seed: np.ndarray) -> np.ndarray:
-    """XXH64 of the 4 little-endian bytes of ``v`` (uint64 holding a uint32 bit pattern)."""
-    h = seed + (_P5 + np.uint64(4))
-    h ^= v * _P1
-    h = _rotl(h, 23) * _P2 + _P3
-    return _fmix(h)
-
-
-def _hash_long(v: np.ndarray, seed: np.ndarray) -> np.ndarray:
-    """XXH64 of the 8 little-endian bytes of ``v`` (uint64 bit pattern)."""
-    h = seed + (_P5 + np.uint64(8))
-    h ^= _rotl(v * _P2, 31) * _P1
-    h = _rotl(h, 27) * _P1 + _P4
-    return _fmix(h)
 
 
 def spark_hash_int(value: int) -> int:
@@ -165,64 +126,19 @@ def _double_bits(arr: pa.Array) -> np.ndarray:
     return np.where(np.isnan(v), _DOUBLE_NAN_BITS, bits)
 
 
-def _bytes_hashes(data: pa.Buffer | None, offsets: np.ndarray, seeds: np.ndarray,
-                  valid: np.ndarray | None, n: int) -> np.ndarray:
-    """XXH64 of ``data[offsets[i]:offsets[i+1]]`` with ``seeds[i]``, NULL rows keep their seed."""
-    view = memoryview(data) if data is not None else memoryview(b"")
-    digest = xxhash.xxh64_intdigest
-    offs = offsets.tolist()
-    sds = seeds.tolist()
-    if valid is None:
-        out = [digest(view[offs[i]:offs[i + 1]], sds[i]) for i in range(n)]
-    else:
-        ok = valid.tolist()
-        out = [digest(view[offs[i]:offs[i + 1]], sds[i]) if ok[i] else sds[i] for i in range(n)]
-    return np.array(out, dtype=np.uint64)
+def _bytes_hashes(arr: pa.Array, seeds: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """XXH64 of each value of the string or binary array ``arr`` with its row's seed (NULL rows
+    keep it)."""
+    from dbsp_pipeline.driver import hashing_kernel
 
-
-def _each_bytes_hashes(arr: pa.Array, seeds: np.ndarray, valid: np.ndarray | None
-                       ) -> np.ndarray:
-    """XXH64 of each value of the string or binary array ``arr`` with its row's seed."""
     large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
     buffers = arr.buffers()
     n = len(arr)
     offsets = np.frombuffer(buffers[1], dtype=np.int64 if large else np.int32,
-                            count=arr.offset + n + 1)[arr.offset:]
-    return _bytes_hashes(buffers[2], offsets, seeds, valid, n)
-
-
-#: ``_distinct_bytes_hashes`` looks for repeated values in arrays of at least this many rows
-_DISTINCT_MIN_ROWS = 4096
-
-
-def _distinct_bytes_hashes(arr: pa.Array, seeds: np.ndarray, valid: np.ndarray | None
-                           ) -> np.ndarray:
-    """``_each_bytes_hashes``, hashing each distinct (value, seed) pair once: XXH64 runs once
-    per value in Python, and a key column of few distinct values (a region, a status) in a
-    big change is common. The pairs come from the values' dictionary (equal bytes, equal
-    index) and the distinct seeds; where there are more than half as many pairs as rows (or
-    the array is small), each row is hashed. Encoding the dictionary first costs less than
-    sampling the rows in Python did (0.1-0.2 ms against 0.45 ms for 10k strings)."""
-    n = len(arr)
-    if n < _DISTINCT_MIN_ROWS:
-        return _each_bytes_hashes(arr, seeds, valid)
-    encoded = pc.dictionary_encode(arr)  # NULLs get a NULL index
-    if 2 * len(encoded.dictionary) > n:
-        return _each_bytes_hashes(arr, seeds, valid)
-    index = encoded.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    size = len(encoded.dictionary)
-    if (seeds == seeds[0]).all():  # the first column of a key: every value once
-        each = np.full(size, seeds[0], dtype=np.uint64)
-        hashes = _each_bytes_hashes(encoded.dictionary, each, None)[index]
-    else:
-        seed_values, seed_ids = np.unique(seeds, return_inverse=True)
-        pairs, row_pair = np.unique(seed_ids.astype(np.int64) * size + index,
-                                    return_inverse=True)
-        if 2 * len(pairs) > n:
-            return _each_bytes_hashes(arr, seeds, valid)
-        values = encoded.dictionary.take(pa.array(pairs % size))
-        hashes = _each_bytes_hashes(values, seed_values[pairs // size], None)[row_pair]
-    return hashes if valid is None else np.where(valid, hashes, seeds)
+                            count=arr.offset + n + 1)[arr.offset:].astype(np.int64)
+    data = (np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None
+            else np.zeros(0, dtype=np.uint8))
+    return hashing_kernel.hash_bytes(offsets, data, seeds, valid)
 
 
 def _decimal_wide_hashes(arr: pa.Array, seeds: np.ndarray, valid: np.ndarray | None
@@ -263,6 +179,8 @@ def _arrow_supported(t: pa.DataType) -> bool:
 
 def _update(arr: pa.Array, h: np.ndarray) -> np.ndarray:
     """The running hashes ``h`` (uint64, one per row) updated with the values of ``arr``."""
+    from dbsp_pipeline.driver import hashing_kernel
+
     t = arr.type
     n = len(arr)
     if not _arrow_supported(t):
@@ -273,34 +191,35 @@ def _update(arr: pa.Array, h: np.ndarray) -> np.ndarray:
         return _update(arr.dictionary_decode(), h)
     if pa.types.is_string_view(t) or pa.types.is_binary_view(t):
         return _update(arr.cast(pa.large_binary()), h)
-    valid = arr.is_valid().to_numpy(zero_copy_only=False) if arr.null_count else None
+    valid = (np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+             if arr.null_count else np.ones(n, dtype=bool))
 
     if (pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t)
             or pa.types.is_large_binary(t)):
-        return _distinct_bytes_hashes(arr, h, valid)
+        return _bytes_hashes(arr, h, valid)
     if pa.types.is_decimal(t):
         if t.precision > _MAX_LONG_DIGITS:
-            return _decimal_wide_hashes(arr, h, valid)
+            return _decimal_wide_hashes(arr, h, valid if arr.null_count else None)
         words = 2 if pa.types.is_decimal128(t) else 4
-        new = _hash_long(_values(arr, np.dtype("<u8"), words)[::words].copy(), h)
-    elif pa.types.is_boolean(t):
+        return hashing_kernel.hash_longs(
+            np.ascontiguousarray(_values(arr, np.dtype("<u8"), words)[::words]), h, valid)
+    if pa.types.is_boolean(t):
         bits = arr.fill_null(False).to_numpy(zero_copy_only=False).astype(np.uint64)
-        new = _hash_int(bits, h)
-    elif pa.types.is_int8(t) or pa.types.is_int16(t) or pa.types.is_int32(t):
-        new = _hash_int(_int_bits(arr, str(t)), h)
-    elif pa.types.is_date32(t):
-        new = _hash_int(_int_bits(arr, "int32"), h)
-    elif pa.types.is_int64(t):
-        new = _hash_long(_values(arr, np.dtype(np.uint64)).copy(), h)
-    elif pa.types.is_timestamp(t):
+        return hashing_kernel.hash_ints(bits, h, valid)
+    if pa.types.is_int8(t) or pa.types.is_int16(t) or pa.types.is_int32(t):
+        return hashing_kernel.hash_ints(_int_bits(arr, str(t)), h, valid)
+    if pa.types.is_date32(t):
+        return hashing_kernel.hash_ints(_int_bits(arr, "int32"), h, valid)
+    if pa.types.is_int64(t):
+        return hashing_kernel.hash_longs(_values(arr, np.dtype(np.uint64)), h, valid)
+    if pa.types.is_timestamp(t):
         if t.unit != "us":  # Spark's timestamps are microseconds; refuse lossy conversions
             arr = arr.cast(pa.timestamp("us", tz=t.tz), safe=True)
-        new = _hash_long(_values(arr, np.dtype(np.uint64)).copy(), h)
-    elif pa.types.is_float32(t):
-        new = _hash_int(_float_bits(arr), h)
-    else:  # float64, the last type _arrow_supported admits
-        new = _hash_long(_double_bits(arr), h)
-    return new if valid is None else np.where(valid, new, h)
+        return hashing_kernel.hash_longs(_values(arr, np.dtype(np.uint64)), h, valid)
+    if pa.types.is_float32(t):
+        return hashing_kernel.hash_ints(_float_bits(arr), h, valid)
+    # float64, the last type _arrow_supported admits
+    return hashing_kernel.hash_longs(_double_bits(arr), h, valid)
 
 
 def _column(table: pa.Table, name: str) -> pa.Array:
