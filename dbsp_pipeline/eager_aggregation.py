@@ -19,7 +19,7 @@ F-IVM and DBToaster's higher-order maintenance push aggregates below joins the s
 Moving a customer now reads one row of ``P``'s output; a new order updates its customer's row of
 ``P`` and that row's region. Every value is what the plan as declared gives, bit for bit: counts
 and integer sums add up the same, extremes of extremes are extremes, and an exact sum of exact
-partial sums is the exact sum (``exact_sum.pieces_of_states``), rounded once, on output.
+partial sums is the exact sum (``exact_sum.fold_arrow``, ``merge``), rounded once, on output.
 
 When (``planned``): an ``aggregate`` whose input is an inner ``join`` that nothing else reads,
 whose group columns all come from one side (or are join keys) and whose aggregates read only the

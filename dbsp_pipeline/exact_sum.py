@@ -24,14 +24,12 @@ bit by construction.
 
 from __future__ import annotations
 
-import binascii
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 #: every finite double is an integer multiple of 2**-SCALE_BITS
 SCALE_BITS = 1074
@@ -153,9 +151,8 @@ class FoldSpec:
 
     With ``merge``, ``pairs`` holds ``list<struct<_v string, _w int64>>``: encoded sums
     (:func:`encode`, NULL for none) with weights, each standing for its sum times its weight
-    (an aggregate of partial sums, ``sum_of_states``): they are folded as the exact doubles
-    :func:`pieces_of_states` splits them into, so the result is the exact sum of the values the
-    partial sums summed.
+    (an aggregate of partial sums, ``sum_of_states``): the result is the exact sum of the
+    values the partial sums summed.
     """
 
     old: str
@@ -182,9 +179,8 @@ def fold_arrow(batch: pa.RecordBatch, specs: Sequence[FoldSpec]) -> pa.RecordBat
         if batch.num_rows >= _VECTOR_ROWS or _entries(pairs) >= _VECTOR_ROWS:
             states, values = _fold_column(olds, pairs, spec.merge)
         else:
-            if spec.merge:
-                pairs = pieces_of_states(pairs)
-            texts, floats = _fold_rows(olds.to_pylist(), _pair_parts(pairs))
+            parts = _merged_parts(pairs) if spec.merge else _pair_parts(pairs)
+            texts, floats = _fold_rows(olds.to_pylist(), parts)
             states, values = pa.array(texts, pa.string()), np.array(floats, dtype=np.float64)
         counts = batch.column(spec.count).fill_null(0).to_numpy(zero_copy_only=False)
         counted = counts > 0
@@ -229,18 +225,10 @@ def _fold_rows(olds: list[str | None], parts: tuple[list[int], list[int], list[i
 
 #: :func:`fold_arrow` folds whole columns from this many rows on
 _VECTOR_ROWS = 400
-#: an old state's mantissa is split into doubles of this many hex digits (52 bits)
-_CHUNK_DIGITS = 13
 #: old states with longer mantissas (in hex digits), and new states with more significant bits,
-#: are folded or written one row at a time: rare (a sum spanning ~400 binary orders of magnitude)
-_LONG_DIGITS = 8 * _CHUNK_DIGITS
-_LONG_BITS = 4 * _LONG_DIGITS
-#: a finite state's text: an optional sign, the odd mantissa in hex, ``p``, the exponent
-_FINITE_TEXT = r"^(?P<sign>-?)(?P<mantissa>[0-9a-f]+)p(?P<exponent>-?[0-9]+)$"
-_HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
-#: each byte's two hex digits, as the bytes of one uint16
-_HEX_PAIRS = np.stack([_HEX_DIGITS[np.arange(256) >> 4], _HEX_DIGITS[np.arange(256) & 15]],
-                      axis=1).copy().view(np.uint16)[:, 0]
+#: are folded one row at a time in Python integers (``exact_sum_kernel.LONG_DIGITS``): rare (a
+#: sum spanning ~400 binary orders of magnitude)
+_LONG_DIGITS = 104
 
 
 def _fold_column(olds: pa.Array, pairs: pa.Array, merge: bool) -> tuple[pa.Array, np.ndarray]:
@@ -293,9 +281,8 @@ def _fold_column(olds: pa.Array, pairs: pa.Array, merge: bool) -> tuple[pa.Array
     if len(slow_rows):
         taken = pa.array(slow_rows)
         slow_pairs = pairs.take(taken)
-        if merge:
-            slow_pairs = pieces_of_states(slow_pairs)
-        slow_texts, floats = _fold_rows(olds.take(taken).to_pylist(), _pair_parts(slow_pairs))
+        parts = _merged_parts(slow_pairs) if merge else _pair_parts(slow_pairs)
+        slow_texts, floats = _fold_rows(olds.take(taken).to_pylist(), parts)
         values[slow_rows] = floats
         index = np.arange(rows)
         index[slow_rows] = rows + np.arange(len(slow_rows))
@@ -306,7 +293,7 @@ def _fold_column(olds: pa.Array, pairs: pa.Array, merge: bool) -> tuple[pa.Array
 
 def _string_buffers(texts: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A string array's offsets (int64, from its first row), bytes and validity, as numpy."""
-    if pa.types.is_large_string(texts.type):
+    if not pa.types.is_string(texts.type):  # (large, view, dictionary or null: as strings)
         texts = texts.cast(pa.string())
     n = len(texts)
     _, offset_buffer, data_buffer = texts.buffers()
@@ -316,60 +303,6 @@ def _string_buffers(texts: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray
     valid = texts.is_valid().to_numpy(zero_copy_only=False) if texts.null_count else np.ones(
         n, dtype=bool)
     return offsets.astype(np.int64), data, valid
-
-
-def _state_pieces(states: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The encoded sums ``states`` (NULL or ``0``: nothing) as exact doubles, vectorized: per
-    piece of a finite state's mantissa (:func:`_old_pieces`) its state's index, the IEEE bits of
-    its magnitude and its sign; and the mask of the states this cannot take (NaN or infinity
-    counts, a mantissa beyond ``_LONG_DIGITS`` hex digits, near the top of the double range),
-    which have no pieces here."""
-    parsed = pc.extract_regex(states, _FINITE_TEXT)  # NULL where the text is not a finite one
-    is_finite = parsed.is_valid()
-    matched = is_finite.to_numpy(zero_copy_only=False)
-    digits = parsed.field("mantissa")  # (the fields are "" under a NULL)
-    lengths = pc.binary_length(digits).to_numpy(zero_copy_only=False)
-    exponent = pc.cast(pc.if_else(is_finite, parsed.field("exponent"), "0"),
-                       pa.int64()).to_numpy(zero_copy_only=False)
-    present = pc.and_(pc.is_valid(states), pc.not_equal(states, "0")).fill_null(False).to_numpy(
-        zero_copy_only=False)
-    fast = matched & (lengths <= _LONG_DIGITS) & (exponent + 4 * lengths <= 1024)
-    taken = np.flatnonzero(fast)
-    row, bits, negative = _old_pieces(
-        taken, digits.take(pa.array(taken)).cast(pa.string()), exponent[taken],
-        pc.equal(parsed.field("sign"), "-").take(pa.array(taken)).to_numpy(
-            zero_copy_only=False))
-    return row, bits, negative, present & ~fast
-
-
-def _old_pieces(rows: np.ndarray, digits: pa.Array, exponent: np.ndarray, negative: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The finite old states of ``rows`` (their hex mantissa digits, exponents and signs) as
-    exact doubles, each at most 52 bits of a mantissa: ``(row, IEEE bits of the piece's
-    magnitude, negative)`` per non-zero piece."""
-    if len(rows) == 0:
-        return (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint64),
-                np.zeros(0, dtype=bool))
-    longest = int(pc.max(pc.binary_length(digits)).as_py())
-    pieces = -(-longest // _CHUNK_DIGITS)
-    width = pieces * _CHUNK_DIGITS
-    padded = pc.utf8_lpad(digits, width, "0")
-    _, offset_buffer, data_buffer = padded.buffers()
-    start = int(np.frombuffer(offset_buffer, dtype=np.int32)[padded.offset])
-    data = np.frombuffer(data_buffer, dtype=np.uint8)[start:start + len(rows) * width]
-    # each piece's 13 digits behind three '0's: 16 hex digits, the 8 bytes of a big-endian
-    # uint64, decoded in C
-    wide = np.full((len(rows), pieces, 16), ord("0"), dtype=np.uint8)
-    wide[:, :, 16 - _CHUNK_DIGITS:] = data.reshape(len(rows), pieces, _CHUNK_DIGITS)
-    whole = np.frombuffer(binascii.unhexlify(wide.tobytes()), dtype=">u8").reshape(
-        len(rows), pieces)
-    piece = whole.astype(np.float64)  # exact: below 2**52
-    scale = exponent[:, None] + 4 * _CHUNK_DIGITS * np.arange(pieces - 1, -1, -1)
-    doubles = np.ldexp(piece, scale)  # exact: see _fold_column
-    nonzero = piece != 0
-    row = np.broadcast_to(rows[:, None], piece.shape)[nonzero]
-    sign = np.broadcast_to(negative[:, None], piece.shape)[nonzero]
-    return row, doubles[nonzero].view(np.uint64), sign
 
 
 def fold_arrow_reference(batch: pa.RecordBatch, specs: Sequence[FoldSpec]) -> pa.RecordBatch:
@@ -408,84 +341,33 @@ def fold_arrow_reference(batch: pa.RecordBatch, specs: Sequence[FoldSpec]) -> pa
     return pa.RecordBatch.from_arrays(columns, names=names)
 
 
-def pieces_of_states(pairs: pa.Array) -> pa.Array:
-    """A ``list<struct<_v string, _w int64>>`` column of encoded sums with weights (NULL for
-    none) as the ``list<struct<_v double, _w int64>>`` column of pairs whose exact sum is, per
-    row, the sum of its states times their weights: a state's finite part is cut into its
-    mantissa's 52-bit pieces, each an exact double (as :func:`_fold_column` cuts an old state),
-    signed by the state's sign through the weight; its NaN and infinity counts become a NaN,
-    +inf or -inf of weight count times weight. A NULL or zero state adds no pair.
-
-    Vectorized for the finite states :func:`_fold_column` takes whole (a mantissa of at most
-    ``_LONG_DIGITS`` hex digits, below the top of the double range); the others one at a time
-    (:func:`_python_pieces`)."""
-    if isinstance(pairs, pa.ChunkedArray):
-        pairs = pairs.combine_chunks()
+def _merged_parts(pairs: pa.Array) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Per row of ``pairs`` (a ``list<struct<_v string, _w int64>>`` column of encoded sums
+    with weights, NULL for none), the parts (finite, nan, pos_inf, neg_inf) of the sum of its
+    states times their weights, in Python integers (a NULL state, or a NULL weight, adds
+    nothing): the definition of a merge (``fold_arrow_reference``), for the rows the compiled
+    fold does not take and for a few rows of a few partial sums."""
     rows = len(pairs)
-    offsets = pairs.offsets.to_numpy().astype(np.int64)
-    lo, hi = int(offsets[0]), int(offsets[-1])
-    child = pairs.values.slice(lo, hi - lo)
-    states = child.field("_v")
-    if not (pa.types.is_string(states.type) or pa.types.is_large_string(states.type)):
-        states = states.cast(pa.string())
-    weights = child.field("_w").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    parent = np.repeat(np.arange(rows, dtype=np.int64), np.diff(offsets))
-
-    elem, bits, negative, unfit = _state_pieces(states)
-    values = [bits.view(np.float64)]
-    piece_weights = [np.where(negative, -weights[elem], weights[elem])]
-    elems = [elem]
-    slow = np.flatnonzero(unfit)
-    if len(slow):
-        texts = states.take(pa.array(slow)).to_pylist()
-        slow_elem, slow_values, slow_weights = [], [], []
-        for e, text in zip(slow.tolist(), texts):
-            for value, weight in _python_pieces(text, int(weights[e])):
-                slow_elem.append(e)
-                slow_values.append(value)
-                slow_weights.append(weight)
-        elems.append(np.array(slow_elem, dtype=np.int64))
-        values.append(np.array(slow_values, dtype=np.float64))
-        piece_weights.append(np.array(slow_weights, dtype=np.int64))
-    elem = np.concatenate(elems)
-    order = np.argsort(elem, kind="stable")
-    row = parent[elem[order]]
-    new_offsets = np.zeros(rows + 1, dtype=np.int32)
-    np.cumsum(np.bincount(row, minlength=rows), out=new_offsets[1:])
-    flat = pa.StructArray.from_arrays(
-        [pa.array(np.concatenate(values)[order], pa.float64()),
-         pa.array(np.concatenate(piece_weights)[order], pa.int64())], names=["_v", "_w"])
-    listed = pa.ListArray.from_arrays(pa.array(new_offsets), flat)
-    if pairs.null_count:
-        listed = pc.if_else(pairs.is_valid(), listed, pa.nulls(rows, listed.type))
-    return listed
-
-
-def _python_pieces(text: str, weight: int) -> list[tuple[float, int]]:
-    """:func:`pieces_of_states` of one state (its text) of weight ``weight``, in Python
-    integers: a piece beyond the double range is scaled down by a power of two that its weight
-    takes up (exact; ``ArithmeticError`` if the weight would leave int64, for a sum beyond
-    ``2**1085``: more than ``2**60`` doubles at the top of the range)."""
-    if not text:  # (as ``decode``: no sum)
-        return []
-    finite, nan, pos_inf, neg_inf = _decode(text)
-    out = [(v, c * weight) for v, c in ((math.nan, nan), (math.inf, pos_inf),
-                                        (-math.inf, neg_inf)) if c]
-    sign = -1 if finite < 0 else 1
-    magnitude, shift = abs(finite), 0
-    while magnitude:
-        chunk = magnitude & ((1 << 52) - 1)
-        if chunk:
-            scale = shift - SCALE_BITS
-            extra = max(0, scale + chunk.bit_length() - 1024)  # 2**extra moves to the weight
-            piece_weight = sign * weight << extra
-            if not -(1 << 63) <= piece_weight < (1 << 63):
-                raise ArithmeticError(f"an exact partial sum ({text[:40]}...) is beyond the "
-                                      "range a merged sum can take")
-            out.append((math.ldexp(chunk, scale - extra), piece_weight))
-        magnitude >>= 52
-        shift += 52
-    return out
+    parts: tuple[list[int], list[int], list[int], list[int]] = (
+        [0] * rows, [0] * rows, [0] * rows, [0] * rows)
+    if rows == 0:
+        return parts
+    offsets = pairs.offsets.to_pylist()
+    present = pairs.is_valid().to_pylist()
+    texts = pairs.values.field("_v").to_pylist()
+    weights = pairs.values.field("_w").to_pylist()
+    for row in range(rows):
+        if not present[row]:
+            continue
+        f = n = p = m = 0
+        for text, w in zip(texts[offsets[row]:offsets[row + 1]],
+                           weights[offsets[row]:offsets[row + 1]]):
+            if text:  # (read even at weight 0: a text that is no sum raises)
+                tf, tn, tp, tm = _decode(text)
+                w = w or 0
+                f, n, p, m = f + tf * w, n + tn * w, p + tp * w, m + tm * w
+        parts[0][row], parts[1][row], parts[2][row], parts[3][row] = f, n, p, m
+    return parts
 
 
 def _string_type(batch: pa.RecordBatch, spec: FoldSpec) -> pa.DataType:

@@ -16,8 +16,8 @@ to ``WEIGHT_BOUND`` or more (no int64 limb may overflow); a result of more than 
 significant bits. The caller also marks the rows with NaN, infinite or NULL-weighted pairs.
 
 Compiled at first use and cached beside this file (``cache=True``): a process pays the
-compilation (about a second) once per installation, then the load of the cache (about 0.1 s)
-at its first fold of ``exact_sum._VECTOR_ROWS`` rows or more.
+compilation (about 2.5 s) once per installation, then the load of the cache (about 0.3 s, with
+numba's import) at its first fold of ``exact_sum._VECTOR_ROWS`` rows or pairs or more.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ WEIGHT_BOUND = 1 << 29
 #: the longest state text written: '-', LONG_DIGITS hex digits, 'p', '-', four decimal digits
 _TEXT_ROOM = 1 + LONG_DIGITS + 1 + 1 + 4
 #: limbs above the highest one a row's terms changed that its carries may reach: a limb's sum
-#: is below 2**63, so it carries below 2**31 into the next, and so on
+#: is below 2**62, so it carries below 2**30 into the next, and so on (two would do)
 _CARRY = 3
 _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 
@@ -197,11 +197,19 @@ def fold_rows(rows: int, text_offsets: np.ndarray, text_data: np.ndarray,
             p += 1
         if slow[row]:
             continue
+        # the weights' magnitudes, each checked before it is added (no int64 sum of them, nor
+        # abs(-2**63), may wrap around)
         total_weight = 0
         for k in range(t0, t):
-            total_weight += abs(text_weight[k]) if text_valid[k] else 0
+            w = text_weight[k]
+            if text_valid[k] and total_weight < WEIGHT_BOUND:
+                total_weight += w if 0 <= w < WEIGHT_BOUND else (
+                    -w if -WEIGHT_BOUND < w < 0 else WEIGHT_BOUND)
         for k in range(p0, p):
-            total_weight += abs(pair_weight[k])
+            w = pair_weight[k]
+            if total_weight < WEIGHT_BOUND:
+                total_weight += w if 0 <= w < WEIGHT_BOUND else (
+                    -w if -WEIGHT_BOUND < w < 0 else WEIGHT_BOUND)
         if total_weight >= WEIGHT_BOUND:
             slow[row] = True
             continue
@@ -210,7 +218,7 @@ def fold_rows(rows: int, text_offsets: np.ndarray, text_data: np.ndarray,
         low, high = _LIMBS, -1
         fits = True
         for k in range(t0, t):
-            if text_valid[k] and text_weight[k] != 0:
+            if text_valid[k]:
                 first, last = _add_text(acc, text_data, text_offsets[k], text_offsets[k + 1],
                                         text_weight[k])
                 if first < 0:

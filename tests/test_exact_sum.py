@@ -388,21 +388,34 @@ def test_a_fold_of_partial_sums_is_the_exact_sum_of_their_values(rows):
                   for v in want.column("r").to_pylist()]
 
 
-def test_partial_sums_beyond_the_double_range_are_split_exactly():
-    """A partial sum above the largest double goes in as a piece scaled down, its weight scaled
-    up: still exact; one that would need a weight beyond int64 is an error, not a wrong sum."""
+@pytest.mark.parametrize("vector_rows", [1, exact_sum._VECTOR_ROWS], ids=["compiled", "per-row"])
+def test_partial_sums_beyond_the_double_range_and_big_weights_merge_exactly(monkeypatch,
+                                                                          vector_rows):
+    """A partial sum above the largest double, partial sums with NaN and infinity counts, and
+    weights whose magnitudes (or their sum) leave what the compiled fold's limbs take (2**62
+    twice, -2**63, 2**63 - 1 and 2) merge exactly, as the definition does, on either path (the
+    compiled fold sends those rows to Python integers; weights reach 2**62 where a join's
+    weights multiply)."""
+    monkeypatch.setattr(exact_sum, "_VECTOR_ROWS", vector_rows)
     big = encode(ExactSum(3 << (1030 + exact_sum.SCALE_BITS)))  # 3 * 2**1030
-    pairs = pa.array([[{"_v": big, "_w": 1}, {"_v": big, "_w": -1}, {"_v": big, "_w": 2}],
-                      [{"_v": "-ffp-1074;1;0;2", "_w": -2}]], _STATE_PAIRS)
-    pieces = exact_sum.pieces_of_states(pairs).to_pylist()
-    total = sum((of_pairs([p["_v"]], [p["_w"]]) for p in pieces[0]), ExactSum())
-    assert total == ExactSum(2 * (3 << (1030 + exact_sum.SCALE_BITS)))
-    assert of_pairs([p["_v"] for p in pieces[1]], [p["_w"] for p in pieces[1]]) == ExactSum(
-        2 * 0xff, -2, 0, -4)
-    with pytest.raises(ArithmeticError, match="beyond the range"):
-        exact_sum.pieces_of_states(pa.array(
-            [[{"_v": encode(ExactSum(1 << (1100 + exact_sum.SCALE_BITS))), "_w": 1}]],
-            _STATE_PAIRS))
+    beyond = encode(ExactSum(1 << (1100 + exact_sum.SCALE_BITS)))
+    lists = [[{"_v": big, "_w": 1}, {"_v": big, "_w": -1}, {"_v": big, "_w": 2}],
+             [{"_v": "-ffp-1074;1;0;2", "_w": -2}],
+             [{"_v": beyond, "_w": 1}],
+             [{"_v": "1p0", "_w": 1 << 62}, {"_v": "1p0", "_w": 1 << 62}],
+             [{"_v": "3p0", "_w": -(1 << 63)}],
+             [{"_v": "1p0", "_w": (1 << 63) - 1}, {"_v": "1p0", "_w": 2}],
+             [{"_v": "1p0", "_w": 1 << 28}, {"_v": "1p0", "_w": (1 << 28) - 2}]]
+    batch = pa.record_batch({"o": pa.array([None, "1p0", None, None, None, None, None]),
+                             "p": pa.array(lists, _STATE_PAIRS),
+                             "c": pa.array([1] * len(lists), pa.int64())})
+    spec = [FoldSpec(old="o", pairs="p", count="c", state="s", result="r", mean=False,
+                     merge=True)]
+    got, want = exact_sum.fold_arrow(batch, spec), exact_sum.fold_arrow_reference(batch, spec)
+    assert got.column("s").to_pylist() == want.column("s").to_pylist()
+    assert _bits(got.column("r").to_pylist()) == _bits(want.column("r").to_pylist())
+    assert decode(got.column("s")[0].as_py()) == ExactSum(2 * (3 << (1030 + exact_sum.SCALE_BITS)))
+    assert got.column("s").to_pylist()[3:6] == ["1p63", "-3p63", "8000000000000001p0"]
 
 
 def test_the_compiled_fold_of_partial_sums_equals_the_definition_on_its_edges(monkeypatch):
@@ -447,3 +460,25 @@ def test_the_compiled_fold_of_partial_sums_equals_the_definition_on_its_edges(mo
             assert got.column(name).to_pylist() == want.column(name).to_pylist(), round_
         for name in ("r", "m"):
             assert _bits(got.column(name).to_pylist()) == _bits(want.column(name).to_pylist())
+
+
+def test_old_states_of_any_string_encoding_fold_alike(monkeypatch):
+    """The old state column as pyarrow may hand it over (NULL-typed for a step of new groups
+    only, dictionary-encoded, a string view, large strings) folds as a string column does."""
+    monkeypatch.setattr(exact_sum, "_VECTOR_ROWS", 1)
+    pairs = pa.array([[{"_v": 1.5, "_w": 1}], [{"_v": 2.25, "_w": -1}]], pa.list_(_PAIR))
+    spec = [FoldSpec(old="old", pairs="pairs", count="count", state="s", result="r", mean=False)]
+    want = None
+    for old in (pa.array(["1p0", None]), pa.array([None, None], pa.null()),
+                pa.array(["1p0", None]).dictionary_encode(),
+                pa.array(["1p0", None], pa.string_view()),
+                pa.array(["1p0", None], pa.large_string())):
+        batch = pa.record_batch({"old": old, "pairs": pairs,
+                                 "count": pa.array([1, 1], pa.int64())})
+        got = exact_sum.fold_arrow(batch, spec)
+        ref = exact_sum.fold_arrow_reference(batch, spec)
+        assert got.column("s").to_pylist() == ref.column("s").to_pylist()
+        assert _bits(got.column("r").to_pylist()) == _bits(ref.column("r").to_pylist())
+        if old.type != pa.null():
+            want = want or got.column("s").to_pylist()
+            assert got.column("s").to_pylist() == want == ["5p-1", "-9p-2"]

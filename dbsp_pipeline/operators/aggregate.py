@@ -29,7 +29,7 @@ inside ``mapInArrow``).
 Two aggregates exist for eager aggregation (``dbsp_pipeline/eager_aggregation.py``), not for
 users: ``sum_state(x)`` is ``sum(x)`` whose value is the group's exact sum as text (``_s<i>``,
 NULL while the group has no value), and ``sum_of_states(s)`` sums such texts exactly (each
-counts as the values it summed: ``exact_sum.pieces_of_states``) and rounds once, as ``sum``.
+counts as the values it summed: ``exact_sum.fold_arrow``, ``merge``) and rounds once, as ``sum``.
 
 A group exists while ``_n > 0``; the output change is ``-old row`` and ``+new row`` for every
 group whose row changed. Work per step is proportional to the number of groups the change touches
