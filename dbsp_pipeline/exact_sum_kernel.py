@@ -49,6 +49,20 @@ _CARRY = 3
 _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _add_mantissa(acc: np.ndarray, mantissa: int, position: int, weight: int) -> int:
+    """Add ``mantissa`` (below 2**60) at bit ``position`` times ``weight`` into ``acc``, as
+    three limb terms (each below 2**33 times the weight); the lowest of the three limbs."""
+    limb = position >> 5
+    shift = position & 31
+    low = (mantissa & 0xFFFFFFFF) << shift  # < 2**63
+    high = (mantissa >> 32) << shift  # < 2**59
+    acc[limb] += weight * (low & 0xFFFFFFFF)
+    acc[limb + 1] += weight * ((low >> 32) + (high & 0xFFFFFFFF))
+    acc[limb + 2] += weight * (high >> 32)
+    return limb
+
+
 @numba.njit(cache=True, nogil=True)
 def _add_text(acc: np.ndarray, data: np.ndarray, start: int, end: int, weight: int
               ) -> tuple[int, int]:
@@ -98,13 +112,7 @@ def _add_text(acc: np.ndarray, data: np.ndarray, start: int, end: int, weight: i
                 mantissa = (mantissa << 4) | (c - 87)
             else:
                 return -1, -1
-        limb = position >> 5
-        shift = position & 31
-        low = (mantissa & 0xFFFFFFFF) << shift  # < 2**63
-        high = (mantissa >> 32) << shift  # < 2**59
-        acc[limb] += w * (low & 0xFFFFFFFF)
-        acc[limb + 1] += w * ((low >> 32) + (high & 0xFFFFFFFF))
-        acc[limb + 2] += w * (high >> 32)
+        limb = _add_mantissa(acc, mantissa, position, w)
         return limb, limb + 2
     # the digits from the least significant, each nibble at its bit
     bit = position
@@ -134,15 +142,7 @@ def _add_double(acc: np.ndarray, exponent: int, fraction: int, weight: int) -> i
     if exponent == 0 and fraction == 0:
         return -1
     mantissa = fraction if exponent == 0 else fraction | (1 << 52)
-    scale = exponent - 1 if exponent > 0 else 0
-    limb = scale >> 5
-    shift = scale & 31
-    low = (mantissa & 0xFFFFFFFF) << shift  # < 2**63
-    high = (mantissa >> 32) << shift  # < 2**52
-    acc[limb] += weight * (low & 0xFFFFFFFF)
-    acc[limb + 1] += weight * ((low >> 32) + (high & 0xFFFFFFFF))
-    acc[limb + 2] += weight * (high >> 32)
-    return limb
+    return _add_mantissa(acc, mantissa, exponent - 1 if exponent > 0 else 0, weight)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -82,17 +82,10 @@ def hash_longs(values: np.ndarray, seeds: np.ndarray, valid: np.ndarray) -> np.n
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _read64(data: np.ndarray, at: int) -> np.uint64:
+def _read(data: np.ndarray, at: int, width: int) -> np.uint64:
+    """The ``width`` bytes of ``data`` from ``at`` as a little-endian unsigned integer."""
     value = np.uint64(0)
-    for k in range(7, -1, -1):
-        value = (value << np.uint64(8)) | np.uint64(data[at + k])
-    return value
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _read32(data: np.ndarray, at: int) -> np.uint64:
-    value = np.uint64(0)
-    for k in range(3, -1, -1):
+    for k in range(width - 1, -1, -1):
         value = (value << np.uint64(8)) | np.uint64(data[at + k])
     return value
 
@@ -117,10 +110,10 @@ def hash_bytes(offsets: np.ndarray, data: np.ndarray, seeds: np.ndarray, valid: 
             v3 = seed
             v4 = seed - _P1
             while p + 32 <= end:
-                v1 = _round(v1, _read64(data, p))
-                v2 = _round(v2, _read64(data, p + 8))
-                v3 = _round(v3, _read64(data, p + 16))
-                v4 = _round(v4, _read64(data, p + 24))
+                v1 = _round(v1, _read(data, p, 8))
+                v2 = _round(v2, _read(data, p + 8, 8))
+                v3 = _round(v3, _read(data, p + 16, 8))
+                v4 = _round(v4, _read(data, p + 24, 8))
                 p += 32
             h = _rotl(v1, 1) + _rotl(v2, 7) + _rotl(v3, 12) + _rotl(v4, 18)
             h = _merge_round(h, v1)
@@ -131,11 +124,11 @@ def hash_bytes(offsets: np.ndarray, data: np.ndarray, seeds: np.ndarray, valid: 
             h = seed + _P5
         h += np.uint64(length)
         while p + 8 <= end:
-            h ^= _round(np.uint64(0), _read64(data, p))
+            h ^= _round(np.uint64(0), _read(data, p, 8))
             h = _rotl(h, 27) * _P1 + _P4
             p += 8
         if p + 4 <= end:
-            h ^= _read32(data, p) * _P1
+            h ^= _read(data, p, 4) * _P1
             h = _rotl(h, 23) * _P2 + _P3
             p += 4
         while p < end:
