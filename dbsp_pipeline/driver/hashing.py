@@ -99,7 +99,7 @@ def spark_hash_int(value: int) -> int:
 
 # --- Arrow access ---------------------------------------------------------------------------------
 
-def _values(arr: pa.Array, dtype: np.dtype, width: int = 1) -> np.ndarray:
+def buffer_values(arr: pa.Array, dtype: np.dtype, width: int = 1) -> np.ndarray:
     """The fixed-width data buffer of ``arr`` as numpy (zero copy; NULL slots hold garbage)."""
     buf = arr.buffers()[1]
     n = (arr.offset + len(arr)) * width
@@ -108,11 +108,11 @@ def _values(arr: pa.Array, dtype: np.dtype, width: int = 1) -> np.ndarray:
 
 def _int_bits(arr: pa.Array, dtype: str) -> np.ndarray:
     """Sign-extended to 32 bits, as the uint32 pattern in a uint64 (Java int widening)."""
-    return _values(arr, np.dtype(dtype)).astype(np.int32).view(np.uint32).astype(np.uint64)
+    return buffer_values(arr, np.dtype(dtype)).astype(np.int32).view(np.uint32).astype(np.uint64)
 
 
 def _float_bits(arr: pa.Array) -> np.ndarray:
-    v = _values(arr, np.dtype(np.float32))
+    v = buffer_values(arr, np.dtype(np.float32))
     bits = v.view(np.uint32)
     bits = np.where(v == 0, np.uint32(0), bits)          # -0.0 -> 0.0
     bits = np.where(np.isnan(v), _FLOAT_NAN_BITS, bits)  # canonical NaN
@@ -120,13 +120,13 @@ def _float_bits(arr: pa.Array) -> np.ndarray:
 
 
 def _double_bits(arr: pa.Array) -> np.ndarray:
-    v = _values(arr, np.dtype(np.float64))
+    v = buffer_values(arr, np.dtype(np.float64))
     bits = v.view(np.uint64)
     bits = np.where(v == 0, np.uint64(0), bits)
     return np.where(np.isnan(v), _DOUBLE_NAN_BITS, bits)
 
 
-def _bytes_hashes(arr: pa.Array, seeds: np.ndarray, valid: np.ndarray) -> np.ndarray:
+def bytes_hashes(arr: pa.Array, seeds: np.ndarray, valid: np.ndarray) -> np.ndarray:
     """XXH64 of each value of the string or binary array ``arr`` with its row's seed (NULL rows
     keep it)."""
     from dbsp_pipeline.driver import hashing_kernel
@@ -196,13 +196,13 @@ def _update(arr: pa.Array, h: np.ndarray) -> np.ndarray:
 
     if (pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t)
             or pa.types.is_large_binary(t)):
-        return _bytes_hashes(arr, h, valid)
+        return bytes_hashes(arr, h, valid)
     if pa.types.is_decimal(t):
         if t.precision > _MAX_LONG_DIGITS:
             return _decimal_wide_hashes(arr, h, valid if arr.null_count else None)
         words = 2 if pa.types.is_decimal128(t) else 4
         return hashing_kernel.hash_longs(
-            np.ascontiguousarray(_values(arr, np.dtype("<u8"), words)[::words]), h, valid)
+            np.ascontiguousarray(buffer_values(arr, np.dtype("<u8"), words)[::words]), h, valid)
     if pa.types.is_boolean(t):
         bits = arr.fill_null(False).to_numpy(zero_copy_only=False).astype(np.uint64)
         return hashing_kernel.hash_ints(bits, h, valid)
@@ -211,11 +211,11 @@ def _update(arr: pa.Array, h: np.ndarray) -> np.ndarray:
     if pa.types.is_date32(t):
         return hashing_kernel.hash_ints(_int_bits(arr, "int32"), h, valid)
     if pa.types.is_int64(t):
-        return hashing_kernel.hash_longs(_values(arr, np.dtype(np.uint64)), h, valid)
+        return hashing_kernel.hash_longs(buffer_values(arr, np.dtype(np.uint64)), h, valid)
     if pa.types.is_timestamp(t):
         if t.unit != "us":  # Spark's timestamps are microseconds; refuse lossy conversions
             arr = arr.cast(pa.timestamp("us", tz=t.tz), safe=True)
-        return hashing_kernel.hash_longs(_values(arr, np.dtype(np.uint64)), h, valid)
+        return hashing_kernel.hash_longs(buffer_values(arr, np.dtype(np.uint64)), h, valid)
     if pa.types.is_float32(t):
         return hashing_kernel.hash_ints(_float_bits(arr), h, valid)
     # float64, the last type _arrow_supported admits

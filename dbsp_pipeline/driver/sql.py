@@ -15,7 +15,9 @@ rows, types and values as the query, bit for bit, or does not run: it runs only 
 grouping and joining agree with DuckDB's (``arrow_groups_like_duckdb``: no nested types, no
 floating-point key holding -0.0 or a NaN, which pyarrow compares by bits and DuckDB by value)
 and where no 64-bit weight sum can wrap (``weights_fit``: pyarrow's sums wrap silently, DuckDB's
-raise); otherwise the query runs, with its own errors.
+raise); otherwise the query runs, with its own errors. A consolidation of any size is first
+tried by row hashes (``driver/row_groups.py``: one compiled pass, under the same conditions, its
+own check of the rows that share a hash and of the sums' range).
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ from dbsp_pipeline.zset import WEIGHT, spark_to_arrow_schema
 #: (one core, 3-column key): a consolidation costs pyarrow 0.3 ms at 1,000 rows, 0.9 ms at
 #: 10,000, 2.4 ms at 30,000, 10 ms at 100,000 rows, DuckDB 1.9, 2.5, 3.7 and 13 ms; the
 #: aggregate's and join's phases do more pyarrow calls per row, so the limit stays below
-#: 100,000. Read at every call, so tests can set it to 0 (DuckDB always) or raise it.
+#: 100,000. Read at every call, so tests can set it to 0 (DuckDB always, a consolidation by row
+#: hashes too) or raise it.
 FAST_PATH_ROWS = 65_536
 _INT64_LIMIT = 1 << 63
 
@@ -266,14 +269,20 @@ class LocalSQL:
 
     def consolidate(self, table: pa.Table, columns: Sequence[str]) -> pa.Table:
         """Sum the weights of equal rows over ``columns`` and drop zero weights (NULLs group).
-        A small table is consolidated in pyarrow (``fast_path``), with the same result. A table
+        Consolidated by row hashes where it can be (``driver/row_groups.py``), else a small
+        table in pyarrow (``fast_path``), else by DuckDB, all with the same result. A table
         this connection's ``consolidate`` returned over the same ``columns`` is returned as it
         is (a task consolidates its owner's change, then the operator's trace append does)."""
         key = tuple(columns)
         seen = self._consolidated.get(id(table))
         if seen is not None and seen[0]() is table and seen[1] == key:
             return table
-        if fast_path(table, columns):
+        from dbsp_pipeline.driver import row_groups  # (compiled code: loaded at first use)
+
+        hashed = row_groups.consolidated(table, columns) if FAST_PATH_ROWS else None
+        if hashed is not None:
+            out = hashed
+        elif fast_path(table, columns):
             out = consolidate_arrow(table, columns)
         else:
             cols = idents(columns)
