@@ -35,14 +35,15 @@ tasks consolidate their 500k pushed rows, their appends and their old state: 0.8
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
 from dbsp_pipeline.driver import hashing_kernel
-from dbsp_pipeline.driver.hashing import buffer_values, bytes_hashes
-from dbsp_pipeline.driver.row_groups_kernel import group_by_hash, sum_by_group
-from dbsp_pipeline.driver.sql import arrow_groups_like_duckdb, equal_as_grouped
+from dbsp_pipeline.driver.hashing import buffer_values
+from dbsp_pipeline.driver.row_groups_kernel import bytes_equal, group_by_hash, sum_by_group
+from dbsp_pipeline.driver.sql import arrow_groups_like_duckdb
 from dbsp_pipeline.zset import WEIGHT
 
 #: the seed of every row's hash, and the value a NULL is hashed as (beside its own flag: see
@@ -82,40 +83,74 @@ def _words(arr: pa.Array) -> list[np.ndarray]:
     return [values.astype(np.int64).view(np.uint64) if signed else values.astype(np.uint64)]
 
 
-def _with_nulls(arr: pa.Array, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The rows of ``arr`` that hold a value, and ``hashes`` with every NULL row's hash mixed
-    with ``_NULL_TAG`` (so ``(NULL, 5)`` and ``(5, NULL)`` hash apart)."""
-    if arr.null_count == 0:
-        return np.ones(len(arr), dtype=bool), hashes
-    valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
-    tags = np.full(len(arr), _NULL_TAG, dtype=np.uint64)
-    return valid, hashing_kernel.hash_longs(tags, hashes, ~valid)
+@dataclass(frozen=True)
+class _Column:
+    """A column's values as the kernels read them: ``valid`` (None: no NULL), and either
+    ``words`` (fixed-width values, ``_words``) or ``offsets`` and ``data`` (strings and
+    binaries, as in Arrow: value i is ``data[offsets[i]:offsets[i + 1]]``)."""
 
+    valid: np.ndarray | None
+    words: list[np.ndarray]
+    offsets: np.ndarray | None = None
+    data: np.ndarray | None = None
 
-def _update(arr: pa.Array, hashes: np.ndarray) -> np.ndarray:
-    """``hashes`` (one per row of ``arr``) updated with the rows' values."""
-    valid, hashes = _with_nulls(arr, hashes)
-    kind = arr.type
-    if (pa.types.is_string(kind) or pa.types.is_large_string(kind)
-            or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
-        return bytes_hashes(arr, hashes, valid)
-    for word in _words(arr):
-        hashes = hashing_kernel.hash_longs(word, hashes, valid)
-    return hashes
+    @staticmethod
+    def of(column: pa.ChunkedArray) -> _Column:
+        arr = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+        valid = (np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+                 if arr.null_count else None)
+        kind = arr.type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
+                or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
+            return _Column(valid, _words(arr))
+        large = pa.types.is_large_string(kind) or pa.types.is_large_binary(kind)
+        buffers = arr.buffers()
+        offsets = np.frombuffer(buffers[1], dtype=np.int64 if large else np.int32,
+                                count=arr.offset + len(arr) + 1)[arr.offset:].astype(np.int64)
+        data = (np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None
+                else np.zeros(0, dtype=np.uint8))
+        return _Column(valid, [], offsets, data)
+
+    def hashed(self, hashes: np.ndarray) -> np.ndarray:
+        """``hashes`` (one per row) updated with the rows' values; a NULL row's with
+        ``_NULL_TAG`` (so ``(NULL, 5)`` and ``(5, NULL)`` hash apart)."""
+        n = len(hashes)
+        valid = self.valid if self.valid is not None else np.ones(n, dtype=bool)
+        if self.valid is not None:
+            hashes = hashing_kernel.hash_longs(np.full(n, _NULL_TAG, dtype=np.uint64), hashes,
+                                               ~valid)
+        if self.offsets is not None and self.data is not None:
+            return hashing_kernel.hash_bytes(self.offsets, self.data, hashes, valid)
+        for word in self.words:
+            hashes = hashing_kernel.hash_longs(word, hashes, valid)
+        return hashes
+
+    def equal(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Per pair, whether rows ``a[i]`` and ``b[i]`` hold the same value (NULL equals NULL;
+        values by their bits, or bytes)."""
+        if self.offsets is not None and self.data is not None:
+            same = bytes_equal(self.offsets, self.data, a, b)
+        else:
+            same = np.ones(len(a), dtype=bool)
+            for word in self.words:
+                same &= word[a] == word[b]
+        if self.valid is None:
+            return same
+        va, vb = self.valid[a], self.valid[b]
+        return np.where(va & vb, same, va == vb)
 
 
 def row_hashes(table: pa.Table, columns: Sequence[str]) -> np.ndarray:
     """Per row of ``table``, a 64-bit hash of its ``columns`` (each ``groupable``), equal for
     rows equal on them (floats by their bits: the caller checked there is no ``-0.0`` or
     NaN)."""
-    hashes = np.full(table.num_rows, _SEED, dtype=np.uint64)
-    for name in columns:
-        at = 0
-        for chunk in table.column(name).chunks:
-            end = at + len(chunk)
-            if end > at:
-                hashes[at:end] = _update(chunk, hashes[at:end])
-            at = end
+    return _hashes([_Column.of(table.column(name)) for name in columns], table.num_rows)
+
+
+def _hashes(columns: Sequence[_Column], rows: int) -> np.ndarray:
+    hashes = np.full(rows, _SEED, dtype=np.uint64)
+    for column in columns:
+        hashes = column.hashed(hashes)
     return hashes
 
 
@@ -134,15 +169,16 @@ def consolidated(table: pa.Table, columns: Sequence[str]) -> pa.Table | None:
                                      table.column(WEIGHT).cast(pa.int64())],
                                     names=[*cols, WEIGHT])
     weights = np.asarray(selected.column(WEIGHT).to_numpy(), dtype=np.int64)
-    group, firsts = group_by_hash(row_hashes(table, cols))
+    values = [_Column.of(selected.column(c)) for c in cols]
+    group, firsts = group_by_hash(_hashes(values, table.num_rows))
     if len(firsts) == table.num_rows:  # every row distinct
         live = weights != 0
         return selected if bool(live.all()) else selected.filter(pa.array(live))
     others = np.flatnonzero(firsts[group] != np.arange(table.num_rows))
-    keys = selected.select(cols)
-    same = equal_as_grouped(keys.take(others), keys.take(firsts[group[others]]), cols)
-    if same is None or not bool(same.all()):
+    first_of_others = firsts[group[others]]
+    if not all(bool(column.equal(others, first_of_others).all()) for column in values):
         return None  # two unequal rows hash alike
+    keys = selected.select(cols)
     sums, fits = sum_by_group(group, weights, len(firsts))
     if not fits:
         return None

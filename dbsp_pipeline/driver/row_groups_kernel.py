@@ -59,3 +59,22 @@ def sum_by_group(group: np.ndarray, weights: np.ndarray, groups: int
             return sums, False
         sums[g] = s
     return sums, True
+
+
+@numba.njit(cache=True, nogil=True)
+def bytes_equal(offsets: np.ndarray, data: np.ndarray, a: np.ndarray, b: np.ndarray
+                ) -> np.ndarray:
+    """Per pair, whether values ``a[i]`` and ``b[i]`` of a string or binary column (value j is
+    ``data[offsets[j]:offsets[j + 1]]``) are the same bytes."""
+    out = np.empty(len(a), dtype=np.bool_)
+    for i in range(len(a)):
+        x, y = a[i], b[i]
+        start_x, start_y = offsets[x], offsets[y]
+        length = offsets[x + 1] - start_x
+        same = length == offsets[y + 1] - start_y
+        k = 0
+        while same and k < length:
+            same = data[start_x + k] == data[start_y + k]
+            k += 1
+        out[i] = same
+    return out

@@ -141,8 +141,8 @@ def test_nulls_hash_apart_from_values_in_any_column():
 def test_colliding_hashes_are_checked(monkeypatch):
     """Rows that share a hash are compared: unequal ones (a collision) decline, equal ones
     are summed."""
-    monkeypatch.setattr(row_groups, "row_hashes",
-                        lambda table, columns: np.zeros(table.num_rows, dtype=np.uint64))
+    monkeypatch.setattr(row_groups, "_hashes",
+                        lambda columns, rows: np.zeros(rows, dtype=np.uint64))
     unequal = pa.table({"k": ["a", "b", "a"], "_weight": pa.array([1, 1, 1])})
     assert row_groups.consolidated(unequal, ["k"]) is None
     with monkeypatch.context() as m:  # LocalSQL.consolidate falls back on its other paths
