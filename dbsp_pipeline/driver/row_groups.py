@@ -154,35 +154,69 @@ def _hashes(columns: Sequence[_Column], rows: int) -> np.ndarray:
     return hashes
 
 
+def ordered_values(column: pa.ChunkedArray) -> np.ndarray | None:
+    """The values of ``column`` as numbers that order as the values do (int64 for integers,
+    dates, times, timestamps and durations; float64 for floats: the caller checked there is no
+    NaN, which DuckDB orders above every number); None for a column with a NULL, of unsigned
+    64-bit integers or of any other type."""
+    arr = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    kind = arr.type
+    if arr.null_count or pa.types.is_uint64(kind):
+        return None
+    if pa.types.is_floating(kind) and not pa.types.is_float16(kind):
+        return np.asarray(arr.to_numpy(), dtype=np.float64)
+    if not (pa.types.is_integer(kind) or pa.types.is_date32(kind) or pa.types.is_time(kind)
+            or pa.types.is_timestamp(kind) or pa.types.is_duration(kind)):
+        return None
+    signed = not pa.types.is_unsigned_integer(kind)
+    width = kind.bit_width // 8
+    return buffer_values(arr, np.dtype(f"<{'i' if signed else 'u'}{width}"))[
+        :len(arr)].astype(np.int64)
+
+
+def grouped(table: pa.Table, columns: Sequence[str]) -> tuple[np.ndarray, np.ndarray] | None:
+    """The rows of ``table`` numbered by their ``columns``, as ``GROUP BY`` groups them:
+    ``(group, firsts)``, ``group[i]`` the number of row i's group (0, 1, ... in order of first
+    occurrence) and ``firsts[g]`` the first row of group g; None where this does not group them
+    (no columns; a type or a float value it does not group: see the module docstring; two
+    unequal rows of one hash)."""
+    cols = list(columns)
+    if not cols or not all(groupable(table.schema.field(c).type) for c in cols) \
+            or not arrow_groups_like_duckdb(table, cols):
+        return None
+    values = [_Column.of(table.column(c)) for c in cols]
+    group, firsts = group_by_hash(_hashes(values, table.num_rows))
+    if len(firsts) < table.num_rows:  # the rows sharing a hash are checked equal
+        others = np.flatnonzero(firsts[group] != np.arange(table.num_rows))
+        first_of_others = firsts[group[others]]
+        if not all(bool(column.equal(others, first_of_others).all()) for column in values):
+            return None  # two unequal rows hash alike
+    return group, firsts
+
+
 def consolidated(table: pa.Table, columns: Sequence[str]) -> pa.Table | None:
     """``table`` consolidated over ``columns`` (see the module docstring): its ``columns`` and
     ``_weight`` (int64), one row per distinct ``columns``, zero weights dropped; None where
-    this does not consolidate it (no columns; a type or float value it does not group; two
-    unequal rows of one hash; a sum beyond int64): the caller consolidates it then."""
+    this does not consolidate it (where ``grouped`` does not group it; a sum beyond int64): the
+    caller consolidates it then."""
     cols = list(columns)
-    if not cols or table.num_rows == 0 or table.column(WEIGHT).null_count \
-            or not all(groupable(table.schema.field(c).type) for c in cols) \
-            or not arrow_groups_like_duckdb(table, cols):
+    if table.num_rows == 0 or table.column(WEIGHT).null_count:
         return None
+    rows = grouped(table, cols)
+    if rows is None:
+        return None
+    group, firsts = rows
     # (fields as the other paths make them: nullable, no metadata)
     selected = pa.Table.from_arrays([*(table.column(c) for c in cols),
                                      table.column(WEIGHT).cast(pa.int64())],
                                     names=[*cols, WEIGHT])
     weights = np.asarray(selected.column(WEIGHT).to_numpy(), dtype=np.int64)
-    values = [_Column.of(selected.column(c)) for c in cols]
-    group, firsts = group_by_hash(_hashes(values, table.num_rows))
     if len(firsts) == table.num_rows:  # every row distinct
         live = weights != 0
         return selected if bool(live.all()) else selected.filter(pa.array(live))
-    others = np.flatnonzero(firsts[group] != np.arange(table.num_rows))
-    first_of_others = firsts[group[others]]
-    if not all(bool(column.equal(others, first_of_others).all()) for column in values):
-        return None  # two unequal rows hash alike
-    keys = selected.select(cols)
     sums, fits = sum_by_group(group, weights, len(firsts))
     if not fits:
         return None
     live = sums != 0
-    out = keys.take(firsts[live])
+    out = selected.select(cols).take(firsts[live])
     return out.append_column(WEIGHT, pa.array(sums[live], pa.int64()))
-

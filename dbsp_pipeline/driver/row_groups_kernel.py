@@ -78,3 +78,23 @@ def bytes_equal(offsets: np.ndarray, data: np.ndarray, a: np.ndarray, b: np.ndar
             k += 1
         out[i] = same
     return out
+
+
+@numba.njit(cache=True, nogil=True)
+def best_by_group(group: np.ndarray, values: np.ndarray, weights: np.ndarray, groups: int,
+                  smallest: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per group, the row of its best value among the rows of positive weight, and among the
+    rows of negative weight (best: the smallest, or the largest; the first such row; -1 for
+    none). ``values`` are integers or floats without NaN."""
+    inserted = np.full(groups, -1, dtype=np.int64)
+    deleted = np.full(groups, -1, dtype=np.int64)
+    for i in range(len(group)):
+        w = weights[i]
+        if w == 0:
+            continue
+        best = inserted if w > 0 else deleted
+        g = group[i]
+        j = best[g]
+        if j < 0 or (values[i] < values[j] if smallest else values[i] > values[j]):
+            best[g] = i
+    return inserted, deleted

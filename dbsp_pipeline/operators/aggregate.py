@@ -523,11 +523,15 @@ class Aggregate(Operator):
     def _extremes_arrow(self, new: pa.Table, a: dict[str, Any]) -> pa.Table | None:
         """Per group of ``new`` (the consolidated values appended in this step), ``_cand<i>``
         (the best inserted value) and ``_del<i>`` (the best deleted one); None where pyarrow
-        might differ from the query."""
+        might differ from the query. Numbers, dates and times (any number of rows) go through
+        ``_extremes_by_rows``; other values of a small step through pyarrow's ``group_by``."""
         i = a["i"]
-        if (new.num_rows > local_sql.FAST_PATH_ROWS
-                or not arrow_groups_like_duckdb(new, [*self.keys, "_v"])):
+        if not local_sql.FAST_PATH_ROWS \
+                or not arrow_groups_like_duckdb(new, [*self.keys, "_v"]):
             return None
+        by_rows = self._extremes_by_rows(new, a)
+        if by_rows is not None or new.num_rows > local_sql.FAST_PATH_ROWS:
+            return by_rows
         best = "min" if a["fn"] == "min" else "max"
         value, w = new.column("_v"), new.column(WEIGHT)
         nulls = pa.nulls(len(value), value.type)
@@ -537,6 +541,31 @@ class Aggregate(Operator):
         grouped = t.group_by(self.keys, use_threads=False).aggregate(
             [(f"_cand{i}", best), (f"_del{i}", best)])
         return grouped.rename_columns([*self.keys, f"_cand{i}", f"_del{i}"])
+
+    def _extremes_by_rows(self, new: pa.Table, a: dict[str, Any]) -> pa.Table | None:
+        """``_extremes_arrow``'s table, its groups numbered by row hashes
+        (``row_groups.grouped``) and each group's best inserted and deleted row found in one
+        compiled pass (``best_by_group``), for values that are numbers, dates or times (the
+        caller checked: no NaN or -0.0, and keys pyarrow groups as DuckDB does); None for other
+        values, or where the rows are not grouped so."""
+        from dbsp_pipeline.driver import row_groups  # (compiled code: loaded at first use)
+        from dbsp_pipeline.driver.row_groups_kernel import best_by_group
+
+        values = row_groups.ordered_values(new.column("_v"))
+        rows = row_groups.grouped(new, self.keys) if values is not None else None
+        if values is None or rows is None:
+            return None
+        group, firsts = rows
+        weights = np.asarray(new.column(WEIGHT).to_numpy(), dtype=np.int64)
+        inserted, deleted = best_by_group(group, values, weights, len(firsts),
+                                          a["fn"] == "min")
+        value = new.column("_v")
+        i = a["i"]
+        return pa.Table.from_arrays(
+            [*(new.column(k).take(firsts) for k in self.keys),
+             value.take(pa.array(inserted, mask=inserted < 0)),
+             value.take(pa.array(deleted, mask=deleted < 0))],
+            names=[*self.keys, f"_cand{i}", f"_del{i}"])
 
     def _new_state_sql(self, sql: LocalSQL, g: pa.Table, extremes: dict[int, pa.Table | None],
                        old: pa.Table) -> pa.Table:

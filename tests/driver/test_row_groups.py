@@ -196,3 +196,61 @@ def test_fields_are_made_as_the_other_paths_make_them():
                          schema=schema)
         assert row_groups.consolidated(table, ["k"]).schema == pa.schema(
             [("k", pa.int64()), ("_weight", pa.int64())])
+
+
+def test_grouped_numbers_rows_as_group_by_does():
+    rng = random.Random(5)
+    for case in range(200):
+        names = rng.sample(sorted(_VALUES), rng.randint(1, 3))
+        table = _table(rng, rng.choice([1, 3, 50, 200]), names)
+        if case % 2:
+            table = _chunked(rng, table)
+        rows = row_groups.grouped(table, names)
+        assert rows is not None, case
+        group, firsts = rows
+        keys = [tuple(r[c] for c in names) for r in table.to_pylist()]
+        seen: dict[tuple, int] = {}
+        for i, key in enumerate(keys):  # numbered in order of first occurrence
+            assert group[i] == seen.setdefault(key, len(seen)), (case, i)
+        assert [keys[i] for i in firsts] == list(seen)
+
+
+def test_best_row_of_each_group_is_the_extreme():
+    from dbsp_pipeline.driver.row_groups_kernel import best_by_group
+
+    rng = random.Random(8)
+    for case in range(100):
+        kind = rng.choice([pa.int32(), pa.int64(), pa.float64(), pa.float32(), pa.date32(),
+                           pa.timestamp("us"), pa.uint8(), pa.duration("ms")])
+        n = rng.randint(1, 60)
+        raw = [rng.choice([0, 3, 120, 5] + ([] if kind == pa.uint8() else [-7]))
+               for _ in range(n)]
+        storage = {pa.date32(): pa.int32(), pa.timestamp("us"): pa.int64(),
+                   pa.duration("ms"): pa.int64()}.get(kind)
+        value = pa.chunked_array([pa.array(raw, storage).view(kind) if storage is not None
+                                  else pa.array(raw, pa.int64()).cast(kind)])
+        ordered = row_groups.ordered_values(value)
+        assert ordered is not None and ordered.tolist() == raw
+        group = np.array([rng.randint(0, 4) for _ in range(n)], dtype=np.int64)
+        weights = np.array([rng.choice([-2, -1, 1, 3]) for _ in range(n)], dtype=np.int64)
+        for smallest in (True, False):
+            inserted, deleted = best_by_group(group, ordered, weights, 5, smallest)
+            for g in range(5):
+                for best, sign in ((inserted, 1), (deleted, -1)):
+                    members = [ordered[i] for i in range(n)
+                               if group[i] == g and weights[i] * sign > 0]
+                    if not members:
+                        assert best[g] == -1
+                    else:
+                        assert ordered[best[g]] == (min if smallest else max)(members), case
+
+
+def test_ordered_values_take_only_what_orders_as_numbers():
+    assert row_groups.ordered_values(pa.chunked_array([pa.array([1, None])])) is None
+    assert row_groups.ordered_values(pa.chunked_array([pa.array([2**64 - 1], pa.uint64())])) \
+        is None
+    assert row_groups.ordered_values(pa.chunked_array([pa.array(["a"])])) is None
+    assert row_groups.ordered_values(pa.chunked_array([pa.array([1.5], pa.float16())])) is None
+    sliced = pa.chunked_array([pa.array([9, -4, 2], pa.int16()).slice(1),
+                               pa.array([7], pa.int16())])
+    assert row_groups.ordered_values(sliced).tolist() == [-4, 2, 7]

@@ -93,7 +93,8 @@ def test_fast_path_and_duckdb_give_identical_views(spark, tmp_path, monkeypatch,
 def test_a_big_change_in_few_groups_keeps_its_exact_sums_out_of_duckdb(spark, tmp_path,
                                                                       monkeypatch):
     """A change of more values than ``FAST_PATH_ROWS`` in fewer groups: each min/max's
-    extremes per group come from DuckDB's query, the rest of phase 4 runs in pyarrow (the
+    extremes per group come from its rows numbered by hash (numbers and times:
+    ``_extremes_by_rows``) or else DuckDB's query, the rest of phase 4 runs in pyarrow (the
     groups' lists of exact-sum pairs stay out of DuckDB), and the views equal the all-DuckDB
     pipeline's, bit for bit, through steps that delete the groups' extremes."""
     rng = random.Random(7)
