@@ -1,34 +1,34 @@
-"""Consolidation by row hashes: ``LocalSQL.consolidate`` as a compiled pass over a 64-bit hash
-of each row instead of a query. Most tables the engine consolidates are all or nearly all
-distinct rows (pushed rows, a step's appends, a lookup's few rows a key): a query builds a hash
-table of their values and copies every row; here they cost a hash each, and come back as they
-were.
+"""Rows grouped by a hash of their values, in compiled passes: ``LocalSQL.consolidate`` without a
+query (``consolidated``), and the groups of a min/max's values (``grouped``). Most tables the
+engine consolidates are all or nearly all distinct rows (pushed rows, a step's appends, a
+lookup's few rows a key): a query builds a hash table of their values and copies every row;
+here they cost a hash each, and come back as they were.
 
-``consolidated(table, columns)``: each row gets a 64-bit hash of its ``columns`` (XXH64 chained
-over the columns, ``driver/hashing_kernel.py``; NULL mixed in as a tag of its own, so that a
-NULL hashes apart from every value), rows are numbered by hash in one pass
-(``row_groups_kernel.group_by_hash``) and
-
-* when every hash is distinct, so is every row (equal rows have equal hashes): the table is
-  consolidated as it is, its zero weights dropped (no copy when there are none);
-* else the rows sharing a hash are checked equal, as ``consolidate`` takes rows to be equal
-  (``sql.equal_as_grouped``), against the first row of their hash, and the weights summed per
-  hash (``sum_by_group``); a group of rows that are not all equal (two rows whose hashes
-  collide) or a sum that leaves int64 returns None, and the caller consolidates as before
-  (DuckDB's ``GROUP BY``: it sums in 128 bits and raises where a weight's sum does not fit).
+``grouped(table, columns)``: each column is read once into what the kernels take (fixed-width
+values as 64-bit words, strings and binaries as offsets and bytes, validity: ``_Column``); each
+row gets a 64-bit hash of its ``columns`` (XXH64 chained over the columns,
+``driver/hashing_kernel.py``; a NULL mixed in as a tag of its own, so that it hashes apart from
+every value); rows are numbered by hash in one pass (``row_groups_kernel.group_by_hash``); and
+where two rows share a hash they are checked equal (word for word, or byte for byte,
+``bytes_equal``; NULL equals NULL) against the first row of the hash, so unequal rows whose
+hashes collide are never put together: it declines (None) instead. ``consolidated`` then
+returns the table as it is when every row is distinct (its zero weights dropped), else sums
+the weights per group (``sum_by_group``), declining when a sum leaves int64 (DuckDB's
+``GROUP BY`` sums in 128 bits and raises where a weight's sum does not fit).
 
 So the result is ``consolidate``'s, row for row: one row per distinct ``columns`` (the first of
-its rows, in the input's types), the sum of their weights, zero sums dropped; rows in order of
-their first occurrence (``consolidate`` promises no order). Taken only where pyarrow's grouping
-agrees with DuckDB's (``sql.arrow_groups_like_duckdb``: no ``-0.0`` or NaN in a float column,
-whose bits would then differ for equal values) and for the types ``equal_as_grouped`` compares
-(numbers, booleans, strings, binaries, decimals, dates, times, timestamps, durations); None for
-anything else, and for no ``columns``.
+its rows, in the input's types, as nullable fields), the sum of their weights, zero sums
+dropped; rows in order of their first occurrence (``consolidate`` promises no order). Values are
+equal here exactly where DuckDB groups them together (``sql.equal_as_grouped``) for the types
+taken (``groupable``: numbers, booleans, strings, binaries, decimals, dates, times,
+timestamps, durations) and float columns without ``-0.0`` or NaN (DuckDB groups those by value:
+equal values of other bits); anything else, and no ``columns``, declines, and the caller
+consolidates as before.
 
 Measured (one thread; the differential tests are ``tests/driver/test_row_groups.py``): 500k
 distinct rows of three columns 7 ms, DuckDB's query 32 ms; 375k rows of state (five a key, a
-text column, half of them cancelling) 19 ms against 26 ms; 10k rows 0.3 ms, pyarrow's grouping
-0.9 ms. A Spark step of 1M order changes at 16M orders under eager aggregation (W=2), whose
+text column, half of them cancelling) 19 ms against 26 ms; 10k rows 0.15 ms, pyarrow's grouping
+0.6 ms. A Spark step of 1M order changes at 16M orders under eager aggregation (W=2), whose
 tasks consolidate their 500k pushed rows, their appends and their old state: 0.89 -> 0.72 s.
 """
 
@@ -43,7 +43,6 @@ import pyarrow as pa
 from dbsp_pipeline.driver import hashing_kernel
 from dbsp_pipeline.driver.hashing import buffer_values
 from dbsp_pipeline.driver.row_groups_kernel import bytes_equal, group_by_hash, sum_by_group
-from dbsp_pipeline.driver.sql import arrow_groups_like_duckdb
 from dbsp_pipeline.zset import WEIGHT
 
 #: the seed of every row's hash, and the value a NULL is hashed as (beside its own flag: see
@@ -76,7 +75,7 @@ def _words(arr: pa.Array) -> list[np.ndarray]:
         values = buffer_values(arr, np.dtype("<u8"), width)[:len(arr) * width]
         return [np.ascontiguousarray(values[k::width]) for k in range(width)]
     bits = kind.bit_width
-    if pa.types.is_floating(kind):  # (no -0.0 and no NaN: arrow_groups_like_duckdb)
+    if pa.types.is_floating(kind):  # (no -0.0 and no NaN: _Column.of)
         return [buffer_values(arr, np.dtype(f"<u{bits // 8}"))[:len(arr)].astype(np.uint64)]
     signed = not pa.types.is_unsigned_integer(kind)
     values = buffer_values(arr, np.dtype(f"<{'i' if signed else 'u'}{bits // 8}"))[:len(arr)]
@@ -95,11 +94,18 @@ class _Column:
     data: np.ndarray | None = None
 
     @staticmethod
-    def of(column: pa.ChunkedArray) -> _Column:
+    def of(column: pa.ChunkedArray) -> _Column | None:
+        """``column`` (of a ``groupable`` type) as the kernels read it; None for a float column
+        holding ``-0.0`` or a NaN (DuckDB groups them by value: equal values, other bits)."""
         arr = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
         valid = (np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
                  if arr.null_count else None)
         kind = arr.type
+        if pa.types.is_floating(kind):
+            floats = buffer_values(arr, np.dtype(f"<f{kind.bit_width // 8}"))[:len(arr)]
+            odd = np.isnan(floats) | ((floats == 0) & np.signbit(floats))
+            if bool((odd if valid is None else odd & valid).any()):
+                return None
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
                 or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
             return _Column(valid, _words(arr))
@@ -144,7 +150,10 @@ def row_hashes(table: pa.Table, columns: Sequence[str]) -> np.ndarray:
     """Per row of ``table``, a 64-bit hash of its ``columns`` (each ``groupable``), equal for
     rows equal on them (floats by their bits: the caller checked there is no ``-0.0`` or
     NaN)."""
-    return _hashes([_Column.of(table.column(name)) for name in columns], table.num_rows)
+    values = [_Column.of(table.column(name)) for name in columns]
+    if any(column is None for column in values):
+        raise ValueError("row_hashes: a float column holds -0.0 or a NaN")
+    return _hashes([column for column in values if column is not None], table.num_rows)
 
 
 def _hashes(columns: Sequence[_Column], rows: int) -> np.ndarray:
@@ -181,10 +190,12 @@ def grouped(table: pa.Table, columns: Sequence[str]) -> tuple[np.ndarray, np.nda
     (no columns; a type or a float value it does not group: see the module docstring; two
     unequal rows of one hash)."""
     cols = list(columns)
-    if not cols or not all(groupable(table.schema.field(c).type) for c in cols) \
-            or not arrow_groups_like_duckdb(table, cols):
+    if not cols or not all(groupable(table.schema.field(c).type) for c in cols):
         return None
-    values = [_Column.of(table.column(c)) for c in cols]
+    read = [_Column.of(table.column(c)) for c in cols]
+    values = [column for column in read if column is not None]
+    if len(values) < len(read):
+        return None
     group, firsts = group_by_hash(_hashes(values, table.num_rows))
     if len(firsts) < table.num_rows:  # the rows sharing a hash are checked equal
         others = np.flatnonzero(firsts[group] != np.arange(table.num_rows))
